@@ -1,0 +1,246 @@
+"""Canonical form and content address of a request.
+
+The key must not move when nothing that matters moved (JSON key order, whitespace, transfer
+compression, a rotated API key, an SDK retry counter) and must move when anything the model sees
+moved. The rule set that decides this has its own identity, stored with every recording, so a
+replay under different rules is refused instead of silently missing or, worse, silently hitting.
+"""
+
+from __future__ import annotations
+
+import difflib
+import gzip
+import hashlib
+import json
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from proxy import secrets
+
+RULES_VERSION = 1
+
+# Headers that change what the provider does with an otherwise identical body.
+DEFAULT_HEADER_ALLOWLIST: tuple[str, ...] = ("anthropic-beta", "anthropic-version", "openai-beta")
+
+
+class RuleError(ValueError):
+    """A normalization rule that cannot be applied (bad JSON pointer)."""
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The normalization rule set; its `id` is stored with a recording."""
+
+    header_allowlist: tuple[str, ...] = DEFAULT_HEADER_ALLOWLIST
+    ignore_fields: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        for pointer in self.ignore_fields:
+            parse_pointer(pointer)
+        object.__setattr__(self, "header_allowlist", tuple(sorted({h.lower() for h in self.header_allowlist})))
+        object.__setattr__(self, "ignore_fields", tuple(sorted(set(self.ignore_fields))))
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "version": RULES_VERSION,
+            "header_allowlist": list(self.header_allowlist),
+            "ignore_fields": list(self.ignore_fields),
+            "secret_query_params": sorted(secrets.SECRET_QUERY_PARAMS),
+        }
+
+    @property
+    def id(self) -> str:
+        return sha256_hex(canonical_json(self.describe()))[:16]
+
+
+@dataclass(frozen=True)
+class CanonicalRequest:
+    method: str
+    host: str
+    path: str
+    query: tuple[tuple[str, str], ...]
+    headers: tuple[tuple[str, str], ...]
+    body: Any
+    body_kind: str  # "json", "raw" or "empty"
+    notes: tuple[str, ...] = field(default=())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "host": self.host,
+            "path": self.path,
+            "query": [list(p) for p in self.query],
+            "headers": dict(self.headers),
+            "body_kind": self.body_kind,
+            "body": self.body,
+        }
+
+    def text(self) -> str:
+        return canonical_json(self.as_dict())
+
+    @property
+    def key(self) -> str:
+        return sha256_hex(self.text())
+
+    def pretty(self) -> str:
+        """Line-oriented rendering used for the nearest-request diff."""
+        return json.dumps(self.as_dict(), sort_keys=True, indent=1, ensure_ascii=False)
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def sha256_hex(data: str | bytes) -> str:
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    return hashlib.sha256(data).hexdigest()
+
+
+def decode_body(raw: bytes, content_encoding: str | None) -> tuple[bytes, str | None]:
+    """Undo Content-Encoding so that compression never reaches the key.
+
+    Returns the decoded bytes and a note when decoding was impossible (the raw bytes are then
+    keyed as they are, which is still deterministic).
+    """
+    if not raw or not content_encoding:
+        return raw, None
+    data = raw
+    for enc in reversed([e.strip().lower() for e in content_encoding.split(",") if e.strip()]):
+        try:
+            data = _decode_one(data, enc)
+        except Exception as exc:  # noqa: BLE001 - any decoder failure falls back to raw bytes
+            return raw, f"body not decodable as {enc!r} ({exc.__class__.__name__}); keyed on raw bytes"
+    return data, None
+
+
+def _decode_one(data: bytes, enc: str) -> bytes:
+    if enc in ("identity", ""):
+        return data
+    if enc in ("gzip", "x-gzip"):
+        return gzip.decompress(data)
+    if enc == "deflate":
+        try:
+            return zlib.decompress(data)
+        except zlib.error:
+            return zlib.decompress(data, -zlib.MAX_WBITS)
+    if enc == "br":
+        import brotli  # shipped with mitmproxy
+
+        return brotli.decompress(data)
+    if enc == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
+    raise ValueError(f"unknown content-encoding {enc}")
+
+
+def parse_pointer(pointer: str) -> list[str]:
+    """RFC 6901 JSON pointer to tokens; `*` matches every member or element."""
+    if pointer == "":
+        raise RuleError("an empty JSON pointer would drop the whole body; name a field such as /metadata/user_id")
+    if not pointer.startswith("/"):
+        raise RuleError(f"JSON pointer {pointer!r} must start with '/', e.g. /metadata/request_id")
+    return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
+
+
+def drop_pointer(doc: Any, tokens: Sequence[str]) -> Any:
+    """A copy of `doc` without the addressed field(s); missing paths are ignored."""
+    if not tokens:
+        return doc
+    head, rest = tokens[0], tokens[1:]
+    if isinstance(doc, dict):
+        names = list(doc) if head == "*" else [head]
+        out = dict(doc)
+        for name in names:
+            if name not in out:
+                continue
+            if rest:
+                out[name] = drop_pointer(out[name], rest)
+            else:
+                del out[name]
+        return out
+    if isinstance(doc, list):
+        if head == "*":
+            idx = range(len(doc))
+        elif head.isdigit() and int(head) < len(doc):
+            idx = [int(head)]
+        else:
+            return doc
+        out_list = list(doc)
+        if not rest:
+            dropped = set(idx)
+            return [v for i, v in enumerate(out_list) if i not in dropped]
+        for i in idx:
+            out_list[i] = drop_pointer(out_list[i], rest)
+        return out_list
+    return doc
+
+
+def canonicalize(
+    method: str,
+    host: str,
+    path_and_query: str,
+    headers: Iterable[tuple[str, str]],
+    body: bytes,
+    rules: Rules,
+) -> CanonicalRequest:
+    """Build the canonical request from an already decoded body."""
+    parts = urlsplit(path_and_query)
+    query = tuple(
+        sorted(
+            (k, v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+            if k.lower() not in secrets.SECRET_QUERY_PARAMS
+        )
+    )
+    allow = set(rules.header_allowlist)
+    kept = tuple(sorted((k.lower(), v.strip()) for k, v in headers if k.lower() in allow))
+    notes: list[str] = []
+    if not body:
+        kind, value = "empty", None
+    else:
+        try:
+            parsed = json.loads(body)
+        except (UnicodeDecodeError, ValueError):
+            parsed = _NOT_JSON
+        if parsed is _NOT_JSON:
+            kind, value = "raw", {"sha256": sha256_hex(body), "size": len(body)}
+            notes.append("body is not JSON; keyed on its raw bytes")
+        else:
+            kind = "json"
+            for pointer in rules.ignore_fields:
+                parsed = drop_pointer(parsed, parse_pointer(pointer))
+            value = parsed
+    return CanonicalRequest(
+        method=method.upper(),
+        host=host.lower().split(":")[0] if not host.startswith("[") else host.lower(),
+        path=parts.path or "/",
+        query=query,
+        headers=kept,
+        body=value,
+        body_kind=kind,
+        notes=tuple(notes),
+    )
+
+
+_NOT_JSON = object()
+
+
+def short_diff(recorded: str, asked: str, *, limit: int = 40) -> list[str]:
+    """A unified diff of two pretty canonical forms, capped so a miss response stays small."""
+    lines = list(
+        difflib.unified_diff(
+            recorded.splitlines(), asked.splitlines(), "recorded", "request", n=1, lineterm=""
+        )
+    )
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... ({len(lines) - limit} more diff lines)"]
+    return lines
+
+
+def similarity(a: str, b: str) -> float:
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()

@@ -1,0 +1,212 @@
+"""Replay mode: answer every request from the recording, and say so loudly when it cannot.
+
+Matching rule (Appendix A.4 of the ladder paper asks for it to be explicit): the recorded answers
+for a key are ordered by recorded session (in the order sessions began) and then by occurrence
+within the session. The n-th request with that key in a replay session gets the n-th answer.
+A replay session never shares counters with another, so every replayed agent run sees the same
+answers. Order violations are checked per recorded session: answers drawn from one recorded
+session must be consumed in the order they were recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from proxy.keys import Rules, short_diff, similarity
+from proxy.store import Exchange, RecordedEntry, Store
+from proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
+
+MISS_STATUS = 404  # SDKs do not retry 4xx (except 408/409/429), so a miss surfaces at once
+ORDER_STATUS = 412
+_NEAREST_CANDIDATES = 64
+
+
+@dataclass(frozen=True)
+class Answer:
+    result: str  # "hit", "miss" or "order_violation"
+    response: ResponseData
+    source_id: int | None
+    exchange_id: int
+
+
+class Replayer:
+    def __init__(
+        self,
+        store: Store,
+        rules: Rules,
+        *,
+        strict: bool = True,
+        allow_reuse: bool = False,
+        sources: Iterable[str] = (),
+    ) -> None:
+        store.bind_rules(rules.id, rules.describe())
+        self.store = store
+        self.rules = rules
+        self.strict = strict
+        self.allow_reuse = allow_reuse
+        self.stats = Stats()
+        self.counters = Counters()
+        wanted = set(sources)
+        entries = [e for e in store.recorded_entries() if not wanted or e.session in wanted]
+        if wanted and not entries:
+            raise ValueError(f"no recorded session named {sorted(wanted)} in {store.path}; list them with `nfproxy log`")
+        first_id: dict[str, int] = {}
+        for e in entries:
+            first_id.setdefault(e.session, e.id)
+        self._by_key: dict[str, list[RecordedEntry]] = defaultdict(list)
+        for e in sorted(entries, key=lambda e: (first_id[e.session], e.occurrence)):
+            self._by_key[e.key].append(e)
+        by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
+        for e in entries:
+            by_session[e.session].append(e)
+        self._position = {
+            e.id: i for lst in by_session.values() for i, e in enumerate(sorted(lst, key=lambda e: e.seq))
+        }
+        self._consumed: dict[tuple[str, str], int] = defaultdict(int)
+        self._entries = entries
+
+    @property
+    def recorded(self) -> int:
+        return len(self._entries)
+
+    def answer(self, request: RequestData, labels: Labels) -> Answer:
+        p = prepare(request, labels, self.rules, self.counters)
+        candidates = self._by_key.get(p.key, [])
+        if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
+            entry = candidates[min(p.occurrence, len(candidates) - 1)]
+            violation = self._check_order(labels.session, entry)
+            if violation and self.strict:
+                return self._log(p, "order_violation", self._order_response(p, entry, violation), entry, violation)
+            source = self.store.exchange(entry.id)
+            assert source is not None, f"replay index names exchange {entry.id} that the store does not hold"
+            response = self._recorded_response(source.response, source.error)
+            response = replace(response, headers=response.headers + (("x-nf-replay", "hit"),))
+            return self._log(p, "order_violation" if violation else "hit", response, entry, violation, source)
+        return self._log(p, "miss", self._miss_response(p, len(candidates)), None, None)
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _check_order(self, session: str, entry: RecordedEntry) -> str | None:
+        slot = (session, entry.session)
+        expected = self._consumed[slot]
+        pos = self._position[entry.id]
+        self._consumed[slot] = pos + 1
+        if pos == expected or (self.allow_reuse and pos < expected):
+            return None
+        return (
+            f"recorded session {entry.session!r} made this call at position {pos}, "
+            f"but this replay session is at position {expected}"
+        )
+
+    def _recorded_response(self, rec: dict[str, Any] | None, error: str | None) -> ResponseData:
+        if rec is None:  # the recording holds a connection failure: replay it as one
+            body = json.dumps({"error": {"type": "nfproxy_recorded_error", "message": error}}).encode()
+            return ResponseData(502, (("content-type", "application/json"),), body)
+        return ResponseData.from_record(rec, self.store.body(rec.get("body")))
+
+    def _miss_response(self, p: Prepared, recorded: int) -> ResponseData:
+        if recorded:
+            message = (
+                f"nfproxy replay miss: request key {p.key[:12]} asked for occurrence {p.occurrence} "
+                f"but the recording holds {recorded}; pass --allow-reuse to repeat the last answer"
+            )
+        else:
+            message = f"nfproxy replay miss: request key {p.key[:12]} was never recorded"
+        doc: dict[str, Any] = {
+            "type": "nfproxy_replay_miss",
+            "message": message,
+            "key": p.key,
+            "occurrence": p.occurrence,
+            "recorded_occurrences": recorded,
+            "nearest": self._nearest(p) if not recorded else None,
+        }
+        return _error_response(MISS_STATUS, doc, p, "miss")
+
+    def _order_response(self, p: Prepared, entry: RecordedEntry, why: str) -> ResponseData:
+        doc = {
+            "type": "nfproxy_order_violation",
+            "message": f"nfproxy call-order violation: {why}",
+            "key": p.key,
+            "occurrence": p.occurrence,
+            "source_exchange": entry.id,
+        }
+        return _error_response(ORDER_STATUS, doc, p, "order_violation")
+
+    def _nearest(self, p: Prepared) -> dict[str, Any] | None:
+        """The recorded request most like this one, with a diff of their canonical forms."""
+        route = f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
+        latest: dict[str, RecordedEntry] = {}
+        for e in self._entries:
+            latest[e.key] = e
+        pool = [e for e in latest.values() if e.route == route] or list(latest.values())
+        pool = pool[-_NEAREST_CANDIDATES:]
+        if not pool:
+            return None
+        asked = p.canonical.pretty()
+        best, best_score = None, -1.0
+        for e in pool:
+            text = self.store.body(e.canonical)
+            if text is None:
+                continue
+            pretty = json.dumps(json.loads(text), sort_keys=True, indent=1, ensure_ascii=False)
+            score = similarity(pretty, asked)
+            if score > best_score:
+                best, best_score, best_text = e, score, pretty
+        if best is None:
+            return None
+        return {
+            "key": best.key,
+            "exchange_id": best.id,
+            "session": best.session,
+            "similarity": round(best_score, 4),
+            "diff": short_diff(best_text, asked),
+        }
+
+    def _log(
+        self,
+        p: Prepared,
+        result: str,
+        response: ResponseData,
+        entry: RecordedEntry | None,
+        why: str | None,
+        source: Exchange | None = None,
+    ) -> Answer:
+        record = base_record(p, "replay", self.rules.id)
+        record["response"] = response.record()
+        record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
+        record["latency_ms"] = 0.0
+        if source is not None:  # what was served carries the recorded answer's identity and usage
+            record.update(
+                model=source.model,
+                fingerprint=source.fingerprint,
+                usage=source.usage,
+                finish_reason=source.finish_reason,
+                truncated=source.truncated,
+                error=source.error,
+            )
+        bodies = [b for b in (p.request.raw_body, response.raw_body) if b]
+        exchange_id = self.store.append(record, bodies, None)
+        self.stats.exchanges += 1
+        if result == "hit":
+            self.stats.hits += 1
+        elif result == "miss":
+            self.stats.misses += 1
+        else:
+            self.stats.order_violations += 1
+        return Answer(result, response, entry.id if entry else None, exchange_id)
+
+
+def _error_response(status: int, doc: dict[str, Any], p: Prepared, result: str) -> ResponseData:
+    body = json.dumps({"error": doc}, indent=1).encode()
+    headers = (
+        ("content-type", "application/json"),
+        ("x-nf-replay", result),
+        ("x-nf-key", p.key),
+        ("x-nf-occurrence", str(p.occurrence)),
+        ("content-length", str(len(body))),
+    )
+    return ResponseData(status, headers, body)

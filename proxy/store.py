@@ -1,0 +1,252 @@
+"""The log: one LMDB environment holding exchanges, bodies and the replay index.
+
+Layout (named databases):
+  meta      name -> JSON           format version, normalization rules and their id
+  bodies    sha256 -> zstd(bytes)  every request/response body, stored once
+  exchanges u64 id -> zstd(JSON)   one record per request the proxy saw, in write order
+  recorded  u64 id -> JSON         the compact replay index of record-mode exchanges
+
+Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
+killed with SIGKILL) sees either the whole exchange or none of it. This module is the only way any
+part of noisefloor reads the log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import zstandard
+
+from proxy.keys import sha256_hex
+
+FORMAT = "noisefloor-log/1"
+_INITIAL_MAP = 256 << 20
+_ZSTD_LEVEL = 3
+_U64 = struct.Struct(">Q")
+
+
+class StoreError(RuntimeError):
+    """A store that cannot be used as asked; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request the proxy saw and what it answered (see DESIGN.md, exchange record)."""
+
+    id: int
+    time: float
+    mode: str
+    session: str
+    key: str
+    occurrence: int
+    seq: int
+    rules_id: str
+    request: dict[str, Any]
+    response: dict[str, Any] | None
+    task: str | None = None
+    replicate: str | None = None
+    condition: str | None = None
+    latency_ms: float | None = None
+    model: str | None = None
+    fingerprint: str | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+    finish_reason: str | None = None
+    truncated: bool = False
+    replay: dict[str, Any] | None = None
+    overrides: dict[str, Any] | None = None
+    perturbation: str | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Exchange:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in doc.items() if k in known})
+
+    @property
+    def replay_result(self) -> str | None:
+        return (self.replay or {}).get("result")
+
+
+@dataclass(frozen=True)
+class RecordedEntry:
+    """What replay needs to know about one recorded exchange, without loading it."""
+
+    id: int
+    key: str
+    session: str
+    occurrence: int
+    seq: int
+    route: str  # "METHOD host path": narrows the nearest-request search on a miss
+    canonical: str  # body hash of the canonical request text
+
+
+class Store:
+    """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
+
+    def __init__(self, env: lmdb.Environment, path: Path, writable: bool) -> None:
+        self._env = env
+        self.path = path
+        self.writable = writable
+        self._meta = env.open_db(b"meta", create=writable)
+        self._bodies = env.open_db(b"bodies", create=writable)
+        self._exchanges = env.open_db(b"exchanges", create=writable)
+        self._recorded = env.open_db(b"recorded", create=writable)
+        self._cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
+        self._dctx = zstandard.ZstdDecompressor()
+
+    # -- opening -------------------------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False) -> Store:
+        p = Path(path)
+        if p.exists() and not p.is_dir():
+            raise StoreError(f"{p} is a file, not an nfproxy store; give a directory path such as recordings/log.lmdb")
+        data = p / "data.mdb"
+        if not data.exists():
+            if not create:
+                raise StoreError(f"no nfproxy store at {p}; record one first with `nfproxy --mode record --store {p}`")
+            if p.exists() and any(p.iterdir()):
+                raise StoreError(f"{p} is a non-empty directory without an LMDB store; choose a new path for --store")
+        if write and p.exists() and not os.access(p, os.W_OK):
+            raise StoreError(f"store {p} is read-only; make it writable or record into a new --store path")
+        if write and data.exists() and not os.access(data, os.W_OK):
+            raise StoreError(f"store {p} is read-only; make it writable or record into a new --store path")
+        try:
+            if write:
+                p.mkdir(parents=True, exist_ok=True)
+            env = lmdb.open(
+                str(p),
+                map_size=_INITIAL_MAP,
+                max_dbs=8,
+                subdir=True,
+                readonly=not write,
+                lock=write or os.access(p, os.W_OK),
+                # Process-crash safe without fsync per exchange: LMDB writes the meta page last, so a
+                # SIGKILL leaves the last committed transaction intact. `sync()` on close.
+                sync=False,
+                metasync=False,
+                create=write,
+            )
+        except lmdb.Error as exc:
+            raise StoreError(f"{p} is not a readable LMDB store ({exc}); point --store at an nfproxy store") from exc
+        try:
+            store = cls(env, p, write)
+        except lmdb.Error as exc:
+            env.close()
+            raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
+        fmt = store.meta("format")
+        if fmt is None and write:
+            store.set_meta("format", FORMAT)
+        elif fmt != FORMAT:
+            store.close()
+            raise StoreError(f"{p} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy")
+        return store
+
+    def close(self) -> None:
+        if self.writable:
+            self._env.sync(True)
+        self._env.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- meta ----------------------------------------------------------------------------------
+
+    def meta(self, name: str) -> Any:
+        with self._env.begin(db=self._meta) as txn:
+            raw = txn.get(name.encode())
+        return None if raw is None else json.loads(raw)
+
+    def set_meta(self, name: str, value: Any) -> None:
+        self._write(lambda txn: txn.put(name.encode(), json.dumps(value).encode(), db=self._meta))
+
+    def bind_rules(self, rules_id: str, described: dict[str, Any]) -> None:
+        """Store the rule set on first use; refuse a different one afterwards."""
+        have = self.meta("rules_id")
+        if have is None:
+            if not self.writable:
+                return
+            self.set_meta("rules_id", rules_id)
+            self.set_meta("rules", described)
+            return
+        if have != rules_id:
+            raise StoreError(
+                f"store {self.path} was recorded with normalization rules {have} "
+                f"({json.dumps(self.meta('rules'), sort_keys=True)}) but this run uses {rules_id}; "
+                "pass the same --ignore-field flags as the recording, or use a new --store"
+            )
+
+    # -- bodies --------------------------------------------------------------------------------
+
+    def body(self, digest: str | None) -> bytes | None:
+        if digest is None:
+            return None
+        with self._env.begin(db=self._bodies) as txn:
+            raw = txn.get(bytes.fromhex(digest))
+        return None if raw is None else self._dctx.decompress(raw)
+
+    # -- exchanges -----------------------------------------------------------------------------
+
+    def append(self, record: dict[str, Any], bodies: list[bytes], recorded: RecordedEntry | None) -> int:
+        """Write one exchange with its bodies atomically; returns the new exchange id."""
+
+        def txn_fn(txn: lmdb.Transaction) -> int:
+            for data in bodies:
+                digest = bytes.fromhex(sha256_hex(data))
+                txn.put(digest, self._cctx.compress(data), db=self._bodies, overwrite=False)
+            with txn.cursor(db=self._exchanges) as cur:
+                new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
+            doc = dict(record, id=new_id)
+            txn.put(_U64.pack(new_id), self._cctx.compress(json.dumps(doc).encode()), db=self._exchanges)
+            if recorded is not None:
+                entry = asdict(recorded) | {"id": new_id}
+                txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
+            return new_id
+
+        return self._write(txn_fn)
+
+    def exchange(self, exchange_id: int) -> Exchange | None:
+        with self._env.begin(db=self._exchanges) as txn:
+            raw = txn.get(_U64.pack(exchange_id))
+        return None if raw is None else Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+
+    def exchanges(self) -> Iterator[Exchange]:
+        """Every exchange in write order (a consistent snapshot)."""
+        with self._env.begin(db=self._exchanges, buffers=False) as txn:
+            for _, raw in txn.cursor():
+                yield Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+
+    def recorded_entries(self) -> Iterator[RecordedEntry]:
+        with self._env.begin(db=self._recorded) as txn:
+            for _, raw in txn.cursor():
+                yield RecordedEntry(**json.loads(raw))
+
+    def __len__(self) -> int:
+        with self._env.begin(db=self._exchanges) as txn:
+            return txn.stat(self._exchanges)["entries"]
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _write(self, fn: Any) -> Any:
+        if not self.writable:
+            raise StoreError(f"store {self.path} was opened read-only")
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    return fn(txn)
+            except lmdb.MapFullError:
+                self._env.set_mapsize(self._env.info()["map_size"] * 2)

@@ -1,0 +1,188 @@
+"""Plain data for one request/response, shared by the recorder and the replayer.
+
+The mitmproxy addon converts flows into these types, so everything behind it (keys, occurrence
+counting, the store) runs and is tested without a proxy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from proxy import secrets
+from proxy.keys import CanonicalRequest, Rules, canonicalize, decode_body, sha256_hex
+
+LABEL_HEADERS = {
+    "x-nf-session": "session",
+    "x-nf-task": "task",
+    "x-nf-replicate": "replicate",
+    "x-nf-condition": "condition",
+}
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te"})
+
+
+@dataclass(frozen=True)
+class Labels:
+    """Who a request belongs to: one session is one agent run (task x replicate x condition)."""
+
+    session: str
+    task: str | None = None
+    replicate: str | None = None
+    condition: str | None = None
+
+    def overlay(self, headers: Mapping[str, str]) -> Labels:
+        """Per-request label headers win over the proxy-wide defaults."""
+        found = {attr: headers[h] for h, attr in LABEL_HEADERS.items() if headers.get(h)}
+        return replace(self, **found) if found else self
+
+
+@dataclass(frozen=True)
+class RequestData:
+    method: str
+    url: str  # full URL as the client asked for it (after reverse-proxy rewriting)
+    host: str
+    path: str  # path with query
+    headers: tuple[tuple[str, str], ...]
+    raw_body: bytes
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    def canonical(self, rules: Rules) -> CanonicalRequest:
+        body, note = decode_body(self.raw_body, self.header("content-encoding"))
+        canon = canonicalize(self.method, self.host, self.path, self.headers, body, rules)
+        return replace(canon, notes=canon.notes + ((note,) if note else ()))
+
+    def record(self) -> dict[str, Any]:
+        """The stored request: secrets gone, body by hash."""
+        return {
+            "method": self.method,
+            "url": secrets.scrub_url(self.url),
+            "headers": secrets.scrub_headers(self.headers),
+            "body": sha256_hex(self.raw_body) if self.raw_body else None,
+            "body_size": len(self.raw_body),
+        }
+
+
+@dataclass(frozen=True)
+class ResponseData:
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    raw_body: bytes  # as sent on the wire (still content-encoded), so replay is byte-identical
+
+    def header(self, name: str) -> str | None:
+        name = name.lower()
+        return next((v for k, v in self.headers if k.lower() == name), None)
+
+    def decoded_body(self) -> bytes:
+        return decode_body(self.raw_body, self.header("content-encoding"))[0]
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "headers": secrets.scrub_headers(self.headers),
+            "body": sha256_hex(self.raw_body) if self.raw_body else None,
+            "body_size": len(self.raw_body),
+        }
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any], body: bytes | None) -> ResponseData:
+        """Rebuild a replayable response: redacted and hop-by-hop headers dropped, length fixed."""
+        kept = tuple(
+            (k, v)
+            for k, v in rec["headers"]
+            if v != secrets.REDACTED and k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
+        )
+        body = body or b""
+        return cls(rec["status"], kept + (("content-length", str(len(body))),), body)
+
+
+@dataclass
+class Prepared:
+    """A request after keying, waiting for its response."""
+
+    request: RequestData
+    labels: Labels
+    canonical: CanonicalRequest
+    key: str
+    occurrence: int
+    seq: int
+    started: float = field(default_factory=time.time)
+
+
+class Counters:
+    """Per-session occurrence of each key and arrival sequence, assigned at request arrival.
+
+    Arrival order (not completion order) is what replay reproduces, so the n-th identical request
+    of a session is the n-th one to arrive.
+    """
+
+    def __init__(self) -> None:
+        self._occ: dict[tuple[str, str], int] = defaultdict(int)
+        self._seq: dict[str, int] = defaultdict(int)
+
+    def seed(self, entries: Iterable[tuple[str, str, int, int]]) -> None:
+        """Continue numbering after what a store already holds: (session, key, occurrence, seq)."""
+        for session, key, occurrence, seq in entries:
+            self._occ[(session, key)] = max(self._occ[(session, key)], occurrence + 1)
+            self._seq[session] = max(self._seq[session], seq + 1)
+
+    def next(self, session: str, key: str) -> tuple[int, int]:
+        occ = self._occ[(session, key)]
+        seq = self._seq[session]
+        self._occ[(session, key)] = occ + 1
+        self._seq[session] = seq + 1
+        return occ, seq
+
+
+def prepare(request: RequestData, labels: Labels, rules: Rules, counters: Counters) -> Prepared:
+    canon = request.canonical(rules)
+    key = canon.key
+    occurrence, seq = counters.next(labels.session, key)
+    return Prepared(request, labels, canon, key, occurrence, seq)
+
+
+def base_record(p: Prepared, mode: str, rules_id: str) -> dict[str, Any]:
+    """The fields every exchange record has, whatever happened next."""
+    return {
+        "time": p.started,
+        "mode": mode,
+        "session": p.labels.session,
+        "task": p.labels.task,
+        "replicate": p.labels.replicate,
+        "condition": p.labels.condition,
+        "key": p.key,
+        "occurrence": p.occurrence,
+        "seq": p.seq,
+        "rules_id": rules_id,
+        "request": p.request.record(),
+        "notes": list(p.canonical.notes),
+    }
+
+
+@dataclass
+class Stats:
+    """Counts for the exit summary."""
+
+    exchanges: int = 0
+    hits: int = 0
+    misses: int = 0
+    order_violations: int = 0
+    errors: int = 0
+    upstream_errors: dict[int, int] = field(default_factory=dict)
+
+    def summary(self, mode: str, store: str) -> str:
+        parts = [
+            f"nfproxy {mode}: {self.exchanges} exchanges",
+            f"{self.errors} errors",
+        ]
+        if mode == "replay":
+            parts[1:1] = [f"{self.hits} hits", f"{self.misses} misses", f"{self.order_violations} order violations"]
+        if self.upstream_errors:
+            statuses = ", ".join(f"{n}x{s}" for s, n in sorted(self.upstream_errors.items()))
+            parts.append(f"upstream error statuses: {statuses}")
+        return ", ".join(parts) + f" (store {store})"

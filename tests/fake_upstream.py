@@ -1,0 +1,150 @@
+"""A real aiohttp server on loopback that speaks enough of the OpenAI and Anthropic JSON APIs.
+
+Every answer differs (a counter is part of it), so a replay that reached it by mistake, or that
+served the wrong occurrence, is visible. It counts TCP connections, so a test can prove replay made
+none. Special models: "status-429" and "status-500" answer with that error status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import itertools
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+
+@dataclass
+class Seen:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class FakeUpstream:
+    host: str = "127.0.0.1"
+    gzip_responses: bool = False
+    requests: list[Seen] = field(default_factory=list)
+    connections: int = 0
+    port: int = 0
+    _counter: itertools.count = field(default_factory=lambda: itertools.count(1))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> FakeUpstream:
+        ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        if not ready.wait(10):
+            raise RuntimeError("fake upstream did not start within 10 s")
+        return self
+
+    def stop(self) -> None:
+        if getattr(self, "_loop", None) is None:
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+        fut.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self._openai)
+        app.router.add_post("/v1/messages", self._anthropic)
+        app.router.add_route("*", "/{tail:.*}", self._echo)
+        self._runner = web.AppRunner(app)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, self.host, self.port)
+        self._loop.run_until_complete(site.start())
+        server = site._server  # count accepted connections through the protocol factory
+        factory = server._protocol_factory  # type: ignore[attr-defined]
+
+        def counting_factory() -> Any:
+            self.connections += 1
+            return factory()
+
+        server._protocol_factory = counting_factory  # type: ignore[attr-defined]
+        self.port = server.sockets[0].getsockname()[1]
+        ready.set()
+        self._loop.run_forever()
+
+    # -- handlers --------------------------------------------------------------------------------
+
+    async def _record(self, request: web.Request) -> tuple[int, dict[str, Any]]:
+        body = await request.read()
+        self.requests.append(Seen(request.path_qs, dict(request.headers), body))
+        try:
+            doc = json.loads(body) if body else {}
+        except ValueError:
+            doc = {}
+        return next(self._counter), doc if isinstance(doc, dict) else {}
+
+    def _reply(self, payload: dict[str, Any], status: int = 200) -> web.Response:
+        data = json.dumps(payload).encode()
+        headers = {"content-type": "application/json", "set-cookie": "upstream-session=cookie-secret"}
+        if self.gzip_responses:
+            data = gzip.compress(data)
+            headers["content-encoding"] = "gzip"
+        return web.Response(body=data, status=status, headers=headers)
+
+    def _maybe_error(self, doc: dict[str, Any]) -> web.Response | None:
+        model = str(doc.get("model", ""))
+        if model.startswith("status-"):
+            status = int(model.split("-", 1)[1])
+            return self._reply({"error": {"message": f"injected {status}", "type": "injected"}}, status)
+        return None
+
+    async def _openai(self, request: web.Request) -> web.Response:
+        n, doc = await self._record(request)
+        if (err := self._maybe_error(doc)) is not None:
+            return err
+        return self._reply(
+            {
+                "id": f"chatcmpl-{n}",
+                "object": "chat.completion",
+                "created": 1700000000 + n,
+                "model": doc.get("model", "gpt-test") + "-2024-07-18",
+                "system_fingerprint": f"fp_{n % 3}",
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": f"answer number {n}"},
+                        "finish_reason": "length" if doc.get("max_tokens") == 1 else "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 10 + n, "completion_tokens": n, "total_tokens": 10 + 2 * n},
+            }
+        )
+
+    async def _anthropic(self, request: web.Request) -> web.Response:
+        n, doc = await self._record(request)
+        if (err := self._maybe_error(doc)) is not None:
+            return err
+        return self._reply(
+            {
+                "id": f"msg_{n}",
+                "type": "message",
+                "role": "assistant",
+                "model": doc.get("model", "claude-test"),
+                "content": [{"type": "text", "text": f"anthropic answer {n}"}],
+                "stop_reason": "end_turn",
+                "stop_sequence": None,
+                "usage": {"input_tokens": 5 + n, "output_tokens": n},
+            }
+        )
+
+    async def _echo(self, request: web.Request) -> web.Response:
+        n, _ = await self._record(request)
+        return web.Response(body=f"echo {n} {request.method} {request.path_qs}".encode(), content_type="text/plain")

@@ -31,10 +31,11 @@ class Recorder:
         """Write the exchange (a response, or the connection error that replaced it)."""
         record = base_record(p, "record", self.rules.id)
         canonical_text = p.canonical.text().encode()
-        bodies = [canonical_text, p.request.raw_body]
+        bodies = [canonical_text, p.request.stored_body()]
         record["latency_ms"] = latency_ms
         record["error"] = error
         if response is not None:
+            response = response.without(p.request.secret_values())
             record["response"] = response.record()
             bodies.append(response.raw_body)
             meta = extract_meta(response.decoded_body())

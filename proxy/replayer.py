@@ -188,7 +188,7 @@ class Replayer:
                 truncated=source.truncated,
                 error=source.error,
             )
-        bodies = [b for b in (p.request.raw_body, response.raw_body) if b]
+        bodies = [b for b in (p.request.stored_body(), response.raw_body) if b]
         exchange_id = self.store.append(record, bodies, None)
         self.stats.exchanges += 1
         if result == "hit":

@@ -40,3 +40,26 @@ def scrub_url(url: str) -> str:
         for k, v in parse_qsl(parts.query, keep_blank_values=True)
     ]
     return urlunsplit(parts._replace(query=urlencode(pairs) if pairs else parts.query))
+
+
+_MIN_SECRET = 8  # shorter values are too likely to occur by chance to be worth erasing
+
+
+def secret_values(url: str, headers: Iterable[tuple[str, str]]) -> list[str]:
+    """The secret strings a request carried, so they can be erased wherever else they turn up."""
+    values = []
+    for k, v in headers:
+        if k.lower() in SECRET_HEADERS:
+            values.append(v)
+            values.extend(part for part in v.replace(";", " ").replace("=", " ").split() if part)
+    for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+        if k.lower() in SECRET_QUERY_PARAMS:
+            values.append(v)
+    return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)
+
+
+def erase(data: bytes, values: Iterable[str]) -> bytes:
+    """`data` with every occurrence of each secret value replaced by the redaction mark."""
+    for v in values:
+        data = data.replace(v.encode(), REDACTED.encode())
+    return data

@@ -57,13 +57,20 @@ class RequestData:
         canon = canonicalize(self.method, self.host, self.path, self.headers, body, rules)
         return replace(canon, notes=canon.notes + ((note,) if note else ()))
 
+    def secret_values(self) -> list[str]:
+        return secrets.secret_values(self.url, self.headers)
+
+    def stored_body(self) -> bytes:
+        """The request body as written to the log (secret values erased; usually unchanged)."""
+        return secrets.erase(self.raw_body, self.secret_values())
+
     def record(self) -> dict[str, Any]:
         """The stored request: secrets gone, body by hash."""
         return {
             "method": self.method,
             "url": secrets.scrub_url(self.url),
             "headers": secrets.scrub_headers(self.headers),
-            "body": sha256_hex(self.raw_body) if self.raw_body else None,
+            "body": sha256_hex(self.stored_body()) if self.raw_body else None,
             "body_size": len(self.raw_body),
         }
 
@@ -80,6 +87,19 @@ class ResponseData:
 
     def decoded_body(self) -> bytes:
         return decode_body(self.raw_body, self.header("content-encoding"))[0]
+
+    def without(self, values: list[str]) -> ResponseData:
+        """A copy safe to store: caller secrets echoed back (error messages do) are erased.
+
+        Only when a secret is found is the body stored decoded, with Content-Encoding dropped;
+        otherwise the wire bytes are kept as they are, so replay stays byte-identical.
+        """
+        decoded = self.decoded_body()
+        if not values or not any(v.encode() in decoded for v in values):
+            return self
+        headers = tuple((k, v) for k, v in self.headers if k.lower() not in ("content-encoding", "content-length"))
+        body = secrets.erase(decoded, values)
+        return ResponseData(self.status, headers + (("content-length", str(len(body))),), body)
 
     def record(self) -> dict[str, Any]:
         return {

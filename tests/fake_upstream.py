@@ -48,6 +48,7 @@ class FakeUpstream:
     def stop(self) -> None:
         if getattr(self, "_loop", None) is None:
             return
+        self._loop.call_soon_threadsafe(self._server.close)
         fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
         fut.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
@@ -66,16 +67,14 @@ class FakeUpstream:
         app.router.add_route("*", "/{tail:.*}", self._echo)
         self._runner = web.AppRunner(app)
         self._loop.run_until_complete(self._runner.setup())
-        site = web.TCPSite(self._runner, self.host, self.port)
-        self._loop.run_until_complete(site.start())
-        server = site._server  # count accepted connections through the protocol factory
-        factory = server._protocol_factory  # type: ignore[attr-defined]
+        handler_factory = self._runner.server
 
-        def counting_factory() -> Any:
+        def counting_factory() -> Any:  # every accepted TCP connection passes through here
             self.connections += 1
-            return factory()
+            return handler_factory()
 
-        server._protocol_factory = counting_factory  # type: ignore[attr-defined]
+        server = self._loop.run_until_complete(self._loop.create_server(counting_factory, self.host, self.port))
+        self._server = server
         self.port = server.sockets[0].getsockname()[1]
         ready.set()
         self._loop.run_forever()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import struct
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,13 @@ FORMAT = "noisefloor-log/1"
 _INITIAL_MAP = 256 << 20
 _ZSTD_LEVEL = 3
 _U64 = struct.Struct(">Q")
+
+
+def _read_only(path: Path) -> bool:
+    """Read-only by permission bits too: root may write anyway, but the owner said not to."""
+    if not path.exists():
+        return False
+    return not os.access(path, os.W_OK) or not path.stat().st_mode & stat.S_IWUSR
 
 
 class StoreError(RuntimeError):
@@ -118,9 +126,7 @@ class Store:
                 raise StoreError(f"no nfproxy store at {p}; record one first with `nfproxy --mode record --store {p}`")
             if p.exists() and any(p.iterdir()):
                 raise StoreError(f"{p} is a non-empty directory without an LMDB store; choose a new path for --store")
-        if write and p.exists() and not os.access(p, os.W_OK):
-            raise StoreError(f"store {p} is read-only; make it writable or record into a new --store path")
-        if write and data.exists() and not os.access(data, os.W_OK):
+        if write and (_read_only(p) or _read_only(data)):
             raise StoreError(f"store {p} is read-only; make it writable or record into a new --store path")
         try:
             if write:

@@ -1,0 +1,153 @@
+"""The store and the replay rules, without a proxy: real LMDB files in a temp folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from proxy import store as store_mod
+from proxy.keys import Rules
+from proxy.recorder import Recorder
+from proxy.replayer import Replayer
+from proxy.store import Store, StoreError
+from proxy.traffic import Labels, RequestData, ResponseData
+from tests.conftest import nfproxy_argv
+
+
+def chat(content: str) -> RequestData:
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": content}]}).encode()
+    return RequestData("POST", "http://up/v1/chat/completions", "up", "/v1/chat/completions", (), body)
+
+
+def answer(text: str) -> ResponseData:
+    return ResponseData(200, (("content-type", "application/json"),), json.dumps({"text": text}).encode())
+
+
+def record_sequence(path: Path, session: str, calls: list[tuple[str, str]]) -> None:
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for prompt, text in calls:
+            p = rec.begin(chat(prompt), Labels(session))
+            rec.finish(p, answer(text))
+
+
+def served(rep: Replayer, prompt: str, session: str) -> tuple[str, str | None]:
+    a = rep.answer(chat(prompt), Labels(session))
+    body = json.loads(a.response.raw_body)
+    return a.result, body.get("text")
+
+
+def test_occurrences_sessions_and_order(tmp_path):
+    path = tmp_path / "s.lmdb"
+    record_sequence(path, "A", [("p", "a0"), ("q", "a1"), ("p", "a2")])
+    record_sequence(path, "B", [("p", "b0")])
+    with Store.open(path, write=True) as s:
+        rep = Replayer(s, Rules())
+        assert [served(rep, x, "r1") for x in ("p", "q", "p", "p")] == [
+            ("hit", "a0"),
+            ("hit", "a1"),
+            ("hit", "a2"),
+            ("hit", "b0"),  # occurrence 3 falls through to the next recorded session
+        ]
+        assert served(rep, "p", "r1")[0] == "miss"
+        assert served(rep, "p", "r2") == ("hit", "a0")  # a new session starts again
+        assert rep.stats.hits == 5 and rep.stats.misses == 1
+        # A recorded p, q, p: asking q first is out of order
+        assert served(rep, "q", "r3")[0] == "order_violation"
+        only_b = Replayer(s, Rules(), sources=["B"])
+        assert served(only_b, "p", "x") == ("hit", "b0")
+        assert served(only_b, "p", "x")[0] == "miss"
+        reuse = Replayer(s, Rules(), sources=["B"], allow_reuse=True)
+        assert [served(reuse, "p", "y") for _ in range(3)] == [("hit", "b0")] * 3
+        with pytest.raises(ValueError, match="no recorded session"):
+            Replayer(s, Rules(), sources=["nope"])
+
+
+def test_recording_continues_occurrence_numbering_of_an_existing_session(tmp_path):
+    path = tmp_path / "s.lmdb"
+    record_sequence(path, "A", [("p", "first")])
+    record_sequence(path, "A", [("p", "second")])
+    with Store.open(path, write=False) as s:
+        assert [(e.occurrence, e.seq) for e in s.recorded_entries()] == [(0, 0), (1, 1)]
+
+
+def test_rules_are_bound_to_the_store(tmp_path):
+    path = tmp_path / "s.lmdb"
+    record_sequence(path, "A", [("p", "x")])
+    with Store.open(path, write=True) as s:
+        with pytest.raises(StoreError, match="normalization rules"):
+            Replayer(s, Rules(ignore_fields=("/model",)))
+        with pytest.raises(StoreError, match="--ignore-field"):
+            Recorder(s, Rules(ignore_fields=("/model",)))
+
+
+def test_map_grows_instead_of_failing(tmp_path, monkeypatch):
+    monkeypatch.setattr(store_mod, "_INITIAL_MAP", 64 * 1024)
+    path = tmp_path / "small.lmdb"
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for i in range(50):
+            p = rec.begin(chat(f"prompt {i}"), Labels("A"))
+            rec.finish(p, ResponseData(200, (), os.urandom(20_000)))  # incompressible
+    with Store.open(path, write=False) as s:
+        assert len(s) == 50
+
+
+def test_opening_bad_paths_gives_clear_errors(tmp_path):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    with pytest.raises(StoreError, match="is a file"):
+        Store.open(a_file, write=True, create=True)
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "other.txt").write_text("x")
+    with pytest.raises(StoreError, match="non-empty directory"):
+        Store.open(busy, write=True, create=True)
+    with pytest.raises(StoreError, match="no nfproxy store"):
+        Store.open(tmp_path / "absent", write=False)
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "data.mdb").write_bytes(b"\0not lmdb" * 100)
+    with pytest.raises(StoreError, match="not a readable LMDB store"):
+        Store.open(garbage, write=False)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*nfproxy_argv(), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_cli_refuses_bad_stores_with_one_line_and_changes_nothing(tmp_path):
+    path = tmp_path / "s.lmdb"
+    record_sequence(path, "A", [("p", "x")])
+    before = (path / "data.mdb").read_bytes()  # lock.mdb is LMDB's reader table, not data
+
+    r = run_cli("run", "--mode", "replay", "--store", str(path), "--ignore-field", "/model", "--listen", "127.0.0.1:0")
+    assert r.returncode != 0
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "normalization rules" in err[0] and "--ignore-field" in err[0]
+
+    r = run_cli("run", "--mode", "replay", "--store", str(tmp_path / "none.lmdb"), "--listen", "127.0.0.1:0")
+    assert r.returncode != 0 and "record one first" in r.stderr
+
+    r = run_cli("run", "--mode", "record", "--store", str(tmp_path / "s.lmdb" / "data.mdb"))
+    assert r.returncode != 0 and "is a file" in r.stderr
+
+    r = run_cli("run", "--listen", "nonsense")
+    assert r.returncode != 0 and "HOST:PORT" in r.stderr
+
+    r = run_cli("run", "--ignore-field", "model", "--store", str(tmp_path / "x.lmdb"))
+    assert r.returncode != 0 and "must start with '/'" in r.stderr
+
+    os.chmod(path, 0o555)
+    os.chmod(path / "data.mdb", 0o444)
+    try:
+        r = run_cli("run", "--mode", "record", "--store", str(path), "--listen", "127.0.0.1:0")
+        assert r.returncode != 0 and "read-only" in r.stderr
+    finally:
+        os.chmod(path, 0o755)
+        os.chmod(path / "data.mdb", 0o644)
+    assert (path / "data.mdb").read_bytes() == before

@@ -1,0 +1,187 @@
+"""The whole analysis of one outcome set: per-condition statistics, joint intervals, contrasts,
+leave-one-task-out sensitivity and the judge section. Pure: an OutcomeSet in, an Analysis out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from itertools import combinations
+from typing import Any
+
+import numpy as np
+
+from analyzer.bootstrap import task_bootstrap
+from analyzer.judge import JudgeStats, judge_columns, judge_stats
+from analyzer.ladder import ConditionStats, LeaveOneOut, Planning, budget, condition_stats, leave_one_out, task_variances
+from analyzer.outcomes import OutcomeSet
+
+
+@dataclass(frozen=True)
+class Settings:
+    resamples: int = 20_000
+    seed: int = 0
+    plan: Planning = field(default_factory=Planning)
+    contrasts: tuple[tuple[str, str], ...] = ()  # empty: every pair in ladder order
+    batches: tuple[str, str] | None = None
+    top_tasks: int = 5
+
+
+@dataclass(frozen=True)
+class ConditionResult:
+    name: str
+    stats: ConditionStats
+    w_ci: tuple[float, float]
+    score_ci: tuple[float, float]
+    budget_ci: tuple[int, int]
+    carriers: tuple[LeaveOneOut, ...]
+    failures: dict[str, int]
+    trimmed_from: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class Contrast:
+    a: str
+    b: str
+    estimate: float
+    ci: tuple[float, float]
+    leave_one_out: tuple[tuple[str, float], ...]  # (task, estimate without it) for the tasks that move it most
+
+
+@dataclass(frozen=True)
+class Analysis:
+    tasks: tuple[str, ...]
+    conditions: tuple[ConditionResult, ...]
+    contrasts: tuple[Contrast, ...]
+    batches: Contrast | None
+    judge: dict[str, JudgeStats]
+    settings: Settings
+    warnings: tuple[str, ...]
+    dropped_tasks: dict[str, tuple[str, ...]]
+
+    def condition(self, name: str) -> ConditionResult:
+        return next(c for c in self.conditions if c.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        conds = {}
+        for c in self.conditions:
+            s = c.stats
+            conds[c.name] = {
+                "tasks": s.tasks,
+                "replicates": s.replicates,
+                "score": s.score,
+                "score_ci": list(c.score_ci),
+                "w": s.w,
+                "w_ci": list(c.w_ci),
+                "variable_tasks": s.variable_tasks,
+                "variable_tasks_ci": list(s.variable_tasks_ci),
+                "budget": s.budget,
+                "budget_ci": list(c.budget_ci),
+                "mde": s.mde,
+                "top_tasks": [asdict(x) for x in c.carriers],
+                "failures": c.failures,
+                "trimmed_from": list(c.trimmed_from) if c.trimmed_from else None,
+            }
+        return {
+            "conditions": conds,
+            "contrasts": [_contrast_json(c) for c in self.contrasts],
+            "batches": _contrast_json(self.batches) if self.batches else None,
+            "judge": {k: asdict(v) for k, v in self.judge.items()},
+            "settings": {
+                "bootstrap": self.settings.resamples,
+                "seed": self.settings.seed,
+                "delta": self.settings.plan.delta,
+                "alpha": self.settings.plan.alpha,
+                "power": self.settings.plan.power,
+                "tasks": len(self.tasks),
+            },
+            "warnings": list(self.warnings),
+            "dropped_tasks": {k: list(v) for k, v in self.dropped_tasks.items()},
+        }
+
+
+def _contrast_json(c: Contrast) -> dict[str, Any]:
+    return {
+        "a": c.a,
+        "b": c.b,
+        "estimate": c.estimate,
+        "ci": list(c.ci),
+        "leave_one_out": [{"task": t, "estimate": e} for t, e in c.leave_one_out],
+    }
+
+
+def analyze(
+    data: OutcomeSet, settings: Settings = Settings(), progress: Callable[[int, int], None] | None = None
+) -> Analysis:
+    names = list(data.conditions)
+    pairs = _pairs(names, settings)
+    s2 = {c: task_variances(d.outcomes) for c, d in data.conditions.items()}
+    columns: dict[str, np.ndarray] = {}
+    for c, d in data.conditions.items():
+        columns[f"w:{c}"] = s2[c]
+        columns[f"score:{c}"] = d.outcomes.mean(axis=1)
+    judged = {c: judge_columns(d.outcomes, d.reference) for c, d in data.conditions.items() if d.reference is not None}
+    for c, j in judged.items():
+        columns[f"judge:{c}"] = j.disagree
+    draws = task_bootstrap(columns, settings.resamples, settings.seed, progress)
+    alpha = settings.plan.alpha
+    n = len(data.tasks)
+
+    results = []
+    for c, d in data.conditions.items():
+        w_ci = draws.ci(f"w:{c}", alpha)
+        results.append(
+            ConditionResult(
+                name=c,
+                stats=condition_stats(d.outcomes, settings.plan),
+                w_ci=w_ci,
+                score_ci=draws.ci(f"score:{c}", alpha),
+                budget_ci=(int(budget(w_ci[0], n, settings.plan)), int(budget(w_ci[1], n, settings.plan))),
+                carriers=leave_one_out(data.tasks, s2[c], settings.top_tasks),
+                failures=dict(d.failures),
+                trimmed_from=d.trimmed_from,
+            )
+        )
+
+    def contrast(a: str, b: str) -> Contrast:
+        diff = draws.values[f"w:{a}"] - draws.values[f"w:{b}"]
+        lo, hi = np.percentile(diff, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        return Contrast(a, b, float(s2[a].mean() - s2[b].mean()), (float(lo), float(hi)),
+                        _contrast_loo(data.tasks, s2[a], s2[b], settings.top_tasks))
+
+    judge = {
+        c: judge_stats(j, draws.ci(f"judge:{c}", alpha), data.conditions[c].confidence) for c, j in judged.items()
+    }
+    return Analysis(
+        tasks=data.tasks,
+        conditions=tuple(results),
+        contrasts=tuple(contrast(a, b) for a, b in pairs),
+        batches=contrast(*settings.batches) if settings.batches else None,
+        judge=judge,
+        settings=settings,
+        warnings=data.warnings,
+        dropped_tasks=dict(data.dropped_tasks),
+    )
+
+
+def _pairs(names: Sequence[str], settings: Settings) -> list[tuple[str, str]]:
+    wanted = list(settings.contrasts) or list(combinations(names, 2))
+    if settings.batches:
+        wanted = [p for p in wanted if set(p) != set(settings.batches)]
+    for a, b in [*wanted, *([settings.batches] if settings.batches else [])]:
+        for x in (a, b):
+            if x not in names:
+                raise ValueError(f"condition {x!r} is not in the outcomes (have: {', '.join(names)})")
+    return wanted
+
+
+def _contrast_loo(tasks: Sequence[str], sa: np.ndarray, sb: np.ndarray, top: int) -> tuple[tuple[str, float], ...]:
+    """The contrast without each of the tasks whose removal moves it most (closed form)."""
+    n = len(tasks)
+    if n < 2:
+        return ()
+    d = sa - sb
+    total = d.sum()
+    without = (total - d) / (n - 1)
+    order = np.argsort(-np.abs(d), kind="stable")[:top]
+    return tuple((tasks[j], float(without[j])) for j in order if d[j] != 0)

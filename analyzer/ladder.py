@@ -1,0 +1,127 @@
+"""Point statistics of the determinism ladder (ladder paper, Eq. 1/A1, A2, A3).
+
+All functions are pure: arrays in, numbers or frozen dataclasses out.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+
+@dataclass(frozen=True)
+class Planning:
+    """The settings that turn a variance into a rerun budget."""
+
+    delta: float = 0.02
+    alpha: float = 0.05
+    power: float = 0.8
+
+    def __post_init__(self) -> None:
+        if not self.delta > 0:
+            raise ValueError(f"delta must be a positive difference, got {self.delta}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if not 0 < self.power < 1:
+            raise ValueError(f"power must be in (0, 1), got {self.power}")
+
+    @property
+    def z(self) -> float:
+        """z_{1-alpha/2} + z_{power}."""
+        return float(special.ndtri(1 - self.alpha / 2) + special.ndtri(self.power))
+
+
+@dataclass(frozen=True)
+class ConditionStats:
+    tasks: int
+    replicates: int
+    score: float
+    w: float
+    variable_tasks: int
+    variable_tasks_ci: tuple[float, float]
+    budget: int
+    mde: float
+
+
+def task_variances(outcomes: np.ndarray) -> np.ndarray:
+    """Per-task sample variance across replicates (ddof=1); outcomes is (N, R) with R >= 2."""
+    y = np.asarray(outcomes, dtype=float)
+    if y.ndim != 2 or y.shape[1] < 2:
+        raise ValueError(f"need an (N, R) matrix with R >= 2, got shape {y.shape}")
+    return y.var(axis=1, ddof=1)
+
+
+def within_variance(outcomes: np.ndarray) -> float:
+    """w_c: the mean over tasks of the within-task sample variance."""
+    return float(task_variances(outcomes).mean())
+
+
+def variable_mask(outcomes: np.ndarray) -> np.ndarray:
+    """Tasks whose outcome changed at least once across replicates."""
+    y = np.asarray(outcomes)
+    return y.min(axis=1) != y.max(axis=1)
+
+
+def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
+    """Exact binomial interval for k successes in n trials."""
+    if n <= 0 or not 0 <= k <= n:
+        raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    lo = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, alpha / 2))
+    hi = 1.0 if k == n else float(special.betaincinv(k + 1, n - k, 1 - alpha / 2))
+    return lo, hi
+
+
+def budget(w: float | np.ndarray, n_tasks: int, plan: Planning = Planning()) -> int | np.ndarray:
+    """Smallest R >= 1 with delta >= z * sqrt(2 w / (N R)) (Eq. A3); vectorized over w."""
+    if n_tasks <= 0:
+        raise ValueError("the number of tasks must be positive")
+    need = 2.0 * np.asarray(w, dtype=float) * plan.z**2 / (n_tasks * plan.delta**2)
+    # round away float noise before ceil, so an exact integer requirement is not bumped up by one
+    r = np.maximum(1, np.ceil(np.round(need, 9))).astype(int)
+    return int(r) if r.ndim == 0 else r
+
+
+def mde(w: float, n_tasks: int, replicates: int, plan: Planning = Planning()) -> float:
+    """Minimum detectable effect of a symmetric contrast at the observed R."""
+    return plan.z * math.sqrt(2.0 * w / (n_tasks * replicates))
+
+
+def condition_stats(outcomes: np.ndarray, plan: Planning = Planning()) -> ConditionStats:
+    y = np.asarray(outcomes)
+    n, r = y.shape
+    w = within_variance(y)
+    k = int(variable_mask(y).sum())
+    return ConditionStats(
+        tasks=n,
+        replicates=r,
+        score=float(y.mean()),
+        w=w,
+        variable_tasks=k,
+        variable_tasks_ci=clopper_pearson(k, n, plan.alpha),
+        budget=int(budget(w, n, plan)),
+        mde=mde(w, n, r, plan),
+    )
+
+
+@dataclass(frozen=True)
+class LeaveOneOut:
+    """Which tasks carry a condition's w, and what w and the contrasts become without each."""
+
+    task: str
+    share: float  # fraction of N * w contributed by this task
+    w_without: float
+
+
+def leave_one_out(task_ids: tuple[str, ...], s2: np.ndarray, top: int = 5) -> tuple[LeaveOneOut, ...]:
+    """Closed form: w without task j is (N w - s2_j) / (N - 1)."""
+    n = len(s2)
+    total = float(s2.sum())
+    if n < 2 or total == 0:
+        return ()
+    order = np.argsort(-s2, kind="stable")[:top]
+    return tuple(
+        LeaveOneOut(task_ids[j], float(s2[j] / total), float((total - s2[j]) / (n - 1))) for j in order if s2[j] > 0
+    )

@@ -1,0 +1,230 @@
+"""Outcome rows in, aligned task x replicate matrices out.
+
+The statistics need one matrix per condition with the same tasks in the same row order (the
+joint bootstrap draws one set of task indices for all of them). Anything that would make that
+false is either refused with a one-line error or handled by a documented rule that the report
+states: tasks missing from some condition are dropped from all (`intersect`), and a condition whose
+tasks have unequal replicate counts keeps the lowest-numbered R_min replicates of each (`trim`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REQUIRED = ("task_id", "condition", "replicate", "outcome")
+_TRUE = {"1", "1.0", "true", "True", "TRUE", 1, 1.0, True}
+_FALSE = {"0", "0.0", "false", "False", "FALSE", 0, 0.0, False}
+# The ladder's rungs, in the order a reader expects them; other names keep file order after these.
+LADDER_ORDER = ("live", "L0", "t0", "L1", "replay", "L2")
+
+
+class OutcomeError(ValueError):
+    """Input that cannot be analyzed; the message names the row or condition and the fix."""
+
+
+@dataclass(frozen=True)
+class Row:
+    task_id: str
+    condition: str
+    replicate: int
+    outcome: int
+    reference: int | None = None
+    confidence: float | None = None
+    failure: str | None = None
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ConditionData:
+    name: str
+    outcomes: np.ndarray  # (N, R) of 0/1, rows in `OutcomeSet.tasks` order
+    reference: np.ndarray | None  # (N,) executed reference per task, for judge conditions
+    confidence: np.ndarray | None  # (N, R) stated confidence, NaN where absent
+    failures: Mapping[str, int]
+    trimmed_from: tuple[int, int] | None  # (min, max) replicate counts before trimming
+
+
+@dataclass(frozen=True)
+class OutcomeSet:
+    tasks: tuple[str, ...]
+    conditions: Mapping[str, ConditionData]
+    dropped_tasks: Mapping[str, tuple[str, ...]]  # condition -> tasks it lacked (dropped everywhere)
+    warnings: tuple[str, ...]
+    rows: int
+
+
+def read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, raw mapping) from a .jsonl/.json-lines or .csv/.tsv file."""
+    suffix = path.suffix.lower()
+    try:
+        fh = path.open(newline="", encoding="utf-8")
+    except OSError as exc:
+        raise OutcomeError(f"cannot read outcomes file {path}: {exc.strerror}") from None
+    with fh:
+        if suffix in (".csv", ".tsv"):
+            reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
+            if reader.fieldnames is None:
+                raise OutcomeError(f"{path} is empty; it needs a header with {', '.join(REQUIRED)} and one row per attempt")
+            missing = [c for c in REQUIRED if c not in reader.fieldnames]
+            if missing:
+                raise OutcomeError(f"{path}: missing column {', '.join(missing)} (header has {', '.join(reader.fieldnames)})")
+            for i, rec in enumerate(reader, start=2):
+                yield i, rec
+        elif suffix in (".jsonl", ".ndjson", ".json"):
+            for i, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    raise OutcomeError(f"{path}:{i}: not a JSON object per line (JSON Lines expected)") from None
+                if not isinstance(rec, dict):
+                    raise OutcomeError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
+                yield i, rec
+        else:
+            raise OutcomeError(f"{path}: unknown outcomes format {suffix!r}; use .jsonl or .csv")
+
+
+def parse_rows(raw: Iterable[tuple[int, Mapping[str, Any]]], source: str) -> list[Row]:
+    rows = []
+    for line, rec in raw:
+        where = f"{source}:{line}"
+        missing = [c for c in REQUIRED if rec.get(c) in (None, "")]
+        if missing:
+            raise OutcomeError(f"{where}: missing {', '.join(missing)}; every row needs {', '.join(REQUIRED)}")
+        rows.append(
+            Row(
+                task_id=str(rec["task_id"]),
+                condition=str(rec["condition"]),
+                replicate=_int(rec["replicate"], where, "replicate"),
+                outcome=_binary(rec["outcome"], where, "outcome"),
+                reference=None if rec.get("reference") in (None, "") else _binary(rec["reference"], where, "reference"),
+                confidence=None if rec.get("confidence") in (None, "") else _float(rec["confidence"], where),
+                failure=str(rec["failure"]) if rec.get("failure") not in (None, "") else None,
+                extra={k: str(v) for k, v in rec.items() if k not in REQUIRED and v not in (None, "")},
+            )
+        )
+    if not rows:
+        raise OutcomeError(f"{source} has no outcome rows; it needs one row per graded attempt")
+    return rows
+
+
+def load(path: Path, *, missing_tasks: str = "intersect", unbalanced: str = "trim") -> OutcomeSet:
+    return build(parse_rows(read_rows(path), str(path)), missing_tasks=missing_tasks, unbalanced=unbalanced)
+
+
+def build(rows: Sequence[Row], *, missing_tasks: str = "intersect", unbalanced: str = "trim") -> OutcomeSet:
+    """Group rows into aligned matrices, applying (and reporting) the documented rules."""
+    by_cond: dict[str, dict[str, dict[int, Row]]] = defaultdict(lambda: defaultdict(dict))
+    for r in rows:
+        cell = by_cond[r.condition][r.task_id]
+        if r.replicate in cell:
+            raise OutcomeError(
+                f"condition {r.condition!r}, task {r.task_id!r}: replicate {r.replicate} appears twice; "
+                "each (task_id, condition, replicate) must be one row"
+            )
+        cell[r.replicate] = r
+    order = _condition_order([r.condition for r in rows])
+    warnings: list[str] = []
+    all_tasks = sorted({r.task_id for r in rows}, key=_natural)
+    common = [t for t in all_tasks if all(t in by_cond[c] for c in order)]
+    dropped = {c: tuple(t for t in all_tasks if t not in by_cond[c]) for c in order}
+    dropped = {c: ts for c, ts in dropped.items() if ts}
+    if dropped:
+        detail = "; ".join(f"{c} lacks {len(ts)} ({', '.join(ts[:3])}{'...' if len(ts) > 3 else ''})" for c, ts in dropped.items())
+        if missing_tasks == "error":
+            raise OutcomeError(f"tasks do not match across conditions: {detail}; pass --missing-tasks intersect to drop them")
+        warnings.append(f"dropped {len(all_tasks) - len(common)} tasks missing from some condition: {detail}")
+    if not common:
+        raise OutcomeError("no task appears in every condition; check the condition and task_id columns")
+    conditions = {c: _matrix(c, by_cond[c], common, unbalanced, warnings) for c in order}
+    return OutcomeSet(tuple(common), conditions, dropped, tuple(warnings), len(rows))
+
+
+def _matrix(
+    name: str, cells: Mapping[str, Mapping[int, Row]], tasks: Sequence[str], unbalanced: str, warnings: list[str]
+) -> ConditionData:
+    counts = [len(cells[t]) for t in tasks]
+    r_min, r_max = min(counts), max(counts)
+    trimmed = None
+    if r_min != r_max:
+        if unbalanced == "error":
+            raise OutcomeError(
+                f"condition {name!r}: tasks have {r_min} to {r_max} replicates; pass --unbalanced trim to keep "
+                f"the first {r_min} of each"
+            )
+        trimmed = (r_min, r_max)
+        warnings.append(f"condition {name!r}: replicate counts range {r_min}..{r_max}; kept the first {r_min} of each task")
+    if r_min < 2:
+        raise OutcomeError(
+            f"condition {name!r} has a task with {r_min} replicate; within-task variance needs at least 2 per task"
+        )
+    picked = [[cells[t][k] for k in sorted(cells[t])[:r_min]] for t in tasks]
+    outcomes = np.array([[r.outcome for r in row] for row in picked], dtype=np.int8)
+    refs = [[r.reference for r in row if r.reference is not None] for row in picked]
+    reference = None
+    if all(refs):
+        ref_means = np.array([np.mean(x) for x in refs])
+        if np.any((ref_means > 0) & (ref_means < 1)):
+            warnings.append(f"condition {name!r}: the reference varies within a task; its majority is used")
+        reference = (ref_means >= 0.5).astype(np.int8)
+    conf = np.array([[np.nan if r.confidence is None else r.confidence for r in row] for row in picked], dtype=float)
+    failures: dict[str, int] = defaultdict(int)
+    for row in picked:
+        for r in row:
+            if r.failure:
+                failures[r.failure] += 1
+    return ConditionData(
+        name=name,
+        outcomes=outcomes,
+        reference=reference,
+        confidence=None if np.isnan(conf).all() else conf,
+        failures=dict(failures),
+        trimmed_from=trimmed,
+    )
+
+
+def _condition_order(names: Iterable[str]) -> list[str]:
+    seen = list(dict.fromkeys(names))
+    ranked = [n for n in LADDER_ORDER if n in seen]
+    return ranked + [n for n in seen if n not in ranked]
+
+
+def _natural(task: str) -> tuple[Any, ...]:
+    """HumanEval/2 before HumanEval/10."""
+    head, _, tail = task.rpartition("/")
+    return (head, int(tail), "") if tail.isdigit() else (head, -1, tail)
+
+
+def _binary(v: Any, where: str, col: str) -> int:
+    if isinstance(v, (str, int, float, bool)):
+        if v in _TRUE:
+            return 1
+        if v in _FALSE:
+            return 0
+    raise OutcomeError(f"{where}: {col} {v!r} is not binary; use 0/1, true/false or 0.0/1.0")
+
+
+def _int(v: Any, where: str, col: str) -> int:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise OutcomeError(f"{where}: {col} {v!r} is not an integer") from None
+    if not f.is_integer():
+        raise OutcomeError(f"{where}: {col} {v!r} is not an integer")
+    return int(f)
+
+
+def _float(v: Any, where: str) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise OutcomeError(f"{where}: confidence {v!r} is not a number") from None

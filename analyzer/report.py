@@ -1,0 +1,145 @@
+"""Rendering an Analysis: terminal table, Markdown, JSON document and the ladder plot."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from analyzer.analysis import Analysis
+
+
+def _ci(ci: tuple[float, float] | list[float], digits: int = 5) -> str:
+    return f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+
+
+def _rows(a: Analysis) -> list[list[str]]:
+    rows = []
+    for c in a.conditions:
+        s = c.stats
+        rows.append(
+            [
+                c.name,
+                f"{s.tasks}x{s.replicates}",
+                f"{s.score:.4f}",
+                f"{s.w:.5f} {_ci(c.w_ci)}",
+                f"{s.variable_tasks}/{s.tasks} {_ci(s.variable_tasks_ci, 3)}",
+                f"{s.budget} [{c.budget_ci[0]}, {c.budget_ci[1]}]",
+                f"{s.mde:.4f}",
+            ]
+        )
+    return rows
+
+
+HEADER = ["condition", "N x R", "score", "w [95% CI]", "variable tasks [CP 95%]", "budget R* [CI]", "MDE"]
+
+
+def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
+    """Plain-text report for a terminal."""
+    rows = [HEADER, *_rows(a)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(HEADER))]
+    fmt = lambda r: "  ".join(v.ljust(widths[i]) for i, v in enumerate(r)).rstrip()  # noqa: E731
+    p = a.settings.plan
+    out = [
+        f"Determinism ladder: {len(a.tasks)} tasks, {a.settings.resamples} joint task-bootstrap resamples "
+        f"(seed {a.settings.seed}); budget for delta={p.delta}, alpha={p.alpha}, power={p.power}",
+        "",
+        fmt(rows[0]),
+        fmt(["-" * w for w in widths]),
+        *(fmt(r) for r in rows[1:]),
+    ]
+    if a.contrasts:
+        out += ["", "Contrasts of w (A - B, not truncated):"]
+        out += [f"  {c.a} - {c.b}: {c.estimate:+.5f} {_ci(c.ci)}" for c in a.contrasts]
+    if a.batches:
+        b = a.batches
+        out += ["", f"Batches {b.a} - {b.b}: {b.estimate:+.5f} {_ci(b.ci)}"]
+    carriers = [(c.name, c.carriers[0]) for c in a.conditions if c.carriers]
+    if carriers:
+        out += ["", "Largest single-task share of w (w without it):"]
+        out += [f"  {n}: {x.task} carries {x.share:.0%} (w -> {x.w_without:.5f})" for n, x in carriers]
+    for name, j in a.judge.items():
+        conf = f", mean confidence {j.mean_confidence:.1f}" if j.mean_confidence is not None else ""
+        out += [
+            "",
+            f"Judge {name}: majority disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
+            f"({j.disagreement:.1%} {_ci(j.disagreement_ci, 3)}): {j.false_accepts} false accepts, "
+            f"{j.false_rejects} false rejects, {j.ties} ties{conf}",
+        ]
+    if log:
+        out += ["", "Proxy log per condition:"]
+        for cond, s in log["conditions"].items():
+            out.append(
+                f"  {cond}: {s['exchanges']} calls, {s['misses']} misses, {s['order_violations']} order violations, "
+                f"{s['errors']} errors, {s['truncated']} truncated, tokens in/out {s['input_tokens']}/{s['output_tokens']}, "
+                f"models {', '.join(s['models']) or '-'}"
+            )
+    out += [f"warning: {w}" for w in a.warnings]
+    return "\n".join(out)
+
+
+def markdown(a: Analysis, log: dict[str, Any] | None = None) -> str:
+    head = "| " + " | ".join(HEADER) + " |"
+    sep = "|" + "---|" * len(HEADER)
+    body = ["| " + " | ".join(r) + " |" for r in _rows(a)]
+    out = ["# Determinism ladder", "", head, sep, *body, ""]
+    if a.contrasts:
+        out += ["## Contrasts", "", "| A - B | estimate | 95% CI |", "|---|---|---|"]
+        out += [f"| {c.a} - {c.b} | {c.estimate:+.5f} | {_ci(c.ci)} |" for c in a.contrasts]
+        out.append("")
+    for name, j in a.judge.items():
+        out += [f"## Judge `{name}`", "",
+                f"Majority verdict disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
+                f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}); {j.false_accepts} false accepts, "
+                f"{j.false_rejects} false rejects.", ""]
+    p = a.settings.plan
+    out.append(
+        f"Settings: {a.settings.resamples} joint task-bootstrap resamples, seed {a.settings.seed}; "
+        f"delta={p.delta}, alpha={p.alpha}, power={p.power}."
+    )
+    out += [f"\n> warning: {w}" for w in a.warnings]
+    return "\n".join(out) + "\n"
+
+
+def write_json(doc: dict[str, Any], path: str) -> None:
+    text = json.dumps(doc, indent=2, sort_keys=False)
+    if path == "-":
+        print(text)
+    else:
+        Path(path).write_text(text + "\n")
+
+
+def plot(a: Analysis, path: Path) -> None:
+    """w per condition with its interval, and the rerun budgets, side by side."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = [c.name for c in a.conditions]
+    w = [c.stats.w for c in a.conditions]
+    lo = [c.stats.w - c.w_ci[0] for c in a.conditions]
+    hi = [c.w_ci[1] - c.stats.w for c in a.conditions]
+    budgets = [c.stats.budget for c in a.conditions]
+    b_lo = [c.stats.budget - c.budget_ci[0] for c in a.conditions]
+    b_hi = [c.budget_ci[1] - c.stats.budget for c in a.conditions]
+    colors = plt.cm.viridis([i / max(1, len(names) - 1) * 0.85 for i in range(len(names))])
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(names) + 4), 4.2))
+    ax1.bar(names, w, yerr=[lo, hi], capsize=6, color=colors)
+    for i, v in enumerate(w):
+        ax1.annotate(f"{v:.4f}", (i, v), textcoords="offset points", xytext=(8, 3), fontsize=9)
+    ax1.set_ylabel("within-task variance w")
+    ax1.set_title("Noise floor per condition (95% task bootstrap)")
+    ax1.set_ylim(bottom=0)
+    ax2.bar(names, budgets, yerr=[b_lo, b_hi], capsize=6, color=colors)
+    for i, v in enumerate(budgets):
+        ax2.annotate(str(v), (i, v), textcoords="offset points", xytext=(8, 3), fontsize=9)
+    p = a.settings.plan
+    ax2.set_ylabel("reruns per arm R*")
+    ax2.set_title(f"Rerun budget for a {p.delta:g} difference (power {p.power:g})")
+    ax2.set_ylim(bottom=0)
+    fig.suptitle(f"{len(a.tasks)} tasks, {a.settings.resamples} resamples", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -176,12 +176,16 @@ def _pairs(names: Sequence[str], settings: Settings) -> list[tuple[str, str]]:
 
 
 def _contrast_loo(tasks: Sequence[str], sa: np.ndarray, sb: np.ndarray, top: int) -> tuple[tuple[str, float], ...]:
-    """The contrast without each of the tasks whose removal moves it most (closed form)."""
+    """The contrast without each task that carries either side or moves the difference most.
+
+    Closed form: (sum(d) - d_j) / (N - 1) with d = s2_A - s2_B.
+    """
     n = len(tasks)
-    if n < 2:
+    if n < 2 or top == 0:
         return ()
     d = sa - sb
-    total = d.sum()
-    without = (total - d) / (n - 1)
-    order = np.argsort(-np.abs(d), kind="stable")[:top]
-    return tuple((tasks[j], float(without[j])) for j in order if d[j] != 0)
+    without = (d.sum() - d) / (n - 1)
+    picked = {int(j) for col in (-sa, -sb, -np.abs(d)) for j in np.argsort(col, kind="stable")[:top]}
+    picked = {j for j in picked if sa[j] > 0 or sb[j] > 0}
+    ordered = sorted(picked, key=lambda j: (-abs(d[j]), j))
+    return tuple((tasks[j], float(without[j])) for j in ordered)

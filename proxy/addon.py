@@ -50,10 +50,11 @@ class SessionLabels:
         self.defaults = defaults
 
     def request(self, flow: http.HTTPFlow) -> None:
-        headers = {h: flow.request.headers.get(h, "") for h in LABEL_HEADERS}
-        for h in LABEL_HEADERS:
-            flow.request.headers.pop(h, None)
-        flow.metadata[_LABELS] = self.defaults.overlay(headers)
+        headers = flow.request.headers
+        found = {k.lower(): v for k, v in headers.items() if k.lower() in LABEL_HEADERS}
+        for h in found:
+            del headers[h]
+        flow.metadata[_LABELS] = self.defaults.overlay(found) if found else self.defaults
 
 
 class Record:

@@ -15,7 +15,7 @@ from typing import Any
 import click
 
 from proxy.keys import Rules, RuleError
-from proxy.store import Store, StoreError
+from proxy.store import QueuedWriter, Store, StoreError
 from proxy.traffic import Labels, Stats
 
 DEFAULT_STORE = "recordings/log.lmdb"
@@ -70,15 +70,20 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     except RuleError as exc:
         raise click.BadParameter(str(exc), param_hint="--ignore-field") from None
     labels = Labels(session or _new_session_id(), task, replicate, condition)
-    store, engine, upstream = _open_engine(mode, store_path, rules, upstream, strict, allow_reuse, replay_sessions)
+    store, engine, upstream, writer = _open_engine(mode, store_path, rules, upstream, strict, allow_reuse,
+                                                   replay_sessions)
     addons = _addons(mode, engine, labels)
     stats: Stats = engine.stats if engine is not None else Stats()
     try:
         asyncio.run(_serve(host, port, upstream, addons, confdir or store_path.parent / "mitmproxy-ca",
                            mode, store_path, quiet))
     finally:
-        if store is not None:
-            store.close()
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            if store is not None:
+                store.close()
     if not quiet:
         click.echo(stats.summary(mode, str(store_path)), err=True)
     if mode == "replay" and strict and (stats.misses or stats.order_violations):
@@ -86,9 +91,9 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
 
 
 def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None, strict: bool, allow_reuse: bool,
-                 replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None]:
+                 replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None, QueuedWriter | None]:
     if mode == "passthrough":
-        return None, None, upstream
+        return None, None, upstream, None
     from proxy.recorder import Recorder
     from proxy.replayer import Replayer
 
@@ -96,20 +101,25 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
         store = Store.open(store_path, write=True, create=(mode == "record"))
     except StoreError as exc:
         raise click.ClickException(str(exc)) from None
+    writer = None
     try:
         if mode == "record":
             engine: Any = Recorder(store, rules)
             if upstream:
                 store.set_meta("upstream", upstream)
         else:
-            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions)
+            writer = QueuedWriter(store)
+            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions,
+                              log=writer.submit)
             if engine.recorded == 0:
                 raise StoreError(f"store {store_path} holds no recorded exchanges; record with --mode record first")
             upstream = upstream or store.meta("upstream")
     except (StoreError, ValueError) as exc:
+        if writer is not None:
+            writer.close()
         store.close()
         raise click.ClickException(str(exc)) from None
-    return store, engine, upstream
+    return store, engine, upstream, writer
 
 
 def _addons(mode: str, engine: Any, labels: Labels) -> list[Any]:

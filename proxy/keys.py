@@ -15,6 +15,7 @@ import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -51,7 +52,7 @@ class Rules:
             "secret_query_params": sorted(secrets.SECRET_QUERY_PARAMS),
         }
 
-    @property
+    @cached_property
     def id(self) -> str:
         return sha256_hex(canonical_json(self.describe()))[:16]
 
@@ -78,12 +79,13 @@ class CanonicalRequest:
             "body": self.body,
         }
 
+    @cached_property
     def text(self) -> str:
         return canonical_json(self.as_dict())
 
-    @property
+    @cached_property
     def key(self) -> str:
-        return sha256_hex(self.text())
+        return sha256_hex(self.text)
 
     def pretty(self) -> str:
         """Line-oriented rendering used for the nearest-request diff."""

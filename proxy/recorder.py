@@ -30,15 +30,16 @@ class Recorder:
     ) -> int:
         """Write the exchange (a response, or the connection error that replaced it)."""
         record = base_record(p, "record", self.rules.id)
-        canonical_text = p.canonical.text().encode()
-        bodies = [canonical_text, p.request.stored_body()]
+        canonical_text = p.canonical.text.encode()
+        canonical_digest = sha256_hex(canonical_text)
+        bodies = {canonical_digest: canonical_text, p.request.stored_digest: p.request.stored_body}
         record["latency_ms"] = latency_ms
         record["error"] = error
         if response is not None:
-            response = response.without(p.request.secret_values())
+            response = response.without(p.request.secret_values)
             record["response"] = response.record()
-            bodies.append(response.raw_body)
-            meta = extract_meta(response.decoded_body())
+            bodies[response.digest] = response.raw_body
+            meta = extract_meta(response.decoded_body)
             record.update(
                 model=meta.model,
                 fingerprint=meta.fingerprint,
@@ -58,8 +59,8 @@ class Recorder:
             occurrence=p.occurrence,
             seq=p.seq,
             route=f"{p.canonical.method} {p.canonical.host} {p.canonical.path}",
-            canonical=sha256_hex(canonical_text),
+            canonical=canonical_digest,
         )
-        exchange_id = self.store.append(record, [b for b in bodies if b], entry)
+        exchange_id = self.store.append(record, bodies, entry)
         self.stats.exchanges += 1
         return exchange_id

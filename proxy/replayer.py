@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import lru_cache
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -30,7 +31,6 @@ class Answer:
     result: str  # "hit", "miss" or "order_violation"
     response: ResponseData
     source_id: int | None
-    exchange_id: int
 
 
 class Replayer:
@@ -42,10 +42,13 @@ class Replayer:
         strict: bool = True,
         allow_reuse: bool = False,
         sources: Iterable[str] = (),
+        log: Callable[[dict[str, Any], dict[str, bytes]], None] | None = None,
     ) -> None:
+        """`log` receives each replay exchange record and its bodies (default: a synchronous append)."""
         store.bind_rules(rules.id, rules.describe())
         self.store = store
         self.rules = rules
+        self._log_sink = log or (lambda record, bodies: store.append(record, bodies, None))
         self.strict = strict
         self.allow_reuse = allow_reuse
         self.stats = Stats()
@@ -81,10 +84,7 @@ class Replayer:
             violation = self._check_order(labels.session, entry)
             if violation and self.strict:
                 return self._log(p, "order_violation", self._order_response(p, entry, violation), entry, violation)
-            source = self.store.exchange(entry.id)
-            assert source is not None, f"replay index names exchange {entry.id} that the store does not hold"
-            response = self._recorded_response(source.response, source.error)
-            response = replace(response, headers=response.headers + (("x-nf-replay", "hit"),))
+            source, response = self._source(entry.id)
             return self._log(p, "order_violation" if violation else "hit", response, entry, violation, source)
         return self._log(p, "miss", self._miss_response(p, len(candidates)), None, None)
 
@@ -101,6 +101,13 @@ class Replayer:
             f"recorded session {entry.session!r} made this call at position {pos}, "
             f"but this replay session is at position {expected}"
         )
+
+    @lru_cache(maxsize=4096)  # replay replicates serve the same recorded answers again and again
+    def _source(self, exchange_id: int) -> tuple[Exchange, ResponseData]:
+        source = self.store.exchange(exchange_id)
+        assert source is not None, f"replay index names exchange {exchange_id} that the store does not hold"
+        response = self._recorded_response(source.response, source.error)
+        return source, replace(response, headers=response.headers + (("x-nf-replay", "hit"),))
 
     def _recorded_response(self, rec: dict[str, Any] | None, error: str | None) -> ResponseData:
         if rec is None:  # the recording holds a connection failure: replay it as one
@@ -188,8 +195,8 @@ class Replayer:
                 truncated=source.truncated,
                 error=source.error,
             )
-        bodies = [b for b in (p.request.stored_body(), response.raw_body) if b]
-        exchange_id = self.store.append(record, bodies, None)
+        bodies = {p.request.stored_digest: p.request.stored_body, response.digest: response.raw_body}
+        self._log_sink(record, bodies)
         self.stats.exchanges += 1
         if result == "hit":
             self.stats.hits += 1
@@ -197,7 +204,7 @@ class Replayer:
             self.stats.misses += 1
         else:
             self.stats.order_violations += 1
-        return Answer(result, response, entry.id if entry else None, exchange_id)
+        return Answer(result, response, entry.id if entry else None)
 
 
 def _error_response(status: int, doc: dict[str, Any], p: Prepared, result: str) -> ResponseData:

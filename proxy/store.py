@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
+import threading
 import stat
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,6 @@ from typing import Any
 import lmdb
 import zstandard
 
-from proxy.keys import sha256_hex
 
 FORMAT = "noisefloor-log/1"
 _INITIAL_MAP = 256 << 20
@@ -142,6 +143,8 @@ class Store:
                 # SIGKILL leaves the last committed transaction intact. `sync()` on close.
                 sync=False,
                 metasync=False,
+                # writes go straight into the shared map: no pwrite per dirty page on the request path
+                writemap=write,
                 create=write,
             )
         except lmdb.Error as exc:
@@ -207,23 +210,31 @@ class Store:
 
     # -- exchanges -----------------------------------------------------------------------------
 
-    def append(self, record: dict[str, Any], bodies: list[bytes], recorded: RecordedEntry | None) -> int:
-        """Write one exchange with its bodies atomically; returns the new exchange id."""
+    def append(self, record: dict[str, Any], bodies: Mapping[str, bytes], recorded: RecordedEntry | None) -> int:
+        """Write one exchange with its bodies (sha256 hex -> bytes) atomically; returns the new id."""
+        return self._write(lambda txn: self._append(txn, record, bodies, recorded))
 
-        def txn_fn(txn: lmdb.Transaction) -> int:
-            for data in bodies:
-                digest = bytes.fromhex(sha256_hex(data))
-                txn.put(digest, self._cctx.compress(data), db=self._bodies, overwrite=False)
-            with txn.cursor(db=self._exchanges) as cur:
-                new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
-            doc = dict(record, id=new_id)
-            txn.put(_U64.pack(new_id), self._cctx.compress(json.dumps(doc).encode()), db=self._exchanges)
-            if recorded is not None:
-                entry = asdict(recorded) | {"id": new_id}
-                txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
-            return new_id
+    def append_many(self, items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]]) -> None:
+        """Several exchanges in one transaction."""
+        self._write(lambda txn: [self._append(txn, *item) for item in items])
 
-        return self._write(txn_fn)
+    def _append(
+        self, txn: lmdb.Transaction, record: dict[str, Any], bodies: Mapping[str, bytes], recorded: RecordedEntry | None
+    ) -> int:
+        for hexdigest, data in bodies.items():
+            if not data:
+                continue
+            digest = bytes.fromhex(hexdigest)
+            if txn.get(digest, db=self._bodies) is None:  # stored once: skip compressing a known body
+                txn.put(digest, self._cctx.compress(data), db=self._bodies)
+        with txn.cursor(db=self._exchanges) as cur:
+            new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
+        doc = dict(record, id=new_id)
+        txn.put(_U64.pack(new_id), self._cctx.compress(json.dumps(doc).encode()), db=self._exchanges)
+        if recorded is not None:
+            entry = asdict(recorded) | {"id": new_id}
+            txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
+        return new_id
 
     def exchange(self, exchange_id: int) -> Exchange | None:
         with self._env.begin(db=self._exchanges) as txn:
@@ -256,3 +267,47 @@ class Store:
                     return fn(txn)
             except lmdb.MapFullError:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
+
+
+class QueuedWriter:
+    """Writes exchanges from a background thread in batches, off the request path.
+
+    Used for the replay log, whose records matter for the summary and the analyzer but must not
+    add latency to a replayed answer. Recording stays synchronous: an answered exchange is on
+    disk before the client sees the answer. A write failure is raised again on the next submit
+    or on close, never swallowed.
+    """
+
+    def __init__(self, store: Store, max_batch: int = 256) -> None:
+        self._store = store
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._failure: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="nf-log-writer", daemon=True)
+        self._thread.start()
+
+    def submit(self, record: dict[str, Any], bodies: Mapping[str, bytes]) -> None:
+        if self._failure is not None:
+            raise StoreError(f"writing the log failed: {self._failure}")
+        self._queue.put((record, bodies, None))
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        if self._failure is not None:
+            raise StoreError(f"writing the log failed: {self._failure}")
+
+    def _run(self) -> None:
+        done = False
+        while not done:
+            batch = [self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get())
+            if None in batch:
+                done = True
+                batch = [b for b in batch if b is not None]
+            if batch and self._failure is None:
+                try:
+                    self._store.append_many(batch)
+                except BaseException as exc:  # noqa: BLE001 - reported on the submitting side
+                    self._failure = exc

@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from proxy import secrets
@@ -57,12 +58,18 @@ class RequestData:
         canon = canonicalize(self.method, self.host, self.path, self.headers, body, rules)
         return replace(canon, notes=canon.notes + ((note,) if note else ()))
 
+    @cached_property
     def secret_values(self) -> list[str]:
         return secrets.secret_values(self.url, self.headers)
 
+    @cached_property
     def stored_body(self) -> bytes:
         """The request body as written to the log (secret values erased; usually unchanged)."""
-        return secrets.erase(self.raw_body, self.secret_values())
+        return secrets.erase(self.raw_body, self.secret_values)
+
+    @cached_property
+    def stored_digest(self) -> str:
+        return sha256_hex(self.stored_body)
 
     def record(self) -> dict[str, Any]:
         """The stored request: secrets gone, body by hash."""
@@ -70,7 +77,7 @@ class RequestData:
             "method": self.method,
             "url": secrets.scrub_url(self.url),
             "headers": secrets.scrub_headers(self.headers),
-            "body": sha256_hex(self.stored_body()) if self.raw_body else None,
+            "body": self.stored_digest if self.raw_body else None,
             "body_size": len(self.raw_body),
         }
 
@@ -85,8 +92,13 @@ class ResponseData:
         name = name.lower()
         return next((v for k, v in self.headers if k.lower() == name), None)
 
+    @cached_property
     def decoded_body(self) -> bytes:
         return decode_body(self.raw_body, self.header("content-encoding"))[0]
+
+    @cached_property
+    def digest(self) -> str:
+        return sha256_hex(self.raw_body)
 
     def without(self, values: list[str]) -> ResponseData:
         """A copy safe to store: caller secrets echoed back (error messages do) are erased.
@@ -94,7 +106,7 @@ class ResponseData:
         Only when a secret is found is the body stored decoded, with Content-Encoding dropped;
         otherwise the wire bytes are kept as they are, so replay stays byte-identical.
         """
-        decoded = self.decoded_body()
+        decoded = self.decoded_body
         if not values or not any(v.encode() in decoded for v in values):
             return self
         headers = tuple((k, v) for k, v in self.headers if k.lower() not in ("content-encoding", "content-length"))
@@ -105,7 +117,7 @@ class ResponseData:
         return {
             "status": self.status,
             "headers": secrets.scrub_headers(self.headers),
-            "body": sha256_hex(self.raw_body) if self.raw_body else None,
+            "body": self.digest if self.raw_body else None,
             "body_size": len(self.raw_body),
         }
 

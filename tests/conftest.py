@@ -18,7 +18,7 @@ import pytest
 from tests.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_DATA = ROOT.parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("NF_SHARED_DATA", ROOT.parent / "shared" / "data"))
 START_TIMEOUT = 30.0
 
 

@@ -1,22 +1,33 @@
 """The mitmproxy side: translate flows to plain data and hand them to the recorder or replayer.
 
-Kept thin on purpose: every decision lives in `recorder.py`, `replayer.py` and `keys.py`, which are
-tested without a proxy. One class per job, one hook each, in the order mitmproxy calls them.
+Kept thin on purpose: every decision lives in `recorder.py`, `replayer.py`, `keys.py`,
+`overrides.py` and `sse.py`, which are tested without a proxy. One class per job, each with the
+hooks it needs, added in the order mitmproxy should call them.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import time
+from collections.abc import Sequence
 
-from mitmproxy import http
+from mitmproxy import ctx, http
 
+from proxy import overrides as ov
 from proxy.recorder import Recorder
 from proxy.replayer import Replayer
-from proxy.traffic import LABEL_HEADERS, Labels, Prepared, RequestData, ResponseData
+from proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
+from proxy.traffic import LABEL_HEADERS, Labels, Prepared, RequestData, ResponseData, Stats
 
 log = logging.getLogger("nfproxy")
 _PENDING = "nf_pending"
 _LABELS = "nf_labels"
+_STAMP = "nf_stamp"
+_CAPTURE = "nf_capture"
+_SPLIT = "nf_split"
+_STALLED = "nf_stalled"
 
 
 def request_data(flow: http.HTTPFlow) -> RequestData:
@@ -28,11 +39,16 @@ def request_data(flow: http.HTTPFlow) -> RequestData:
         path=r.path,
         headers=tuple(r.headers.items(multi=True)),
         raw_body=r.raw_content or b"",
+        stamp=flow.metadata.get(_STAMP, {}),
     )
 
 
-def response_data(resp: http.Response) -> ResponseData:
-    return ResponseData(resp.status_code, tuple(resp.headers.items(multi=True)), resp.raw_content or b"")
+def response_data(resp: http.Response, capture: ChunkCapture | None = None) -> ResponseData:
+    headers = tuple(resp.headers.items(multi=True))
+    if capture is None:
+        return ResponseData(resp.status_code, headers, resp.raw_content or b"")
+    layout = tuple((t, len(c)) for t, c in zip(capture.offsets_ms, capture.chunks))
+    return ResponseData(resp.status_code, headers, capture.body, layout, partial=not capture.complete)
 
 
 def to_mitmproxy(resp: ResponseData) -> http.Response:
@@ -41,6 +57,10 @@ def to_mitmproxy(resp: ResponseData) -> http.Response:
     out.headers = http.Headers([(k.encode(), v.encode()) for k, v in resp.headers])
     out.raw_content = resp.raw_body
     return out
+
+
+def is_websocket(flow: http.HTTPFlow) -> bool:
+    return flow.request.headers.get("upgrade", "").lower() == "websocket"
 
 
 class SessionLabels:
@@ -57,6 +77,74 @@ class SessionLabels:
         flow.metadata[_LABELS] = self.defaults.overlay(found) if found else self.defaults
 
 
+class Overrides:
+    """Applies `--set POINTER=VALUE` to JSON request bodies before they are keyed and forwarded."""
+
+    def __init__(self, overrides: Sequence[ov.Override]) -> None:
+        self.overrides = list(overrides)
+
+    def request(self, flow: http.HTTPFlow) -> None:
+        if not self.overrides or not flow.request.raw_content:
+            return
+        stamp = dict(flow.metadata.get(_STAMP, {}))
+        try:
+            doc = json.loads(flow.request.get_content(strict=False) or b"")
+        except ValueError:
+            doc = None
+        if not isinstance(doc, dict):
+            stamp["notes"] = [*stamp.get("notes", ()), "--set not applied: request body is not a JSON object"]
+        else:
+            flow.request.content = json.dumps(ov.apply(doc, self.overrides)).encode()  # re-encoded as before
+            stamp["overrides"] = ov.describe(self.overrides)
+        flow.metadata[_STAMP] = stamp
+
+
+class Streams:
+    """Forwards streamed responses as they arrive; with a recorder, captures their chunks.
+
+    A stream that stalls for longer than `timeout` seconds has its upstream connection closed, so
+    the client sees the stream end and the log gets an error exchange instead of a hung request.
+    """
+
+    def __init__(self, timeout: float, capture: bool) -> None:
+        self.timeout = timeout
+        self.capture = capture
+        self._watchers: set[asyncio.Task[None]] = set()
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        assert flow.response is not None
+        if flow.metadata.get(_SPLIT) is not None or not is_stream(tuple(flow.response.headers.items(multi=True))):
+            return
+        capture = ChunkCapture()
+        flow.response.stream = capture
+        if self.capture:
+            flow.metadata[_CAPTURE] = capture
+        task = asyncio.get_running_loop().create_task(self._watch(flow, capture))
+        self._watchers.add(task)
+        task.add_done_callback(self._watchers.discard)
+
+    async def _watch(self, flow: http.HTTPFlow, capture: ChunkCapture) -> None:
+        while not capture.complete and flow.live:
+            idle = time.monotonic() - capture.last_activity
+            if idle >= self.timeout:
+                flow.metadata[_STALLED] = f"upstream stalled: no stream data for {self.timeout:g} s"
+                log.warning("nfproxy: %s for %s", flow.metadata[_STALLED], flow.request.url)
+                _close_server_connection(flow)
+                return
+            await asyncio.sleep(min(1.0, self.timeout - idle))
+
+
+def _close_server_connection(flow: http.HTTPFlow) -> None:
+    """End a hung upstream read: mitmproxy then fails the flow and closes the client's stream."""
+    proxyserver = ctx.master.addons.get("proxyserver")
+    for handler in list(proxyserver.connections.values()):
+        io = handler.transports.get(flow.server_conn)
+        if io is not None and io.writer is not None:
+            io.writer.close()
+            if io.handler is not None:
+                io.handler.cancel("upstream stalled")
+
+
 class Record:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
@@ -71,25 +159,66 @@ class Record:
         latency = None
         if flow.response.timestamp_start and flow.request.timestamp_end:
             latency = (flow.response.timestamp_start - flow.request.timestamp_end) * 1000
-        self.recorder.finish(pending, response_data(flow.response), latency_ms=latency)
+        notes = ["websocket upgrade: messages are not recorded"] if flow.response.status_code == 101 else []
+        self.recorder.finish(pending, response_data(flow.response, flow.metadata.get(_CAPTURE)),
+                             latency_ms=latency, notes=notes)
 
     def error(self, flow: http.HTTPFlow) -> None:
         pending: Prepared | None = flow.metadata.pop(_PENDING, None)
         if pending is None:
             return
-        message = flow.error.msg if flow.error else "unknown upstream error"
-        log.warning("nfproxy: upstream error recorded for %s: %s", flow.request.url, message)
-        self.recorder.finish(pending, None, error=message)
+        message = flow.metadata.get(_STALLED) or (flow.error.msg if flow.error else "unknown upstream error")
+        capture: ChunkCapture | None = flow.metadata.get(_CAPTURE)
+        partial = None
+        if flow.response is not None and capture is not None:  # a stream that broke off: keep what came
+            partial = response_data(flow.response, capture)
+        log.warning("nfproxy: error recorded for %s: %s", flow.request.url, message)
+        self.recorder.finish(pending, partial, error=message)
 
 
 class Replay:
-    """Answers in the `request` hook, so mitmproxy never opens an upstream connection."""
+    """Answers in the `request` hook, so mitmproxy never opens an upstream connection.
 
-    def __init__(self, replayer: Replayer) -> None:
+    Streamed answers are handed to the loopback `StreamServer` (inside this process) so their
+    chunks can be sent one by one; everything else is answered directly.
+    """
+
+    def __init__(self, replayer: Replayer, streams: StreamServer, timed: bool) -> None:
         self.replayer = replayer
+        self.streams = streams
+        self.timed = timed
 
     def request(self, flow: http.HTTPFlow) -> None:
+        if is_websocket(flow):
+            body = json.dumps({"error": {"type": "nfproxy_websocket", "message": "nfproxy cannot replay WebSocket "
+                                         "connections; record and replay the HTTP API instead"}}).encode()
+            flow.response = http.Response.make(501, body, {"content-type": "application/json", "x-nf-replay": "miss"})
+            self.replayer.stats.misses += 1
+            log.warning("nfproxy: refused a WebSocket upgrade in replay mode: %s", flow.request.url)
+            return
         answer = self.replayer.answer(request_data(flow), flow.metadata[_LABELS])
         if answer.result != "hit":
             log.warning("nfproxy: replay %s for %s %s", answer.result, flow.request.method, flow.request.url)
-        flow.response = to_mitmproxy(answer.response)
+        resp = answer.response
+        if resp.layout is None:
+            flow.response = to_mitmproxy(resp)
+            return
+        plan = StreamPlan(resp.status, resp.headers, resp.raw_body, resp.layout, self.timed)
+        flow.request.headers[TICKET_HEADER] = self.streams.register(plan)
+        flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", self.streams.port
+        flow.metadata[_SPLIT] = [n for _, n in resp.layout]
+
+    def responseheaders(self, flow: http.HTTPFlow) -> None:
+        sizes = flow.metadata.get(_SPLIT)
+        if sizes is not None and flow.response is not None:
+            flow.response.stream = ChunkSplitter(sizes)
+
+
+class TlsFailures:
+    """Counts clients that refused nfproxy's certificate, so the summary can say how to fix it."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+
+    def tls_failed_client(self, data: object) -> None:
+        self.stats.tls_failures += 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import os
 import secrets as _random
 import signal
 import sys
@@ -15,6 +16,8 @@ from typing import Any
 import click
 
 from proxy.keys import Rules, RuleError
+from proxy.overrides import Override
+from proxy.profiles import PROFILES
 from proxy.store import QueuedWriter, Store, StoreError
 from proxy.traffic import Labels, Stats
 
@@ -40,43 +43,61 @@ def main() -> None:
     """
 
 
-@main.command("run")
+@main.command("run", context_settings={"ignore_unknown_options": False})
 @click.option("--mode", type=click.Choice(["record", "replay", "passthrough"]), default="record", show_default=True)
 @click.option("--strict/--no-strict", default=True, show_default=True,
               help="Replay: answer a miss or a call-order violation with an error, exit non-zero at the end.")
 @click.option("--allow-reuse", is_flag=True, help="Replay: once a key's recorded answers run out, repeat the last one.")
 @click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to listen on (port 0: any free).")
-@click.option("--upstream", help="Reverse mode: the provider base URL, e.g. https://api.openai.com. Without it, "
-              "nfproxy is a regular HTTP(S) proxy.")
+@click.option("--upstream", help="Reverse mode: the provider origin, e.g. https://api.openai.com. Without it, "
+              "nfproxy is a regular HTTP(S) proxy (HTTPS_PROXY plus its CA, see `nfproxy ca`).")
 @click.option("--session", help="Session label for requests without an x-nf-session header (default: generated).")
 @click.option("--task", help="Task label stamped on every exchange.")
 @click.option("--replicate", help="Replicate label stamped on every exchange.")
 @click.option("--condition", help="Condition label (live, t0, replay, ...) stamped on every exchange.")
 @click.option("--ignore-field", "ignore_fields", multiple=True, metavar="POINTER",
               help="JSON pointer dropped from the key (not from the forwarded body); repeatable; * matches any member.")
+@click.option("--profile", type=click.Choice(sorted(PROFILES)), help="Force a provider profile (default: by host and path).")
+@click.option("--set", "sets", multiple=True, metavar="POINTER=VALUE",
+              help="Rewrite the JSON request body before keying and forwarding, e.g. --set /temperature=0; repeatable.")
 @click.option("--replay-session", "replay_sessions", multiple=True,
               help="Replay only answers recorded in this session; repeatable (default: all recorded sessions).")
+@click.option("--replay-timing", type=click.Choice(["none", "recorded"]), default="none", show_default=True,
+              help="Replay streams at once, or with the recorded gaps between chunks.")
+@click.option("--stream-timeout", default=120.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds a stream may stall before its upstream connection is closed and an error is logged.")
 @click.option("--confdir", type=click.Path(path_type=Path),
               help="mitmproxy state folder (CA certificates); default: mitmproxy-ca beside the store.")
+@click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False),
+              help="Extra CA bundle (PEM) to trust for upstream TLS, e.g. a self-signed local server.")
 @click.option("-q", "--quiet", is_flag=True, help="No ready line and no summary.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: str, upstream: str | None,
         session: str | None, task: str | None, replicate: str | None, condition: str | None,
-        ignore_fields: tuple[str, ...], replay_sessions: tuple[str, ...], confdir: Path | None, quiet: bool) -> None:
-    """Run the proxy in the foreground until SIGINT or SIGTERM."""
+        ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], replay_sessions: tuple[str, ...],
+        replay_timing: str, stream_timeout: float, confdir: Path | None, upstream_ca: str | None, quiet: bool,
+        command: tuple[str, ...]) -> None:
+    """Run the proxy in the foreground until SIGINT or SIGTERM.
+
+    With a COMMAND after `--`, start the proxy, run the command with the proxy environment set
+    (reverse mode: OPENAI_BASE_URL and ANTHROPIC_BASE_URL; regular mode: HTTPS_PROXY and the CA
+    variables), stop when it exits and return its status (3 if a strict replay missed instead).
+    """
     host, port = _parse_listen(listen)
     try:
-        rules = Rules(ignore_fields=ignore_fields)
+        rules = Rules(ignore_fields=ignore_fields, profile=profile)
+        override_list = [Override.parse(x) for x in sets]
     except RuleError as exc:
-        raise click.BadParameter(str(exc), param_hint="--ignore-field") from None
+        raise click.BadParameter(str(exc)) from None
     labels = Labels(session or _new_session_id(), task, replicate, condition)
     store, engine, upstream, writer = _open_engine(mode, store_path, rules, upstream, strict, allow_reuse,
                                                    replay_sessions)
-    addons = _addons(mode, engine, labels)
     stats: Stats = engine.stats if engine is not None else Stats()
+    confdir = confdir or store_path.parent / "mitmproxy-ca"
+    serve = _Serve(mode, host, port, upstream, confdir, store_path, quiet, list(command), upstream_ca)
     try:
-        asyncio.run(_serve(host, port, upstream, addons, confdir or store_path.parent / "mitmproxy-ca",
-                           mode, store_path, quiet))
+        asyncio.run(serve.run(engine, labels, override_list, replay_timing == "recorded", stream_timeout, stats))
     finally:
         try:
             if writer is not None:
@@ -86,7 +107,13 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
                 store.close()
     if not quiet:
         click.echo(stats.summary(mode, str(store_path)), err=True)
-    if mode == "replay" and strict and (stats.misses or stats.order_violations):
+        if stats.tls_failures:
+            click.echo(f"nfproxy: {stats.tls_failures} client TLS handshakes failed: the client does not trust the "
+                       f"nfproxy CA; run `nfproxy ca --confdir {confdir}` for the file and environment to set", err=True)
+    replay_failed = mode == "replay" and strict and bool(stats.misses or stats.order_violations)
+    if serve.returncode:
+        sys.exit(serve.returncode)
+    if replay_failed:
         sys.exit(EXIT_REPLAY_FAILED)
 
 
@@ -122,45 +149,94 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
     return store, engine, upstream, writer
 
 
-def _addons(mode: str, engine: Any, labels: Labels) -> list[Any]:
-    from proxy.addon import Record, Replay, SessionLabels
+class _Serve:
+    """One proxy run: mitmproxy with the noisefloor addons, and optionally a wrapped command."""
 
-    if mode == "record":
-        return [SessionLabels(labels), Record(engine)]
-    if mode == "replay":
-        return [SessionLabels(labels), Replay(engine)]
-    return [SessionLabels(labels)]
+    def __init__(self, mode: str, host: str, port: int, upstream: str | None, confdir: Path, store_path: Path,
+                 quiet: bool, command: list[str], upstream_ca: str | None) -> None:
+        self.mode, self.host, self.port, self.upstream = mode, host, port, upstream
+        self.confdir, self.store_path, self.quiet, self.command = confdir, store_path, quiet, command
+        self.upstream_ca = upstream_ca
+        self.returncode: int | None = None
+
+    async def run(self, engine: Any, labels: Labels, overrides: list[Override], timed: bool, stream_timeout: float,
+                  stats: Stats) -> None:
+        from mitmproxy.options import Options
+        from mitmproxy.tools.dump import DumpMaster
+
+        from proxy.addon import Overrides, Record, Replay, SessionLabels, Streams, TlsFailures
+        from proxy.sse import StreamServer
+
+        master = DumpMaster(Options(), with_termlog=True, with_dumper=False)
+        master.options.update(
+            listen_host=self.host,
+            listen_port=self.port,
+            mode=[f"reverse:{self.upstream}" if self.upstream else "regular"],
+            # lazy: no upstream connection before a request needs one (replay needs none at all, and
+            # a dead upstream in record mode becomes a recorded error exchange, not a lost connection)
+            connection_strategy="lazy",
+            confdir=str(self.confdir),
+            termlog_verbosity="warn",
+        )
+        if self.upstream_ca:
+            master.options.update(ssl_verify_upstream_trusted_ca=self.upstream_ca)
+        addons: list[Any] = [SessionLabels(labels), Overrides(overrides), TlsFailures(stats)]
+        streams = None
+        if self.mode == "record":
+            addons += [Record(engine), Streams(stream_timeout, capture=True)]
+        elif self.mode == "replay":
+            streams = StreamServer()
+            await streams.start()
+            addons.append(Replay(engine, streams, timed))
+        else:
+            addons.append(Streams(stream_timeout, capture=False))
+        master.addons.add(*addons, _Ready(self, master))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, master.shutdown)
+        try:
+            await master.run()
+        finally:
+            if streams is not None:
+                await streams.stop()
+
+    def environment(self, port: int) -> dict[str, str]:
+        url = f"http://{self.host}:{port}"
+        if self.upstream:
+            return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url}
+        ca = str(self.confdir / "mitmproxy-ca-cert.pem")
+        return {"NFPROXY_URL": url, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
+                **ca_environment(ca)}
+
+    async def wrap(self, master: Any, port: int) -> None:
+        env = {**os.environ, **self.environment(port)}
+        try:
+            proc = await asyncio.create_subprocess_exec(*self.command, env=env)
+        except OSError as exc:
+            click.echo(f"nfproxy: cannot run {self.command[0]!r}: {exc.strerror}", err=True)
+            self.returncode = 127
+            master.shutdown()
+            return
+        try:
+            self.returncode = await proc.wait()
+        finally:
+            if proc.returncode is None:  # the proxy is shutting down first: take the command with it
+                proc.terminate()
+                self.returncode = await proc.wait()
+            master.shutdown()
 
 
-async def _serve(host: str, port: int, upstream: str | None, addons: list[Any], confdir: Path, mode: str,
-                 store_path: Path, quiet: bool) -> None:
-    from mitmproxy.options import Options
-    from mitmproxy.tools.dump import DumpMaster
-
-    spec = f"reverse:{upstream}" if upstream else "regular"
-    master = DumpMaster(Options(), with_termlog=True, with_dumper=False)
-    master.options.update(
-        listen_host=host,
-        listen_port=port,
-        mode=[spec],
-        # lazy: no upstream connection before a request needs one (replay needs none at all, and
-        # a dead upstream in record mode becomes a recorded error exchange, not a lost connection)
-        connection_strategy="lazy",
-        confdir=str(confdir),
-        termlog_verbosity="warn",
-    )
-    master.addons.add(*addons, _Ready(mode, upstream, store_path, quiet))
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, master.shutdown)
-    await master.run()
+def ca_environment(ca: str) -> dict[str, str]:
+    return {"SSL_CERT_FILE": ca, "REQUESTS_CA_BUNDLE": ca, "NODE_EXTRA_CA_CERTS": ca, "CURL_CA_BUNDLE": ca}
 
 
 class _Ready:
-    """Prints the address once mitmproxy listens, so scripts and tests can wait for it."""
+    """Prints the address once mitmproxy listens, then starts the wrapped command if there is one."""
 
-    def __init__(self, mode: str, upstream: str | None, store_path: Path, quiet: bool) -> None:
-        self.mode, self.upstream, self.store_path, self.quiet = mode, upstream, store_path, quiet
+    def __init__(self, serve: _Serve, master: Any) -> None:
+        self.serve = serve
+        self.master = master
+        self._task: asyncio.Task[None] | None = None
 
     def running(self) -> None:
         from mitmproxy import ctx
@@ -169,14 +245,15 @@ class _Ready:
         if not addrs:
             return
         host, port = addrs[0][:2]
-        target = f"-> {self.upstream}" if self.upstream else "(regular proxy)"
-        where = "" if self.mode == "passthrough" else f", store {self.store_path}"
-        line = f"nfproxy {self.mode} listening on http://{host}:{port} {target}{where}"
-        if not self.quiet:
-            click.echo(line, err=True)
-        # machine-readable too: the port when 0 was asked for
-        sys.stderr.flush()
+        s = self.serve
+        target = f"-> {s.upstream}" if s.upstream else "(regular proxy)"
+        where = "" if s.mode == "passthrough" else f", store {s.store_path}"
+        if not s.quiet:
+            click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}", err=True)
+        # machine-readable too (the port, when 0 was asked for)
         print(f"NFPROXY_READY {host}:{port}", file=sys.stderr, flush=True)
+        if s.command:
+            self._task = asyncio.get_running_loop().create_task(s.wrap(self.master, port))
 
 
 def _parse_listen(listen: str) -> tuple[str, int]:
@@ -188,6 +265,22 @@ def _parse_listen(listen: str) -> tuple[str, int]:
 
 def _new_session_id() -> str:
     return time.strftime("run-%Y%m%dT%H%M%S-") + _random.token_hex(3)
+
+
+@main.command("ca")
+@click.option("--confdir", type=click.Path(path_type=Path), default=Path(DEFAULT_STORE).parent / "mitmproxy-ca",
+              show_default=True, help="The folder nfproxy keeps its CA in (beside the store by default).")
+def ca_cmd(confdir: Path) -> None:
+    """Print the CA certificate path and the environment a client needs to trust it (forward mode)."""
+    from mitmproxy.certs import CertStore
+
+    confdir.mkdir(parents=True, exist_ok=True)
+    CertStore.from_store(confdir, "mitmproxy", 2048)  # creates the CA on first use
+    ca = confdir.resolve() / "mitmproxy-ca-cert.pem"
+    click.echo(f"# nfproxy CA certificate: {ca}")
+    click.echo("# for a client using nfproxy as its HTTPS_PROXY:")
+    for k, v in ca_environment(str(ca)).items():
+        click.echo(f"export {k}={v}")
 
 
 # -- reading the log -------------------------------------------------------------------------

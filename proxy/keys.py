@@ -19,7 +19,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from proxy import secrets
+from proxy import profiles, secrets
 
 RULES_VERSION = 1
 
@@ -37,10 +37,13 @@ class Rules:
 
     header_allowlist: tuple[str, ...] = DEFAULT_HEADER_ALLOWLIST
     ignore_fields: tuple[str, ...] = ()
+    profile: str | None = None  # forced provider profile; None: picked per request from host and path
 
     def __post_init__(self) -> None:
         for pointer in self.ignore_fields:
             parse_pointer(pointer)
+        if self.profile is not None and self.profile not in profiles.PROFILES:
+            raise RuleError(f"unknown profile {self.profile!r}; choose one of {', '.join(profiles.PROFILES)}")
         object.__setattr__(self, "header_allowlist", tuple(sorted({h.lower() for h in self.header_allowlist})))
         object.__setattr__(self, "ignore_fields", tuple(sorted(set(self.ignore_fields))))
 
@@ -50,6 +53,8 @@ class Rules:
             "header_allowlist": list(self.header_allowlist),
             "ignore_fields": list(self.ignore_fields),
             "secret_query_params": sorted(secrets.SECRET_QUERY_PARAMS),
+            "profile": self.profile,
+            "profiles": {p.name: list(p.ignore_fields) for p in profiles.PROFILES.values()},
         }
 
     @cached_property
@@ -191,6 +196,7 @@ def canonicalize(
     rules: Rules,
 ) -> CanonicalRequest:
     """Build the canonical request from an already decoded body."""
+    volatile = profiles.pick(rules.profile, host, path_and_query).ignore_fields
     parts = urlsplit(path_and_query)
     query = tuple(
         sorted(
@@ -214,7 +220,7 @@ def canonicalize(
             notes.append("body is not JSON; keyed on its raw bytes")
         else:
             kind = "json"
-            for pointer in rules.ignore_fields:
+            for pointer in (*rules.ignore_fields, *volatile):
                 parsed = drop_pointer(parsed, parse_pointer(pointer))
             value = parsed
     return CanonicalRequest(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from proxy.keys import Rules, sha256_hex
 from proxy.profiles import extract_meta
 from proxy.store import RecordedEntry, Store
@@ -27,9 +29,11 @@ class Recorder:
         *,
         error: str | None = None,
         latency_ms: float | None = None,
+        notes: Sequence[str] = (),
     ) -> int:
-        """Write the exchange (a response, or the connection error that replaced it)."""
+        """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
         record = base_record(p, "record", self.rules.id)
+        record["notes"] += list(notes)
         canonical_text = p.canonical.text.encode()
         canonical_digest = sha256_hex(canonical_text)
         bodies = {canonical_digest: canonical_text, p.request.stored_digest: p.request.stored_body}
@@ -39,7 +43,7 @@ class Recorder:
             response = response.without(p.request.secret_values)
             record["response"] = response.record()
             bodies[response.digest] = response.raw_body
-            meta = extract_meta(response.decoded_body)
+            meta = extract_meta(response.decoded_body, response.header("content-type"))
             record.update(
                 model=meta.model,
                 fingerprint=meta.fingerprint,
@@ -51,6 +55,7 @@ class Recorder:
                 self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
         else:
             record["response"] = None
+        if error is not None:
             self.stats.errors += 1
         entry = RecordedEntry(
             id=0,

@@ -48,6 +48,8 @@ class RequestData:
     path: str  # path with query
     headers: tuple[tuple[str, str], ...]
     raw_body: bytes
+    # what nfproxy itself changed before keying: {"overrides": {...}, "perturbation": name, "notes": [...]}
+    stamp: Mapping[str, Any] = field(default_factory=dict)
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -87,6 +89,8 @@ class ResponseData:
     status: int
     headers: tuple[tuple[str, str], ...]
     raw_body: bytes  # as sent on the wire (still content-encoded), so replay is byte-identical
+    layout: tuple[tuple[float, int], ...] | None = None  # streamed: (offset_ms, length) per chunk
+    partial: bool = False  # the stream ended early (client gone, upstream stalled)
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -104,22 +108,32 @@ class ResponseData:
         """A copy safe to store: caller secrets echoed back (error messages do) are erased.
 
         Only when a secret is found is the body stored decoded, with Content-Encoding dropped;
-        otherwise the wire bytes are kept as they are, so replay stays byte-identical.
+        otherwise the wire bytes are kept as they are, so replay stays byte-identical. A stream
+        whose body had to change keeps one chunk per recorded chunk only where sizes still add up.
         """
         decoded = self.decoded_body
         if not values or not any(v.encode() in decoded for v in values):
             return self
         headers = tuple((k, v) for k, v in self.headers if k.lower() not in ("content-encoding", "content-length"))
         body = secrets.erase(decoded, values)
-        return ResponseData(self.status, headers + (("content-length", str(len(body))),), body)
+        layout = self.layout
+        if layout is not None:
+            layout = ((layout[-1][0] if layout else 0.0, len(body)),)
+        if layout is None:
+            headers += (("content-length", str(len(body))),)
+        return ResponseData(self.status, headers, body, layout, self.partial)
 
     def record(self) -> dict[str, Any]:
-        return {
+        rec: dict[str, Any] = {
             "status": self.status,
             "headers": secrets.scrub_headers(self.headers),
             "body": self.digest if self.raw_body else None,
             "body_size": len(self.raw_body),
         }
+        if self.layout is not None:
+            rec["chunks"] = [list(c) for c in self.layout]
+            rec["partial"] = self.partial
+        return rec
 
     @classmethod
     def from_record(cls, rec: Mapping[str, Any], body: bytes | None) -> ResponseData:
@@ -130,6 +144,9 @@ class ResponseData:
             if v != secrets.REDACTED and k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
         )
         body = body or b""
+        layout = rec.get("chunks")
+        if layout is not None:
+            return cls(rec["status"], kept, body, tuple((float(t), int(n)) for t, n in layout), rec.get("partial", False))
         return cls(rec["status"], kept + (("content-length", str(len(body))),), body)
 
 
@@ -192,7 +209,9 @@ def base_record(p: Prepared, mode: str, rules_id: str) -> dict[str, Any]:
         "seq": p.seq,
         "rules_id": rules_id,
         "request": p.request.record(),
-        "notes": list(p.canonical.notes),
+        "overrides": p.request.stamp.get("overrides"),
+        "perturbation": p.request.stamp.get("perturbation"),
+        "notes": [*p.canonical.notes, *p.request.stamp.get("notes", ())],
     }
 
 
@@ -205,6 +224,7 @@ class Stats:
     misses: int = 0
     order_violations: int = 0
     errors: int = 0
+    tls_failures: int = 0
     upstream_errors: dict[int, int] = field(default_factory=dict)
 
     def summary(self, mode: str, store: str) -> str:

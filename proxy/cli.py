@@ -167,7 +167,10 @@ class _Serve:
         from proxy.addon import Overrides, Record, Replay, SessionLabels, Streams, TlsFailures
         from proxy.sse import StreamServer
 
-        master = DumpMaster(Options(), with_termlog=True, with_dumper=False)
+        from mitmproxy.addons.termlog import TermLog
+
+        master = DumpMaster(Options(), with_termlog=False, with_dumper=False)
+        master.addons.add(TermLog(out=sys.stderr))  # stdout belongs to a wrapped command
         master.options.update(
             listen_host=self.host,
             listen_port=self.port,

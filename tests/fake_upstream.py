@@ -29,6 +29,7 @@ class Seen:
 class FakeUpstream:
     host: str = "127.0.0.1"
     gzip_responses: bool = False
+    ssl_context: Any = None  # an ssl.SSLContext: serve HTTPS
     requests: list[Seen] = field(default_factory=list)
     connections: int = 0
     port: int = 0
@@ -57,7 +58,7 @@ class FakeUpstream:
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
 
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self._loop)
@@ -65,7 +66,7 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/messages", self._anthropic)
         app.router.add_route("*", "/{tail:.*}", self._echo)
-        self._runner = web.AppRunner(app)
+        self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True)
         self._loop.run_until_complete(self._runner.setup())
         handler_factory = self._runner.server
 
@@ -73,7 +74,9 @@ class FakeUpstream:
             self.connections += 1
             return handler_factory()
 
-        server = self._loop.run_until_complete(self._loop.create_server(counting_factory, self.host, self.port))
+        server = self._loop.run_until_complete(
+            self._loop.create_server(counting_factory, self.host, self.port, ssl=self.ssl_context)
+        )
         self._server = server
         self.port = server.sockets[0].getsockname()[1]
         ready.set()
@@ -105,10 +108,40 @@ class FakeUpstream:
             return self._reply({"error": {"message": f"injected {status}", "type": "injected"}}, status)
         return None
 
-    async def _openai(self, request: web.Request) -> web.Response:
+    async def _events(self, request: web.Request, doc: dict[str, Any], events: list[bytes]) -> web.StreamResponse:
+        """Send SSE events with a pause between them; `x_stall` stops sending after two (bounded)."""
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream", "cache-control": "no-cache"})
+        await resp.prepare(request)
+        pause = float(doc.get("x_pause_ms", 20)) / 1000
+        for i, ev in enumerate(events):
+            if i:
+                await asyncio.sleep(pause)
+            await resp.write(ev)
+            if doc.get("x_stall") and i == 1:
+                await asyncio.sleep(30)  # the proxy's stall timeout must cut this short
+                return resp
+        await resp.write_eof()
+        return resp
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
         n, doc = await self._record(request)
         if (err := self._maybe_error(doc)) is not None:
             return err
+        if doc.get("stream"):
+            model = doc.get("model", "gpt-test") + "-2024-07-18"
+            base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000 + n,
+                    "model": model, "system_fingerprint": f"fp_{n % 3}"}
+            count = int(doc.get("x_events", 5))
+            events = [
+                _sse(dict(base, choices=[{"index": 0, "delta": {"content": f"tok{i}-{n} "}, "finish_reason": None}]))
+                for i in range(count)
+            ]
+            events.append(_sse(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])))
+            if (doc.get("stream_options") or {}).get("include_usage"):
+                events.append(_sse(dict(base, choices=[], usage={"prompt_tokens": 10 + n, "completion_tokens": count,
+                                                                "total_tokens": 10 + n + count})))
+            events.append(b"data: [DONE]\n\n")
+            return await self._events(request, doc, events)
         return self._reply(
             {
                 "id": f"chatcmpl-{n}",
@@ -127,10 +160,27 @@ class FakeUpstream:
             }
         )
 
-    async def _anthropic(self, request: web.Request) -> web.Response:
+    async def _anthropic(self, request: web.Request) -> web.StreamResponse:
         n, doc = await self._record(request)
         if (err := self._maybe_error(doc)) is not None:
             return err
+        if doc.get("stream"):
+            model = doc.get("model", "claude-test")
+            count = int(doc.get("x_events", 5))
+            events = [
+                _sse({"type": "message_start", "message": {"id": f"msg_{n}", "type": "message", "role": "assistant",
+                      "model": model, "content": [], "stop_reason": None, "stop_sequence": None,
+                      "usage": {"input_tokens": 5 + n, "output_tokens": 1}}}, "message_start"),
+                _sse({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+                     "content_block_start"),
+                *[_sse({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta",
+                        "text": f"part{i}-{n} "}}, "content_block_delta") for i in range(count)],
+                _sse({"type": "content_block_stop", "index": 0}, "content_block_stop"),
+                _sse({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                      "usage": {"output_tokens": count}}, "message_delta"),
+                _sse({"type": "message_stop"}, "message_stop"),
+            ]
+            return await self._events(request, doc, events)
         return self._reply(
             {
                 "id": f"msg_{n}",
@@ -147,3 +197,8 @@ class FakeUpstream:
     async def _echo(self, request: web.Request) -> web.Response:
         n, _ = await self._record(request)
         return web.Response(body=f"echo {n} {request.method} {request.path_qs}".encode(), content_type="text/plain")
+
+
+def _sse(doc: dict[str, Any], event: str | None = None) -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(doc)}\n\n".encode()

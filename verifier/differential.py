@@ -1,0 +1,220 @@
+"""Differential check: a candidate's outputs against the canonical solution's, input by input.
+
+Expected outputs are computed once per dataset (by running each canonical solution in the same
+sandbox) and cached by the dataset file's sha256 and the input cap. Comparison follows the
+EvalPlus evaluator: exact equality, except the MBPP+ special oracles (set equality, not-None,
+two formula oracles, two always-true/zero cases), HumanEval/32's root check, and a float
+tolerance (the task's atol, or 1e-6 when the expectation is float-valued and atol is 0).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verifier import mbpp
+from verifier.datasets import CodeTask, cache_dir
+from verifier.extract import assemble, extract_code
+from verifier.sandbox import RunResult, Sandbox
+from verifier.values import Opaque, decode, encode
+
+CATEGORIES = ("pass", "wrong_output", "exception", "timeout", "syntax_error", "no_code")
+_CACHE_VERSION = 2
+REFERENCE_CPU_S = 600  # CPU allowed to a canonical solution over all its inputs
+
+
+@dataclass(frozen=True)
+class Verdict:
+    task_id: str
+    outcome: int
+    failure: str  # one of CATEGORIES
+    detail: str = ""
+    inputs_run: int = 0
+
+
+class ExpectedError(RuntimeError):
+    """A canonical solution that did not run cleanly: the dataset or the sandbox is broken."""
+
+
+def is_floats(x: Any) -> bool:
+    if isinstance(x, float):
+        return True
+    if isinstance(x, (list, tuple)) and x:
+        return all(isinstance(i, float) for i in x)
+    return False
+
+
+def _allclose(out: Any, exp: Any, atol: float, rtol: float = 1e-7) -> bool:
+    """numpy.allclose semantics on numbers and (nested) sequences of numbers."""
+    if isinstance(exp, (list, tuple)):
+        if not isinstance(out, (list, tuple)) or len(out) != len(exp):
+            return False
+        return all(_allclose(o, e, atol, rtol) for o, e in zip(out, exp))
+    if not isinstance(out, (int, float)) or not isinstance(exp, (int, float)):
+        return False
+    if math.isinf(out) or math.isinf(exp):
+        return out == exp
+    return abs(out - exp) <= atol + rtol * abs(exp)
+
+
+def _poly(xs: Sequence[float], x: float) -> float:
+    return sum(c * math.pow(x, i) for i, c in enumerate(xs))
+
+
+def matches(task: CodeTask, args: Sequence[Any], out: Any, exp: Any) -> bool:
+    """Does one output pass, under the evaluator's rules for this task?"""
+    ep = task.entry_point
+    if task.kind == "mbpp" and ep in mbpp.NOT_NONE:  # expected holds "was not None"; a match object counts
+        return out == exp if isinstance(out, bool) else exp == (out is not None)
+    if isinstance(out, Opaque) or isinstance(exp, Opaque):  # digests and reprs: equal or not, nothing finer
+        return out == exp
+    try:
+        exact = bool(out == exp)
+    except Exception:  # noqa: BLE001 - a comparison that raises is a mismatch
+        exact = False
+    if task.kind == "mbpp":
+        if ep == "are_equivalent":
+            exact = True
+        elif ep == "sum_div":
+            exact = exact or out == 0
+        elif ep == "surface_Area":
+            exact = exact or _safe(lambda: abs(out - mbpp.surface_area(*args)) <= task.atol)
+        elif ep == "digit_distance_nums":
+            exact = exact or _safe(lambda: out == mbpp.digit_distance(*args))
+        elif ep in mbpp.SET_EQUAL:
+            exact = _safe(lambda: set(out) == set(exp))
+    if task.kind == "humaneval" and ep == "find_zero":
+        return _safe(lambda: abs(_poly(*args, out)) <= task.atol)
+    atol = task.atol if task.atol or not is_floats(exp) else 1e-6
+    if not exact and atol != 0:
+        if type(out) is not type(exp):
+            return False
+        return _allclose(out, exp, atol)
+    return exact
+
+
+def _safe(check: Callable[[], bool]) -> bool:
+    try:
+        return bool(check())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
+    """Turn one sandbox run into pass / a failure category (the first failing input decides)."""
+    if run.load is not None and not run.load.get("ok"):
+        kind = run.load.get("kind", "exception")
+        return Verdict(task.task_id, 0, kind, run.load.get("exc", ""))
+    by_index = {r["i"]: r for r in run.results}
+    for i, args in enumerate(task.inputs):
+        r = by_index.get(i)
+        if r is None:
+            if run.timed_out:
+                return Verdict(task.task_id, 0, "timeout", f"limit reached at input {i}", i)
+            why = "the sandbox worker was killed" if run.worker_killed else f"ended by {run.signal_name or 'exit'}"
+            return Verdict(task.task_id, 0, "exception", f"no result for input {i}: {why}", i)
+        if not r["ok"]:
+            return Verdict(task.task_id, 0, "exception", f"input {i}: {r.get('exc', '')}", i)
+        if not matches(task, args, decode(r["out"]), expected[i]):
+            return Verdict(task.task_id, 0, "wrong_output", f"input {i}", i)
+    return Verdict(task.task_id, 1, "pass", "", len(task.inputs))
+
+
+def _expected_for(task: CodeTask, run: RunResult) -> list[Any]:
+    by_index = {r["i"]: r for r in run.results}
+    if (run.load is not None and not run.load.get("ok")) or len(by_index) < len(task.inputs):
+        why = (run.load or {}).get("exc") or ("timed out" if run.timed_out else "incomplete")
+        raise ExpectedError(f"canonical solution of {task.task_id} did not run cleanly: {why}")
+    out = []
+    for i in range(len(task.inputs)):
+        r = by_index[i]
+        if not r["ok"]:
+            raise ExpectedError(f"canonical solution of {task.task_id} raised on input {i}: {r.get('exc')}")
+        value = decode(r["out"])
+        if task.kind == "mbpp" and task.entry_point in mbpp.NOT_NONE:
+            value = value is not None
+        out.append(value)
+    return out
+
+
+class Differential:
+    """Grades code candidates for one dataset; expected outputs are computed on first use."""
+
+    def __init__(self, tasks: Iterable[CodeTask], sandbox: Sandbox, dataset_hash: str, max_inputs: int,
+                 gt_factor: float = 4.0) -> None:
+        """`gt_factor`: a candidate gets at least this many times the canonical solution's CPU time
+        (never less than the sandbox's own limit), as EvalPlus scales limits to the reference."""
+        self.tasks = {t.task_id: t for t in tasks}
+        self.sandbox = sandbox
+        self.gt_factor = gt_factor
+        self._reference_cpu: dict[str, float] = {}
+        self._encoded = {tid: encode(list(t.inputs)) for tid, t in self.tasks.items()}
+        self._cache = cache_dir() / f"expected-{dataset_hash[:16]}-{max_inputs}-v{_CACHE_VERSION}.json"
+        self._expected: dict[str, list[Any]] | None = None
+
+    def expected(self, progress: Callable[[int, int], None] | None = None) -> dict[str, list[Any]]:
+        if self._expected is None:
+            self._expected = self._load_cache() or self._compute(progress)
+        return self._expected
+
+    def _load_cache(self) -> dict[str, list[Any]] | None:
+        try:
+            doc = json.loads(self._cache.read_text())
+        except (OSError, ValueError):
+            return None
+        if set(doc.get("expected", {})) != set(self.tasks):
+            return None
+        self._reference_cpu = doc["cpu"]
+        return {k: [decode(v) for v in vs] for k, vs in doc["expected"].items()}
+
+    def _compute(self, progress: Callable[[int, int], None] | None) -> dict[str, list[Any]]:
+        tasks = list(self.tasks.values())
+        runs = self._map(lambda t: self._run(t, t.canonical, REFERENCE_CPU_S), tasks, progress)
+        expected = {t.task_id: _expected_for(t, r) for t, r in zip(tasks, runs)}
+        self._reference_cpu = {t.task_id: r.cpu_s or 0.0 for t, r in zip(tasks, runs)}
+        self._cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._cache.with_suffix(".tmp")
+        doc = {"expected": {k: [encode(v) for v in vs] for k, vs in expected.items()}, "cpu": self._reference_cpu}
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self._cache)
+        return expected
+
+    def grade(self, task_id: str, response_text: str) -> Verdict:
+        task = self.tasks[task_id]
+        program = assemble(extract_code(response_text, task.entry_point), task.entry_point, task.prompt,
+                           task.preamble())
+        if program is None:
+            return Verdict(task_id, 0, "no_code", "no code defining " + task.entry_point)
+        try:
+            compile(program, "candidate.py", "exec")
+        except (SyntaxError, ValueError) as exc:
+            return Verdict(task_id, 0, "syntax_error", f"{type(exc).__name__}: {exc}")
+        expected = self.expected()[task_id]
+        budget = self.gt_factor * self._reference_cpu.get(task_id, 0.0)
+        return verdict(task, self._run(task, program, budget), expected)
+
+    def _run(self, task: CodeTask, program: str, cpu_s: float) -> RunResult:
+        unordered = task.kind == "mbpp" and task.entry_point in mbpp.SET_EQUAL
+        return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s)
+
+    def grade_many(self, items: Sequence[tuple[str, str]], progress: Callable[[int, int], None] | None = None,
+                   ) -> list[Verdict]:
+        """(task_id, response text) pairs, graded in parallel across the sandbox's slots."""
+        self.expected()
+        return self._map(lambda it: self.grade(*it), items, progress)
+
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any],
+             progress: Callable[[int, int], None] | None) -> list[Any]:
+        out: list[Any] = [None] * len(items)
+        with ThreadPoolExecutor(max_workers=self.sandbox.workers) as pool:
+            futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
+            for n, fut in enumerate(futures, 1):
+                out[futures[fut]] = fut.result()
+                if progress:
+                    progress(n, len(items))
+        return out

@@ -30,6 +30,7 @@ class FakeUpstream:
     host: str = "127.0.0.1"
     gzip_responses: bool = False
     ssl_context: Any = None  # an ssl.SSLContext: serve HTTPS
+    responder: Any = None  # optional fn(request doc, n) -> assistant text for chat completions
     requests: list[Seen] = field(default_factory=list)
     connections: int = 0
     port: int = 0
@@ -152,7 +153,8 @@ class FakeUpstream:
                 "choices": [
                     {
                         "index": 0,
-                        "message": {"role": "assistant", "content": f"answer number {n}"},
+                        "message": {"role": "assistant",
+                                    "content": self.responder(doc, n) if self.responder else f"answer number {n}"},
                         "finish_reason": "length" if doc.get("max_tokens") == 1 else "stop",
                     }
                 ],

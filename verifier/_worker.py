@@ -29,9 +29,12 @@ MAX_LINE = 32 << 20  # one encoded output larger than this is reported as too la
 def _limit(job: dict) -> None:
     lim = job["limits"]
     mb = 1 << 20
+    try:  # SIGXCPU at the soft limit names the cause; the hard limit a second later is the backstop
+        resource.setrlimit(resource.RLIMIT_CPU, (lim["cpu_s"], lim["cpu_s"] + 1))
+    except (ValueError, OSError):
+        pass
     for res, value in (
         (resource.RLIMIT_AS, lim["memory_mb"] * mb),
-        (resource.RLIMIT_CPU, lim["cpu_s"]),
         (resource.RLIMIT_FSIZE, lim["fsize_mb"] * mb),
         (resource.RLIMIT_NPROC, lim["nproc"]),
         (resource.RLIMIT_NOFILE, lim["nofile"]),

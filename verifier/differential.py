@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -185,13 +186,21 @@ class Differential:
         return expected
 
     def grade(self, task_id: str, response_text: str) -> Verdict:
+        """Grade a model's answer text: extract its code, complete it, run it."""
         task = self.tasks[task_id]
         program = assemble(extract_code(response_text, task.entry_point), task.entry_point, task.prompt,
                            task.preamble())
-        if program is None:
+        return self.grade_program(task_id, program)
+
+    def grade_program(self, task_id: str, program: str | None) -> Verdict:
+        """Grade a complete program (an EvalPlus sample's `solution`)."""
+        task = self.tasks[task_id]
+        if program is None or not program.strip():
             return Verdict(task_id, 0, "no_code", "no code defining " + task.entry_point)
         try:
-            compile(program, "candidate.py", "exec")
+            with warnings.catch_warnings():  # the candidate's own warnings are not the verifier's
+                warnings.simplefilter("ignore")
+                compile(program, "candidate.py", "exec")
         except (SyntaxError, ValueError) as exc:
             return Verdict(task_id, 0, "syntax_error", f"{type(exc).__name__}: {exc}")
         expected = self.expected()[task_id]
@@ -203,10 +212,12 @@ class Differential:
         return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s)
 
     def grade_many(self, items: Sequence[tuple[str, str]], progress: Callable[[int, int], None] | None = None,
-                   ) -> list[Verdict]:
-        """(task_id, response text) pairs, graded in parallel across the sandbox's slots."""
+                   programs: bool = False) -> list[Verdict]:
+        """(task_id, response text) pairs -- or (task_id, program) with `programs` -- graded in
+        parallel across the sandbox's slots."""
         self.expected()
-        return self._map(lambda it: self.grade(*it), items, progress)
+        grade = self.grade_program if programs else self.grade
+        return self._map(lambda it: grade(*it), items, progress)
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any],
              progress: Callable[[int, int], None] | None) -> list[Any]:

@@ -162,10 +162,10 @@ class Sandbox:
             out, _ = proc.communicate()
         finally:
             _kill_group(proc.pid)
-        return parse(out[:_MAX_OUTPUT], timed_out, proc.returncode, time.monotonic() - start)
+        return parse(out[:_MAX_OUTPUT], timed_out, time.monotonic() - start, limits.cpu_s)
 
 
-def parse(raw: bytes, timed_out: bool, returncode: int | None, wall_s: float) -> RunResult:
+def parse(raw: bytes, timed_out: bool, wall_s: float, cpu_limit: float) -> RunResult:
     load, results, end = None, [], None
     for line in raw.splitlines():
         try:
@@ -179,10 +179,11 @@ def parse(raw: bytes, timed_out: bool, returncode: int | None, wall_s: float) ->
         elif "i" in doc:
             results.append(doc)
     sig = end.get("signal_name") if end else None
+    cpu = end.get("cpu_s") if end else None
     worker_killed = end is None and not timed_out
-    if sig == "SIGXCPU" or (sig == "SIGKILL" and end is not None and timed_out):
+    if sig == "SIGXCPU" or (sig == "SIGKILL" and cpu is not None and cpu >= cpu_limit - 0.05):
         timed_out = True
-    return RunResult(load, results, timed_out, sig, worker_killed, wall_s, end.get("cpu_s") if end else None)
+    return RunResult(load, results, timed_out, sig, worker_killed, wall_s, cpu)
 
 
 def _kill_group(pid: int) -> None:
@@ -192,23 +193,36 @@ def _kill_group(pid: int) -> None:
         pass
 
 
+def live_pids(uid: int) -> list[int]:
+    """Processes of `uid` that are still running (zombies, already dead, are left to their reaper)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != uid:
+                continue
+            with open(f"/proc/{entry.name}/stat", "rb") as fh:
+                state = fh.read().rsplit(b")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            continue
+        if state not in (b"Z", b"X"):
+            pids.append(int(entry.name))
+    return pids
+
+
 def kill_uid(uid: int) -> int:
-    """SIGKILL every process owned by `uid` (root only); returns how many were signalled."""
+    """SIGKILL every live process owned by `uid` (root only); returns how many were signalled."""
     killed = 0
-    for _ in range(5):  # a fork bomb may fork between the scan and the kill: sweep until quiet
-        found = 0
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
+    for _ in range(20):  # a fork bomb may fork between the scan and the kill: sweep until quiet
+        pids = live_pids(uid)
+        for pid in pids:
             try:
-                if entry.stat().st_uid != uid:
-                    continue
-                os.kill(int(entry.name), signal.SIGKILL)
-                found += 1
-            except (ProcessLookupError, FileNotFoundError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
                 continue
-        killed += found
-        if not found:
+        killed += len(pids)
+        if not pids:
             break
-        time.sleep(0.05)
+        time.sleep(0.02)
     return killed

@@ -1,0 +1,289 @@
+"""Grading against the real HumanEval+ / MBPP+ / BFCL v4 data (skipped when ../shared/data is absent)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import SHARED_DATA, start_nfproxy
+from tests.fake_upstream import FakeUpstream
+from verifier.bfcl import Call, grade, grade_response, ground_truth_calls, openai_body
+from verifier.datasets import DatasetError, load_bfcl, load_code_tasks, locate, sha256_file
+from verifier.differential import Differential
+from verifier.extract import assemble, extract_code
+from verifier.mbpp import NOT_NONE
+from verifier.sandbox import Limits, Sandbox
+
+needs_data = pytest.mark.skipif(not (SHARED_DATA / "evalplus").is_dir(), reason=f"no EvalPlus data at {SHARED_DATA}")
+needs_bfcl = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(), reason=f"no BFCL data at {SHARED_DATA}")
+
+
+@pytest.fixture(scope="session")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("nfcache")
+    os.environ["NF_CACHE_DIR"] = str(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def graders(cache: Path) -> dict[str, Differential]:
+    out = {}
+    sandbox = Sandbox(os.cpu_count() or 2, Limits())
+    for suite in ("humaneval+", "mbpp+"):
+        path = locate(suite)
+        out[suite] = Differential(load_code_tasks(suite, path, 120), sandbox, sha256_file(path), 120)
+    return out
+
+
+@needs_data
+@pytest.mark.parametrize("suite,count", [("humaneval+", 164), ("mbpp+", 378)])
+def test_every_canonical_solution_passes(graders, suite, count):
+    d = graders[suite]
+    assert len(d.tasks) == count
+    verdicts = d.grade_many([(t.task_id, t.canonical) for t in d.tasks.values()], programs=True)
+    failures = [(v.task_id, v.failure, v.detail) for v in verdicts if v.outcome != 1]
+    assert failures == []
+
+
+@needs_data
+def test_reruns_of_unchanged_candidates_are_identical(graders):
+    """Replay variance of the verifier itself: 0, including Mbpp/271, the seed study's flipping task."""
+    d = graders["mbpp+"]
+    ids = ["Mbpp/271", *list(d.tasks)[:24]]
+    items = [(tid, d.tasks[tid].canonical) for tid in ids]
+    items += [(tid, d.tasks[tid].canonical.replace("return ", "return 1 + ", 1)) for tid in ids]
+    first = [(v.outcome, v.failure) for v in d.grade_many(items, programs=True)]
+    for _ in range(4):  # five runs in all
+        assert [(v.outcome, v.failure) for v in d.grade_many(items, programs=True)] == first
+
+
+def _mutants(task_code: str, entry_point: str) -> dict[str, str]:
+    """Known-wrong variants: the result wrapped in a list, an off-by-one constant, a negated branch."""
+    tree = ast.parse(task_code)
+    out = {}
+
+    class Wrap(ast.NodeTransformer):
+        def visit_Return(self, node: ast.Return) -> ast.Return:
+            if node.value is not None:
+                node.value = ast.List([node.value], ast.Load())
+            return node
+
+    out["wrapped"] = ast.unparse(Wrap().visit(ast.parse(task_code)))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and type(node.value) is int and node.value in (0, 1):
+            node.value += 1
+            out["off_by_one"] = ast.unparse(tree)
+            break
+    tree = ast.parse(task_code)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If):
+            node.test = ast.UnaryOp(ast.Not(), node.test)
+            out["negated_if"] = ast.unparse(tree)
+            break
+    return out
+
+
+def _independent_verdict(task: Any, code: str, conn: Any) -> None:
+    """In a forked child: run the mutant and the canonical in-process and compare with == (floats
+    with a tolerance) -- a second, simpler implementation to hold the verifier's verdicts against."""
+    import copy
+    import math
+
+    def close(a: Any, b: Any) -> bool:
+        if isinstance(a, float) or isinstance(b, float):
+            return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-6, abs_tol=max(task.atol, 1e-6))
+        if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)) and type(a) is type(b):
+            return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+        return a == b
+
+    ns_m: dict = {}
+    ns_c: dict = {}
+    try:
+        exec(code, ns_m)
+        exec(task.canonical, ns_c)
+        for args in task.inputs:
+            want = ns_c[task.entry_point](*copy.deepcopy(args))
+            got = ns_m[task.entry_point](*copy.deepcopy(args))
+            if not close(got, want):
+                conn.send(0)
+                return
+        conn.send(1)
+    except BaseException:  # noqa: BLE001
+        conn.send(0)
+
+
+def independent(task: Any, code: str) -> int:
+    ctx = multiprocessing.get_context("fork")
+    recv, send = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_independent_verdict, args=(task, code, send))
+    proc.start()
+    proc.join(20)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        return 0
+    return recv.recv() if recv.poll() else 0
+
+
+@needs_data
+def test_mutated_canonical_solutions_agree_with_an_independent_check(graders):
+    d = graders["humaneval+"]
+    items, kinds = [], []
+    for t in list(d.tasks.values())[:50]:
+        if t.entry_point == "find_zero":  # its oracle is not equality
+            continue
+        for kind, code in _mutants(t.canonical, t.entry_point).items():
+            items.append((t.task_id, code))
+            kinds.append(kind)
+    verdicts = d.grade_many(items, programs=True)
+    assert not any(v.outcome for k, v in zip(kinds, verdicts) if k == "wrapped")  # a list never equals
+    disagree = [(tid, k) for (tid, code), k, v in zip(items, kinds, verdicts)
+                if v.outcome != independent(d.tasks[tid], code)]
+    assert disagree == []
+    assert sum(v.outcome == 0 for v in verdicts) >= 0.8 * len(verdicts)  # most mutants are caught
+    mbpp = graders["mbpp+"]
+    wrapped = [(t.task_id, _mutants(t.canonical, t.entry_point)["wrapped"]) for t in list(mbpp.tasks.values())[:80]
+               if t.entry_point not in NOT_NONE | {"are_equivalent"}]
+    assert all(v.outcome == 0 for v in mbpp.grade_many(wrapped, programs=True))
+
+
+@needs_data
+def test_answers_are_extracted_from_model_text(graders):
+    d = graders["humaneval+"]
+    t = d.tasks["HumanEval/0"]
+    body = t.canonical[len(t.prompt):]
+    full = t.canonical.split("def has_close_elements")[1]
+    answers = {
+        "fenced full function": f"Here you go:\n```python\ndef has_close_elements{full}```\nDone.",
+        "bare body": body,
+        "two blocks, last defines": f"```python\nprint('x')\n```\n```python\ndef has_close_elements{full}```",
+    }
+    for name, text in answers.items():
+        assert d.grade("HumanEval/0", text).failure == "pass", name
+    assert d.grade("HumanEval/0", "I cannot help with that.").failure in ("no_code", "syntax_error")
+    assert d.grade("HumanEval/0", "```python\ndef has_close_elements(:\n```").failure == "syntax_error"
+    assert d.grade("HumanEval/0", "").failure == "no_code"
+
+
+def test_extraction_rules_without_data():
+    text = "```python\ndef f(x):\n    return 1\n```\nand\n```\ndef f(x):\n    return 2\n```\n```js\nf()\n```"
+    assert "return 2" in extract_code(text, "f")
+    assert extract_code("no fences here\nreturn x", "f") == "no fences here\nreturn x"
+    assert assemble("return x", "f", "def f(x):\n", "") == "def f(x):\n    return x"
+    assert assemble("def f(x):\n    return x", "f", "import os\ndef f(x):\n", "import os\n").startswith("import os")
+    assert assemble("", "f", "def f(x):\n", "") is None
+
+
+@needs_bfcl
+def test_bfcl_ground_truth_scores_correct_everywhere():
+    for category in ("multiple", "parallel"):
+        tasks = load_bfcl(category)
+        assert len(tasks) == 200
+        results = Counter(grade_response(t, openai_body(ground_truth_calls(t))).failure for t in tasks)
+        assert results == Counter({"correct": 200}), (category, results)
+
+
+@needs_bfcl
+def test_bfcl_wrong_calls_land_in_the_right_class():
+    tasks = {t.task_id: t for t in load_bfcl("parallel") + load_bfcl("multiple")}
+    par, mul = tasks["parallel_0"], tasks["multiple_2"]
+    good = ground_truth_calls(par)
+    assert grade(par, list(reversed(good))).failure == "correct"  # order-free
+    assert grade(par, [Call("spotify_stop", good[0].arguments), good[1]]).failure == "wrong_function"
+    assert grade(par, [good[0], Call(good[1].name, {"artist": "Maroon 5", "duration": 99})]).failure == "wrong_arguments"
+    assert grade(par, good[:1]).failure == "other"
+    assert grade_response(mul, openai_body([])).failure == "malformed_output"
+    broken = openai_body(ground_truth_calls(mul))
+    broken["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = '{"country": "Bra'
+    assert grade_response(mul, broken).failure == "malformed_output"
+    truncated = openai_body(ground_truth_calls(mul), finish_reason="length")
+    assert grade_response(mul, truncated).failure == "malformed_output"
+    # string normalization: case, spaces and punctuation do not matter; ints pass for floats
+    assert grade(mul, [Call("country_info_capital", {"country": " brazil."})]).failure == "correct"
+    anthropic_shape = {"type": "message", "content": [{"type": "tool_use", "name": "country_info.capital",
+                                                       "input": {"country": "Brazil"}}], "stop_reason": "tool_use"}
+    assert grade_response(mul, anthropic_shape).failure == "correct"
+    gemini_shape = {"candidates": [{"content": {"parts": [{"functionCall": {"name": "country_info.capital",
+                                                                            "args": {"country": "Brazil"}}}]}}]}
+    assert grade_response(mul, gemini_shape).failure == "correct"
+
+
+def test_missing_dataset_is_a_clear_error(tmp_path):
+    with pytest.raises(DatasetError, match="does not exist"):
+        locate("humaneval+", tmp_path / "nope.jsonl.gz")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    with pytest.raises(DatasetError, match="not JSON"):
+        load_code_tasks("humaneval+", bad)
+
+
+def nfverify(*args: str) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("nfverify")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=600)
+
+
+@needs_data
+def test_candidates_from_a_proxy_log_become_outcome_rows(tmp_path, cache, proxies):
+    tasks = {t.task_id: t for t in load_code_tasks("humaneval+", locate("humaneval+"))}
+    chosen = ["HumanEval/0", "HumanEval/2", "HumanEval/5"]
+
+    def respond(doc: dict, n: int) -> str:
+        prompt = doc["messages"][-1]["content"]
+        task = next(t for t in tasks.values() if t.prompt.strip() in prompt)
+        good = n % 2 == 1  # alternate right and wrong answers
+        body = task.canonical if good else task.prompt + "    return None\n"
+        return f"Sure:\n```python\n{body}\n```"
+
+    up = FakeUpstream(responder=respond).start()
+    store = tmp_path / "log.lmdb"
+    try:
+        p = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", up.url, "--condition", "live")
+        proxies.append(p)
+        import httpx
+
+        for rep in range(2):
+            for i, tid in enumerate(chosen):
+                headers = {"x-nf-session": f"{tid}-{rep}"}
+                if i == 0:  # one session labelled, the others matched by prompt
+                    headers["x-nf-task"] = tid
+                r = httpx.post(p.url + "/v1/chat/completions", timeout=20, headers=headers, json={
+                    "model": "m", "messages": [{"role": "user", "content": "Complete:\n" + tasks[tid].prompt}]})
+                assert r.status_code == 200
+        p.stop()
+    finally:
+        up.stop()
+    out = tmp_path / "outcomes.jsonl"
+    r = nfverify("humaneval+", str(store), "--out", str(out), "-j", "2")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 6
+    assert {(row["task_id"], row["replicate"]) for row in rows} == {(t, k) for t in chosen for k in (0, 1)}
+    assert all(row["condition"] == "live" and row["model"] == "m-2024-07-18" for row in rows)
+    assert Counter(row["failure"] for row in rows) == Counter({"pass": 3, "wrong_output": 3})
+    assert "3/6 passed" in r.stderr
+    # the analyzer reads them as they are
+    an = subprocess.run([str(Path(sys.executable).with_name("nfanalyze")), "--outcomes", str(out), "--json", "-",
+                         "--bootstrap", "200"], capture_output=True, text=True, timeout=120)
+    assert an.returncode == 0, an.stderr
+    assert json.loads(an.stdout)["conditions"]["live"]["tasks"] == 3
+
+
+def test_nfverify_bad_input_is_one_line(tmp_path):
+    r = nfverify("humaneval+", str(tmp_path / "nope.lmdb"))
+    assert r.returncode != 0 and "no nfproxy store" in r.stderr.strip().splitlines()[-1]
+    r = nfverify("humaneval+")
+    assert r.returncode != 0 and "give either" in r.stderr
+    samples = tmp_path / "s.jsonl"
+    samples.write_text('{"task_id": "HumanEval/0"}\n')
+    if (SHARED_DATA / "evalplus").is_dir():
+        r = nfverify("humaneval+", "--samples", str(samples), "--out", str(tmp_path / "o.jsonl"))
+        assert r.returncode != 0 and "needs 'solution' or 'completion'" in r.stderr

@@ -1,0 +1,179 @@
+"""`nfverify`: grade candidates by execution (HumanEval+ / MBPP+) or by AST (BFCL), write outcome rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+SUITES = ("humaneval+", "mbpp+", "bfcl")
+
+
+def _progress(label: str) -> Callable[[int, int], None]:
+    start = time.monotonic()
+
+    def update(done: int, total: int) -> None:
+        if not sys.stderr.isatty() and done != total:
+            return
+        rate = done / max(1e-9, time.monotonic() - start)
+        filled = int(30 * done / max(1, total))
+        sys.stderr.write(f"\r{label} [{'#' * filled}{' ' * (30 - filled)}] {done}/{total} ({rate:.1f}/s)")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return update
+
+
+def _write(rows: list[dict[str, Any]], out: Path) -> None:
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    with tmp.open("w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    tmp.replace(out)
+
+
+def _summary(rows: list[dict[str, Any]], out: Path) -> str:
+    by = Counter(r["failure"] for r in rows)
+    passed = sum(r["outcome"] for r in rows)
+    return f"nfverify: {passed}/{len(rows)} passed; " + ", ".join(f"{k} {v}" for k, v in by.most_common()) + f" -> {out}"
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("suite", type=click.Choice(SUITES))
+@click.argument("log", required=False, type=click.Path(path_type=Path))
+@click.option("--samples", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="EvalPlus samples.jsonl (task_id with solution or completion) instead of a LOG.")
+@click.option("--dataset", type=click.Path(exists=True, path_type=Path),
+              help="EvalPlus .jsonl(.gz) file, or the folder of BFCL v4 files (default: shared data or cache).")
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("outcomes.jsonl"),
+              show_default=True)
+@click.option("-j", "--jobs", default=os.cpu_count() or 1, show_default=True, type=click.IntRange(min=1))
+@click.option("--max-inputs", default=120, show_default=True, type=click.IntRange(min=1),
+              help="Inputs per task: base first, then plus.")
+@click.option("--timeout", default=10, show_default=True, type=click.IntRange(min=1),
+              help="CPU seconds per candidate (at least 4x what the canonical solution needed).")
+@click.option("--memory-mb", default=2048, show_default=True, type=click.IntRange(min=64))
+@click.option("--condition", default="samples", show_default=True, help="Condition label for --samples rows.")
+def main(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, out: Path, jobs: int,
+         max_inputs: int, timeout: int, memory_mb: int, condition: str) -> None:
+    """Grade SUITE candidates from an nfproxy LOG (one per session) or from --samples."""
+    from verifier.datasets import DatasetError
+
+    if (log is None) == (samples is None):
+        raise click.UsageError("give either an nfproxy LOG or --samples FILE")
+    if suite == "bfcl" and samples is not None:
+        raise click.UsageError("bfcl grades tool calls from a LOG; --samples is for humaneval+ and mbpp+")
+    try:
+        rows = _bfcl(log, dataset) if suite == "bfcl" else _code(suite, log, samples, dataset, jobs, max_inputs,
+                                                                  timeout, memory_mb, condition)
+    except DatasetError as exc:
+        raise click.ClickException(str(exc)) from None
+    _write(rows, out)
+    click.echo(_summary(rows, out), err=True)
+
+
+def _open_log(log: Path) -> Any:
+    from proxy.store import Store, StoreError
+
+    try:
+        return Store.open(log, write=False)
+    except StoreError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, jobs: int, max_inputs: int,
+          timeout: int, memory_mb: int, condition: str) -> list[dict[str, Any]]:
+    from verifier.datasets import load_code_tasks, locate, sha256_file
+    from verifier.differential import Differential, ExpectedError
+    from verifier.sandbox import Limits, Sandbox
+
+    path = locate(suite, dataset)
+    tasks = load_code_tasks(suite, path, max_inputs)
+    diff = Differential(tasks, Sandbox(jobs, Limits(cpu_s=timeout, memory_mb=memory_mb)), sha256_file(path), max_inputs)
+    try:
+        diff.expected(_progress("reference outputs"))
+    except ExpectedError as exc:
+        raise click.ClickException(f"{exc}; check the dataset file, or raise --memory-mb") from None
+    if samples is not None:
+        items, meta = _read_samples(samples, diff.tasks, condition)
+        verdicts = diff.grade_many(items, _progress("grading"), programs=True)
+    else:
+        assert log is not None
+        from verifier.candidates import attempts, response_text
+
+        with _open_log(log) as store:
+            found = attempts(store, {t.task_id: t.prompt for t in tasks})
+        unknown = [a.session for a in found if a.task_id not in diff.tasks]
+        if unknown:
+            click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped "
+                       f"(e.g. {unknown[0]}); label them with x-nf-task", err=True)
+        found = [a for a in found if a.task_id in diff.tasks]
+        items = [(a.task_id, response_text(a.body)) for a in found]
+        meta = [_attempt_meta(a) for a in found]
+        verdicts = diff.grade_many(items, _progress("grading"))
+    return [m | {"task_id": v.task_id, "outcome": v.outcome, "failure": v.failure, "detail": v.detail}
+            for m, v in zip(meta, verdicts)]
+
+
+def _attempt_meta(a: Any) -> dict[str, Any]:
+    ex = a.exchange
+    return {"condition": a.condition, "replicate": a.replicate, "session": a.session,
+            "fingerprint": ex.fingerprint if ex else None, "model": ex.model if ex else None}
+
+
+def _read_samples(path: Path, tasks: dict[str, Any], condition: str) -> tuple[list[tuple[str, str]], list[dict]]:
+    items, meta = [], []
+    seen: dict[str, int] = defaultdict(int)
+    with path.open() as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                raise click.ClickException(f"{path}:{n}: not JSON; samples are JSON Lines with task_id and solution") from None
+            tid = doc.get("task_id")
+            if tid not in tasks:
+                raise click.ClickException(f"{path}:{n}: unknown task_id {tid!r} for this dataset")
+            if "solution" in doc:
+                program = doc["solution"]
+            elif "completion" in doc:
+                program = tasks[tid].prompt + doc["completion"]
+            else:
+                raise click.ClickException(f"{path}:{n}: a sample needs 'solution' or 'completion'")
+            items.append((tid, program))
+            meta.append({"condition": condition, "replicate": seen[tid]})
+            seen[tid] += 1
+    return items, meta
+
+
+def _bfcl(log: Path | None, dataset: Path | None) -> list[dict[str, Any]]:
+    from verifier.bfcl import grade_response
+    from verifier.candidates import attempts
+    from verifier.datasets import load_bfcl
+
+    tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
+    prompts = {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()}
+    assert log is not None
+    with _open_log(log) as store:
+        found = [a for a in attempts(store, prompts) if a.task_id in tasks]
+    rows = []
+    for a in found:
+        v = grade_response(tasks[a.task_id], a.body)
+        ex = a.exchange
+        rows.append(_attempt_meta(a) | {"task_id": a.task_id, "outcome": v.outcome, "failure": v.failure,
+                                        "detail": v.detail,
+                                        "variant": ex.perturbation if ex else None})
+    return rows
+
+
+if __name__ == "__main__":
+    main()

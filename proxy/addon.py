@@ -19,7 +19,7 @@ from proxy import overrides as ov
 from proxy.recorder import Recorder
 from proxy.replayer import Replayer
 from proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
-from proxy.traffic import LABEL_HEADERS, Labels, Prepared, RequestData, ResponseData, Stats
+from proxy.traffic import LABEL_HEADERS, Labels, Prepared, RequestData, ResponseData, Stats, split_label_prefix
 
 log = logging.getLogger("nfproxy")
 _PENDING = "nf_pending"
@@ -74,6 +74,10 @@ class SessionLabels:
         found = {k.lower(): v for k, v in headers.items() if k.lower() in LABEL_HEADERS}
         for h in found:
             del headers[h]
+        from_path, path = split_label_prefix(flow.request.path)
+        if from_path:
+            flow.request.path = path
+            found.update(from_path)
         flow.metadata[_LABELS] = self.defaults.overlay(found) if found else self.defaults
 
 

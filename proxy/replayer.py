@@ -66,6 +66,12 @@ class Replayer:
         by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
         for e in entries:
             by_session[e.session].append(e)
+        self._session_keys: dict[str, dict[str, list[RecordedEntry]]] = {}
+        for name, lst in by_session.items():
+            keyed: dict[str, list[RecordedEntry]] = defaultdict(list)
+            for e in sorted(lst, key=lambda e: e.occurrence):
+                keyed[e.key].append(e)
+            self._session_keys[name] = keyed
         self._position = {
             e.id: i for lst in by_session.values() for i, e in enumerate(sorted(lst, key=lambda e: e.seq))
         }
@@ -78,7 +84,8 @@ class Replayer:
 
     def answer(self, request: RequestData, labels: Labels) -> Answer:
         p = prepare(request, labels, self.rules, self.counters)
-        candidates = self._by_key.get(p.key, [])
+        index = self._by_key if labels.replay_from is None else self._session_keys.get(labels.replay_from, {})
+        candidates = index.get(p.key, [])
         if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
             entry = candidates[min(p.occurrence, len(candidates) - 1)]
             violation = self._check_order(labels.session, entry)

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
+from urllib.parse import unquote
 
 from proxy import secrets
 from proxy.keys import CanonicalRequest, Rules, canonicalize, decode_body, sha256_hex
@@ -21,7 +22,11 @@ LABEL_HEADERS = {
     "x-nf-task": "task",
     "x-nf-replicate": "replicate",
     "x-nf-condition": "condition",
+    "x-nf-replay-from": "replay_from",
 }
+# Labels can also ride in a path prefix, for agents whose headers cannot be set but whose base URL
+# can: /_nf/session=s1,task=HumanEval%2F0,replicate=2/v1/chat/completions
+LABEL_PREFIX = "/_nf/"
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te"})
 
 
@@ -33,11 +38,25 @@ class Labels:
     task: str | None = None
     replicate: str | None = None
     condition: str | None = None
+    replay_from: str | None = None  # replay: answer only from this recorded session
 
     def overlay(self, headers: Mapping[str, str]) -> Labels:
         """Per-request label headers win over the proxy-wide defaults."""
         found = {attr: headers[h] for h, attr in LABEL_HEADERS.items() if headers.get(h)}
         return replace(self, **found) if found else self
+
+
+def split_label_prefix(path: str) -> tuple[dict[str, str], str]:
+    """Labels from a `/_nf/k=v,k=v` path prefix, and the path without it."""
+    if not path.startswith(LABEL_PREFIX):
+        return {}, path
+    head, _, rest = path[len(LABEL_PREFIX):].partition("/")
+    labels = {}
+    for part in head.split(","):
+        k, sep, v = part.partition("=")
+        if sep and f"x-nf-{k.replace('_', '-')}" in LABEL_HEADERS:
+            labels[f"x-nf-{k.replace('_', '-')}"] = unquote(v)
+    return labels, "/" + rest
 
 
 @dataclass(frozen=True)

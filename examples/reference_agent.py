@@ -1,0 +1,45 @@
+"""A reference agent using the official `openai` SDK, with the seed study's one-retry structure.
+
+    OPENAI_BASE_URL=... OPENAI_API_KEY=... python examples/reference_agent.py TASK_FILE
+
+It works unchanged against nfladder's built-in provider, a local OpenAI-compatible server
+(llama.cpp, vLLM, ...), or a hosted API: everything it needs comes from the environment that
+nfladder (or nfproxy wrapping a command) sets. The task file is JSON with task_id, prompt and
+entry_point. The answer is printed; nfverify grades what the proxy recorded, not this output.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import openai
+
+
+def main() -> int:
+    task = json.loads(open(sys.argv[1]).read())
+    client = openai.OpenAI(max_retries=0, timeout=120)
+    prompt = f"Complete this Python function. Return the whole function in one python code block.\n\n{task['prompt']}"
+    answer = ""
+    for attempt in range(2):  # an initial failure may trigger one retry
+        try:
+            r = client.chat.completions.create(
+                model=os.environ.get("NF_AGENT_MODEL", "gpt-4o-mini"),
+                temperature=float(os.environ.get("NF_AGENT_TEMPERATURE", "0.7")),
+                messages=[{"role": "user", "content": prompt}],
+            )
+            answer = r.choices[0].message.content or ""
+        except openai.APIError as exc:
+            print(f"attempt {attempt}: {exc.__class__.__name__}: {exc}", file=sys.stderr)
+            continue
+        if "```" in answer:
+            break
+    if not answer:
+        return 1
+    print(answer)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,223 @@
+"""`nfladder`: run an unchanged agent through live, temperature-0 and replay, verify, analyze, plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ladder.runner import CONDITIONS, Config, Ladder, LadderError, parse_agent
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """The determinism ladder for your agent: live, temperature 0 and replay, R replicates per task."""
+
+
+def _say(message: str) -> None:
+    click.echo(f"{time.strftime('%H:%M:%S')} {message}", err=True)
+
+
+def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, str]:
+    """Tasks, the EvalPlus-format file to grade against, and the verifier's suite kind."""
+    from verifier.datasets import DatasetError, load_code_tasks, locate
+
+    if name == "builtin":
+        from ladder.suite import builtin_suite, write_dataset
+
+        tasks = builtin_suite()[:limit]
+        path = write_dataset(tasks, out / "suite.jsonl.gz")
+        return tasks, path, "humaneval+"
+    try:
+        if name in ("humaneval+", "mbpp+"):
+            path = locate(name)
+            kind = name
+        else:  # a file in EvalPlus format (HumanEval-style prompts)
+            path, kind = Path(name), "humaneval+"
+            if not path.is_file():
+                raise DatasetError(f"suite {name!r} is neither builtin, humaneval+, mbpp+ nor a file")
+        return load_code_tasks(kind, path)[:limit], path, kind
+    except DatasetError as exc:
+        raise click.ClickException(f"suite refused before anything ran: {exc}") from None
+
+
+def execute(cfg: Config, kind: str, builtin: Any | None) -> int:
+    """Run the conditions, grade, analyze, write the report; returns the exit status."""
+    from analyzer import report
+    from analyzer.analysis import Settings, analyze
+    from analyzer.logstats import from_store
+    from analyzer.outcomes import Row, build
+    from verifier.datasets import load_code_tasks, sha256_file
+    from verifier.differential import Differential
+    from verifier.sandbox import Sandbox
+
+    ladder = Ladder(cfg, _say)
+    if builtin is not None:
+        builtin.restore(ladder.provider_counts())
+    for condition in cfg.conditions:
+        _say(f"[{condition}] {cfg.replicates} replicates x {len(cfg.tasks)} tasks")
+        ladder.run_condition(condition)
+    if builtin is not None:
+        builtin.stop()
+    _say("verifying candidates from the log")
+    ids = {t.task_id for t in cfg.tasks}
+    tasks = [t for t in load_code_tasks(kind, cfg.dataset) if t.task_id in ids]
+    diff = Differential(tasks, Sandbox(cfg.jobs), sha256_file(cfg.dataset), 120)
+    rows = ladder.outcomes(lambda items: diff.grade_many(items))
+    with (cfg.out / "outcomes.jsonl").open("w") as fh:
+        for r in rows:
+            fh.write(json.dumps(r) + "\n")
+    _say("analyzing")
+    data = build([Row(r["task_id"], r["condition"], r["replicate"], r["outcome"], failure=r["failure"]) for r in rows])
+    result = analyze(data, Settings(resamples=cfg.bootstrap, seed=cfg.seed))
+    doc = result.to_json()
+    doc["log"] = from_store(ladder.store)
+    doc["settings"] |= {"replicates": cfg.replicates, "replay_source": list(cfg.replay_source),
+                        "agent": cfg.agent, "upstream": cfg.upstream}
+    if builtin is not None:
+        doc["truth"] = _truth(builtin, result, cfg)
+    (cfg.out / "report.json").write_text(json.dumps(doc, indent=2))
+    (cfg.out / "report.md").write_text(report.markdown(result, doc["log"]))
+    report.plot(result, cfg.out / "ladder.png")
+    click.echo(report.table(result, doc["log"]))
+    if "truth" in doc:
+        t = doc["truth"]
+        click.echo("\nKnown truth (built-in provider): " + ", ".join(
+            f"{c} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in t["w"].items())
+            + f"; ladder order live > t0 > replay: {'holds' if t['order_holds'] else 'DOES NOT HOLD'}")
+    click.echo(f"\nwrote {cfg.out}/report.json, report.md, ladder.png, outcomes.jsonl, log.lmdb")
+    bad = ladder.replay_failures()
+    if bad:
+        click.echo(f"nfladder: REPLAY FAILED: {len(bad)} replay sessions asked for requests the recording does not "
+                   f"hold (e.g. {bad[0]}); the agent changed its requests, so replay does not measure it "
+                   f"(see `nfproxy log --store {ladder.store} --session {bad[0]}`)", err=True)
+        return 3
+    return 0
+
+
+def _truth(builtin: Any, result: Any, cfg: Config) -> dict[str, Any]:
+    from ladder.provider import LIVE_T, true_w
+
+    ids = [t.task_id for t in cfg.tasks]
+    temps = {"live": LIVE_T, "t0": 0.0}
+    out: dict[str, Any] = {"w": {}}
+    for c in result.conditions:
+        if c.name in temps:
+            w = true_w(builtin.models, temps[c.name], ids)
+        elif c.name == "replay":
+            w = 0.0
+        else:
+            continue
+        out["w"][c.name] = {"true_w": w, "measured_w": c.stats.w, "w_ci": list(c.w_ci),
+                            "covered": c.w_ci[0] - 1e-12 <= w <= c.w_ci[1] + 1e-12}
+    ws = {c.name: c.stats.w for c in result.conditions}
+    out["order_holds"] = all(k in ws for k in CONDITIONS) and ws["live"] > ws["t0"] > ws["replay"]
+    return out
+
+
+def _common(f: Any) -> Any:
+    opts = [
+        click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("nf-ladder"),
+                     show_default=True, help="Folder for the log, outcomes, report and plot (reruns resume)."),
+        click.option("-j", "--jobs", default=os.cpu_count() or 2, show_default=True, type=click.IntRange(min=1)),
+        click.option("--seed", default=0, show_default=True, type=int, help="Provider draws and bootstrap."),
+        click.option("--bootstrap", default=20_000, show_default=True, type=click.IntRange(min=100)),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+@main.command("run")
+@click.option("--agent", "agent_cmd", default="builtin", show_default=True,
+              help="Agent command with {task_file}, e.g. 'python agent.py {task_file}'; 'builtin' is a stdlib agent.")
+@click.option("--suite", default="builtin", show_default=True, help="builtin, humaneval+, mbpp+, or an EvalPlus-format file.")
+@click.option("--tasks", "limit", type=click.IntRange(min=1), help="Use the first N tasks of the suite.")
+@click.option("--replicates", "-R", default=5, show_default=True, type=click.IntRange(min=2))
+@click.option("--conditions", default=",".join(CONDITIONS), show_default=True)
+@click.option("--provider", default="builtin", show_default=True, help="builtin, or the provider's base URL (origin).")
+@click.option("--replay-source", default="t0:0", show_default=True, help="CONDITION:REPLICATE whose recording replay serves.")
+@click.option("--agent-timeout", default=120.0, show_default=True, type=float, help="Seconds before an agent run is killed.")
+@click.option("--inject-violation", is_flag=True, help="Make the built-in agent change its requests on replay (must fail).")
+@click.option("--fault-429", default=0.0, type=click.FloatRange(0, 1), help="Built-in provider: share of 429 answers.")
+@click.option("--fault-drop", default=0.0, type=click.FloatRange(0, 1), help="Built-in provider: share of dropped connections.")
+@click.option("--latency-ms", default=0.0, type=click.FloatRange(min=0), help="Built-in provider: added latency.")
+@_common
+def run_cmd(agent_cmd: str, suite: str, limit: int | None, replicates: int, conditions: str, provider: str,
+            replay_source: str, agent_timeout: float, inject_violation: bool, fault_429: float, fault_drop: float,
+            latency_ms: float, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
+    """Run the ladder for an agent and write the report to --out."""
+    conds = tuple(c.strip() for c in conditions.split(",") if c.strip())
+    unknown = [c for c in conds if c not in CONDITIONS]
+    if unknown:
+        raise click.BadParameter(f"unknown condition {unknown[0]!r}; choose from {', '.join(CONDITIONS)}",
+                                 param_hint="--conditions")
+    src_cond, _, src_rep = replay_source.partition(":")
+    if src_cond not in ("live", "t0") or not src_rep.isdigit() or int(src_rep) >= replicates:
+        raise click.BadParameter(f"{replay_source!r} is not live:N or t0:N with N < --replicates", param_hint="--replay-source")
+    if "replay" in conds and src_cond not in conds:
+        raise click.BadParameter(f"replay serves the {src_cond} recording: include {src_cond} in --conditions",
+                                 param_hint="--conditions")
+    out.mkdir(parents=True, exist_ok=True)
+    tasks, dataset, kind = _suite(suite, out, limit)
+    agent = [sys.executable, "-m", "ladder.agent", "{task_file}"] if agent_cmd == "builtin" else parse_agent(agent_cmd)
+    builtin = None
+    if provider == "builtin":
+        if suite != "builtin":
+            raise click.BadParameter("the built-in provider only answers the built-in suite; give --provider URL",
+                                     param_hint="--provider")
+        from ladder.provider import BuiltinProvider, Faults
+
+        builtin = BuiltinProvider(tasks, seed, Faults(fault_429, fault_drop, latency_ms)).start()
+        upstream = builtin.url
+    else:
+        upstream = provider
+    cfg = Config(out=out, agent=agent, tasks=tasks, dataset=dataset, upstream=upstream, replicates=replicates,
+                 conditions=conds, replay_source=(src_cond, int(src_rep)), jobs=jobs, agent_timeout=agent_timeout,
+                 seed=seed, bootstrap=bootstrap, replay_env={"NF_AGENT_NOISE": "1"} if inject_violation else {})
+    try:
+        code = execute(cfg, kind, builtin)
+    except LadderError as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)
+
+
+@main.command("demo")
+@click.option("--replicates", "-R", default=5, show_default=True, type=click.IntRange(min=2))
+@_common
+@click.pass_context
+def demo_cmd(ctx: click.Context, replicates: int, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
+    """The whole ladder on the built-in suite, provider and agent (no network, no API key)."""
+    if out == Path("nf-ladder"):
+        out = Path("nf-demo")
+    ctx.invoke(run_cmd, agent_cmd="builtin", suite="builtin", limit=None, replicates=replicates,
+               conditions=",".join(CONDITIONS), provider="builtin", replay_source="t0:0", agent_timeout=60.0,
+               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, out=out, jobs=jobs, seed=seed,
+               bootstrap=bootstrap)
+
+
+@main.command("provider")
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option("--seed", default=0, show_default=True, type=int)
+def provider_cmd(port: int, seed: int) -> None:
+    """Serve the built-in provider on loopback (for trying an agent against it by hand)."""
+    from ladder.provider import BuiltinProvider
+    from ladder.suite import builtin_suite
+
+    p = BuiltinProvider(builtin_suite(), seed, port=port).start()
+    click.echo(f"built-in provider on {p.url} (OpenAI /v1/chat/completions, Anthropic /v1/messages); Ctrl-C stops",
+               err=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        p.stop()
+
+
+if __name__ == "__main__":
+    main()

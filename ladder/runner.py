@@ -1,0 +1,261 @@
+"""The ladder end to end: agent x task x replicate x condition through nfproxy, then nfverify's
+grading and nfanalyze's statistics.
+
+One nfproxy process per condition serves every agent run of that condition; each run is its own
+session, named in the base URL the agent is given (`/_nf/session=...,task=.../v1`), so the agent
+needs no change at all. live records at the agent's own temperature, t0 records with the proxy
+imposing `--set /temperature=0`, replay answers strictly from one chosen recorded replicate.
+
+Runs are recorded in OUT/attempts.jsonl as they finish; a rerun of the same command skips them
+(resume). Everything lands in OUT: log.lmdb, attempts.jsonl, outcomes.jsonl, report.json,
+report.md, ladder.png.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+CONDITIONS = ("live", "t0", "replay")
+OVERRIDES = {"live": [], "t0": ["--set", "/temperature=0"]}  # how the proxy imposes each recorded condition
+STDERR_TAIL = 2000
+
+
+class LadderError(RuntimeError):
+    """A run that cannot go on or whose result cannot be trusted; the message says why."""
+
+
+@dataclass(frozen=True)
+class Config:
+    out: Path
+    agent: list[str]  # argv with a `{task_file}` placeholder
+    tasks: list[Any]  # CodeTask-like: task_id, prompt, entry_point
+    dataset: Path  # EvalPlus-format file the verifier grades against
+    upstream: str  # provider URL (the built-in one's, or the user's)
+    replicates: int = 5
+    conditions: tuple[str, ...] = CONDITIONS
+    replay_source: tuple[str, int] = ("t0", 0)
+    jobs: int = 2
+    agent_timeout: float = 120.0
+    seed: int = 0
+    bootstrap: int = 20_000
+    agent_env: dict[str, str] = field(default_factory=dict)
+    replay_env: dict[str, str] = field(default_factory=dict)  # extra environment for replay runs only
+
+
+@dataclass
+class Attempt:
+    session: str
+    task_id: str
+    condition: str
+    replicate: int
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    stderr_tail: str = ""
+
+
+def session_name(condition: str, replicate: int, task_id: str) -> str:
+    return f"{condition}-r{replicate}-{task_id}"
+
+
+def _nfproxy_argv() -> list[str]:
+    exe = Path(sys.executable).with_name("nfproxy")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy.cli"]
+
+
+class Proxy:
+    """An nfproxy subprocess for one condition."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.proc = subprocess.Popen([*_nfproxy_argv(), "run", "--listen", "127.0.0.1:0", *args],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        ready = threading.Event()
+        self.port = 0
+
+        def pump() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.lines.append(line.rstrip())
+                if line.startswith("NFPROXY_READY "):
+                    self.port = int(line.rsplit(":", 1)[1])
+                    ready.set()
+            ready.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not ready.wait(60) or not self.port:
+            self.proc.kill()
+            raise LadderError("nfproxy did not start: " + " | ".join(self.lines[-5:]))
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(10)
+
+
+class Ladder:
+    def __init__(self, config: Config, progress: Callable[[str], None] = lambda s: None) -> None:
+        self.c = config
+        self.progress = progress
+        self.c.out.mkdir(parents=True, exist_ok=True)
+        self.store = self.c.out / "log.lmdb"
+        self.attempts_file = self.c.out / "attempts.jsonl"
+        self.done: dict[str, Attempt] = {}
+        if self.attempts_file.exists():
+            for line in self.attempts_file.read_text().splitlines():
+                if line.strip():
+                    a = Attempt(**json.loads(line))
+                    self.done[a.session] = a
+        self._lock = threading.Lock()
+        self._taskdir = Path(tempfile.mkdtemp(prefix="nfladder-tasks-"))
+
+    # -- running -----------------------------------------------------------------------------
+
+    def run_condition(self, condition: str) -> None:
+        todo = [(r, t) for r in range(self.c.replicates) for t in self.c.tasks
+                if session_name(condition, r, t.task_id) not in self.done]
+        if not todo:
+            self.progress(f"[{condition}] all {self.c.replicates * len(self.c.tasks)} runs done earlier")
+            return
+        args = ["--store", str(self.store), "--upstream", self.c.upstream, "--condition", condition, "-q"]
+        if condition == "replay":
+            # the requests must be keyed as the source condition keyed them: same overrides
+            args += ["--mode", "replay", "--strict", *OVERRIDES[self.c.replay_source[0]]]
+        else:
+            args += ["--mode", "record", *OVERRIDES[condition]]
+        proxy = Proxy(args)
+        try:
+            per_rep: dict[int, int] = {}
+            total = {r: len(self.c.tasks) for r in range(self.c.replicates)}
+            with ThreadPoolExecutor(self.c.jobs) as pool:
+                for attempt in pool.map(lambda rt: self._attempt(proxy.port, condition, *rt), todo):
+                    per_rep[attempt.replicate] = per_rep.get(attempt.replicate, 0) + 1
+                    done = sum(per_rep.values())
+                    if per_rep[attempt.replicate] == total[attempt.replicate] or done == len(todo):
+                        self.progress(f"[{condition}] replicate {attempt.replicate + 1}/{self.c.replicates}: "
+                                      f"{per_rep[attempt.replicate]} runs ({done}/{len(todo)} this condition)")
+        finally:
+            code = proxy.stop()
+        if condition == "replay" and code == 3:
+            self.progress("[replay] nfproxy reported replay misses or order violations")
+
+    def _attempt(self, port: int, condition: str, replicate: int, task: Any) -> Attempt:
+        session = session_name(condition, replicate, task.task_id)
+        labels = {"session": session, "task": task.task_id, "replicate": str(replicate), "condition": condition}
+        if condition == "replay":
+            src_cond, src_rep = self.c.replay_source
+            labels["replay_from"] = session_name(src_cond, src_rep, task.task_id)
+        prefix = "/_nf/" + ",".join(f"{k}={quote(v, safe='')}" for k, v in labels.items())
+        base = f"http://127.0.0.1:{port}{prefix}"
+        task_file = self._taskdir / f"{session.replace('/', '_')}.json"
+        task_file.write_text(json.dumps({"task_id": task.task_id, "prompt": task.prompt,
+                                         "entry_point": task.entry_point}))
+        env = {**os.environ, **self.c.agent_env, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base,
+               "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
+               "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder")}
+        if condition == "replay":
+            env.update(self.c.replay_env)
+        argv = [a.replace("{task_file}", str(task_file)) for a in self.c.agent]
+        start = time.monotonic()
+        timed_out, code, err = False, None, ""
+        try:
+            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=self.c.agent_timeout,
+                                  start_new_session=True)
+            code, err = proc.returncode, proc.stderr
+        except subprocess.TimeoutExpired as exc:
+            timed_out = True
+            err = (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr) or ""
+        except OSError as exc:
+            code, err = 127, f"cannot start agent: {exc}"
+        attempt = Attempt(session, task.task_id, condition, replicate, code, timed_out,
+                          round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
+        with self._lock:
+            with self.attempts_file.open("a") as fh:
+                fh.write(json.dumps(asdict(attempt)) + "\n")
+            self.done[session] = attempt
+        return attempt
+
+    # -- grading -----------------------------------------------------------------------------
+
+    def outcomes(self, grade: Callable[[list[tuple[str, str]]], list[Any]]) -> list[dict[str, Any]]:
+        """One row per attempt: graded from the log, or failed with the agent's stderr tail."""
+        from proxy.store import Store
+        from verifier.candidates import attempts as log_attempts
+        from verifier.candidates import response_text
+
+        with Store.open(self.store, write=False) as store:
+            found = {a.session: a for a in log_attempts(store)}
+        rows, to_grade = [], []
+        for session, att in sorted(self.done.items()):
+            if att.condition not in self.c.conditions:
+                continue
+            row = {"task_id": att.task_id, "condition": att.condition, "replicate": att.replicate,
+                   "session": session}
+            cand = found.get(session)
+            if cand is None or cand.body is None:
+                why = "agent_timeout" if att.timed_out else "agent_error"
+                rows.append(row | {"outcome": 0, "failure": why, "detail": att.stderr_tail[-500:]})
+                continue
+            row["fingerprint"] = cand.exchange.fingerprint if cand.exchange else None
+            rows.append(row)
+            to_grade.append((len(rows) - 1, att.task_id, response_text(cand.body)))
+        verdicts = grade([(tid, text) for _, tid, text in to_grade])
+        for (i, _, _), v in zip(to_grade, verdicts):
+            rows[i].update(outcome=v.outcome, failure=v.failure, detail=v.detail)
+        return rows
+
+    def replay_failures(self) -> list[str]:
+        """Replay sessions that saw a miss or an order violation: the recording was not reproduced."""
+        from proxy.store import Store
+
+        bad = set()
+        with Store.open(self.store, write=False) as store:
+            for ex in store.exchanges():
+                if ex.mode == "replay" and ex.replay_result in ("miss", "order_violation"):
+                    bad.add(ex.session)
+        return sorted(bad)
+
+    def provider_counts(self) -> dict[tuple[str, float], int]:
+        """Requests per (task, temperature) already recorded: restores a provider's draw counters on resume."""
+        from proxy.store import Store
+
+        counts: dict[tuple[str, float], int] = {}
+        if not (self.store / "data.mdb").exists():
+            return counts
+        with Store.open(self.store, write=False) as store:
+            for ex in store.exchanges():
+                if ex.mode != "record" or not ex.task:
+                    continue
+                body = store.body(ex.request.get("body"))
+                try:
+                    temp = float(json.loads(body or b"{}").get("temperature", 1.0))
+                except (ValueError, AttributeError):
+                    continue
+                counts[(ex.task, temp)] = counts.get((ex.task, temp), 0) + 1
+        return counts
+
+
+def parse_agent(command: str) -> list[str]:
+    argv = shlex.split(command)
+    if not argv:
+        raise LadderError("--agent is empty; give a command such as 'python agent.py {task_file}'")
+    if not any("{task_file}" in a for a in argv):
+        argv.append("{task_file}")
+    return argv

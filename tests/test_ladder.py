@@ -1,0 +1,125 @@
+"""nfladder end to end with the built-in provider, suite and agents (real processes throughout)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ladder.provider import BuiltinProvider, TaskModel, task_models, true_w
+from ladder.suite import builtin_suite
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def nfladder(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    exe = Path(sys.executable).with_name("nfladder")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def mechanism(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    out = tmp_path_factory.mktemp("ladder") / "run"
+    r = nfladder("run", "--out", str(out), "-R", "6", "-j", "2", "--bootstrap", "4000", "--seed", "3",
+                 cwd=out.parent)
+    return r, out
+
+
+def test_mechanism_check_recovers_the_injected_truth(mechanism):
+    r, out = mechanism
+    assert r.returncode == 0, r.stderr[-3000:]
+    doc = json.loads((out / "report.json").read_text())
+    truth = doc["truth"]
+    for cond in ("live", "t0", "replay"):
+        assert truth["w"][cond]["covered"], (cond, truth["w"][cond])
+    assert doc["conditions"]["replay"]["w"] == 0.0
+    assert truth["order_holds"]
+    assert doc["log"]["conditions"]["replay"]["misses"] == 0
+    assert doc["log"]["conditions"]["t0"]["models"] == ["nf-builtin-1"]
+    assert (out / "ladder.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Known truth" in r.stdout
+
+
+def test_resume_skips_completed_sessions_and_reproduces_the_report(mechanism):
+    r, out = mechanism
+    before = (out / "attempts.jsonl").read_text().count("\n")
+    again = nfladder("run", "--out", str(out), "-R", "6", "-j", "2", "--bootstrap", "4000", "--seed", "3",
+                     cwd=out.parent)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "all 228 runs done earlier" in again.stderr
+    assert (out / "attempts.jsonl").read_text().count("\n") == before
+    assert again.stdout.split("Known truth")[0] == r.stdout.split("Known truth")[0]  # the same ladder table
+
+
+def test_same_seed_same_report_in_a_fresh_folder(tmp_path):
+    args = ["run", "--tasks", "12", "-R", "3", "-j", "2", "--bootstrap", "2000", "--seed", "5"]
+    a = nfladder(*args, "--out", str(tmp_path / "a"), cwd=tmp_path)
+    b = nfladder(*args, "--out", str(tmp_path / "b"), cwd=tmp_path)
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
+    ra = json.loads((tmp_path / "a" / "report.json").read_text())
+    rb = json.loads((tmp_path / "b" / "report.json").read_text())
+    assert ra["conditions"] == rb["conditions"] and ra["contrasts"] == rb["contrasts"]
+
+
+def test_injected_replay_violation_fails_loudly(tmp_path):
+    r = nfladder("run", "--out", str(tmp_path / "v"), "--tasks", "4", "-R", "2", "-j", "2", "--bootstrap", "200",
+                 "--inject-violation", cwd=tmp_path)
+    assert r.returncode == 3
+    assert "REPLAY FAILED" in r.stderr
+    doc = json.loads((tmp_path / "v" / "report.json").read_text())
+    assert doc["log"]["conditions"]["replay"]["misses"] >= 8
+
+
+def test_failing_and_hanging_agents_are_recorded_and_the_run_goes_on(tmp_path):
+    agent = tmp_path / "agent.py"
+    agent.write_text(
+        "import json, sys, time\n"
+        "task = json.load(open(sys.argv[1]))\n"
+        "if task['task_id'].endswith('/0'):\n    time.sleep(30)\n"
+        "print('bad things happened', file=sys.stderr)\nsys.exit(2)\n"
+    )
+    r = nfladder("run", "--agent", f"{sys.executable} {agent} {{task_file}}", "--out", str(tmp_path / "f"),
+                 "--tasks", "3", "-R", "2", "-j", "2", "--bootstrap", "200", "--conditions", "live,t0",
+                 "--agent-timeout", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "f" / "outcomes.jsonl").read_text().splitlines()]
+    assert len(rows) == 12
+    kinds = {(row["task_id"], row["failure"]) for row in rows}
+    assert ("NF/0", "agent_timeout") in kinds and ("NF/1", "agent_error") in kinds
+    assert any("bad things happened" in row["detail"] for row in rows)
+
+
+def test_unparseable_suite_is_refused_before_anything_runs(tmp_path):
+    bad = tmp_path / "suite.jsonl"
+    bad.write_text("{not json\n")
+    r = nfladder("run", "--suite", str(bad), "--provider", "http://127.0.0.1:9", "--out", str(tmp_path / "o"),
+                 cwd=tmp_path)
+    assert r.returncode != 0 and "suite refused before anything ran" in r.stderr
+    assert not (tmp_path / "o" / "log.lmdb").exists()
+
+
+def test_reference_openai_agent_runs_unchanged_against_the_builtin_provider(tmp_path):
+    agent = f"{sys.executable} {ROOT / 'examples' / 'reference_agent.py'} {{task_file}}"
+    r = nfladder("run", "--agent", agent, "--out", str(tmp_path / "ref"), "--tasks", "5", "-R", "2", "-j", "2",
+                 "--bootstrap", "200", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "ref" / "outcomes.jsonl").read_text().splitlines()]
+    assert len(rows) == 30 and not any(row["failure"].startswith("agent_") for row in rows)
+
+
+def test_provider_model_closed_forms():
+    m = TaskModel(q=0.3, residual=0.1)
+    assert m.p0 == pytest.approx(0.1) and m.p(0.7) == pytest.approx(0.3) and m.p(0.35) == pytest.approx(0.2)
+    tasks = builtin_suite()
+    models = task_models(tasks, 0)
+    assert true_w(models, 0.0) < true_w(models, 0.7)
+    p = BuiltinProvider(tasks, seed=1)
+    prompt = tasks[3].prompt
+    draws = [p.answer(prompt, 0.7)[0] for _ in range(40)]
+    q = p.models[tasks[3].task_id].q
+    right_bodies = {tasks[3].program(b) for b in tasks[3].right}
+    share = sum(any(b in d for b in right_bodies) for d in draws) / 40
+    assert abs(share - q) < 0.3

@@ -1,7 +1,7 @@
 """The mitmproxy side: translate flows to plain data and hand them to the recorder or replayer.
 
 Kept thin on purpose: every decision lives in `recorder.py`, `replayer.py`, `keys.py`,
-`overrides.py` and `sse.py`, which are tested without a proxy. One class per job, each with the
+`overrides.py`, `perturb.py` and `sse.py`, which are tested without a proxy. One class per job, each with the
 hooks it needs, added in the order mitmproxy should call them.
 """
 
@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from mitmproxy import ctx, http
 
 from proxy import overrides as ov
+from proxy import perturb
+from proxy.perturb import Rewrite
 from proxy.recorder import Recorder
 from proxy.replayer import Replayer
 from proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
@@ -81,25 +83,40 @@ class SessionLabels:
         flow.metadata[_LABELS] = self.defaults.overlay(found) if found else self.defaults
 
 
-class Overrides:
-    """Applies `--set POINTER=VALUE` to JSON request bodies before they are keyed and forwarded."""
+class BodyRewrites:
+    """Rewrites JSON request bodies before they are keyed and forwarded: `--set` overrides, then a
+    `--perturb` variant of the last user message. Both are stamped on the exchange."""
 
-    def __init__(self, overrides: Sequence[ov.Override]) -> None:
+    def __init__(self, overrides: Sequence[ov.Override], perturbation: tuple[str, Rewrite] | None = None) -> None:
         self.overrides = list(overrides)
+        self.perturbation = perturbation
 
     def request(self, flow: http.HTTPFlow) -> None:
-        if not self.overrides or not flow.request.raw_content:
+        if not (self.overrides or self.perturbation) or not flow.request.raw_content:
             return
         stamp = dict(flow.metadata.get(_STAMP, {}))
+        notes = list(stamp.get("notes", ()))
         try:
             doc = json.loads(flow.request.get_content(strict=False) or b"")
         except ValueError:
             doc = None
         if not isinstance(doc, dict):
-            stamp["notes"] = [*stamp.get("notes", ()), "--set not applied: request body is not a JSON object"]
+            notes.append("request body is not a JSON object: --set/--perturb not applied")
         else:
-            flow.request.content = json.dumps(ov.apply(doc, self.overrides)).encode()  # re-encoded as before
-            stamp["overrides"] = ov.describe(self.overrides)
+            if self.overrides:
+                doc = ov.apply(doc, self.overrides)
+                stamp["overrides"] = ov.describe(self.overrides)
+            if self.perturbation:
+                name, rewrite = self.perturbation
+                changed = perturb.apply(doc, rewrite)
+                if changed is None:
+                    notes.append(f"no user message to perturb: {name} not applied")
+                else:
+                    doc = changed
+                    stamp["perturbation"] = name
+            flow.request.content = json.dumps(doc).encode()  # re-encoded as the client sent it
+        if notes:
+            stamp["notes"] = notes
         flow.metadata[_STAMP] = stamp
 
 

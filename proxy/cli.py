@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from proxy.keys import Rules, RuleError
+from proxy import perturb
 from proxy.overrides import Override
 from proxy.profiles import PROFILES
 from proxy.store import QueuedWriter, Store, StoreError
@@ -61,6 +62,11 @@ def main() -> None:
 @click.option("--profile", type=click.Choice(sorted(PROFILES)), help="Force a provider profile (default: by host and path).")
 @click.option("--set", "sets", multiple=True, metavar="POINTER=VALUE",
               help="Rewrite the JSON request body before keying and forwarding, e.g. --set /temperature=0; repeatable.")
+@click.option("--perturb", "perturbation", metavar="VARIANT",
+              help="Rewrite the last user message: compact_user_request, tool_instruction_prefix, request_label_wrap, "
+                   "call_only_suffix, or a variant from --perturb-file; stamped on every exchange.")
+@click.option("--perturb-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help='JSON of user-defined variants: {"name": {"prefix": "...", "suffix": "...", "template": "..{text}.."}}.')
 @click.option("--replay-session", "replay_sessions", multiple=True,
               help="Replay only answers recorded in this session; repeatable (default: all recorded sessions).")
 @click.option("--replay-timing", type=click.Choice(["none", "recorded"]), default="none", show_default=True,
@@ -75,7 +81,8 @@ def main() -> None:
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: str, upstream: str | None,
         session: str | None, task: str | None, replicate: str | None, condition: str | None,
-        ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], replay_sessions: tuple[str, ...],
+        ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], perturbation: str | None,
+        perturb_file: Path | None, replay_sessions: tuple[str, ...],
         replay_timing: str, stream_timeout: float, confdir: Path | None, upstream_ca: str | None, quiet: bool,
         command: tuple[str, ...]) -> None:
     """Run the proxy in the foreground until SIGINT or SIGTERM.
@@ -88,7 +95,8 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     try:
         rules = Rules(ignore_fields=ignore_fields, profile=profile)
         override_list = [Override.parse(x) for x in sets]
-    except RuleError as exc:
+        variant = (perturbation, perturb.pick(perturbation, perturb.load_variants(perturb_file))) if perturbation else None
+    except (RuleError, perturb.PerturbError) as exc:
         raise click.BadParameter(str(exc)) from None
     labels = Labels(session or _new_session_id(), task, replicate, condition)
     store, engine, upstream, writer = _open_engine(mode, store_path, rules, upstream, strict, allow_reuse,
@@ -97,7 +105,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     confdir = confdir or store_path.parent / "mitmproxy-ca"
     serve = _Serve(mode, host, port, upstream, confdir, store_path, quiet, list(command), upstream_ca)
     try:
-        asyncio.run(serve.run(engine, labels, override_list, replay_timing == "recorded", stream_timeout, stats))
+        asyncio.run(serve.run(engine, labels, override_list, variant, replay_timing == "recorded", stream_timeout, stats))
     finally:
         try:
             if writer is not None:
@@ -159,12 +167,12 @@ class _Serve:
         self.upstream_ca = upstream_ca
         self.returncode: int | None = None
 
-    async def run(self, engine: Any, labels: Labels, overrides: list[Override], timed: bool, stream_timeout: float,
-                  stats: Stats) -> None:
+    async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
+                  timed: bool, stream_timeout: float, stats: Stats) -> None:
         from mitmproxy.options import Options
         from mitmproxy.tools.dump import DumpMaster
 
-        from proxy.addon import Overrides, Record, Replay, SessionLabels, Streams, TlsFailures
+        from proxy.addon import BodyRewrites, Record, Replay, SessionLabels, Streams, TlsFailures
         from proxy.sse import StreamServer
 
         from mitmproxy.addons.termlog import TermLog
@@ -183,7 +191,7 @@ class _Serve:
         )
         if self.upstream_ca:
             master.options.update(ssl_verify_upstream_trusted_ca=self.upstream_ca)
-        addons: list[Any] = [SessionLabels(labels), Overrides(overrides), TlsFailures(stats)]
+        addons: list[Any] = [SessionLabels(labels), BodyRewrites(overrides, variant), TlsFailures(stats)]
         streams = None
         if self.mode == "record":
             addons += [Record(engine), Streams(stream_timeout, capture=True)]

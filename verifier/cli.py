@@ -170,7 +170,7 @@ def _bfcl(log: Path | None, dataset: Path | None) -> list[dict[str, Any]]:
         v = grade_response(tasks[a.task_id], a.body)
         ex = a.exchange
         rows.append(_attempt_meta(a) | {"task_id": a.task_id, "outcome": v.outcome, "failure": v.failure,
-                                        "detail": v.detail,
+                                        "detail": v.detail, "endpoint": a.condition,
                                         "variant": ex.perturbation if ex else None})
     return rows
 

@@ -1,0 +1,107 @@
+"""Semantics-preserving prompt perturbations of the last user message, for the perturbation floor.
+
+Four named variants (the audit's family; the wording here is this project's own):
+- compact_user_request: whitespace runs collapsed to one space, ends trimmed;
+- tool_instruction_prefix: a generic line asking to use the provided tools when needed, before;
+- request_label_wrap: the request between neutral boundary labels;
+- call_only_suffix: a generic line asking for a function call rather than prose, after.
+User-defined variants come from a JSON file: {"name": {"prefix": "...", "suffix": "...",
+"template": "... {text} ..."}} (template wins when given).
+
+Request shapes: OpenAI chat `messages` and Responses `input`, Anthropic `messages` (string or
+text-block content), Gemini `contents` (text parts). Only the last user turn's text changes.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+Rewrite = Callable[[str], str]
+
+BUILTIN: dict[str, Rewrite] = {
+    "compact_user_request": lambda t: re.sub(r"\s+", " ", t).strip(),
+    "tool_instruction_prefix": lambda t: "When a provided tool fits the request, use it.\n\n" + t,
+    "request_label_wrap": lambda t: "<request>\n" + t + "\n</request>",
+    "call_only_suffix": lambda t: t + "\n\nReply with the function call itself, not with prose.",
+}
+
+
+class PerturbError(ValueError):
+    """An unknown variant or an unreadable variants file."""
+
+
+def load_variants(path: Path | None) -> dict[str, Rewrite]:
+    variants = dict(BUILTIN)
+    if path is None:
+        return variants
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise PerturbError(f"cannot read perturbation file {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise PerturbError(f"{path}: expected a JSON object of variant name -> {{prefix, suffix, template}}")
+    for name, spec in doc.items():
+        if not isinstance(spec, dict):
+            raise PerturbError(f"{path}: variant {name!r} must be an object with prefix, suffix or template")
+        variants[name] = _from_spec(spec)
+    return variants
+
+
+def _from_spec(spec: Mapping[str, str]) -> Rewrite:
+    template = spec.get("template")
+    if template is not None:
+        if "{text}" not in template:
+            raise PerturbError("a perturbation template must contain {text}")
+        return lambda t: template.replace("{text}", t)
+    prefix, suffix = spec.get("prefix", ""), spec.get("suffix", "")
+    return lambda t: prefix + t + suffix
+
+
+def pick(name: str, variants: Mapping[str, Rewrite]) -> Rewrite:
+    if name not in variants:
+        raise PerturbError(f"unknown perturbation {name!r}; choose one of {', '.join(sorted(variants))} "
+                           "or define it with --perturb-file")
+    return variants[name]
+
+
+def apply(doc: dict[str, Any], rewrite: Rewrite) -> dict[str, Any] | None:
+    """A copy of the request with its last user text rewritten, or None if it has no user text."""
+    doc = json.loads(json.dumps(doc))  # deep copy: the caller's parsed body stays untouched
+    for key, role_key, user, text_of in (("messages", "role", "user", _chat_text),
+                                         ("contents", "role", "user", _gemini_text),
+                                         ("input", "role", "user", _chat_text)):
+        turns = doc.get(key)
+        if key == "input" and isinstance(turns, str):
+            doc["input"] = rewrite(turns)
+            return doc
+        if not isinstance(turns, list):
+            continue
+        for turn in reversed(turns):
+            if isinstance(turn, dict) and turn.get(role_key, "user") == user and text_of(turn, rewrite):
+                return doc
+    return None
+
+
+def _chat_text(turn: dict[str, Any], rewrite: Rewrite) -> bool:
+    content = turn.get("content")
+    if isinstance(content, str):
+        turn["content"] = rewrite(content)
+        return True
+    if isinstance(content, list):
+        for part in reversed(content):
+            if isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str):
+                part["text"] = rewrite(part["text"])
+                return True
+    return False
+
+
+def _gemini_text(turn: dict[str, Any], rewrite: Rewrite) -> bool:
+    for part in reversed(turn.get("parts") or []):
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            part["text"] = rewrite(part["text"])
+            return True
+    return False

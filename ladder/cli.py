@@ -46,7 +46,7 @@ def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, st
         raise click.ClickException(f"suite refused before anything ran: {exc}") from None
 
 
-def execute(cfg: Config, kind: str, builtin: Any | None) -> int:
+def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = False) -> int:
     """Run the conditions, grade, analyze, write the report; returns the exit status."""
     from analyzer import report
     from analyzer.analysis import Settings, analyze
@@ -91,6 +91,13 @@ def execute(cfg: Config, kind: str, builtin: Any | None) -> int:
             f"{c} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in t["w"].items())
             + f"; ladder order live > t0 > replay: {'holds' if t['order_holds'] else 'DOES NOT HOLD'}")
     click.echo(f"\nwrote {cfg.out}/report.json, report.md, ladder.png, outcomes.jsonl, log.lmdb")
+    drifted = {c: s["models"] for c, s in doc["log"]["conditions"].items() if len(s["models"]) > 1}
+    if drifted:
+        click.echo("nfladder: the served model changed within a condition: " + "; ".join(
+            f"{c}: {', '.join(m)}" for c, m in drifted.items()) + " (system fingerprints are kept as a covariate)",
+            err=True)
+        if abort_on_drift:
+            return 4
     bad = ladder.replay_failures()
     if bad:
         click.echo(f"nfladder: REPLAY FAILED: {len(bad)} replay sessions asked for requests the recording does not "
@@ -147,10 +154,11 @@ def _common(f: Any) -> Any:
 @click.option("--fault-429", default=0.0, type=click.FloatRange(0, 1), help="Built-in provider: share of 429 answers.")
 @click.option("--fault-drop", default=0.0, type=click.FloatRange(0, 1), help="Built-in provider: share of dropped connections.")
 @click.option("--latency-ms", default=0.0, type=click.FloatRange(min=0), help="Built-in provider: added latency.")
+@click.option("--abort-on-drift", is_flag=True, help="Exit 4 when a condition's served model changed mid-study.")
 @_common
 def run_cmd(agent_cmd: str, suite: str, limit: int | None, replicates: int, conditions: str, provider: str,
             replay_source: str, agent_timeout: float, inject_violation: bool, fault_429: float, fault_drop: float,
-            latency_ms: float, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
+            latency_ms: float, abort_on_drift: bool, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
     """Run the ladder for an agent and write the report to --out."""
     conds = tuple(c.strip() for c in conditions.split(",") if c.strip())
     unknown = [c for c in conds if c not in CONDITIONS]
@@ -181,7 +189,7 @@ def run_cmd(agent_cmd: str, suite: str, limit: int | None, replicates: int, cond
                  conditions=conds, replay_source=(src_cond, int(src_rep)), jobs=jobs, agent_timeout=agent_timeout,
                  seed=seed, bootstrap=bootstrap, replay_env={"NF_AGENT_NOISE": "1"} if inject_violation else {})
     try:
-        code = execute(cfg, kind, builtin)
+        code = execute(cfg, kind, builtin, abort_on_drift)
     except LadderError as exc:
         raise click.ClickException(str(exc)) from None
     sys.exit(code)
@@ -197,7 +205,8 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, jobs: int, seed: in
         out = Path("nf-demo")
     ctx.invoke(run_cmd, agent_cmd="builtin", suite="builtin", limit=None, replicates=replicates,
                conditions=",".join(CONDITIONS), provider="builtin", replay_source="t0:0", agent_timeout=60.0,
-               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, out=out, jobs=jobs, seed=seed,
+               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, abort_on_drift=False, out=out,
+               jobs=jobs, seed=seed,
                bootstrap=bootstrap)
 
 

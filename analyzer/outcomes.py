@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 REQUIRED = ("task_id", "condition", "replicate", "outcome")
-_TRUE = {"1", "1.0", "true", "True", "TRUE", 1, 1.0, True}
-_FALSE = {"0", "0.0", "false", "False", "FALSE", 0, 0.0, False}
+_TRUE = {"1", "1.0", "true", "True", "TRUE", 1}  # 1 == 1.0 == True as set members
+_FALSE = {"0", "0.0", "false", "False", "FALSE", 0}
 # The ladder's rungs, in the order a reader expects them; other names keep file order after these.
 LADDER_ORDER = ("live", "L0", "t0", "L1", "replay", "L2")
 

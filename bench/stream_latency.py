@@ -59,7 +59,7 @@ def main() -> None:
         targets = {"direct": up.url, "nfproxy record": rec.url, "nfproxy replay (timing none)": fast.url,
                    "nfproxy replay (timing recorded)": timed.url}
         res: dict[str, list[tuple[float, float, int]]] = {k: [] for k in targets}
-        for k, u in targets.items():
+        for u in targets.values():
             one_stream(u, body)  # warm-up
         for _ in range(a.rounds):
             for k, u in targets.items():

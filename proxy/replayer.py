@@ -109,7 +109,7 @@ class Replayer:
             f"but this replay session is at position {expected}"
         )
 
-    @lru_cache(maxsize=4096)  # replay replicates serve the same recorded answers again and again
+    @lru_cache(maxsize=4096)  # noqa: B019 - one replayer per process; replicates serve the same answers again
     def _source(self, exchange_id: int) -> tuple[Exchange, ResponseData]:
         source = self.store.exchange(exchange_id)
         assert source is not None, f"replay index names exchange {exchange_id} that the store does not hold"

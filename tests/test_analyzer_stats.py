@@ -4,7 +4,6 @@ per-cell data, closed forms and simulations with known truth."""
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest

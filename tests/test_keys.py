@@ -11,7 +11,7 @@ import pytest
 import zstandard
 
 from proxy import secrets
-from proxy.keys import Rules, RuleError, canonicalize, decode_body, drop_pointer, parse_pointer
+from proxy.keys import Rules, RuleError, decode_body, drop_pointer, parse_pointer
 from proxy.traffic import RequestData
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"request_id": "r1"}}
@@ -21,8 +21,8 @@ def req(body: bytes, path: str = "/v1/chat/completions", headers: tuple = (), ho
     return RequestData("POST", f"https://{host}{path}", host, path, headers, body)
 
 
-def key(r: RequestData, rules: Rules = Rules()) -> str:
-    return r.canonical(rules).key
+def key(r: RequestData, rules: Rules | None = None) -> str:
+    return r.canonical(rules or Rules()).key
 
 
 def test_key_ignores_json_layout_and_secrets_but_not_content():

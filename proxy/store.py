@@ -232,7 +232,8 @@ class Store:
         doc = dict(record, id=new_id)
         txn.put(_U64.pack(new_id), self._cctx.compress(json.dumps(doc).encode()), db=self._exchanges)
         if recorded is not None:
-            entry = asdict(recorded) | {"id": new_id}
+            entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,
+                     "seq": recorded.seq, "route": recorded.route, "canonical": recorded.canonical}
             txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
         return new_id
 

@@ -176,14 +176,18 @@ class Ladder:
         start = time.monotonic()
         timed_out, code, err = False, None, ""
         try:
-            proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=self.c.agent_timeout,
-                                  start_new_session=True)
-            code, err = proc.returncode, proc.stderr
-        except subprocess.TimeoutExpired as exc:
-            timed_out = True
-            err = (exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else exc.stderr) or ""
+            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
         except OSError as exc:
-            code, err = 127, f"cannot start agent: {exc}"
+            proc, code, err = None, 127, f"cannot start agent: {exc}"
+        if proc is not None:
+            try:
+                _, err = proc.communicate(timeout=self.c.agent_timeout)
+                code = proc.returncode
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                os.killpg(proc.pid, signal.SIGKILL)  # the agent and anything it started
+                _, err = proc.communicate()
         attempt = Attempt(session, task.task_id, condition, replicate, code, timed_out,
                           round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
         with self._lock:

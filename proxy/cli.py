@@ -352,13 +352,9 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
 
 def _render(store: Store, part: dict[str, Any]) -> Any:
     """A stored body for reading: decoded, parsed as JSON when it is JSON."""
-    from proxy.keys import decode_body
-
-    raw = store.body(part.get("body"))
-    if raw is None:
+    data = store.decoded_body(part)
+    if data is None:
         return None
-    encoding = next((v for k, v in part["headers"] if k.lower() == "content-encoding"), None)
-    data = decode_body(raw, encoding)[0]
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -27,6 +27,8 @@ from typing import Any
 import lmdb
 import zstandard
 
+from proxy.keys import decode_body
+
 
 FORMAT = "noisefloor-log/1"
 _INITIAL_MAP = 256 << 20
@@ -207,6 +209,14 @@ class Store:
         with self._env.begin(db=self._bodies) as txn:
             raw = txn.get(bytes.fromhex(digest))
         return None if raw is None else self._dctx.decompress(raw)
+
+    def decoded_body(self, part: Mapping[str, Any]) -> bytes | None:
+        """A stored request or response body with its Content-Encoding undone."""
+        raw = self.body(part.get("body"))
+        if raw is None:
+            return None
+        encoding = next((v for k, v in part["headers"] if k.lower() == "content-encoding"), None)
+        return decode_body(raw, encoding)[0]
 
     # -- exchanges -----------------------------------------------------------------------------
 

@@ -16,7 +16,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.keys import decode_body
 from proxy.profiles import sse_data
 from proxy.store import Exchange, Store
 
@@ -30,12 +29,6 @@ class Attempt:
     exchange: Exchange | None  # the final answered exchange, None if the session got no answer
     body: dict[str, Any] | None  # its response as one JSON document (streams assembled)
     request_text: str
-
-
-def _body_bytes(store: Store, part: Mapping[str, Any]) -> bytes:
-    raw = store.body(part.get("body")) or b""
-    encoding = next((v for k, v in part["headers"] if k.lower() == "content-encoding"), None)
-    return decode_body(raw, encoding)[0]
 
 
 def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -87,7 +80,7 @@ def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
 def response_json(store: Store, ex: Exchange) -> dict[str, Any] | None:
     if ex.response is None:
         return None
-    data = _body_bytes(store, ex.response)
+    data = (store.decoded_body(ex.response) or b"")
     ctype = next((v for k, v in ex.response["headers"] if k.lower() == "content-type"), "")
     if ctype.lower().startswith("text/event-stream"):
         return assemble_stream(sse_data(data))
@@ -132,7 +125,7 @@ def attempts(store: Store, prompts: Mapping[str, str] | None = None, modes: Iter
         answered = [e for e in exs if e.response is not None and 200 <= e.response["status"] < 300]
         final = answered[-1] if answered else None
         first = exs[0]
-        req_text = _body_bytes(store, first.request).decode("utf-8", errors="replace")
+        req_text = (store.decoded_body(first.request) or b"").decode("utf-8", errors="replace")
         task = first.task or next((e.task for e in exs if e.task), None)
         if task is None:
             task = next((tid for tid, p in ranked if p.strip() and _json_text(p) in req_text), None)

@@ -1,7 +1,11 @@
 """Added latency and throughput of nfproxy on loopback, against a direct connection and against
-mitmproxy's own --server-replay, all measured in the same run (ratios, not absolute times).
+mitmproxy's own mitmdump (plain reverse proxy, and --server-replay), all measured in the same run
+(ratios, not absolute times). mitmdump runs with -q, so it does not spend time printing flows.
 
-    python bench/proxy_latency.py [--requests 400] [--concurrency 8]
+Besides latency, each proxy's CPU time per request is read from /proc: on a shared machine it
+moves much less than wall-clock latency does, so it shows where a latency difference comes from.
+
+    python bench/proxy_latency.py [--requests 1000] [--rounds 10] [--concurrency 8]
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -70,10 +75,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_mitmdump(args: list[str]) -> tuple[subprocess.Popen[bytes], str]:
     exe = Path(sys.executable).with_name("mitmdump")
     port = free_port()
-    proc = subprocess.Popen([str(exe), "--listen-host", "127.0.0.1", "--listen-port", str(port), *args],
+    proc = subprocess.Popen([str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port), *args],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -109,29 +120,37 @@ def main() -> None:
         rec.wait(20)
 
         targets: dict[str, str] = {"direct": up.url}
+        pids: dict[str, int] = {}
+        plain, url = run_mitmdump(["--mode", f"reverse:{up.url}", "--set", "connection_strategy=lazy"])
+        stoppers.append(lambda: (plain.terminate(), plain.wait(20)))
+        targets["mitmdump (reverse)"], pids["mitmdump (reverse)"] = url, plain.pid
         for mode in ("passthrough", "record"):
             p = start_nfproxy("--mode", mode, "--store", str(tmp / f"{mode}.lmdb"), "--upstream", up.url, "-q")
             stoppers.append(p.stop)
-            targets[f"nfproxy {mode}"] = p.url
+            targets[f"nfproxy {mode}"], pids[f"nfproxy {mode}"] = p.url, p.proc.pid
         # --allow-reuse: every round asks for the same bodies again, as server_replay_reuse allows;
         # --no-strict: concurrent clients interleave the recorded order
         p = start_nfproxy("--mode", "replay", "--store", str(tmp / "replay.lmdb"), "--allow-reuse", "--no-strict", "-q")
         stoppers.append(p.stop)
-        targets["nfproxy replay"] = p.url
+        targets["nfproxy replay"], pids["nfproxy replay"] = p.url, p.proc.pid
         rep, url = run_mitmdump(["--mode", f"reverse:{up.url}", "--server-replay", str(flows), "--set",
                                  "server_replay_reuse=true", "--set", "server_replay_extra=kill", "--set",
                                  "connection_strategy=lazy"])
         stoppers.append(lambda: (rep.terminate(), rep.wait(20)))
-        targets["mitmproxy --server-replay"] = url
+        targets["mitmdump --server-replay"], pids["mitmdump --server-replay"] = url, rep.pid
 
         for u in targets.values():
             sequential(u, 20)  # warm-up
         lat: dict[str, list[float]] = {k: [] for k in targets}
         round_p50: dict[str, list[float]] = {k: [] for k in targets}
+        cpu: dict[str, float] = {k: 0.0 for k in pids}
         order = list(targets)
         for r in range(rounds):  # interleaved, so machine noise hits every path alike
             for name in order[r % len(order):] + order[: r % len(order)]:
+                before = cpu_seconds(pids[name]) if name in pids else 0.0
                 xs = sequential(targets[name], per_round)
+                if name in pids:
+                    cpu[name] += cpu_seconds(pids[name]) - before
                 lat[name] += xs
                 round_p50[name].append(statistics.median(xs))
         rps = {k: concurrent(u, per_round * 3, conc, per_round) for k, u in targets.items()}
@@ -141,19 +160,28 @@ def main() -> None:
         up.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
+    def ratios(a: str, b: str) -> list[float]:
+        return sorted(x / y for x, y in zip(round_p50[a], round_p50[b]))
+
     def ratio(a: str, b: str) -> float:
-        return statistics.median(x / y for x, y in zip(round_p50[a], round_p50[b]))
+        return statistics.median(ratios(a, b))
+
+    def spread(a: str, b: str) -> str:
+        rs = ratios(a, b)
+        return f"{statistics.median(rs):.2f} (rounds {rs[0]:.2f}-{rs[-1]:.2f})"
 
     print(f"{len(lat['direct'])} sequential requests per path in {rounds} interleaved rounds; throughput at "
           f"concurrency {conc}; loopback, {per_round} distinct ~0.5 kB chat bodies\n")
-    print(f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'p50 / direct':>14}")
+    print(f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'p50 / direct':>14}{'CPU ms/req':>12}")
     for name in targets:
         xs = lat[name]
+        cpu_ms = f"{cpu[name] * 1000 / len(xs):>12.2f}" if name in cpu else f"{'-':>12}"
         print(f"{name:<28}{statistics.median(xs):>9.2f}{pct(xs, 0.99):>9.2f}{rps[name]:>9.0f}"
-              f"{ratio(name, 'direct'):>14.2f}")
-    print(f"\nrecord p50 / passthrough p50 = {ratio('nfproxy record', 'nfproxy passthrough'):.2f} (target <= 1.15)")
-    print(f"replay p50 / mitmproxy server-replay p50 = {ratio('nfproxy replay', 'mitmproxy --server-replay'):.2f} "
+              f"{ratio(name, 'direct'):>14.2f}{cpu_ms}")
+    print(f"\nrecord p50 / passthrough p50 = {spread('nfproxy record', 'nfproxy passthrough')} (target <= 1.15)")
+    print(f"replay p50 / mitmdump server-replay p50 = {spread('nfproxy replay', 'mitmdump --server-replay')} "
           "(target <= 1.00)")
+    print(f"record p50 / mitmdump reverse-proxy p50 = {spread('nfproxy record', 'mitmdump (reverse)')}")
 
 
 if __name__ == "__main__":

@@ -11,17 +11,33 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from collections.abc import Sequence
 
 from mitmproxy import ctx, http
+from mitmproxy.net.http import status_codes
 
 from proxy import overrides as ov
 from proxy import perturb
 from proxy.perturb import Rewrite
-from proxy.recorder import Recorder
+from proxy.recorder import Pending, Recorder
 from proxy.replayer import Replayer
-from proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
-from proxy.traffic import LABEL_HEADERS, Labels, Prepared, RequestData, ResponseData, Stats, split_label_prefix
+from proxy.sse import (
+    TICKET_HEADER,
+    ChunkCapture,
+    ChunkSplitter,
+    StreamPlan,
+    StreamServer,
+    is_stream,
+)
+from proxy.traffic import (
+    LABEL_HEADERS,
+    Labels,
+    RequestData,
+    ResponseData,
+    Stats,
+    split_label_prefix,
+)
 
 log = logging.getLogger("nfproxy")
 _PENDING = "nf_pending"
@@ -30,6 +46,10 @@ _STAMP = "nf_stamp"
 _CAPTURE = "nf_capture"
 _SPLIT = "nf_split"
 _STALLED = "nf_stalled"
+
+
+def _field(f: tuple[bytes, bytes]) -> tuple[str, str]:
+    return f[0].decode("utf-8", "surrogateescape").lower(), f[1].decode("utf-8", "surrogateescape")
 
 
 def request_data(flow: http.HTTPFlow) -> RequestData:
@@ -42,6 +62,7 @@ def request_data(flow: http.HTTPFlow) -> RequestData:
         headers=tuple(r.headers.items(multi=True)),
         raw_body=r.raw_content or b"",
         stamp=flow.metadata.get(_STAMP, {}),
+        arrived=flow.request.timestamp_start,
     )
 
 
@@ -54,15 +75,27 @@ def response_data(resp: http.Response, capture: ChunkCapture | None = None) -> R
 
 
 def to_mitmproxy(resp: ResponseData) -> http.Response:
-    # make() would re-encode `content` per Content-Encoding; the recorded bytes are already encoded
-    out = http.Response.make(resp.status)
-    out.headers = http.Headers([(k.encode(), v.encode()) for k, v in resp.headers])
-    out.raw_content = resp.raw_body
-    return out
+    """Built directly, not with Response.make: make() would re-encode the body per Content-Encoding
+    (the recorded bytes are already encoded) and costs a replayed answer more than the lookup."""
+    now = time.time()
+    reason = status_codes.RESPONSES.get(resp.status, "").encode()
+    return http.Response(b"HTTP/1.1", resp.status, reason, http.Headers(resp.wire_headers), resp.raw_body, None, now, now)
 
 
 def is_websocket(flow: http.HTTPFlow) -> bool:
     return flow.request.headers.get("upgrade", "").lower() == "websocket"
+
+
+class Group:
+    """nfproxy's addons as one entry of mitmproxy's addon chain.
+
+    mitmproxy offers each flow event to every chain entry through its own coroutine and error
+    guard, but only looks up the hook on an entry's children; grouping keeps the small one-job
+    classes without paying that per class and per event.
+    """
+
+    def __init__(self, *children: object) -> None:
+        self.addons = list(children)
 
 
 class SessionLabels:
@@ -73,7 +106,9 @@ class SessionLabels:
 
     def request(self, flow: http.HTTPFlow) -> None:
         headers = flow.request.headers
-        found = {k.lower(): v for k, v in headers.items() if k.lower() in LABEL_HEADERS}
+        # the raw fields, scanned once: Headers.items() looks every name up again (quadratic)
+        found = {k: v for k, v in (_field(f) for f in headers.fields if f[0][:5].lower() == b"x-nf-")
+                 if k in LABEL_HEADERS}
         for h in found:
             del headers[h]
         from_path, path = split_label_prefix(flow.request.path)
@@ -167,14 +202,33 @@ def _close_server_connection(flow: http.HTTPFlow) -> None:
 
 
 class Record:
+    """Keys each request while the upstream works on it, and commits the exchange before the
+    client sees the answer (so a proxy killed with SIGKILL keeps every exchange it answered)."""
+
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
+        self._unkeyed: deque[http.HTTPFlow] = deque()
 
     def request(self, flow: http.HTTPFlow) -> None:
-        flow.metadata[_PENDING] = self.recorder.begin(request_data(flow), flow.metadata[_LABELS])
+        flow.metadata[_PENDING] = (request_data(flow), flow.metadata[_LABELS])
+        self._unkeyed.append(flow)
+        # runs once mitmproxy has sent the request on: keying overlaps the upstream's work
+        asyncio.get_running_loop().call_soon(self._key_arrivals)
+
+    def _key_arrivals(self) -> None:
+        """Key waiting requests in arrival order (occurrence numbers follow it)."""
+        while self._unkeyed:
+            flow = self._unkeyed.popleft()
+            waiting = flow.metadata.get(_PENDING)
+            if isinstance(waiting, tuple):
+                flow.metadata[_PENDING] = self.recorder.begin(*waiting)
+
+    def _take(self, flow: http.HTTPFlow) -> Pending | None:
+        self._key_arrivals()  # normally done already
+        return flow.metadata.pop(_PENDING, None)
 
     def response(self, flow: http.HTTPFlow) -> None:
-        pending: Prepared | None = flow.metadata.pop(_PENDING, None)
+        pending = self._take(flow)
         if pending is None or flow.response is None:
             return
         latency = None
@@ -185,7 +239,7 @@ class Record:
                              latency_ms=latency, notes=notes)
 
     def error(self, flow: http.HTTPFlow) -> None:
-        pending: Prepared | None = flow.metadata.pop(_PENDING, None)
+        pending = self._take(flow)
         if pending is None:
             return
         message = flow.metadata.get(_STALLED) or (flow.error.msg if flow.error else "unknown upstream error")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import gc
 import json
 import os
 import secrets as _random
@@ -15,11 +16,11 @@ from typing import Any
 
 import click
 
-from proxy.keys import Rules, RuleError
 from proxy import perturb
+from proxy.keys import RuleError, Rules
 from proxy.overrides import Override
 from proxy.profiles import PROFILES
-from proxy.store import QueuedWriter, Store, StoreError
+from proxy.store import DeferredLog, Store, StoreError
 from proxy.traffic import Labels, Stats
 
 DEFAULT_STORE = "recordings/log.lmdb"
@@ -126,7 +127,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
 
 
 def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None, strict: bool, allow_reuse: bool,
-                 replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None, QueuedWriter | None]:
+                 replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
     if mode == "passthrough":
         return None, None, upstream, None
     from proxy.recorder import Recorder
@@ -143,7 +144,7 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
             if upstream:
                 store.set_meta("upstream", upstream)
         else:
-            writer = QueuedWriter(store)
+            writer = DeferredLog(store)
             engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions,
                               log=writer.submit)
             if engine.recorded == 0:
@@ -169,16 +170,18 @@ class _Serve:
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
                   timed: bool, stream_timeout: float, stats: Stats) -> None:
-        from mitmproxy.options import Options
-        from mitmproxy.tools.dump import DumpMaster
-
-        from proxy.addon import BodyRewrites, Record, Replay, SessionLabels, Streams, TlsFailures
+        from proxy.addon import (
+            BodyRewrites,
+            Group,
+            Record,
+            Replay,
+            SessionLabels,
+            Streams,
+            TlsFailures,
+        )
         from proxy.sse import StreamServer
 
-        from mitmproxy.addons.termlog import TermLog
-
-        master = DumpMaster(Options(), with_termlog=False, with_dumper=False)
-        master.addons.add(TermLog(out=sys.stderr))  # stdout belongs to a wrapped command
+        master = _lean_master()
         master.options.update(
             listen_host=self.host,
             listen_port=self.port,
@@ -201,7 +204,7 @@ class _Serve:
             addons.append(Replay(engine, streams, timed))
         else:
             addons.append(Streams(stream_timeout, capture=False))
-        master.addons.add(*addons, _Ready(self, master))
+        master.addons.add(Group(*addons, _Ready(self, master)))
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, master.shutdown)
@@ -237,6 +240,43 @@ class _Serve:
             master.shutdown()
 
 
+def _lean_master() -> Any:
+    """A mitmproxy master with only the addons a recording proxy needs.
+
+    mitmdump's master carries some thirty more (playback, scripts, cookie and header rewriting,
+    saving flows), and mitmproxy offers every flow event to each of them: measured, that dispatch
+    cost a replayed answer more than nfproxy's own lookup. Block stays, so a proxy listening on a
+    public address still refuses clients from the internet.
+    """
+    from mitmproxy.addons import (
+        block,
+        core,
+        disable_h2c,
+        errorcheck,
+        next_layer,
+        proxyserver,
+        tlsconfig,
+        update_alt_svc,
+    )
+    from mitmproxy.addons.termlog import TermLog
+    from mitmproxy.master import Master
+    from mitmproxy.options import Options
+
+    master = Master(Options())
+    master.addons.add(
+        core.Core(),
+        block.Block(),
+        disable_h2c.DisableH2C(),
+        proxyserver.Proxyserver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        update_alt_svc.UpdateAltSvc(),
+        errorcheck.ErrorCheck(),
+        TermLog(out=sys.stderr),  # stdout belongs to a wrapped command
+    )
+    return master
+
+
 def ca_environment(ca: str) -> dict[str, str]:
     return {"SSL_CERT_FILE": ca, "REQUESTS_CA_BUNDLE": ca, "NODE_EXTRA_CA_CERTS": ca, "CURL_CA_BUNDLE": ca}
 
@@ -256,6 +296,9 @@ class _Ready:
         if not addrs:
             return
         host, port = addrs[0][:2]
+        # Everything loaded so far (mitmproxy, its addons, the replay index) lives as long as the
+        # proxy: keep it out of the cyclic collector's full passes, which otherwise stall a request.
+        gc.freeze()
         s = self.serve
         target = f"-> {s.upstream}" if s.upstream else "(regular proxy)"
         where = "" if s.mode == "passthrough" else f", store {s.store_path}"

@@ -15,7 +15,7 @@ import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
@@ -154,17 +154,23 @@ def parse_pointer(pointer: str) -> list[str]:
     return [t.replace("~1", "/").replace("~0", "~") for t in pointer[1:].split("/")]
 
 
+@lru_cache(maxsize=256)
+def _tokens(pointer: str) -> tuple[str, ...]:
+    return tuple(parse_pointer(pointer))
+
+
 def drop_pointer(doc: Any, tokens: Sequence[str]) -> Any:
-    """A copy of `doc` without the addressed field(s); missing paths are ignored."""
+    """`doc` without the addressed field(s), copied only where something is dropped; missing
+    paths are ignored."""
     if not tokens:
         return doc
     head, rest = tokens[0], tokens[1:]
     if isinstance(doc, dict):
-        names = list(doc) if head == "*" else [head]
+        names = list(doc) if head == "*" else [head] if head in doc else []
+        if not names:  # nothing to drop: no copy (the common case for per-provider fields)
+            return doc
         out = dict(doc)
         for name in names:
-            if name not in out:
-                continue
             if rest:
                 out[name] = drop_pointer(out[name], rest)
             else:
@@ -204,7 +210,7 @@ def canonicalize(
             for k, v in parse_qsl(parts.query, keep_blank_values=True)
             if k.lower() not in secrets.SECRET_QUERY_PARAMS
         )
-    )
+    ) if parts.query else ()
     allow = set(rules.header_allowlist)
     kept = tuple(sorted((k.lower(), v.strip()) for k, v in headers if k.lower() in allow))
     notes: list[str] = []
@@ -221,7 +227,7 @@ def canonicalize(
         else:
             kind = "json"
             for pointer in (*rules.ignore_fields, *volatile):
-                parsed = drop_pointer(parsed, parse_pointer(pointer))
+                parsed = drop_pointer(parsed, _tokens(pointer))
             value = parsed
     return CanonicalRequest(
         method=method.upper(),

@@ -2,12 +2,36 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
-from proxy.keys import Rules, sha256_hex
+from proxy.keys import Rules
 from proxy.profiles import extract_meta
 from proxy.store import RecordedEntry, Store
-from proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
+from proxy.traffic import (
+    Counters,
+    Labels,
+    Prepared,
+    RequestData,
+    ResponseData,
+    Stats,
+    base_record,
+    prepare,
+)
+
+
+@dataclass(frozen=True)
+class Pending:
+    """A keyed request waiting for its answer, with the request's half of the exchange already
+    built (record fields as JSON text, compressed body): begun while the upstream works, so that
+    finishing, which the client waits for, only handles the response."""
+
+    prepared: Prepared
+    request_json: str  # the request's record fields, a JSON object without "notes"
+    notes: list[str]
+    packed: dict[str, bytes]  # sha256 hex -> zstd-compressed request body
 
 
 class Recorder:
@@ -19,12 +43,17 @@ class Recorder:
         self.counters = Counters()
         self.counters.seed((e.session, e.key, e.occurrence, e.seq) for e in store.recorded_entries())
 
-    def begin(self, request: RequestData, labels: Labels) -> Prepared:
-        return prepare(request, labels, self.rules, self.counters)
+    def begin(self, request: RequestData, labels: Labels) -> Pending:
+        """Key the request; call in arrival order (occurrence numbers follow it)."""
+        p = prepare(request, labels, self.rules, self.counters)
+        packed = self.store.pack({p.request.stored_digest: p.request.stored_body})
+        record = base_record(p, "record", self.rules.id)
+        notes = record.pop("notes")
+        return Pending(p, json.dumps(record), notes, packed)
 
     def finish(
         self,
-        p: Prepared,
+        pending: Pending,
         response: ResponseData | None,
         *,
         error: str | None = None,
@@ -32,13 +61,9 @@ class Recorder:
         notes: Sequence[str] = (),
     ) -> int:
         """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
-        record = base_record(p, "record", self.rules.id)
-        record["notes"] += list(notes)
-        canonical_text = p.canonical.text.encode()
-        canonical_digest = sha256_hex(canonical_text)
-        bodies = {canonical_digest: canonical_text, p.request.stored_digest: p.request.stored_body}
-        record["latency_ms"] = latency_ms
-        record["error"] = error
+        p = pending.prepared
+        record: dict[str, Any] = {"latency_ms": latency_ms, "error": error, "notes": pending.notes + list(notes)}
+        bodies = {}
         if response is not None:
             response = response.without(p.request.secret_values)
             record["response"] = response.record()
@@ -64,8 +89,8 @@ class Recorder:
             occurrence=p.occurrence,
             seq=p.seq,
             route=f"{p.canonical.method} {p.canonical.host} {p.canonical.path}",
-            canonical=canonical_digest,
         )
-        exchange_id = self.store.append(record, bodies, entry)
+        text = pending.request_json[:-1] + "," + json.dumps(record)[1:]  # two JSON objects, disjoint keys
+        exchange_id = self.store.append(text, bodies, entry, packed=pending.packed)
         self.stats.exchanges += 1
         return exchange_id

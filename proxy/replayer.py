@@ -13,13 +13,22 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from functools import lru_cache
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from proxy.keys import Rules, short_diff, similarity
 from proxy.store import Exchange, RecordedEntry, Store
-from proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
+from proxy.traffic import (
+    Counters,
+    Labels,
+    Prepared,
+    RequestData,
+    ResponseData,
+    Stats,
+    base_record,
+    prepare,
+)
 
 MISS_STATUS = 404  # SDKs do not retry 4xx (except 408/409/429), so a miss surfaces at once
 ORDER_STATUS = 412
@@ -42,13 +51,14 @@ class Replayer:
         strict: bool = True,
         allow_reuse: bool = False,
         sources: Iterable[str] = (),
-        log: Callable[[dict[str, Any], dict[str, bytes]], None] | None = None,
+        log: Callable[[LogEntry], None] | None = None,
     ) -> None:
-        """`log` receives each replay exchange record and its bodies (default: a synchronous append)."""
+        """`log` receives, for each replayed request, a function that builds its exchange record and
+        bodies; calling it later keeps that work off the answer's path (default: written at once)."""
         store.bind_rules(rules.id, rules.describe())
         self.store = store
         self.rules = rules
-        self._log_sink = log or (lambda record, bodies: store.append(record, bodies, None))
+        self._log_sink = log or (lambda build: store.append(*build(), None))
         self.strict = strict
         self.allow_reuse = allow_reuse
         self.stats = Stats()
@@ -146,10 +156,9 @@ class Replayer:
         asked = p.canonical.pretty()
         best, best_score = None, -1.0
         for e in pool:
-            text = self.store.body(e.canonical)
-            if text is None:
+            pretty = self._recorded_canonical(e.id)
+            if pretty is None:
                 continue
-            pretty = json.dumps(json.loads(text), sort_keys=True, indent=1, ensure_ascii=False)
             score = similarity(pretty, asked)
             if score > best_score:
                 best, best_score, best_text = e, score, pretty
@@ -163,6 +172,14 @@ class Replayer:
             "diff": short_diff(best_text, asked),
         }
 
+    def _recorded_canonical(self, exchange_id: int) -> str | None:
+        """A recorded request's canonical form, rebuilt from what the store holds (only a miss needs it)."""
+        source = self.store.exchange(exchange_id)
+        if source is None:
+            return None
+        request = RequestData.from_record(source.request, self.store.body(source.request.get("body")))
+        return request.canonical(self.rules).pretty()
+
     def _log(
         self,
         p: Prepared,
@@ -172,6 +189,25 @@ class Replayer:
         why: str | None,
         source: Exchange | None = None,
     ) -> Answer:
+        self._log_sink(lambda: self._record(p, result, response, entry, why, source))
+        self.stats.exchanges += 1
+        if result == "hit":
+            self.stats.hits += 1
+        elif result == "miss":
+            self.stats.misses += 1
+        else:
+            self.stats.order_violations += 1
+        return Answer(result, response, entry.id if entry else None)
+
+    def _record(
+        self,
+        p: Prepared,
+        result: str,
+        response: ResponseData,
+        entry: RecordedEntry | None,
+        why: str | None,
+        source: Exchange | None,
+    ) -> tuple[dict[str, Any], dict[str, bytes]]:
         record = base_record(p, "replay", self.rules.id)
         record["response"] = response.record()
         record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
@@ -185,19 +221,11 @@ class Replayer:
                 truncated=source.truncated,
                 error=source.error,
             )
-        bodies = {p.request.stored_digest: p.request.stored_body, response.digest: response.raw_body}
-        self._log_sink(record, bodies)
-        self.stats.exchanges += 1
-        if result == "hit":
-            self.stats.hits += 1
-        elif result == "miss":
-            self.stats.misses += 1
-        else:
-            self.stats.order_violations += 1
-        return Answer(result, response, entry.id if entry else None)
+        return record, {p.request.stored_digest: p.request.stored_body, response.digest: response.raw_body}
 
 
 Keyed = dict[str, list[RecordedEntry]]
+LogEntry = Callable[[], tuple[dict[str, Any], dict[str, bytes]]]
 
 
 def _index(entries: list[RecordedEntry]) -> tuple[Keyed, dict[str, Keyed], dict[int, int]]:

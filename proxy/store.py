@@ -13,13 +13,12 @@ part of noisefloor reads the log.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-import queue
-import threading
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +27,6 @@ import lmdb
 import zstandard
 
 from proxy.keys import decode_body
-
 
 FORMAT = "noisefloor-log/1"
 _INITIAL_MAP = 256 << 20
@@ -99,7 +97,9 @@ class RecordedEntry:
     occurrence: int
     seq: int
     route: str  # "METHOD host path": narrows the nearest-request search on a miss
-    canonical: str  # body hash of the canonical request text
+
+
+_ENTRY_FIELDS = tuple(RecordedEntry.__dataclass_fields__)
 
 
 class Store:
@@ -210,6 +210,16 @@ class Store:
             raw = txn.get(bytes.fromhex(digest))
         return None if raw is None else self._dctx.decompress(raw)
 
+    def bodies(self) -> Iterator[bytes]:
+        """Every stored body, decompressed (for audits: what exactly is on disk)."""
+        with self._env.begin(db=self._bodies, buffers=False) as txn:
+            for _, raw in txn.cursor():
+                yield self._dctx.decompress(raw)
+
+    def pack(self, bodies: Mapping[str, bytes]) -> dict[str, bytes]:
+        """Bodies compressed ahead of `append`, e.g. while the upstream is still answering."""
+        return {digest: self._cctx.compress(data) for digest, data in bodies.items() if data}
+
     def decoded_body(self, part: Mapping[str, Any]) -> bytes | None:
         """A stored request or response body with its Content-Encoding undone."""
         raw = self.body(part.get("body"))
@@ -220,17 +230,35 @@ class Store:
 
     # -- exchanges -----------------------------------------------------------------------------
 
-    def append(self, record: dict[str, Any], bodies: Mapping[str, bytes], recorded: RecordedEntry | None) -> int:
-        """Write one exchange with its bodies (sha256 hex -> bytes) atomically; returns the new id."""
-        return self._write(lambda txn: self._append(txn, record, bodies, recorded))
+    def append(
+        self,
+        record: dict[str, Any] | str,
+        bodies: Mapping[str, bytes],
+        recorded: RecordedEntry | None,
+        *,
+        packed: Mapping[str, bytes] | None = None,
+    ) -> int:
+        """Write one exchange atomically; returns the new id.
+
+        `record` is a dict or its JSON text (a non-empty object, without "id"); `bodies` maps sha256
+        hex to bytes, `packed` to bodies already compressed with `pack`.
+        """
+        return self._write(lambda txn: self._append(txn, record, bodies, recorded, packed))
 
     def append_many(self, items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]]) -> None:
         """Several exchanges in one transaction."""
         self._write(lambda txn: [self._append(txn, *item) for item in items])
 
     def _append(
-        self, txn: lmdb.Transaction, record: dict[str, Any], bodies: Mapping[str, bytes], recorded: RecordedEntry | None
+        self,
+        txn: lmdb.Transaction,
+        record: dict[str, Any] | str,
+        bodies: Mapping[str, bytes],
+        recorded: RecordedEntry | None,
+        packed: Mapping[str, bytes] | None = None,
     ) -> int:
+        for hexdigest, compressed in (packed or {}).items():
+            txn.put(bytes.fromhex(hexdigest), compressed, db=self._bodies, overwrite=False)
         for hexdigest, data in bodies.items():
             if not data:
                 continue
@@ -239,11 +267,12 @@ class Store:
                 txn.put(digest, self._cctx.compress(data), db=self._bodies)
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
-        doc = dict(record, id=new_id)
-        txn.put(_U64.pack(new_id), self._cctx.compress(json.dumps(doc).encode()), db=self._exchanges)
+        text = record if isinstance(record, str) else json.dumps(record)
+        doc = f'{{"id":{new_id},{text[1:]}'
+        txn.put(_U64.pack(new_id), self._cctx.compress(doc.encode()), db=self._exchanges)
         if recorded is not None:
             entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,
-                     "seq": recorded.seq, "route": recorded.route, "canonical": recorded.canonical}
+                     "seq": recorded.seq, "route": recorded.route}
             txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
         return new_id
 
@@ -261,7 +290,8 @@ class Store:
     def recorded_entries(self) -> Iterator[RecordedEntry]:
         with self._env.begin(db=self._recorded) as txn:
             for _, raw in txn.cursor():
-                yield RecordedEntry(**json.loads(raw))
+                doc = json.loads(raw)
+                yield RecordedEntry(**{k: doc[k] for k in _ENTRY_FIELDS})
 
     def __len__(self) -> int:
         with self._env.begin(db=self._exchanges) as txn:
@@ -280,45 +310,53 @@ class Store:
                 self._env.set_mapsize(self._env.info()["map_size"] * 2)
 
 
-class QueuedWriter:
-    """Writes exchanges from a background thread in batches, off the request path.
+class DeferredLog:
+    """Buffers exchange records and writes them in one transaction a moment later, on the event loop.
 
     Used for the replay log, whose records matter for the summary and the analyzer but must not
-    add latency to a replayed answer. Recording stays synchronous: an answered exchange is on
-    disk before the client sees the answer. A write failure is raised again on the next submit
-    or on close, never swallowed.
+    add latency to a replayed answer. A writer thread was tried first and measured worse: it took
+    the GIL whenever the proxy released it for a socket send, so the answer waited for the log.
+    Here the write runs between requests, batched. A proxy killed with SIGKILL loses at most the
+    last `delay` seconds of replay records; recording stays synchronous (an answered exchange is
+    on disk before the client sees the answer). A write failure is raised again on the next
+    submit or on close, never swallowed.
     """
 
-    def __init__(self, store: Store, max_batch: int = 256) -> None:
+    def __init__(self, store: Store, *, delay: float = 0.05, max_batch: int = 256) -> None:
         self._store = store
+        self._delay = delay
         self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending: list[Callable[[], tuple[dict[str, Any], Mapping[str, bytes]]]] = []
+        self._timer: asyncio.TimerHandle | None = None
         self._failure: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="nf-log-writer", daemon=True)
-        self._thread.start()
 
-    def submit(self, record: dict[str, Any], bodies: Mapping[str, bytes]) -> None:
+    def submit(self, build: Callable[[], tuple[dict[str, Any], Mapping[str, bytes]]]) -> None:
+        """Queue one exchange; `build` makes its record and bodies when the batch is written."""
         if self._failure is not None:
             raise StoreError(f"writing the log failed: {self._failure}")
-        self._queue.put((record, bodies, None))
+        self._pending.append(build)
+        if len(self._pending) >= self._max_batch:
+            self.flush()
+        elif self._timer is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no proxy around it (a library caller): write now
+                self.flush()
+                return
+            self._timer = loop.call_later(self._delay, self.flush)
+
+    def flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._pending = self._pending, []
+        if batch and self._failure is None:
+            try:
+                self._store.append_many([(*build(), None) for build in batch])
+            except Exception as exc:  # noqa: BLE001 - reported on the next submit and on close
+                self._failure = exc
 
     def close(self) -> None:
-        self._queue.put(None)
-        self._thread.join()
+        self.flush()
         if self._failure is not None:
             raise StoreError(f"writing the log failed: {self._failure}")
-
-    def _run(self) -> None:
-        done = False
-        while not done:
-            batch = [self._queue.get()]
-            while len(batch) < self._max_batch and not self._queue.empty():
-                batch.append(self._queue.get())
-            if None in batch:
-                done = True
-                batch = [b for b in batch if b is not None]
-            if batch and self._failure is None:
-                try:
-                    self._store.append_many(batch)
-                except BaseException as exc:  # noqa: BLE001 - reported on the submitting side
-                    self._failure = exc

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from proxy import secrets
 from proxy.keys import CanonicalRequest, Rules, canonicalize, decode_body, sha256_hex
@@ -69,6 +69,14 @@ class RequestData:
     raw_body: bytes
     # what nfproxy itself changed before keying: {"overrides": {...}, "perturbation": name, "notes": [...]}
     stamp: Mapping[str, Any] = field(default_factory=dict)
+    arrived: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_record(cls, rec: Mapping[str, Any], body: bytes | None) -> RequestData:
+        """A stored request read back (secrets already gone), e.g. to recompute its canonical form."""
+        parts = urlsplit(rec["url"])
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        return cls(rec["method"], rec["url"], parts.hostname or "", path, tuple(map(tuple, rec["headers"])), body or b"")
 
     def header(self, name: str) -> str | None:
         name = name.lower()
@@ -122,6 +130,11 @@ class ResponseData:
     @cached_property
     def digest(self) -> str:
         return sha256_hex(self.raw_body)
+
+    @cached_property
+    def wire_headers(self) -> tuple[tuple[bytes, bytes], ...]:
+        """Header fields as a proxy sends them; cached with a replayed answer that is served again."""
+        return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in self.headers)
 
     def without(self, values: list[str]) -> ResponseData:
         """A copy safe to store: caller secrets echoed back (error messages do) are erased.
@@ -179,7 +192,7 @@ class Prepared:
     key: str
     occurrence: int
     seq: int
-    started: float = field(default_factory=time.time)
+    started: float
 
 
 class Counters:
@@ -211,7 +224,7 @@ def prepare(request: RequestData, labels: Labels, rules: Rules, counters: Counte
     canon = request.canonical(rules)
     key = canon.key
     occurrence, seq = counters.next(labels.session, key)
-    return Prepared(request, labels, canon, key, occurrence, seq)
+    return Prepared(request, labels, canon, key, occurrence, seq, request.arrived)
 
 
 def base_record(p: Prepared, mode: str, rules_id: str) -> dict[str, Any]:

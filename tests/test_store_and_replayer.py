@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -151,3 +152,47 @@ def test_cli_refuses_bad_stores_with_one_line_and_changes_nothing(tmp_path):
         os.chmod(path, 0o755)
         os.chmod(path / "data.mdb", 0o644)
     assert (path / "data.mdb").read_bytes() == before
+
+
+def test_deferred_replay_log_writes_in_batches_on_the_loop_and_on_close(tmp_path):
+    record_sequence(tmp_path / "s", "A", [("q1", "a1"), ("q2", "a2")])
+    with Store.open(tmp_path / "s", write=True) as s:
+        recorded = len(s)
+        writer = store_mod.DeferredLog(s, delay=0.05, max_batch=3)
+        rep = Replayer(s, Rules(), log=writer.submit)
+
+        async def serve() -> list[int]:
+            seen = []
+            for prompt in ("q1", "q2"):
+                assert rep.answer(chat(prompt), Labels("R")).result == "hit"
+                seen.append(len(s))  # nothing written yet: the answer did not wait for the log
+            await asyncio.sleep(0.2)
+            seen.append(len(s))  # the timer wrote both in one batch
+            for prompt in ("q1", "q2", "q1"):  # the third fills a batch: written at once
+                rep.answer(chat(prompt), Labels("R2"))
+            seen.append(len(s))
+            rep.answer(chat("q2"), Labels("R2"))
+            return seen
+
+        assert asyncio.run(serve()) == [recorded, recorded, recorded + 2, recorded + 5]
+        writer.close()  # the last one, still pending when the loop ended
+        results = [ex.replay_result for ex in s.exchanges() if ex.mode == "replay"]
+        assert results == ["hit", "hit", "hit", "hit", "miss", "miss"]
+
+
+def test_deferred_log_without_a_loop_writes_at_once_and_reports_failures(tmp_path):
+    record_sequence(tmp_path / "s", "A", [("q1", "a1")])
+    with Store.open(tmp_path / "s", write=True) as s:
+        writer = store_mod.DeferredLog(s)
+        rep = Replayer(s, Rules(), log=writer.submit)
+        rep.answer(chat("q1"), Labels("R"))
+        assert len(s) == 2
+
+        def broken() -> tuple[dict, dict]:
+            raise OSError("disk gone")
+
+        writer.submit(broken)
+        with pytest.raises(StoreError, match="disk gone"):
+            writer.submit(broken)
+        with pytest.raises(StoreError, match="disk gone"):
+            writer.close()

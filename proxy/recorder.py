@@ -24,14 +24,13 @@ from proxy.traffic import (
 
 @dataclass(frozen=True)
 class Pending:
-    """A keyed request waiting for its answer, with the request's half of the exchange already
-    built (record fields as JSON text, compressed body): begun while the upstream works, so that
-    finishing, which the client waits for, only handles the response."""
+    """A keyed request waiting for its answer, with the request's half of the exchange record
+    already serialized: begun while the upstream works, so that finishing, which the client waits
+    for, only handles the response."""
 
     prepared: Prepared
     request_json: str  # the request's record fields, a JSON object without "notes"
     notes: list[str]
-    packed: dict[str, bytes]  # sha256 hex -> zstd-compressed request body
 
 
 class Recorder:
@@ -46,10 +45,9 @@ class Recorder:
     def begin(self, request: RequestData, labels: Labels) -> Pending:
         """Key the request; call in arrival order (occurrence numbers follow it)."""
         p = prepare(request, labels, self.rules, self.counters)
-        packed = self.store.pack({p.request.stored_digest: p.request.stored_body})
         record = base_record(p, "record", self.rules.id)
         notes = record.pop("notes")
-        return Pending(p, json.dumps(record), notes, packed)
+        return Pending(p, json.dumps(record), notes)
 
     def finish(
         self,
@@ -63,7 +61,8 @@ class Recorder:
         """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
         p = pending.prepared
         record: dict[str, Any] = {"latency_ms": latency_ms, "error": error, "notes": pending.notes + list(notes)}
-        bodies = {}
+        # a body already stored (a replicate asking the same again) is not compressed again
+        bodies = {p.request.stored_digest: p.request.stored_body}
         if response is not None:
             response = response.without(p.request.secret_values)
             record["response"] = response.record()
@@ -91,6 +90,6 @@ class Recorder:
             route=f"{p.canonical.method} {p.canonical.host} {p.canonical.path}",
         )
         text = pending.request_json[:-1] + "," + json.dumps(record)[1:]  # two JSON objects, disjoint keys
-        exchange_id = self.store.append(text, bodies, entry, packed=pending.packed)
+        exchange_id = self.store.append(text, bodies, entry)
         self.stats.exchanges += 1
         return exchange_id

@@ -33,6 +33,8 @@ def scrub_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
 
 
 def scrub_url(url: str) -> str:
+    if "?" not in url and "@" not in url:  # nothing to scrub: the common case, on every request
+        return url
     parts = urlsplit(url)
     parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])
     pairs = [
@@ -52,7 +54,7 @@ def secret_values(url: str, headers: Iterable[tuple[str, str]]) -> list[str]:
         if k.lower() in SECRET_HEADERS:
             values.append(v)
             values.extend(part for part in v.replace(";", " ").replace("=", " ").split() if part)
-    for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True):
+    for k, v in parse_qsl(urlsplit(url).query, keep_blank_values=True) if "?" in url else ():
         if k.lower() in SECRET_QUERY_PARAMS:
             values.append(v)
     return sorted({v for v in values if len(v) >= _MIN_SECRET}, key=len, reverse=True)

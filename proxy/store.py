@@ -216,10 +216,6 @@ class Store:
             for _, raw in txn.cursor():
                 yield self._dctx.decompress(raw)
 
-    def pack(self, bodies: Mapping[str, bytes]) -> dict[str, bytes]:
-        """Bodies compressed ahead of `append`, e.g. while the upstream is still answering."""
-        return {digest: self._cctx.compress(data) for digest, data in bodies.items() if data}
-
     def decoded_body(self, part: Mapping[str, Any]) -> bytes | None:
         """A stored request or response body with its Content-Encoding undone."""
         raw = self.body(part.get("body"))
@@ -235,15 +231,13 @@ class Store:
         record: dict[str, Any] | str,
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
-        *,
-        packed: Mapping[str, bytes] | None = None,
     ) -> int:
         """Write one exchange atomically; returns the new id.
 
         `record` is a dict or its JSON text (a non-empty object, without "id"); `bodies` maps sha256
-        hex to bytes, `packed` to bodies already compressed with `pack`.
+        hex to bytes.
         """
-        return self._write(lambda txn: self._append(txn, record, bodies, recorded, packed))
+        return self._write(lambda txn: self._append(txn, record, bodies, recorded))
 
     def append_many(self, items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]]) -> None:
         """Several exchanges in one transaction."""
@@ -255,10 +249,7 @@ class Store:
         record: dict[str, Any] | str,
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
-        packed: Mapping[str, bytes] | None = None,
     ) -> int:
-        for hexdigest, compressed in (packed or {}).items():
-            txn.put(bytes.fromhex(hexdigest), compressed, db=self._bodies, overwrite=False)
         for hexdigest, data in bodies.items():
             if not data:
                 continue

@@ -85,7 +85,7 @@ class RequestData:
     def canonical(self, rules: Rules) -> CanonicalRequest:
         body, note = decode_body(self.raw_body, self.header("content-encoding"))
         canon = canonicalize(self.method, self.host, self.path, self.headers, body, rules)
-        return replace(canon, notes=canon.notes + ((note,) if note else ()))
+        return replace(canon, notes=canon.notes + (note,)) if note else canon
 
     @cached_property
     def secret_values(self) -> list[str]:
@@ -143,8 +143,10 @@ class ResponseData:
         otherwise the wire bytes are kept as they are, so replay stays byte-identical. A stream
         whose body had to change keeps one chunk per recorded chunk only where sizes still add up.
         """
+        if not values:
+            return self
         decoded = self.decoded_body
-        if not values or not any(v.encode() in decoded for v in values):
+        if not any(v.encode() in decoded for v in values):
             return self
         headers = tuple((k, v) for k, v in self.headers if k.lower() not in ("content-encoding", "content-length"))
         body = secrets.erase(decoded, values)

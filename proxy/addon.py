@@ -16,28 +16,15 @@ from collections.abc import Sequence
 
 from mitmproxy import ctx, http
 from mitmproxy.net.http import status_codes
+from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 
 from proxy import overrides as ov
 from proxy import perturb
 from proxy.perturb import Rewrite
 from proxy.recorder import Pending, Recorder
 from proxy.replayer import Replayer
-from proxy.sse import (
-    TICKET_HEADER,
-    ChunkCapture,
-    ChunkSplitter,
-    StreamPlan,
-    StreamServer,
-    is_stream,
-)
-from proxy.traffic import (
-    LABEL_HEADERS,
-    Labels,
-    RequestData,
-    ResponseData,
-    Stats,
-    split_label_prefix,
-)
+from proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
+from proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData, Stats, split_label_prefix
 
 log = logging.getLogger("nfproxy")
 _PENDING = "nf_pending"
@@ -271,7 +258,12 @@ class Replay:
             self.replayer.stats.misses += 1
             log.warning("nfproxy: refused a WebSocket upgrade in replay mode: %s", flow.request.url)
             return
-        answer = self.replayer.answer(request_data(flow), flow.metadata[_LABELS])
+        try:
+            answer = self.replayer.answer(request_data(flow), flow.metadata[_LABELS])
+        except Exception as exc:  # noqa: BLE001 - unanswered, mitmproxy would forward the request upstream
+            log.error("nfproxy: replay failed for %s %s: %r", flow.request.method, flow.request.url, exc)
+            flow.response = to_mitmproxy(self.replayer.failure(exc))
+            return
         if answer.result != "hit":
             log.warning("nfproxy: replay %s for %s %s", answer.result, flow.request.method, flow.request.url)
         resp = answer.response
@@ -287,6 +279,23 @@ class Replay:
         sizes = flow.metadata.get(_SPLIT)
         if sizes is not None and flow.response is not None:
             flow.response.stream = ChunkSplitter(sizes)
+
+
+class NoUpstream:
+    """Replay's safety net: refuses every upstream connection but the one to the in-process
+    `StreamServer`. Replay answers in the request hook, so this never fires unless something
+    went wrong before an answer was set; then the client gets an error, not a live answer."""
+
+    def __init__(self, streams: StreamServer, stats: Stats) -> None:
+        self.streams = streams
+        self.stats = stats
+
+    def server_connect(self, data: ServerConnectionHookData) -> None:
+        if tuple(data.server.address or ())[:2] == ("127.0.0.1", self.streams.port):
+            return
+        data.server.error = "nfproxy replay never connects upstream"
+        self.stats.errors += 1
+        log.error("nfproxy: refused an upstream connection to %s in replay mode", data.server.address)
 
 
 class TlsFailures:

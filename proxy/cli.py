@@ -119,7 +119,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
         if stats.tls_failures:
             click.echo(f"nfproxy: {stats.tls_failures} client TLS handshakes failed: the client does not trust the "
                        f"nfproxy CA; run `nfproxy ca --confdir {confdir}` for the file and environment to set", err=True)
-    replay_failed = mode == "replay" and strict and bool(stats.misses or stats.order_violations)
+    replay_failed = mode == "replay" and strict and bool(stats.misses or stats.order_violations or stats.errors)
     if serve.returncode:
         sys.exit(serve.returncode)
     if replay_failed:
@@ -170,15 +170,7 @@ class _Serve:
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
                   timed: bool, stream_timeout: float, stats: Stats) -> None:
-        from proxy.addon import (
-            BodyRewrites,
-            Group,
-            Record,
-            Replay,
-            SessionLabels,
-            Streams,
-            TlsFailures,
-        )
+        from proxy.addon import BodyRewrites, Group, NoUpstream, Record, Replay, SessionLabels, Streams, TlsFailures
         from proxy.sse import StreamServer
 
         master = _lean_master()
@@ -202,6 +194,7 @@ class _Serve:
             streams = StreamServer()
             await streams.start()
             addons.append(Replay(engine, streams, timed))
+            master.addons.add(NoUpstream(streams, stats))  # its own chain entry: independent of the group
         else:
             addons.append(Streams(stream_timeout, capture=False))
         master.addons.add(Group(*addons, _Ready(self, master)))

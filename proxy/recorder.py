@@ -10,16 +10,7 @@ from typing import Any
 from proxy.keys import Rules
 from proxy.profiles import extract_meta
 from proxy.store import RecordedEntry, Store
-from proxy.traffic import (
-    Counters,
-    Labels,
-    Prepared,
-    RequestData,
-    ResponseData,
-    Stats,
-    base_record,
-    prepare,
-)
+from proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
 
 
 @dataclass(frozen=True)

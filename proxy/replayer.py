@@ -18,20 +18,12 @@ from functools import lru_cache
 from typing import Any
 
 from proxy.keys import Rules, short_diff, similarity
-from proxy.store import Exchange, RecordedEntry, Store
-from proxy.traffic import (
-    Counters,
-    Labels,
-    Prepared,
-    RequestData,
-    ResponseData,
-    Stats,
-    base_record,
-    prepare,
-)
+from proxy.store import Exchange, RecordedEntry, Store, StoreError
+from proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
 
 MISS_STATUS = 404  # SDKs do not retry 4xx (except 408/409/429), so a miss surfaces at once
 ORDER_STATUS = 412
+FAILURE_STATUS = 500
 _NEAREST_CANDIDATES = 64
 
 
@@ -105,7 +97,8 @@ class Replayer:
     @lru_cache(maxsize=4096)  # noqa: B019 - one replayer per process; replicates serve the same answers again
     def _source(self, exchange_id: int) -> tuple[Exchange, ResponseData]:
         source = self.store.exchange(exchange_id)
-        assert source is not None, f"replay index names exchange {exchange_id} that the store does not hold"
+        if source is None:
+            raise StoreError(f"the replay index names exchange {exchange_id}, which the store does not hold")
         response = self._recorded_response(source.response, source.error)
         return source, replace(response, headers=response.headers + (("x-nf-replay", "hit"),))
 
@@ -114,6 +107,16 @@ class Replayer:
             body = json.dumps({"error": {"type": "nfproxy_recorded_error", "message": error}}).encode()
             return ResponseData(502, (("content-type", "application/json"),), body)
         return ResponseData.from_record(rec, self.store.body(rec.get("body")))
+
+    def failure(self, exc: BaseException) -> ResponseData:
+        """The answer when replay itself broke (an unreadable store, a log that cannot be written):
+        an error the agent sees at once, counted so that a strict run exits non-zero."""
+        self.stats.errors += 1
+        doc = {"error": {"type": "nfproxy_replay_error", "message": f"nfproxy replay failed: {exc!r}; "
+                         "the request was not forwarded upstream (check the store and nfproxy's log)"}}
+        body = json.dumps(doc).encode()
+        headers = (("content-type", "application/json"), ("x-nf-replay", "error"), ("content-length", str(len(body))))
+        return ResponseData(FAILURE_STATUS, headers, body)
 
     def _miss_response(self, p: Prepared, recorded: int) -> ResponseData:
         if recorded:
@@ -189,7 +192,23 @@ class Replayer:
         why: str | None,
         source: Exchange | None = None,
     ) -> Answer:
-        self._log_sink(lambda: self._record(p, result, response, entry, why, source))
+        def build() -> tuple[dict[str, Any], dict[str, bytes]]:  # called by the log sink, maybe later
+            record = base_record(p, "replay", self.rules.id)
+            record["response"] = response.record()
+            record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
+            record["latency_ms"] = 0.0
+            if source is not None:  # what was served carries the recorded answer's identity and usage
+                record.update(
+                    model=source.model,
+                    fingerprint=source.fingerprint,
+                    usage=source.usage,
+                    finish_reason=source.finish_reason,
+                    truncated=source.truncated,
+                    error=source.error,
+                )
+            return record, {p.request.stored_digest: p.request.stored_body, response.digest: response.raw_body}
+
+        self._log_sink(build)
         self.stats.exchanges += 1
         if result == "hit":
             self.stats.hits += 1
@@ -198,31 +217,6 @@ class Replayer:
         else:
             self.stats.order_violations += 1
         return Answer(result, response, entry.id if entry else None)
-
-    def _record(
-        self,
-        p: Prepared,
-        result: str,
-        response: ResponseData,
-        entry: RecordedEntry | None,
-        why: str | None,
-        source: Exchange | None,
-    ) -> tuple[dict[str, Any], dict[str, bytes]]:
-        record = base_record(p, "replay", self.rules.id)
-        record["response"] = response.record()
-        record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
-        record["latency_ms"] = 0.0
-        if source is not None:  # what was served carries the recorded answer's identity and usage
-            record.update(
-                model=source.model,
-                fingerprint=source.fingerprint,
-                usage=source.usage,
-                finish_reason=source.finish_reason,
-                truncated=source.truncated,
-                error=source.error,
-            )
-        return record, {p.request.stored_digest: p.request.stored_body, response.digest: response.raw_body}
-
 
 Keyed = dict[str, list[RecordedEntry]]
 LogEntry = Callable[[], tuple[dict[str, Any], dict[str, bytes]]]

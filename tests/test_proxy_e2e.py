@@ -6,6 +6,7 @@ import asyncio
 import gzip
 import json
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import anthropic
 import httpx
+import lmdb
 import openai
 import pytest
 
@@ -157,6 +159,47 @@ def _all_store_text(store_path: Path) -> bytes:
         chunks += list(s.bodies())
         assert len(chunks) > 4, "the audit read nothing"
     return b"\n".join(chunks)
+
+
+def test_a_replay_that_breaks_answers_an_error_and_still_never_calls_upstream(store, upstream, proxies):
+    rec = record(store, upstream, proxies)
+    post(rec, CHAT)
+    rec.stop()
+    before = (upstream.connections, len(upstream.requests))
+    rep = replay(store, proxies, "--upstream", upstream.url)
+    # another process damages the store under the running replay: the recorded exchange is gone
+    env = lmdb.open(str(store), max_dbs=8)
+    with env.begin(write=True) as txn:
+        assert txn.delete(struct.pack(">Q", 1), db=env.open_db(b"exchanges", txn=txn))
+    env.close()
+    r = post(rep, CHAT)
+    assert r.status_code == 500
+    assert r.headers["x-nf-replay"] == "error"
+    assert "not forwarded upstream" in r.json()["error"]["message"]
+    assert rep.stop() == 3  # a strict replay that could not answer fails
+    assert "1 errors" in rep.output
+    assert (upstream.connections, len(upstream.requests)) == before
+
+
+def test_no_upstream_guard_refuses_every_connection_but_the_stream_server():
+    from mitmproxy import connection
+    from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+
+    from proxy.addon import NoUpstream
+    from proxy.sse import StreamServer
+    from proxy.traffic import Stats
+
+    streams, stats = StreamServer(), Stats()
+    streams.port = 41234
+    guard = NoUpstream(streams, stats)
+    client = connection.Client(peername=("127.0.0.1", 5000), sockname=("127.0.0.1", 8080), timestamp_start=0.0)
+    upstream = ServerConnectionHookData(connection.Server(address=("api.openai.com", 443)), client)
+    guard.server_connect(upstream)
+    assert upstream.server.error == "nfproxy replay never connects upstream"
+    own = ServerConnectionHookData(connection.Server(address=("127.0.0.1", 41234)), client)
+    guard.server_connect(own)
+    assert own.server.error is None
+    assert stats.errors == 1
 
 
 def test_planted_secrets_never_reach_the_store(store, upstream, proxies):

@@ -222,8 +222,16 @@ class Record:
         if flow.response.timestamp_start and flow.request.timestamp_end:
             latency = (flow.response.timestamp_start - flow.request.timestamp_end) * 1000
         notes = ["websocket upgrade: messages are not recorded"] if flow.response.status_code == 101 else []
-        self.recorder.finish(pending, response_data(flow.response, flow.metadata.get(_CAPTURE)),
-                             latency_ms=latency, notes=notes)
+        try:
+            self.recorder.finish(pending, response_data(flow.response, flow.metadata.get(_CAPTURE)),
+                                 latency_ms=latency, notes=notes)
+        except Exception as exc:  # noqa: BLE001 - an answer that is not in the log must not reach the agent
+            self.recorder.stats.errors += 1
+            log.error("nfproxy: could not record %s %s: %s", flow.request.method, flow.request.url, exc)
+            body = json.dumps({"error": {"type": "nfproxy_record_error", "message": f"nfproxy could not record "
+                               f"this exchange, so it withholds the answer: {exc}"}}).encode()
+            flow.response = http.Response.make(507, body, {"content-type": "application/json",
+                                                           "x-nf-record": "error"})
 
     def error(self, flow: http.HTTPFlow) -> None:
         pending = self._take(flow)
@@ -235,7 +243,11 @@ class Record:
         if flow.response is not None and capture is not None:  # a stream that broke off: keep what came
             partial = response_data(flow.response, capture)
         log.warning("nfproxy: error recorded for %s: %s", flow.request.url, message)
-        self.recorder.finish(pending, partial, error=message)
+        try:
+            self.recorder.finish(pending, partial, error=message)
+        except Exception as exc:  # noqa: BLE001 - the client already gets an error; say this one was lost
+            self.recorder.stats.errors += 1
+            log.error("nfproxy: could not record the failed exchange %s: %s", flow.request.url, exc)
 
 
 class Replay:

@@ -29,7 +29,7 @@ import zstandard
 from proxy.keys import decode_body
 
 FORMAT = "noisefloor-log/1"
-_INITIAL_MAP = 256 << 20
+_INITIAL_MAP = 32 << 20  # doubled when full; with writemap the whole map is reserved on disk
 _ZSTD_LEVEL = 3
 _U64 = struct.Struct(">Q")
 
@@ -151,6 +151,12 @@ class Store:
             )
         except lmdb.Error as exc:
             raise StoreError(f"{p} is not a readable LMDB store ({exc}); point --store at an nfproxy store") from exc
+        if write:
+            try:
+                _reserve(data, env.info()["map_size"])
+            except StoreError:
+                env.close()
+                raise
         try:
             store = cls(env, p, write)
         except lmdb.Error as exc:
@@ -298,7 +304,31 @@ class Store:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                self._env.set_mapsize(self._env.info()["map_size"] * 2)
+                size = self._env.info()["map_size"] * 2
+                _reserve(self.path / "data.mdb", size)  # first: the map may only cover reserved disk
+                self._env.set_mapsize(size)
+            except lmdb.Error as exc:
+                raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") from exc
+
+
+def _reserve(data: Path, size: int) -> None:
+    """Allocate the store file's disk blocks for the whole map.
+
+    With writemap, LMDB writes through a shared mapping of a sparse file: a page the disk cannot
+    back kills the process with SIGBUS (measured on a full tmpfs) instead of failing one write.
+    With the blocks allocated up front, a full disk is a clean error when the store is opened or
+    its map grows, and everything committed before stays readable.
+    """
+    fd = os.open(data, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        raise StoreError(
+            f"cannot reserve {size >> 20} MB of disk for store {data.parent} ({exc.strerror}); "
+            "free some space or record into a --store on another disk"
+        ) from None
+    finally:
+        os.close(fd)
 
 
 class DeferredLog:

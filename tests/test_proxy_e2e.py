@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
+import random
 import signal
 import struct
 import subprocess
@@ -200,6 +202,44 @@ def test_no_upstream_guard_refuses_every_connection_but_the_stream_server():
     guard.server_connect(own)
     assert own.server.error is None
     assert stats.errors == 1
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 40 MB tmpfs: a real full disk without filling the machine's (needs root)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40M", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def test_a_full_disk_withholds_the_answer_and_keeps_every_recorded_exchange(small_disk, upstream, proxies):
+    store = small_disk / "log.lmdb"
+    rec = record(store, upstream, proxies)
+    rng = random.Random(7)
+    answered, refused = 0, []
+    for i in range(120):  # 32 MB reserved at start; the map cannot double to 64 MB on 40 MB
+        text = base64.b64encode(rng.randbytes(700_000)).decode()  # under aiohttp's 1 MiB body limit
+        r = post(rec, {"model": "m", "messages": [{"role": "user", "content": f"{i} {text}"}]})
+        if r.status_code == 200:
+            answered += 1
+            continue
+        refused.append(r)
+        if len(refused) == 2:
+            break
+    assert answered >= 5 and len(refused) == 2, (answered, [r.status_code for r in refused])
+    for r in refused:
+        assert r.status_code == 507 and r.headers["x-nf-record"] == "error"
+        assert "cannot reserve 64 MB" in r.json()["error"]["message"]
+    assert rec.proc.poll() is None  # still serving: no SIGBUS, no crash
+    assert rec.stop() == 0
+    assert "2 errors" in rec.output
+    with Store.open(store, write=False) as s:
+        kept = list(s.exchanges())
+    assert len(kept) == answered and all(ex.response["status"] == 200 for ex in kept)
 
 
 def test_planted_secrets_never_reach_the_store(store, upstream, proxies):

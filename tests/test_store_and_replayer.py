@@ -94,6 +94,9 @@ def test_map_grows_instead_of_failing(tmp_path, monkeypatch):
         for i in range(50):
             p = rec.begin(chat(f"prompt {i}"), Labels("A"))
             rec.finish(p, ResponseData(200, (), os.urandom(20_000)))  # incompressible
+    data = (path / "data.mdb").stat()
+    assert data.st_size >= 1 << 20  # grew from 64 kB
+    assert data.st_blocks * 512 >= data.st_size  # every page of the map has its disk blocks (no SIGBUS)
     with Store.open(path, write=False) as s:
         assert len(s) == 50
 

@@ -168,7 +168,7 @@ class Ladder:
         task_file.write_text(json.dumps({"task_id": task.task_id, "prompt": task.prompt,
                                          "entry_point": task.entry_point}))
         env = {**os.environ, **self.c.agent_env, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base,
-               "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
+               "GOOGLE_GEMINI_BASE_URL": base, "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
                "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder")}
         if condition == "replay":
             env.update(self.c.replay_env)

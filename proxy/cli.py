@@ -89,7 +89,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     """Run the proxy in the foreground until SIGINT or SIGTERM.
 
     With a COMMAND after `--`, start the proxy, run the command with the proxy environment set
-    (reverse mode: OPENAI_BASE_URL and ANTHROPIC_BASE_URL; regular mode: HTTPS_PROXY and the CA
+    (reverse mode: OPENAI_BASE_URL, ANTHROPIC_BASE_URL, GOOGLE_GEMINI_BASE_URL; regular mode: HTTPS_PROXY and the CA
     variables), stop when it exits and return its status (3 if a strict replay missed instead).
     """
     host, port = _parse_listen(listen)
@@ -210,7 +210,8 @@ class _Serve:
     def environment(self, port: int) -> dict[str, str]:
         url = f"http://{self.host}:{port}"
         if self.upstream:
-            return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url}
+            return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url,
+                    "GOOGLE_GEMINI_BASE_URL": url}  # read by the google-genai SDK
         ca = str(self.confdir / "mitmproxy-ca-cert.pem")
         return {"NFPROXY_URL": url, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
                 **ca_environment(ca)}

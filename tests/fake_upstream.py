@@ -66,6 +66,7 @@ class FakeUpstream:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/messages", self._anthropic)
+        app.router.add_post(r"/v1beta/models/{model:[^/:]+}:generateContent", self._gemini)
         app.router.add_route("*", "/{tail:.*}", self._echo)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True)
         self._loop.run_until_complete(self._runner.setup())
@@ -195,6 +196,15 @@ class FakeUpstream:
                 "usage": {"input_tokens": 5 + n, "output_tokens": n},
             }
         )
+
+    async def _gemini(self, request: web.Request) -> web.Response:
+        n, doc = await self._record(request)
+        return self._reply({
+            "candidates": [{"content": {"parts": [{"text": f"gemini answer {n}"}], "role": "model"},
+                            "finishReason": "STOP", "index": 0}],
+            "usageMetadata": {"promptTokenCount": 5 + n, "candidatesTokenCount": 3, "totalTokenCount": 8 + n},
+            "modelVersion": request.match_info["model"],
+        })
 
     async def _echo(self, request: web.Request) -> web.Response:
         n, _ = await self._record(request)

@@ -236,6 +236,44 @@ def test_wrapped_agent_records_then_replays_and_a_changed_prompt_fails(tmp_path,
     assert len(sessions) == 4  # each wrapped run is its own session
 
 
+GEMINI_AGENT = textwrap.dedent(
+    """
+    import json, os, urllib.request
+    # what the google-genai SDK sends: POST {GOOGLE_GEMINI_BASE_URL}/v1beta/models/M:generateContent
+    base = os.environ["GOOGLE_GEMINI_BASE_URL"].rstrip("/")
+    req = urllib.request.Request(base + "/v1beta/models/gemini-2.0-flash:generateContent", method="POST",
+                                 data=json.dumps({"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}).encode(),
+                                 headers={"content-type": "application/json", "x-goog-api-key": os.environ["GEMINI_API_KEY"]})
+    doc = json.load(urllib.request.urlopen(req, timeout=20))
+    print("ANSWER", doc["candidates"][0]["content"]["parts"][0]["text"])
+    """
+)
+
+
+def test_wrapped_gemini_agent_finds_the_proxy_through_its_sdk_variable(tmp_path, upstream):
+    agent = tmp_path / "gemini_agent.py"
+    agent.write_text(GEMINI_AGENT)
+    store = str(tmp_path / "log.lmdb")
+    env = {"GEMINI_API_KEY": "AIza-wrapped-secret-key", "PATH": "/usr/bin:/bin"}
+    run = [*nfproxy_argv(), "--store", store, "--listen", "127.0.0.1:0"]
+    r = subprocess.run([*run, "--mode", "record", "--upstream", upstream.url, "--", sys.executable, str(agent)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ANSWER gemini answer 1" in r.stdout
+    sent = {k.lower(): v for k, v in upstream.requests[0].headers.items()}
+    assert sent["x-goog-api-key"] == env["GEMINI_API_KEY"]  # forwarded, never stored (below)
+    upstream.stop()
+    r = subprocess.run([*run, "--mode", "replay", "--", sys.executable, str(agent)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ANSWER gemini answer 1" in r.stdout
+    with Store.open(Path(store), write=False) as s:
+        recorded = next(ex for ex in s.exchanges() if ex.mode == "record")
+        assert (recorded.model, recorded.usage, recorded.finish_reason) == ("gemini-2.0-flash", {"input": 6, "output": 3},
+                                                                           "STOP")
+        assert env["GEMINI_API_KEY"] not in json.dumps(recorded.to_json())
+
+
 def test_set_override_reaches_upstream_and_is_part_of_the_key(store, upstream, proxies):
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "temperature": 0.7}
     rec = record(store, upstream, proxies, "--set", "/temperature=0", "--set", "/seed=7")

@@ -104,6 +104,10 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
                    f"hold (e.g. {bad[0]}); the agent changed its requests, so replay does not measure it "
                    f"(see `nfproxy log --store {ladder.store} --session {bad[0]}`)", err=True)
         return 3
+    if ladder.proxy_exit.get("replay") == 3:  # no miss in the log, yet replay failed: an error of its own
+        click.echo("nfladder: REPLAY FAILED: the replay proxy could not answer every request (see the errors "
+                   "it logged above); the replay condition is not a faithful replay", err=True)
+        return 3
     return 0
 
 

@@ -118,6 +118,7 @@ class Ladder:
         self.store = self.c.out / "log.lmdb"
         self.attempts_file = self.c.out / "attempts.jsonl"
         self.done: dict[str, Attempt] = {}
+        self.proxy_exit: dict[str, int] = {}  # condition -> its nfproxy's exit status, this run
         if self.attempts_file.exists():
             for line in self.attempts_file.read_text().splitlines():
                 if line.strip():
@@ -153,8 +154,9 @@ class Ladder:
                                       f"{per_rep[attempt.replicate]} runs ({done}/{len(todo)} this condition)")
         finally:
             code = proxy.stop()
+        self.proxy_exit[condition] = code
         if condition == "replay" and code == 3:
-            self.progress("[replay] nfproxy reported replay misses or order violations")
+            self.progress("[replay] nfproxy reported replay misses, order violations or errors")
 
     def _attempt(self, port: int, condition: str, replicate: int, task: Any) -> Attempt:
         session = session_name(condition, replicate, task.task_id)

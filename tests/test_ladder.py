@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from ladder.provider import BuiltinProvider, TaskModel, task_models, true_w
@@ -71,6 +73,37 @@ def test_injected_replay_violation_fails_loudly(tmp_path):
     assert "REPLAY FAILED" in r.stderr
     doc = json.loads((tmp_path / "v" / "report.json").read_text())
     assert doc["log"]["conditions"]["replay"]["misses"] >= 8
+
+
+def test_a_replay_that_cannot_answer_fails_the_ladder_even_without_a_miss(tmp_path):
+    agent = tmp_path / "one_call.py"  # one request, no retry: a replay error cannot turn into a miss
+    agent.write_text(
+        "import json, os, sys, urllib.request\n"
+        "task = json.load(open(sys.argv[1]))\n"
+        "body = {'model': 'm', 'temperature': 0.7, 'messages': [{'role': 'user', 'content': task['prompt']}]}\n"
+        "req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', json.dumps(body).encode(),\n"
+        "                             {'content-type': 'application/json'})\n"
+        "print(json.load(urllib.request.urlopen(req, timeout=30))['choices'][0]['message']['content'])\n"
+    )
+    out = tmp_path / "d"
+    common = ["--agent", f"{sys.executable} {agent} {{task_file}}", "--out", str(out), "--tasks", "3", "-R", "2",
+              "-j", "2", "--bootstrap", "200"]
+    r = nfladder("run", *common, "--conditions", "live,t0", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    from proxy.store import Store
+
+    with Store.open(out / "log.lmdb", write=False) as s:  # the recordings replay will serve
+        source = [ex.id for ex in s.exchanges() if ex.condition == "t0" and ex.replicate == "0"]
+    assert source
+    env = lmdb.open(str(out / "log.lmdb"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"exchanges", txn=txn)
+        for i in source:
+            txn.delete(struct.pack(">Q", i), db=db)
+    env.close()
+    r = nfladder("run", *common, cwd=tmp_path)  # resumes: only the replay condition runs
+    assert r.returncode == 3
+    assert "REPLAY FAILED: the replay proxy could not answer every request" in r.stderr
 
 
 def test_failing_and_hanging_agents_are_recorded_and_the_run_goes_on(tmp_path):

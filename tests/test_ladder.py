@@ -13,6 +13,7 @@ import pytest
 
 from ladder.provider import BuiltinProvider, TaskModel, task_models, true_w
 from ladder.suite import builtin_suite
+from tests.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -104,6 +105,39 @@ def test_a_replay_that_cannot_answer_fails_the_ladder_even_without_a_miss(tmp_pa
     r = nfladder("run", *common, cwd=tmp_path)  # resumes: only the replay condition runs
     assert r.returncode == 3
     assert "REPLAY FAILED: the replay proxy could not answer every request" in r.stderr
+
+
+@pytest.mark.parametrize("suite", ["humaneval+", "mbpp+"])
+def test_published_suite_end_to_end_through_a_provider_url(tmp_path, suite):
+    """The real-dataset path: suite file, agent, three proxies, the differential verifier on the
+    EvalPlus inputs, the analysis. The provider answers the reference solution at temperature 0
+    and, at the agent's own temperature, a broken one every other call."""
+    from verifier.datasets import load_code_tasks, locate
+
+    tasks = load_code_tasks(suite, locate(suite))[:3]
+
+    def respond(doc: dict, n: int) -> str:
+        asked = doc["messages"][-1]["content"]
+        task = next(t for t in tasks if t.prompt in asked)
+        good = doc.get("temperature") == 0 or n % 2 == 0
+        return f"```python\n{task.canonical if good else task.prompt + '    return None'}\n```"
+
+    up = FakeUpstream(responder=respond).start()
+    try:
+        r = nfladder("run", "--suite", suite, "--tasks", "3", "-R", "2", "-j", "2", "--bootstrap", "200",
+                     "--provider", up.url, "--out", str(tmp_path / "p"), cwd=tmp_path)
+    finally:
+        up.stop()
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "p" / "outcomes.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 * 2 * 3
+    assert {row["task_id"] for row in rows} == {t.task_id for t in tasks}
+    by_condition = {c: [row["outcome"] for row in rows if row["condition"] == c] for c in ("live", "t0", "replay")}
+    assert by_condition["t0"] == [1] * 6 and by_condition["replay"] == [1] * 6
+    assert 0 < sum(by_condition["live"]) < 6
+    assert all(row["failure"] for row in rows if row["outcome"] == 0)
+    doc = json.loads((tmp_path / "p" / "report.json").read_text())
+    assert doc["log"]["conditions"]["replay"]["misses"] == 0
 
 
 def test_failing_and_hanging_agents_are_recorded_and_the_run_goes_on(tmp_path):

@@ -208,9 +208,12 @@ class Record:
             flow = self._unkeyed.popleft()
             waiting = flow.metadata.get(_PENDING)
             if isinstance(waiting, tuple):
-                flow.metadata[_PENDING] = self.recorder.begin(*waiting)
+                try:
+                    flow.metadata[_PENDING] = self.recorder.begin(*waiting)
+                except Exception as exc:  # noqa: BLE001 - reported when the answer arrives
+                    flow.metadata[_PENDING] = exc
 
-    def _take(self, flow: http.HTTPFlow) -> Pending | None:
+    def _take(self, flow: http.HTTPFlow) -> Pending | Exception | None:
         self._key_arrivals()  # normally done already
         return flow.metadata.pop(_PENDING, None)
 
@@ -223,19 +226,27 @@ class Record:
             latency = (flow.response.timestamp_start - flow.request.timestamp_end) * 1000
         notes = ["websocket upgrade: messages are not recorded"] if flow.response.status_code == 101 else []
         try:
+            if isinstance(pending, Exception):
+                raise pending
             self.recorder.finish(pending, response_data(flow.response, flow.metadata.get(_CAPTURE)),
                                  latency_ms=latency, notes=notes)
         except Exception as exc:  # noqa: BLE001 - an answer that is not in the log must not reach the agent
-            self.recorder.stats.errors += 1
-            log.error("nfproxy: could not record %s %s: %s", flow.request.method, flow.request.url, exc)
-            body = json.dumps({"error": {"type": "nfproxy_record_error", "message": f"nfproxy could not record "
-                               f"this exchange, so it withholds the answer: {exc}"}}).encode()
-            flow.response = http.Response.make(507, body, {"content-type": "application/json",
-                                                           "x-nf-record": "error"})
+            self._withhold(flow, exc)
+
+    def _withhold(self, flow: http.HTTPFlow, exc: Exception) -> None:
+        self.recorder.stats.errors += 1
+        log.error("nfproxy: could not record %s %s: %s", flow.request.method, flow.request.url, exc)
+        body = json.dumps({"error": {"type": "nfproxy_record_error", "message": f"nfproxy could not record "
+                           f"this exchange, so it withholds the answer: {exc}"}}).encode()
+        flow.response = http.Response.make(507, body, {"content-type": "application/json", "x-nf-record": "error"})
 
     def error(self, flow: http.HTTPFlow) -> None:
         pending = self._take(flow)
         if pending is None:
+            return
+        if isinstance(pending, Exception):
+            self.recorder.stats.errors += 1
+            log.error("nfproxy: could not record the failed exchange %s: %s", flow.request.url, pending)
             return
         message = flow.metadata.get(_STALLED) or (flow.error.msg if flow.error else "unknown upstream error")
         capture: ChunkCapture | None = flow.metadata.get(_CAPTURE)

@@ -30,7 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from proxy_latency import free_port, sequential  # noqa: E402
+from proxy_latency import free_port, run_mitmdump, sequential  # noqa: E402
+
 from tests.conftest import start_nfproxy  # noqa: E402
 from tests.fake_upstream import FakeUpstream  # noqa: E402
 
@@ -81,19 +82,11 @@ def main() -> None:
         sequential(prep.url, max(n, args.warmup))
         prep.stop()
         flows = tmp / "flows.mitm"
-        mitmdump = str(Path(sys.executable).with_name("mitmdump"))
-        port = free_port()
-        rec = subprocess.Popen([mitmdump, "-q", "--listen-host", "127.0.0.1", "--listen-port", str(port),
-                                "--mode", f"reverse:{up.url}", "-w", str(flows)], stdout=subprocess.DEVNULL)
-        for _ in range(100):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/__probe__", timeout=2)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        sequential(f"http://127.0.0.1:{port}", max(n, args.warmup))
+        rec, url = run_mitmdump(["--mode", f"reverse:{up.url}", "-w", str(flows)])
+        sequential(url, max(n, args.warmup))
         rec.terminate()
         rec.wait(20)
+        mitmdump = str(Path(sys.executable).with_name("mitmdump"))
 
         nfproxy = [sys.executable, str(Path(sys.executable).with_name("nfproxy")), "run", "-q"]
         paths: dict[str, tuple[list[str], int]] = {}

@@ -244,10 +244,6 @@ class Record:
         pending = self._take(flow)
         if pending is None:
             return
-        if isinstance(pending, Exception):
-            self.recorder.stats.errors += 1
-            log.error("nfproxy: could not record the failed exchange %s: %s", flow.request.url, pending)
-            return
         message = flow.metadata.get(_STALLED) or (flow.error.msg if flow.error else "unknown upstream error")
         capture: ChunkCapture | None = flow.metadata.get(_CAPTURE)
         partial = None
@@ -255,6 +251,8 @@ class Record:
             partial = response_data(flow.response, capture)
         log.warning("nfproxy: error recorded for %s: %s", flow.request.url, message)
         try:
+            if isinstance(pending, Exception):
+                raise pending
             self.recorder.finish(pending, partial, error=message)
         except Exception as exc:  # noqa: BLE001 - the client already gets an error; say this one was lost
             self.recorder.stats.errors += 1

@@ -107,5 +107,22 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "log.lmdb"
 
 
+def delete_exchanges(store: Path, ids: list[int]) -> None:
+    """Damage a store from outside, as another process could: the exchange records go, the replay
+    index keeps naming them."""
+    import struct
+
+    import lmdb
+
+    env = lmdb.open(str(store), max_dbs=8)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"exchanges", txn=txn)
+            for i in ids:
+                assert txn.delete(struct.pack(">Q", i), db=db), f"no exchange {i} to delete"
+    finally:
+        env.close()
+
+
 def have_curl() -> bool:
     return shutil.which("curl") is not None

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import lmdb
 import pytest
 
 from ladder.provider import BuiltinProvider, TaskModel, task_models, true_w
 from ladder.suite import builtin_suite
+from tests.conftest import delete_exchanges
 from tests.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,12 +95,7 @@ def test_a_replay_that_cannot_answer_fails_the_ladder_even_without_a_miss(tmp_pa
     with Store.open(out / "log.lmdb", write=False) as s:  # the recordings replay will serve
         source = [ex.id for ex in s.exchanges() if ex.condition == "t0" and ex.replicate == "0"]
     assert source
-    env = lmdb.open(str(out / "log.lmdb"), max_dbs=8)
-    with env.begin(write=True) as txn:
-        db = env.open_db(b"exchanges", txn=txn)
-        for i in source:
-            txn.delete(struct.pack(">Q", i), db=db)
-    env.close()
+    delete_exchanges(out / "log.lmdb", source)
     r = nfladder("run", *common, cwd=tmp_path)  # resumes: only the replay condition runs
     assert r.returncode == 3
     assert "REPLAY FAILED: the replay proxy could not answer every request" in r.stderr

@@ -8,7 +8,6 @@ import gzip
 import json
 import random
 import signal
-import struct
 import subprocess
 import threading
 import time
@@ -16,12 +15,11 @@ from pathlib import Path
 
 import anthropic
 import httpx
-import lmdb
 import openai
 import pytest
 
 from proxy.store import Store
-from tests.conftest import ProxyProcess, have_curl, nfproxy_argv, start_nfproxy
+from tests.conftest import ProxyProcess, delete_exchanges, have_curl, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Write add(a, b)."}], "temperature": 0.7}
@@ -170,10 +168,7 @@ def test_a_replay_that_breaks_answers_an_error_and_still_never_calls_upstream(st
     before = (upstream.connections, len(upstream.requests))
     rep = replay(store, proxies, "--upstream", upstream.url)
     # another process damages the store under the running replay: the recorded exchange is gone
-    env = lmdb.open(str(store), max_dbs=8)
-    with env.begin(write=True) as txn:
-        assert txn.delete(struct.pack(">Q", 1), db=env.open_db(b"exchanges", txn=txn))
-    env.close()
+    delete_exchanges(store, [1])
     r = post(rep, CHAT)
     assert r.status_code == 500
     assert r.headers["x-nf-replay"] == "error"

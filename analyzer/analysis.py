@@ -10,11 +10,18 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
-
-from analyzer.bootstrap import task_bootstrap
-from analyzer.judge import JudgeStats, judge_columns, judge_stats
-from analyzer.ladder import ConditionStats, LeaveOneOut, Planning, budget, condition_stats, leave_one_out, task_variances
-from analyzer.outcomes import OutcomeSet
+from noisefloor.analyzer.bootstrap import task_bootstrap
+from noisefloor.analyzer.judge import JudgeStats, judge_columns, judge_stats
+from noisefloor.analyzer.ladder import (
+    ConditionStats,
+    LeaveOneOut,
+    Planning,
+    budget,
+    condition_stats,
+    leave_one_out,
+    task_variances,
+)
+from noisefloor.analyzer.outcomes import OutcomeSet
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-
-from analyzer import floors
-from analyzer.outcomes import Row
+from noisefloor.analyzer import floors
+from noisefloor.analyzer.outcomes import Row
 
 MAIN = ("", "none", "original", "main")
 

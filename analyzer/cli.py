@@ -8,12 +8,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
-
-from analyzer import report
-from analyzer.analysis import Analysis, Settings, analyze
-from analyzer.ladder import Planning
-from analyzer import audit as audit_mod
-from analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
+from noisefloor.analyzer import audit as audit_mod
+from noisefloor.analyzer import report
+from noisefloor.analyzer.analysis import Analysis, Settings, analyze
+from noisefloor.analyzer.ladder import Planning
+from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
 
 
 def _progress_bar(enabled: bool | None) -> Callable[[int, int], None]:
@@ -95,8 +94,8 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
         raise click.UsageError("give --outcomes FILE (or a LOG, or --example)")
     log_doc = None
     if log is not None:
-        from analyzer.logstats import from_store
-        from proxy.store import StoreError
+        from noisefloor.analyzer.logstats import from_store
+        from noisefloor.proxy.store import StoreError
 
         try:
             log_doc = from_store(log)
@@ -111,7 +110,7 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
     try:
         plan = Planning(delta, alpha, power)
         if example:
-            from analyzer.simulate import example as make_example
+            from noisefloor.analyzer.simulate import example as make_example
 
             rows = list(make_example().rows)
         else:
@@ -174,9 +173,8 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     Each file holds outcome rows (task_id, outcome, replicate; optional model, temperature,
     top_p, seed, grader_version). Exit status: 1 when a case regressed, 2 when the stamps differ.
     """
+    from noisefloor.analyzer import gate as g
     from scipy import special
-
-    from analyzer import gate as g
 
     runs = [_gate_run(p) for p in (base_a, base_b, candidate)]
     stamps = {r[1] for r in runs}
@@ -202,7 +200,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
 
 def _gate_run(path: Path) -> tuple[dict, str, str]:
     """Per-case counts, the stamp, and a readable description of the stamp."""
-    from analyzer import gate as g
+    from noisefloor.analyzer import gate as g
 
     try:
         raw = list(read_rows(path))

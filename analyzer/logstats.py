@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from proxy.store import Exchange, Store
+from noisefloor.proxy.store import Exchange, Store
 
 UNLABELED = "(unlabeled)"
 

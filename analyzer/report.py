@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analyzer.analysis import Analysis
+from noisefloor.analyzer.analysis import Analysis
 
 
 def _ci(ci: tuple[float, float] | list[float], digits: int = 5) -> str:

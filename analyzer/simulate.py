@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-
-from analyzer.outcomes import Row
+from noisefloor.analyzer.outcomes import Row
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from analyzer.outcomes import load  # noqa: E402
+from noisefloor.analyzer.outcomes import load  # noqa: E402
 
 
 def write_outcomes(path: Path, tasks: int, replicates: int, conditions: int, seed: int = 0) -> int:

@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from verifier.datasets import locate  # noqa: E402
+from noisefloor.verifier.datasets import locate  # noqa: E402
 
 
 def capped_dataset(src: Path, dst: Path, cap: int) -> list[dict]:

@@ -35,8 +35,8 @@ def free_port() -> int:
 def text_determinism(store: Path) -> str:
     """Below the outcome: how many distinct answer texts each task got across replicates."""
     sys.path.insert(0, str(ROOT))
-    from proxy.store import Store
-    from verifier.candidates import attempts, response_text
+    from noisefloor.proxy.store import Store
+    from noisefloor.verifier.candidates import attempts, response_text
 
     texts: dict[tuple[str, str], set[str]] = {}
     with Store.open(store, write=False) as s:

@@ -25,9 +25,9 @@ def main() -> None:
     ap.add_argument("--suites", default="humaneval+,mbpp+")
     a = ap.parse_args()
     os.environ.setdefault("NF_CACHE_DIR", tempfile.mkdtemp(prefix="nfdet-"))
-    from verifier.datasets import load_code_tasks, locate, sha256_file
-    from verifier.differential import Differential
-    from verifier.sandbox import Sandbox
+    from noisefloor.verifier.datasets import load_code_tasks, locate, sha256_file
+    from noisefloor.verifier.differential import Differential
+    from noisefloor.verifier.sandbox import Sandbox
 
     for suite in a.suites.split(","):
         path = locate(suite)

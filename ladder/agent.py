@@ -1,6 +1,6 @@
 """The built-in agent: standard library only, so hundreds of runs start fast.
 
-    python -m ladder.agent TASK_FILE
+    python -m noisefloor.ladder.agent TASK_FILE
 
 Reads the task (JSON: task_id, prompt, entry_point), asks the chat-completions endpoint at
 $OPENAI_BASE_URL for an implementation at temperature 0.7, and retries once when the call fails

@@ -10,8 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from ladder.runner import CONDITIONS, Config, Ladder, LadderError, parse_agent
+from noisefloor.ladder.runner import CONDITIONS, Config, Ladder, LadderError, parse_agent
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,10 +24,10 @@ def _say(message: str) -> None:
 
 def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, str]:
     """Tasks, the EvalPlus-format file to grade against, and the verifier's suite kind."""
-    from verifier.datasets import DatasetError, load_code_tasks, locate
+    from noisefloor.verifier.datasets import DatasetError, load_code_tasks, locate
 
     if name == "builtin":
-        from ladder.suite import builtin_suite, write_dataset
+        from noisefloor.ladder.suite import builtin_suite, write_dataset
 
         tasks = builtin_suite()[:limit]
         path = write_dataset(tasks, out / "suite.jsonl.gz")
@@ -48,13 +47,11 @@ def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, st
 
 def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = False) -> int:
     """Run the conditions, grade, analyze, write the report; returns the exit status."""
-    from analyzer import report
-    from analyzer.analysis import Settings, analyze
-    from analyzer.logstats import from_store
-    from analyzer.outcomes import Row, build
-    from verifier.datasets import load_code_tasks, sha256_file
-    from verifier.differential import Differential
-    from verifier.sandbox import Sandbox
+    from noisefloor.analyzer import report
+    from noisefloor.analyzer.analysis import Settings, analyze
+    from noisefloor.analyzer.logstats import from_store
+    from noisefloor.analyzer.outcomes import Row, build
+    from noisefloor.verifier.grading import code_grader
 
     ladder = Ladder(cfg, _say)
     if builtin is not None:
@@ -65,10 +62,9 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
     if builtin is not None:
         builtin.stop()
     _say("verifying candidates from the log")
-    ids = {t.task_id for t in cfg.tasks}
-    tasks = [t for t in load_code_tasks(kind, cfg.dataset) if t.task_id in ids]
-    diff = Differential(tasks, Sandbox(cfg.jobs), sha256_file(cfg.dataset), 120)
-    rows = ladder.outcomes(lambda items: diff.grade_many(items))
+    diff = code_grader(kind, cfg.dataset, cfg.grading, {t.task_id for t in cfg.tasks})
+    with diff.sandbox:
+        rows = ladder.outcomes(diff.grade_many)
     with (cfg.out / "outcomes.jsonl").open("w") as fh:
         for r in rows:
             fh.write(json.dumps(r) + "\n")
@@ -112,7 +108,7 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
 
 
 def _truth(builtin: Any, result: Any, cfg: Config) -> dict[str, Any]:
-    from ladder.provider import LIVE_T, true_w
+    from noisefloor.ladder.provider import LIVE_T, true_w
 
     ids = [t.task_id for t in cfg.tasks]
     temps = {"live": LIVE_T, "t0": 0.0}
@@ -177,13 +173,13 @@ def run_cmd(agent_cmd: str, suite: str, limit: int | None, replicates: int, cond
                                  param_hint="--conditions")
     out.mkdir(parents=True, exist_ok=True)
     tasks, dataset, kind = _suite(suite, out, limit)
-    agent = [sys.executable, "-m", "ladder.agent", "{task_file}"] if agent_cmd == "builtin" else parse_agent(agent_cmd)
+    agent = [sys.executable, "-m", "noisefloor.ladder.agent", "{task_file}"] if agent_cmd == "builtin" else parse_agent(agent_cmd)
     builtin = None
     if provider == "builtin":
         if suite != "builtin":
             raise click.BadParameter("the built-in provider only answers the built-in suite; give --provider URL",
                                      param_hint="--provider")
-        from ladder.provider import BuiltinProvider, Faults
+        from noisefloor.ladder.provider import BuiltinProvider, Faults
 
         builtin = BuiltinProvider(tasks, seed, Faults(fault_429, fault_drop, latency_ms)).start()
         upstream = builtin.url
@@ -219,8 +215,8 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, jobs: int, seed: in
 @click.option("--seed", default=0, show_default=True, type=int)
 def provider_cmd(port: int, seed: int) -> None:
     """Serve the built-in provider on loopback (for trying an agent against it by hand)."""
-    from ladder.provider import BuiltinProvider
-    from ladder.suite import builtin_suite
+    from noisefloor.ladder.provider import BuiltinProvider
+    from noisefloor.ladder.suite import builtin_suite
 
     p = BuiltinProvider(builtin_suite(), seed, port=port).start()
     click.echo(f"built-in provider on {p.url} (OpenAI /v1/chat/completions, Anthropic /v1/messages); Ctrl-C stops",

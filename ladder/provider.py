@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
-
-from ladder.suite import SuiteTask
+from noisefloor.ladder.suite import SuiteTask
 
 LIVE_T = 0.7
 
@@ -80,7 +79,7 @@ TOOL_OUTCOMES = ("correct", "wrong_function", "wrong_arguments", "malformed_outp
 
 def tool_calls_for(task: Any, outcome: str) -> list[dict[str, Any]]:
     """OpenAI tool calls for a BFCL task that grade as `outcome` (built from its ground truth)."""
-    from verifier.bfcl import ground_truth_calls
+    from noisefloor.verifier.bfcl import ground_truth_calls
 
     calls = [{"name": c.name, "arguments": json.dumps(c.arguments)} for c in ground_truth_calls(task)]
     if outcome == "wrong_function":

@@ -19,7 +19,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -28,6 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
+
+from noisefloor.verifier.grading import GradeOptions
 
 CONDITIONS = ("live", "t0", "replay")
 OVERRIDES = {"live": [], "t0": ["--set", "/temperature=0"]}  # how the proxy imposes each recorded condition
@@ -53,6 +54,7 @@ class Config:
     seed: int = 0
     bootstrap: int = 20_000
     agent_env: dict[str, str] = field(default_factory=dict)
+    grading: GradeOptions = field(default_factory=GradeOptions)
     replay_env: dict[str, str] = field(default_factory=dict)  # extra environment for replay runs only
 
 
@@ -74,7 +76,7 @@ def session_name(condition: str, replicate: int, task_id: str) -> str:
 
 def _nfproxy_argv() -> list[str]:
     exe = Path(sys.executable).with_name("nfproxy")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "noisefloor.proxy.cli"]
 
 
 class Proxy:
@@ -125,7 +127,8 @@ class Ladder:
                     a = Attempt(**json.loads(line))
                     self.done[a.session] = a
         self._lock = threading.Lock()
-        self._taskdir = Path(tempfile.mkdtemp(prefix="nfladder-tasks-"))
+        self._taskdir = self.c.out / "tasks"  # beside the log, so nothing is left in /tmp
+        self._taskdir.mkdir(exist_ok=True)
 
     # -- running -----------------------------------------------------------------------------
 
@@ -202,9 +205,9 @@ class Ladder:
 
     def outcomes(self, grade: Callable[[list[tuple[str, str]]], list[Any]]) -> list[dict[str, Any]]:
         """One row per attempt: graded from the log, or failed with the agent's stderr tail."""
-        from proxy.store import Store
-        from verifier.candidates import attempts as log_attempts
-        from verifier.candidates import response_text
+        from noisefloor.proxy.store import Store
+        from noisefloor.verifier.candidates import attempts as log_attempts
+        from noisefloor.verifier.candidates import response_text
 
         with Store.open(self.store, write=False) as store:
             found = {a.session: a for a in log_attempts(store)}
@@ -229,7 +232,7 @@ class Ladder:
 
     def replay_failures(self) -> list[str]:
         """Replay sessions that saw a miss or an order violation: the recording was not reproduced."""
-        from proxy.store import Store
+        from noisefloor.proxy.store import Store
 
         bad = set()
         with Store.open(self.store, write=False) as store:
@@ -240,7 +243,7 @@ class Ladder:
 
     def provider_counts(self) -> dict[tuple[str, float], int]:
         """Requests per (task, temperature) already recorded: restores a provider's draw counters on resume."""
-        from proxy.store import Store
+        from noisefloor.proxy.store import Store
 
         counts: dict[tuple[str, float], int] = {}
         if not (self.store / "data.mdb").exists():

@@ -17,14 +17,13 @@ from collections.abc import Sequence
 from mitmproxy import ctx, http
 from mitmproxy.net.http import status_codes
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
-
-from proxy import overrides as ov
-from proxy import perturb
-from proxy.perturb import Rewrite
-from proxy.recorder import Pending, Recorder
-from proxy.replayer import Replayer
-from proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
-from proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData, Stats, split_label_prefix
+from noisefloor.proxy import overrides as ov
+from noisefloor.proxy import perturb
+from noisefloor.proxy.perturb import Rewrite
+from noisefloor.proxy.recorder import Pending, Recorder
+from noisefloor.proxy.replayer import Replayer
+from noisefloor.proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
+from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData, Stats, split_label_prefix
 
 log = logging.getLogger("nfproxy")
 _PENDING = "nf_pending"

@@ -15,13 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import click
-
-from proxy import perturb
-from proxy.keys import RuleError, Rules
-from proxy.overrides import Override
-from proxy.profiles import PROFILES
-from proxy.store import DeferredLog, Store, StoreError
-from proxy.traffic import Labels, Stats
+from noisefloor.proxy import perturb
+from noisefloor.proxy.keys import RuleError, Rules
+from noisefloor.proxy.overrides import Override
+from noisefloor.proxy.profiles import PROFILES
+from noisefloor.proxy.store import DeferredLog, Store, StoreError
+from noisefloor.proxy.traffic import Labels, Stats
 
 DEFAULT_STORE = "recordings/log.lmdb"
 EXIT_REPLAY_FAILED = 3
@@ -130,8 +129,8 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
                  replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
     if mode == "passthrough":
         return None, None, upstream, None
-    from proxy.recorder import Recorder
-    from proxy.replayer import Replayer
+    from noisefloor.proxy.recorder import Recorder
+    from noisefloor.proxy.replayer import Replayer
 
     try:
         store = Store.open(store_path, write=True, create=(mode == "record"))
@@ -170,8 +169,17 @@ class _Serve:
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
                   timed: bool, stream_timeout: float, stats: Stats) -> None:
-        from proxy.addon import BodyRewrites, Group, NoUpstream, Record, Replay, SessionLabels, Streams, TlsFailures
-        from proxy.sse import StreamServer
+        from noisefloor.proxy.addon import (
+            BodyRewrites,
+            Group,
+            NoUpstream,
+            Record,
+            Replay,
+            SessionLabels,
+            Streams,
+            TlsFailures,
+        )
+        from noisefloor.proxy.sse import StreamServer
 
         master = _lean_master()
         master.options.update(

@@ -19,7 +19,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from proxy import profiles, secrets
+from noisefloor.proxy import profiles, secrets
 
 RULES_VERSION = 1
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.keys import RuleError, parse_pointer
+from noisefloor.proxy.keys import RuleError, parse_pointer
 
 
 @dataclass(frozen=True)

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.keys import Rules
-from proxy.profiles import extract_meta
-from proxy.store import RecordedEntry, Store
-from proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.profiles import extract_meta
+from noisefloor.proxy.store import RecordedEntry, Store
+from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
 
 
 @dataclass(frozen=True)

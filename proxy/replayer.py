@@ -17,9 +17,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from proxy.keys import Rules, short_diff, similarity
-from proxy.store import Exchange, RecordedEntry, Store, StoreError
-from proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
+from noisefloor.proxy.keys import Rules, short_diff, similarity
+from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
+from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
 
 MISS_STATUS = 404  # SDKs do not retry 4xx (except 408/409/429), so a miss surfaces at once
 ORDER_STATUS = 412

@@ -25,8 +25,7 @@ from typing import Any
 
 import lmdb
 import zstandard
-
-from proxy.keys import decode_body
+from noisefloor.proxy.keys import decode_body
 
 FORMAT = "noisefloor-log/1"
 _INITIAL_MAP = 32 << 20  # doubled when full; with writemap the whole map is reserved on disk

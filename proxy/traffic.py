@@ -14,8 +14,8 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from proxy import secrets
-from proxy.keys import CanonicalRequest, Rules, canonicalize, decode_body, sha256_hex
+from noisefloor.proxy import secrets
+from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize, decode_body, sha256_hex
 
 LABEL_HEADERS = {
     "x-nf-session": "session",

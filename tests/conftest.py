@@ -20,11 +20,32 @@ from tests.fake_upstream import FakeUpstream
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("NF_SHARED_DATA", ROOT.parent / "shared" / "data"))
 START_TIMEOUT = 30.0
+HAVE_EVALPLUS = (SHARED_DATA / "evalplus").is_dir()
+needs_data = pytest.mark.skipif(not HAVE_EVALPLUS,
+                                reason=f"no EvalPlus data at {SHARED_DATA} (set NF_SHARED_DATA)")
+needs_bfcl = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(),
+                                reason=f"no BFCL data at {SHARED_DATA} (set NF_SHARED_DATA)")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Tests never read or write the user's ~/.cache/noisefloor; processes they start inherit this.
+    Datasets come from NF_SHARED_DATA (or ../shared/data), never from a download."""
+    path = tmp_path_factory.mktemp("nfcache")
+    old = os.environ.get("NF_CACHE_DIR")
+    os.environ["NF_CACHE_DIR"] = str(path)
+    if SHARED_DATA.is_dir():
+        os.environ.setdefault("NF_SHARED_DATA", str(SHARED_DATA))
+    yield path
+    if old is None:
+        os.environ.pop("NF_CACHE_DIR", None)
+    else:
+        os.environ["NF_CACHE_DIR"] = old
 
 
 def nfproxy_argv() -> list[str]:
     exe = Path(sys.executable).with_name("nfproxy")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "proxy.cli"]
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "noisefloor.proxy.cli"]
 
 
 @dataclass

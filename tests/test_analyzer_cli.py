@@ -8,19 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from analyzer.outcomes import build
-from analyzer.simulate import example
-from proxy.keys import Rules
-from proxy.recorder import Recorder
-from proxy.replayer import Replayer
-from proxy.store import Store
-from proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.analyzer.outcomes import build
+from noisefloor.analyzer.simulate import example
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.replayer import Replayer
+from noisefloor.proxy.store import Store
+from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
 
 
 def nfanalyze(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     exe = Path(sys.executable).with_name("nfanalyze")
-    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "analyzer.cli"]
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "noisefloor.analyzer.cli"]
     return subprocess.run([*argv, *args], capture_output=True, text=True, timeout=120, cwd=cwd)
 
 

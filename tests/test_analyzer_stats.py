@@ -7,13 +7,21 @@ import csv
 
 import numpy as np
 import pytest
+from noisefloor.analyzer.analysis import Settings, analyze
+from noisefloor.analyzer.bootstrap import task_bootstrap
+from noisefloor.analyzer.judge import judge_columns
+from noisefloor.analyzer.ladder import (
+    Planning,
+    budget,
+    clopper_pearson,
+    condition_stats,
+    leave_one_out,
+    mde,
+    task_variances,
+)
+from noisefloor.analyzer.outcomes import Row, build, load
+from noisefloor.analyzer.simulate import ladder_probabilities, simulate
 
-from analyzer.analysis import Settings, analyze
-from analyzer.bootstrap import task_bootstrap
-from analyzer.judge import judge_columns
-from analyzer.ladder import Planning, budget, clopper_pearson, condition_stats, leave_one_out, mde, task_variances
-from analyzer.outcomes import Row, build, load
-from analyzer.simulate import ladder_probabilities, simulate
 from tests.conftest import SHARED_DATA
 
 SEED_STUDY = SHARED_DATA / "seed-study"

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+from noisefloor.ladder.provider import BuiltinProvider
+from noisefloor.ladder.suite import builtin_suite
+from noisefloor.proxy import perturb
+from noisefloor.proxy.store import Store
 
-from ladder.provider import BuiltinProvider
-from ladder.suite import builtin_suite
-from proxy import perturb
-from proxy.store import Store
 from tests.conftest import SHARED_DATA, start_nfproxy
 
 pytestmark = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(), reason=f"no BFCL data at {SHARED_DATA}")
@@ -40,7 +40,7 @@ def ask_all(url: str, tasks, run: int) -> None:
 
 
 def test_taxonomy_shares_and_floors_through_the_proxy(tmp_path, proxies):
-    from verifier.datasets import load_bfcl
+    from noisefloor.verifier.datasets import load_bfcl
 
     tasks = load_bfcl("multiple")[:60] + load_bfcl("parallel")[:60]
     provider = BuiltinProvider(builtin_suite(), seed=9, tool_tasks=tasks, tool_shares=SHARES).start()

@@ -11,11 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from analyzer import floors
-from analyzer.audit import audit, study_hash
-from analyzer.gate import CaseCounts, case_verdict, repeats_to_decide, wilson_lower, wilson_upper
-from analyzer.outcomes import Row
+from noisefloor.analyzer import floors
+from noisefloor.analyzer.audit import audit, study_hash
+from noisefloor.analyzer.gate import CaseCounts, case_verdict, repeats_to_decide, wilson_lower, wilson_upper
+from noisefloor.analyzer.outcomes import Row
 
 
 def simulate_reruns(n: int, runs: int, flip_share: float, flip_p: float, rng: np.random.Generator) -> np.ndarray:

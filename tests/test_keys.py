@@ -9,10 +9,9 @@ import zlib
 import brotli
 import pytest
 import zstandard
-
-from proxy import secrets
-from proxy.keys import Rules, RuleError, decode_body, drop_pointer, parse_pointer
-from proxy.traffic import RequestData
+from noisefloor.proxy import secrets
+from noisefloor.proxy.keys import RuleError, Rules, decode_body, drop_pointer, parse_pointer
+from noisefloor.proxy.traffic import RequestData
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"request_id": "r1"}}
 

@@ -17,8 +17,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from noisefloor.proxy.store import Store
 
-from proxy.store import Store
 from tests.conftest import ProxyProcess, delete_exchanges, have_curl, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
@@ -178,25 +178,37 @@ def test_a_replay_that_breaks_answers_an_error_and_still_never_calls_upstream(st
     assert (upstream.connections, len(upstream.requests)) == before
 
 
-def test_no_upstream_guard_refuses_every_connection_but_the_stream_server():
-    from mitmproxy import connection
-    from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+def test_no_upstream_guard_fires_inside_a_running_replay_proxy(store, upstream, proxies):
+    """Traffic the replay hook cannot answer (raw TCP after CONNECT, not HTTP) reaches the guard:
+    the connection is refused, the target never sees it, and the strict replay fails."""
+    import socket
 
-    from proxy.addon import NoUpstream
-    from proxy.sse import StreamServer
-    from proxy.traffic import Stats
-
-    streams, stats = StreamServer(), Stats()
-    streams.port = 41234
-    guard = NoUpstream(streams, stats)
-    client = connection.Client(peername=("127.0.0.1", 5000), sockname=("127.0.0.1", 8080), timestamp_start=0.0)
-    upstream = ServerConnectionHookData(connection.Server(address=("api.openai.com", 443)), client)
-    guard.server_connect(upstream)
-    assert upstream.server.error == "nfproxy replay never connects upstream"
-    own = ServerConnectionHookData(connection.Server(address=("127.0.0.1", 41234)), client)
-    guard.server_connect(own)
-    assert own.server.error is None
-    assert stats.errors == 1
+    rec = start_nfproxy("--mode", "record", "--store", str(store))  # regular (forward) proxy mode
+    proxies.append(rec)
+    assert httpx.post(upstream.url + "/v1/chat/completions", json=CHAT, proxy=rec.url, timeout=20).status_code == 200
+    rec.stop()
+    target = socket.socket()
+    target.bind(("127.0.0.1", 0))
+    target.listen(1)
+    target.settimeout(1.0)
+    port = target.getsockname()[1]
+    rep = replay(store, proxies)  # regular mode, as recorded: clients CONNECT through it
+    with socket.create_connection(("127.0.0.1", rep.port), timeout=10) as c:
+        c.sendall(f"CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        head = c.recv(4096)
+        assert b" 200 " in head, head.decode(errors="replace")
+        c.sendall(b"\x00\x01 raw bytes that are neither TLS nor HTTP\r\n\r\n")
+        c.settimeout(10)
+        try:
+            while c.recv(1024):
+                pass
+        except (ConnectionResetError, TimeoutError):
+            pass
+    with pytest.raises(TimeoutError):
+        target.accept()  # nothing ever connected to the target
+    target.close()
+    assert rep.stop() == 3
+    assert "refused an upstream connection" in rep.output
 
 
 @pytest.fixture

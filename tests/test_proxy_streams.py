@@ -15,8 +15,8 @@ import anthropic
 import httpx
 import openai
 import pytest
+from noisefloor.proxy.store import Store
 
-from proxy.store import Store
 from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 from tests.tls import make_server_cert

@@ -9,13 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from noisefloor.proxy import store as store_mod
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.replayer import Replayer
+from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
 
-from proxy import store as store_mod
-from proxy.keys import Rules
-from proxy.recorder import Recorder
-from proxy.replayer import Replayer
-from proxy.store import Store, StoreError
-from proxy.traffic import Labels, RequestData, ResponseData
 from tests.conftest import nfproxy_argv
 
 

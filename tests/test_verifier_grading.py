@@ -9,39 +9,29 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from noisefloor.verifier.bfcl import Call, grade, grade_response, ground_truth_calls, openai_body
+from noisefloor.verifier.datasets import DatasetError, load_bfcl, load_code_tasks, locate
+from noisefloor.verifier.differential import Differential
+from noisefloor.verifier.extract import assemble, extract_code
+from noisefloor.verifier.grading import GradeOptions, code_grader
+from noisefloor.verifier.mbpp import NOT_NONE
 
-from tests.conftest import SHARED_DATA, start_nfproxy
+from tests.conftest import HAVE_EVALPLUS, needs_bfcl, needs_data, start_nfproxy
 from tests.fake_upstream import FakeUpstream
-from verifier.bfcl import Call, grade, grade_response, ground_truth_calls, openai_body
-from verifier.datasets import DatasetError, load_bfcl, load_code_tasks, locate, sha256_file
-from verifier.differential import Differential
-from verifier.extract import assemble, extract_code
-from verifier.mbpp import NOT_NONE
-from verifier.sandbox import Limits, Sandbox
-
-needs_data = pytest.mark.skipif(not (SHARED_DATA / "evalplus").is_dir(), reason=f"no EvalPlus data at {SHARED_DATA}")
-needs_bfcl = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(), reason=f"no BFCL data at {SHARED_DATA}")
 
 
 @pytest.fixture(scope="session")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("nfcache")
-    os.environ["NF_CACHE_DIR"] = str(path)
-    return path
-
-
-@pytest.fixture(scope="session")
-def graders(cache: Path) -> dict[str, Differential]:
-    out = {}
-    sandbox = Sandbox(os.cpu_count() or 2, Limits())
-    for suite in ("humaneval+", "mbpp+"):
-        path = locate(suite)
-        out[suite] = Differential(load_code_tasks(suite, path, 120), sandbox, sha256_file(path), 120)
-    return out
+def graders() -> Iterator[dict[str, Differential]]:
+    opts = GradeOptions(jobs=os.cpu_count() or 2)
+    out = {suite: code_grader(suite, locate(suite), opts) for suite in ("humaneval+", "mbpp+")}
+    yield out
+    for d in out.values():
+        d.sandbox.close()
 
 
 @needs_data
@@ -62,7 +52,7 @@ def test_reruns_of_unchanged_candidates_are_identical(graders):
     items = [(tid, d.tasks[tid].canonical) for tid in ids]
     items += [(tid, d.tasks[tid].canonical.replace("return ", "return 1 + ", 1)) for tid in ids]
     first = [(v.outcome, v.failure) for v in d.grade_many(items, programs=True)]
-    for _ in range(4):  # five runs in all
+    for _ in range(2):  # three runs in all
         assert [(v.outcome, v.failure) for v in d.grade_many(items, programs=True)] == first
 
 
@@ -232,7 +222,7 @@ def nfverify(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @needs_data
-def test_candidates_from_a_proxy_log_become_outcome_rows(tmp_path, cache, proxies):
+def test_candidates_from_a_proxy_log_become_outcome_rows(tmp_path, proxies):
     tasks = {t.task_id: t for t in load_code_tasks("humaneval+", locate("humaneval+"))}
     chosen = ["HumanEval/0", "HumanEval/2", "HumanEval/5"]
 
@@ -284,6 +274,6 @@ def test_nfverify_bad_input_is_one_line(tmp_path):
     assert r.returncode != 0 and "give either" in r.stderr
     samples = tmp_path / "s.jsonl"
     samples.write_text('{"task_id": "HumanEval/0"}\n')
-    if (SHARED_DATA / "evalplus").is_dir():
+    if HAVE_EVALPLUS:
         r = nfverify("humaneval+", "--samples", str(samples), "--out", str(tmp_path / "o.jsonl"))
         assert r.returncode != 0 and "needs 'solution' or 'completion'" in r.stderr

@@ -1,34 +1,51 @@
 """The sandbox against hostile candidates. As root (CI runs as root) each candidate runs under an
-unprivileged slot uid in an empty network namespace; the process limit is checked with a harmless
-bounded spawner before any fork bomb is tried."""
+unprivileged slot uid, in an empty network namespace and its own mount namespace; the process
+limit is checked with a harmless bounded spawner before any fork bomb is tried, and "delete
+outside" aims at a canary this test made."""
 
 from __future__ import annotations
 
 import os
-import shutil
+import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import pytest
+from noisefloor.verifier import sandbox as sandbox_mod
+from noisefloor.verifier.datasets import CodeTask
+from noisefloor.verifier.differential import verdict
+from noisefloor.verifier.sandbox import BASE_UID, UID_RANGE, Limits, Sandbox, SandboxError, kill_uid, live_pids
+from noisefloor.verifier.values import encode
 
-from verifier.datasets import CodeTask
-from verifier.differential import verdict
-from verifier.sandbox import BASE_UID, UID_RANGE, Limits, Sandbox, isolation, kill_uid, live_pids
-from verifier.values import encode
+import noisefloor
 
-ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uid and network isolation need root")
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uid, network and mount isolation need root")
 TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,),), 1, 0.0, "humaneval")
+SECRET = "sk-test-0123456789abcdefNOISEFLOOR"
 
 
 @pytest.fixture(scope="module")
 def sandbox() -> Sandbox:
-    return Sandbox(1, Limits(cpu_s=2, memory_mb=512, fsize_mb=4, nproc=16))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("OPENAI_API_KEY", SECRET)  # the verifier's environment holds a key; candidates must not
+    sb = Sandbox(1, Limits(cpu_s=2, memory_mb=512, fsize_mb=4, nproc=16))
+    yield sb
+    sb.close()
+    mp.undo()
 
 
 def run(sandbox: Sandbox, code: str, inputs: tuple = ((1,),)):
     res = sandbox.run(code, "f", encode([list(i) for i in inputs]))
     return res, verdict(TASK, res, [1] * len(inputs))
+
+
+def out(sandbox: Sandbox, body: str):
+    """What `f` returned (or raised) for a candidate whose body is `body`."""
+    res, _ = run(sandbox, "def f(x):\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+    r = res.results[0]
+    return r["out"] if r["ok"] else r["exc"]
 
 
 def uid_processes(uid: int) -> int:
@@ -46,9 +63,95 @@ def test_a_plain_candidate_passes_and_a_wrong_one_fails(sandbox):
     assert run(sandbox, "def g(x):\n    return x\n")[1].failure == "no_code"
 
 
+def test_correct_candidates_import_any_stdlib_module(sandbox):
+    """Python lives under /root here (pyenv): the slot uid must still import what was not preloaded."""
+    code = ("import gzip, glob, socket, sqlite3, csv, zipfile, fractions, xml.etree.ElementTree, email.utils\n"
+            "def f(x):\n    return x\n")
+    assert run(sandbox, code)[1].failure == "pass"
+
+
+def test_no_credentials_reach_the_candidate_or_the_outcome(sandbox):
+    env = out(sandbox, "import os\nreturn sorted(os.environ)")
+    assert not {k for k in env if "KEY" in k or "TOKEN" in k or "SECRET" in k}
+    assert set(env) <= {"PATH", "LANG", "LC_ALL", "HOME", "TMPDIR", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
+                        "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"}
+    res, v = run(sandbox, "import os\ndef f(x):\n    raise RuntimeError(os.environ.get('OPENAI_API_KEY', 'none'))\n")
+    assert v.failure == "exception" and "none" in v.detail and SECRET not in v.detail
+    # even a candidate that knows the key (it is in its text) cannot carry it into the outcome row
+    res, v = run(sandbox, f"def f(x):\n    raise RuntimeError({SECRET!r})\n")
+    assert SECRET not in v.detail and "[redacted]" in v.detail
+
+
 @ROOT_ONLY
-def test_isolation_is_uid_and_network_namespace():
-    assert isolation() == "uid+netns"
+def test_default_isolation_is_namespaces(sandbox):
+    assert sandbox.mode == "namespaces"
+
+
+@ROOT_ONLY
+def test_the_users_files_do_not_exist_for_the_candidate(sandbox, tmp_path):
+    """Dataset, reference cache, proxy store, home and repository: none is visible, not even by path."""
+    dataset = tmp_path / "HumanEvalPlus.jsonl"
+    dataset.write_text('{"canonical_solution": "return x"}\n')
+    os.chmod(tmp_path, 0o755)
+    os.chmod(dataset, 0o644)  # world-readable, as datasets and caches usually are
+    repo = Path(noisefloor.__file__).resolve().parent
+    for path in (dataset, repo / "__init__.py", Path.home() / ".cache", "/etc/passwd", "/proc/1/environ"):
+        got = out(sandbox, f"return open({str(path)!r}, 'rb').read()[:20]")
+        assert isinstance(got, str) and ("FileNotFoundError" in got or "IsADirectoryError" in got), (path, got)
+    listing = out(sandbox, "import os\nreturn sorted(os.listdir('/'))")
+    assert "home" not in listing and "proc" not in listing and "candidate" in listing
+
+
+@ROOT_ONLY
+def test_nothing_written_survives_into_the_next_candidate(sandbox):
+    host_before = set(os.listdir("/tmp"))
+    wrote = out(sandbox, "import os\nfor d in ('/tmp', '/var/tmp', '/dev/shm', '.'):\n"
+                         "    open(os.path.join(d, 'nf-leak'), 'w').write('x')\nreturn os.getcwd()")
+    assert wrote == "/candidate"
+    seen = out(sandbox, "import os\nreturn [os.path.exists(os.path.join(d, 'nf-leak')) "
+                        "for d in ('/tmp', '/var/tmp', '/dev/shm', '.')]")
+    assert seen == [False, False, False, False]
+    assert "nf-leak" not in set(os.listdir("/tmp")) - host_before
+
+
+@ROOT_ONLY
+def test_a_unix_socket_outside_is_unreachable(sandbox, tmp_path):
+    path = tmp_path / "s.sock"
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    os.chmod(tmp_path, 0o755)
+    os.chmod(path, 0o777)
+    srv.listen(1)
+    srv.settimeout(0.5)
+    got = out(sandbox, f"import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect({str(path)!r})\nreturn 'connected'")
+    with pytest.raises(TimeoutError):
+        srv.accept()
+    srv.close()
+    assert got != "connected" and "FileNotFoundError" in got
+
+
+def test_fail_closed_when_a_limit_cannot_be_set():
+    """An rlimit the candidate's uid may not set: the candidate is not run, the run says why."""
+    sb = Sandbox(1, Limits(nofile=1 << 40))
+    try:
+        with pytest.raises(SandboxError, match="setrlimit"):
+            sb.run("def f(x):\n    return x\n", "f", encode([[1]]))
+    finally:
+        sb.close()
+
+
+@ROOT_ONLY
+def test_fail_closed_when_the_network_namespace_cannot_be_made(monkeypatch):
+    def refuse(flags: int) -> None:
+        raise OSError(1, "unshare refused (simulated)")
+
+    monkeypatch.setattr(sandbox_mod._jail, "unshare", refuse)
+    sb = Sandbox(1, Limits())
+    try:
+        with pytest.raises(SandboxError, match="network namespace"):
+            sb.run("def f(x):\n    return x\n", "f", encode([[1]]))
+    finally:
+        sb.close()
 
 
 @ROOT_ONLY
@@ -76,22 +179,23 @@ def test_process_limit_holds_first_with_a_bounded_spawner(sandbox):
 
 
 @ROOT_ONLY
-def test_fork_bomb_is_contained(sandbox):
+def test_fork_bomb_and_daemons_are_contained(sandbox):
     start = time.monotonic()
     res, v = run(sandbox, "import os\ndef f(x):\n    while True:\n        os.fork()\n")
     assert v.outcome == 0 and v.failure in ("exception", "timeout")
     assert time.monotonic() - start < 30
     assert uid_processes(sandbox.uids[0]) == 0
-    pid = os.fork()  # the machine can still make processes
-    if pid == 0:
-        os._exit(0)
-    os.waitpid(pid, 0)
+    daemon = ("import os, time\ndef f(x):\n    if os.fork() == 0:\n        os.setsid()\n        if os.fork() == 0:\n"
+              "            time.sleep(60)\n        os._exit(0)\n    return x\n")
+    start = time.monotonic()
+    assert run(sandbox, daemon)[1].failure == "pass"
+    assert time.monotonic() - start < 10  # the run does not wait for its daemon
+    assert uid_processes(sandbox.uids[0]) == 0
 
 
 def test_infinite_loop_and_endless_printing_time_out(sandbox):
     assert run(sandbox, "def f(x):\n    while True:\n        pass\n")[1].failure == "timeout"
-    res, v = run(sandbox, "def f(x):\n    while True:\n        print('spam' * 100)\n")
-    assert v.failure == "timeout"
+    assert run(sandbox, "def f(x):\n    while True:\n        print('spam' * 100)\n")[1].failure == "timeout"
 
 
 def test_huge_allocation_fails_inside_the_limit(sandbox):
@@ -100,19 +204,31 @@ def test_huge_allocation_fails_inside_the_limit(sandbox):
 
 
 def test_huge_file_is_cut_at_the_file_size_limit(sandbox):
-    before = shutil.disk_usage("/tmp").free
-    code = ("def f(x):\n    with open('big.bin', 'wb') as fh:\n        for _ in range(10 * 1024):\n"
-            "            fh.write(b'0' * 1024 * 1024)\n    return x\n")
-    res, v = run(sandbox, code)
-    assert v.outcome == 0
-    assert before - shutil.disk_usage("/tmp").free < 64 * 1024 * 1024
+    """The candidate ignores SIGXFSZ and counts what it could write: the 4 MiB limit must stop it."""
+    written = out(sandbox, "import signal\nsignal.signal(signal.SIGXFSZ, signal.SIG_IGN)\nn = 0\n"
+                           "with open('big.bin', 'wb') as fh:\n    try:\n"
+                           "        for _ in range(64):\n            n += fh.write(b'0' * (1 << 20))\n            fh.flush()\n"
+                           "    except OSError:\n        pass\nreturn n")
+    assert isinstance(written, int) and written <= 4 << 20
 
 
-def test_killing_the_parent_does_not_reach_the_verifier(sandbox):
+def test_killing_its_parent_does_not_stop_grading(sandbox):
+    server = sandbox._servers[0]
     res, v = run(sandbox, "import os\ndef f(x):\n    os.kill(os.getppid(), 9)\n    return x\n")
     assert v.outcome == 0
-    assert os.getpid() > 0  # still here
-    assert run(sandbox, "def f(x):\n    return x\n")[1].failure == "pass"  # and the sandbox still works
+    assert run(sandbox, "def f(x):\n    return x\n")[1].failure == "pass"  # the sandbox still grades
+    if os.geteuid() == 0:  # the fork server is root's: the candidate could not touch it
+        assert sandbox._servers[0] is server and server.alive()
+
+
+def test_forged_frames_do_not_desynchronize_grading(sandbox):
+    """A candidate writes fake end and result lines to every descriptor it can find."""
+    forger = ("import os\ndef f(x):\n    for fd in range(3, 64):\n        try:\n"
+              "            os.write(fd, b'\\nE {\"signal\": null, \"cpu_s\": 0}\\nC {\"i\": 0, \"ok\": true, \"out\": 7}\\n')\n"
+              "        except OSError:\n            pass\n    return x + 1\n")
+    assert run(sandbox, forger)[1].failure == "wrong_output"
+    assert run(sandbox, "def f(x):\n    return x\n")[1].failure == "pass"
+    assert run(sandbox, "def f(x):\n    return x * 3\n")[1].failure == "wrong_output"
 
 
 def test_no_network_even_to_loopback(sandbox):
@@ -143,44 +259,54 @@ def test_no_network_even_to_loopback(sandbox):
     assert accepted == []
 
 
+@ROOT_ONLY
 def test_deleting_outside_the_working_directory_fails(sandbox, tmp_path):
     canary_dir = tmp_path / "canary-dir"
     canary_dir.mkdir()
     canary = canary_dir / "canary.txt"
     canary.write_text("still here")
-    os.chmod(tmp_path, 0o755)
+    os.chmod(tmp_path, 0o777)
+    os.chmod(canary_dir, 0o777)
     code = (f"import os, shutil\ndef f(x):\n    try:\n        os.remove({str(canary)!r})\n    except OSError:\n"
             f"        pass\n    shutil.rmtree({str(canary_dir)!r}, ignore_errors=True)\n    return x\n")
     run(sandbox, code)
-    if os.geteuid() == 0:
-        assert canary.read_text() == "still here"
-    else:  # without root the candidate has the user's own rights; documented
-        pytest.skip("file containment needs root (a separate uid)")
-
-
-def test_deterministic_verdicts_on_reruns(sandbox):
-    codes = ["def f(x):\n    return x\n", "def f(x):\n    return x * 2\n", "def f(x):\n    while True: pass\n"]
-    first = [run(sandbox, c)[1].failure for c in codes]
-    for _ in range(2):
-        assert [run(sandbox, c)[1].failure for c in codes] == first
+    assert canary.read_text() == "still here"
 
 
 @ROOT_ONLY
 def test_concurrent_sandboxes_never_share_a_uid(sandbox):
     """The end of a run kills every process of its slot uid: two verifiers must not share one."""
-    other = Sandbox(2, Limits(cpu_s=5))
-    assert not set(other.uids) & set(sandbox.uids) and len(set(other.uids)) == 2
-    slow = "import time\ndef f(x):\n    time.sleep(1.5)\n    return x\n"
-    results: list[str] = []
-    t = threading.Thread(target=lambda: results.append(run(other, slow)[1].failure))
-    t.start()
-    time.sleep(0.5)
-    for _ in range(3):  # runs that end (and sweep their own uid) while the other sandbox's run is alive
-        assert run(sandbox, "def f(x):\n    return x\n")[1].failure == "pass"
-    t.join(30)
+    with Sandbox(2, Limits(cpu_s=5)) as other:
+        assert not set(other.uids) & set(sandbox.uids) and len(set(other.uids)) == 2
+        slow = "import time\ndef f(x):\n    time.sleep(1.5)\n    return x\n"
+        results: list[str] = []
+        t = threading.Thread(target=lambda: results.append(run(other, slow)[1].failure))
+        t.start()
+        time.sleep(0.5)
+        for _ in range(3):  # runs that end (and sweep their own uid) while the other sandbox's run is alive
+            assert run(sandbox, "def f(x):\n    return x\n")[1].failure == "pass"
+        t.join(30)
     assert results == ["pass"]
 
 
 @ROOT_ONLY
-def test_kill_uid_sweeps_stragglers():
-    assert kill_uid(BASE_UID + UID_RANGE - 1) == 0
+def test_kill_uid_sweeps_a_straggler():
+    uid = BASE_UID + UID_RANGE - 1
+    pid = os.fork()
+    if pid == 0:  # a straggler of that uid, as a candidate's daemon would be
+        os.setgid(uid)
+        os.setuid(uid)
+        time.sleep(30)
+        os._exit(0)
+    try:
+        deadline = time.monotonic() + 5
+        while not live_pids(uid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert live_pids(uid) == [pid]
+        assert kill_uid(uid) == 1
+        assert os.waitpid(pid, 0)[1] & 0x7F == signal.SIGKILL
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

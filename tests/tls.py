@@ -15,7 +15,7 @@ from cryptography.x509.oid import NameOID
 
 def make_server_cert(folder: Path) -> tuple[Path, ssl.SSLContext]:
     """Returns (CA bundle to trust, server SSL context)."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "noisefloor test CA")])
     ca = (

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import permutations
 from typing import Any
 
-from verifier.datasets import ToolTask
+from noisefloor.verifier.datasets import ToolTask
 
 TAXONOMY = ("correct", "wrong_function", "wrong_arguments", "malformed_output", "other")
 _STRIP = re.compile(r"[ ,./\-_*^]")

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from proxy.profiles import sse_data
-from proxy.store import Exchange, Store
+from noisefloor.proxy.profiles import sse_data
+from noisefloor.proxy.store import Exchange, Store
 
 
 @dataclass(frozen=True)

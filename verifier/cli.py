@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from noisefloor.verifier.grading import GradeOptions, grade_options
 
 SUITES = ("humaneval+", "mbpp+", "bfcl")
 
@@ -56,32 +57,31 @@ def _summary(rows: list[dict[str, Any]], out: Path) -> str:
 @click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("outcomes.jsonl"),
               show_default=True)
 @click.option("-j", "--jobs", default=os.cpu_count() or 1, show_default=True, type=click.IntRange(min=1))
-@click.option("--max-inputs", default=120, show_default=True, type=click.IntRange(min=1),
-              help="Inputs per task: base first, then plus.")
-@click.option("--timeout", default=10, show_default=True, type=click.IntRange(min=1),
-              help="CPU seconds per candidate (at least 4x what the canonical solution needed).")
-@click.option("--memory-mb", default=2048, show_default=True, type=click.IntRange(min=64))
+@grade_options
 @click.option("--condition", default="samples", show_default=True, help="Condition label for --samples rows.")
 def main(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, out: Path, jobs: int,
-         max_inputs: int, timeout: int, memory_mb: int, condition: str) -> None:
+         max_inputs: int, timeout: int, memory_mb: int, isolation: str | None, condition: str) -> None:
     """Grade SUITE candidates from an nfproxy LOG (one per session) or from --samples."""
-    from verifier.datasets import DatasetError
+    from noisefloor.verifier.datasets import DatasetError
+    from noisefloor.verifier.sandbox import SandboxError
 
+    options = GradeOptions(jobs, max_inputs, timeout, memory_mb, isolation)
+    if log is not None:
+        _open_log(log).close()  # a wrong path is the user's first problem, before any dataset work
     if (log is None) == (samples is None):
         raise click.UsageError("give either an nfproxy LOG or --samples FILE")
     if suite == "bfcl" and samples is not None:
         raise click.UsageError("bfcl grades tool calls from a LOG; --samples is for humaneval+ and mbpp+")
     try:
-        rows = _bfcl(log, dataset) if suite == "bfcl" else _code(suite, log, samples, dataset, jobs, max_inputs,
-                                                                  timeout, memory_mb, condition)
-    except DatasetError as exc:
+        rows = _bfcl(log, dataset) if suite == "bfcl" else _code(suite, log, samples, dataset, options, condition)
+    except (DatasetError, SandboxError) as exc:
         raise click.ClickException(str(exc)) from None
     _write(rows, out)
     click.echo(_summary(rows, out), err=True)
 
 
 def _open_log(log: Path) -> Any:
-    from proxy.store import Store, StoreError
+    from noisefloor.proxy.store import Store, StoreError
 
     try:
         return Store.open(log, write=False)
@@ -89,15 +89,15 @@ def _open_log(log: Path) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, jobs: int, max_inputs: int,
-          timeout: int, memory_mb: int, condition: str) -> list[dict[str, Any]]:
-    from verifier.datasets import load_code_tasks, locate, sha256_file
-    from verifier.differential import Differential, ExpectedError
-    from verifier.sandbox import Limits, Sandbox
+def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, options: GradeOptions,
+          condition: str) -> list[dict[str, Any]]:
+    from noisefloor.verifier.datasets import locate
+    from noisefloor.verifier.differential import ExpectedError
+    from noisefloor.verifier.grading import code_grader
 
     path = locate(suite, dataset)
-    tasks = load_code_tasks(suite, path, max_inputs)
-    diff = Differential(tasks, Sandbox(jobs, Limits(cpu_s=timeout, memory_mb=memory_mb)), sha256_file(path), max_inputs)
+    diff = code_grader(suite, path, options)
+    tasks = list(diff.tasks.values())
     try:
         diff.expected(_progress("reference outputs"))
     except ExpectedError as exc:
@@ -107,7 +107,7 @@ def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | No
         verdicts = diff.grade_many(items, _progress("grading"), programs=True)
     else:
         assert log is not None
-        from verifier.candidates import attempts, response_text
+        from noisefloor.verifier.candidates import attempts, response_text
 
         with _open_log(log) as store:
             found = attempts(store, {t.task_id: t.prompt for t in tasks})
@@ -156,9 +156,9 @@ def _read_samples(path: Path, tasks: dict[str, Any], condition: str) -> tuple[li
 
 
 def _bfcl(log: Path | None, dataset: Path | None) -> list[dict[str, Any]]:
-    from verifier.bfcl import grade_response
-    from verifier.candidates import attempts
-    from verifier.datasets import load_bfcl
+    from noisefloor.verifier.bfcl import grade_response
+    from noisefloor.verifier.candidates import attempts
+    from noisefloor.verifier.datasets import load_bfcl
 
     tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
     prompts = {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verifier.mbpp import deserialize_inputs
+from noisefloor.verifier.mbpp import deserialize_inputs
 
 
 @dataclass(frozen=True)

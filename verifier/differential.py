@@ -17,14 +17,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from verifier import mbpp
-from verifier.datasets import CodeTask, cache_dir
-from verifier.extract import assemble, extract_code
-from verifier.sandbox import RunResult, Sandbox
-from verifier.values import Opaque, decode, encode
+from noisefloor.verifier import mbpp
+from noisefloor.verifier.datasets import CodeTask, cache_dir
+from noisefloor.verifier.extract import assemble, extract_code
+from noisefloor.verifier.sandbox import RunResult, Sandbox
+from noisefloor.verifier.values import Opaque, decode, encode
 
 CATEGORIES = ("pass", "wrong_output", "exception", "timeout", "syntax_error", "no_code")
-_CACHE_VERSION = 2
+_CACHE_VERSION = 2  # bump: outputs now computed with PYTHONHASHSEED=0
 REFERENCE_CPU_S = 600  # CPU allowed to a canonical solution over all its inputs
 
 

@@ -1,49 +1,72 @@
-"""Run untrusted candidate code in a subprocess with limits.
+"""Run untrusted candidate code in a pre-started fork server per worker slot, with limits.
 
-Containment, strongest first, as far as the machine allows:
-- as root: each worker slot runs under its own unprivileged uid (60000 + slot), so it cannot
-  touch files it does not own, signal the verifier, or exceed RLIMIT_NPROC (which root ignores);
-  in a fresh network namespace (no interfaces up: no loopback, no internet); and every process
-  of that uid is killed when the run ends, whatever it did with setsid.
-- not root: RLIMIT_NPROC applies to the user's own processes, sockets are refused inside the
-  candidate's Python process (best effort), and the process group is killed at the end.
-Always: a new session, a fresh temporary working directory, limits on CPU time, address space,
-file size, open files and processes, stdout/stderr discarded, a wall-clock limit, and the
-candidate runs in a grandchild so killing its parent does not reach the verifier.
+Containment, as root (the default wherever the verifier runs as root, and then required):
+- each slot's fork server runs in an empty network namespace (no interfaces up: no loopback,
+  no internet; abstract Unix sockets are per namespace too);
+- each candidate gets its own mount namespace whose root is a fresh tmpfs holding only the
+  interpreter's folders and `/usr`, read-only, plus its own `/tmp`, `/var/tmp`, `/dev/shm` and
+  working folder (`_jail`): datasets, caches, stores, home folders, the repository and any
+  filesystem socket outside do not exist for it, and what it writes vanishes with it;
+- it runs under the slot's own unprivileged uid (BASE_UID + n, claimed under a lock), so
+  RLIMIT_NPROC bites and every process of that uid can be killed at the end of a run.
+Isolation fails closed: if any step cannot be taken the candidate does not run and
+`SandboxError` says why; nothing is graded on a half-built sandbox.
 
-CPU time, not wall time, is the primary limit: a loaded machine stretches wall time but not CPU
-time, so the verdict on an unchanged candidate does not depend on what else is running (the
-seed study's replay flips came from a wall-clock alarm). The wall limit is a backstop at
-`wall_factor` times the CPU limit.
+Without root (or with `isolation="process"`): no namespaces and no uid change; sockets are
+refused inside the candidate's Python (best effort), files are the user's own permissions, and
+each candidate gets a fresh temporary working folder.
+
+Always: an allow-listed environment (no credentials, nothing of the verifier's beyond what a
+program needs), a new session, limits on CPU time, address space, file size, open files and
+processes, stdout/stderr discarded, and a wall-clock backstop. CPU time, not wall time, decides
+timeouts, so machine load cannot flip a verdict (the seed study's replay flips came from a
+wall-clock alarm). The fork server imports common modules once, so a quick candidate costs a
+fork, not an interpreter start.
 """
 
 from __future__ import annotations
 
-import ctypes
 import fcntl
 import json
 import math
 import os
 import queue
+import re
+import select
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+from noisefloor.verifier import _jail
 
 WORKER = Path(__file__).with_name("_worker.py")
 BASE_UID = 60000
 UID_RANGE = 4096  # slot uids are BASE_UID .. BASE_UID + UID_RANGE - 1
 _UID_LOCKS = Path(tempfile.gettempdir()) / "noisefloor-sandbox-uids"
-_CLONE_NEWNET = 0x40000000
 _MAX_OUTPUT = 512 << 20  # bytes of worker output kept at most
+_START_TIMEOUT_S = 60.0
+
+# The only variables a candidate sees. OPENBLAS_* are kept because some processors need them for
+# a correct numpy (see the machine notes); nothing else of the verifier's environment passes.
+_ENV_PASS = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+_ENV_FIXED = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "HOME": "/candidate",
+              "TMPDIR": "/tmp", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
+              "OMP_NUM_THREADS": "1"}
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|SESSION", re.I)
+_MIN_SECRET = 8
+REDACTED = "[redacted]"
+
+
+class SandboxError(RuntimeError):
+    """Isolation could not be set up; no candidate was run (fail closed)."""
 
 
 @dataclass(frozen=True)
@@ -54,10 +77,11 @@ class Limits:
     fsize_mb: int = 16
     nproc: int = 32
     nofile: int = 64
+    tmpfs_mb: int = 64  # the candidate's whole writable view (working folder and /tmp), as root
 
     def job(self) -> dict[str, int]:
         return {"cpu_s": self.cpu_s, "memory_mb": self.memory_mb, "fsize_mb": self.fsize_mb, "nproc": self.nproc,
-                "nofile": self.nofile}
+                "nofile": self.nofile, "tmpfs_mb": self.tmpfs_mb}
 
 
 @dataclass(frozen=True)
@@ -66,133 +90,231 @@ class RunResult:
     results: list[dict[str, Any]]  # one per input that finished
     timed_out: bool
     signal_name: str | None  # how the candidate process ended, if by a signal
-    worker_killed: bool  # the relay parent itself died (the candidate killed it)
-    wall_s: float
+    worker_killed: bool  # the fork server itself died (the candidate killed it)
     cpu_s: float | None  # CPU time the candidate process used
-    notes: list[str] = field(default_factory=list)
 
 
-@lru_cache(maxsize=1)
-def isolation() -> str:
-    """'uid+netns', 'uid' or 'none': what this machine allows (checked once, by trying)."""
-    if os.geteuid() != 0:
-        return "none"
-    probe = subprocess.run(
-        [sys.executable, "-c", "import socket; socket.create_connection(('127.0.0.1', 9), timeout=1)"],
-        preexec_fn=_preexec(netns=True), capture_output=True, text=True, timeout=30,
-    )
-    return "uid+netns" if "unreachable" in probe.stderr or "Errno 101" in probe.stderr else "uid"
+def default_isolation() -> str:
+    """'namespaces' as root (uid, network and mount namespaces), else 'process'."""
+    return "namespaces" if os.geteuid() == 0 else "process"
 
 
-def _unshare_net() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.unshare(_CLONE_NEWNET) != 0:
-        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
+def candidate_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {**{k: environ[k] for k in _ENV_PASS if k in environ}, **_ENV_FIXED}
 
 
-def _preexec(netns: bool) -> Any:
-    """New session and, where possible, a network namespace with nothing in it.
+def known_secrets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Values in the verifier's environment that look like credentials, longest first."""
+    environ = os.environ if environ is None else environ
+    vals = {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET}
+    return tuple(sorted(vals, key=len, reverse=True))
 
-    The uid is dropped later, inside the worker's candidate process: Python and its standard
-    library often live where an unprivileged uid cannot read (e.g. under /root), so the worker
-    starts privileged, loads what candidates commonly import, and only then becomes the slot uid.
-    """
 
-    def setup() -> None:
-        os.setsid()
-        if netns:
-            try:
-                _unshare_net()
-            except OSError:
-                pass  # isolation() found out; the worker then bans sockets
+def scrub(text: str, secrets: tuple[str, ...]) -> str:
+    for v in secrets:
+        text = text.replace(v, REDACTED)
+    return text
 
-    return setup
+
+class _Server:
+    """One slot's fork server process and the framed lines it writes."""
+
+    def __init__(self, namespaces: bool, root: str | None) -> None:
+        def setup() -> None:
+            os.setsid()
+            if namespaces:  # in the child, before exec: the server's own, empty network namespace
+                _jail.unshare(_jail.CLONE_NEWNET)
+
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-s", "-P", str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL, preexec_fn=setup, cwd=root or "/", env=candidate_env(),
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise SandboxError(f"could not start the sandbox worker in its own network namespace: {exc}; "
+                               "run as root on Linux, or choose isolation='process' (weaker)") from exc
+        self._buf = b""
+        tag, ready = self.frame(time.monotonic() + _START_TIMEOUT_S)
+        if tag != b"R":
+            self.close()
+            raise SandboxError("the sandbox worker did not start (it printed no ready line)")
+        info = json.loads(ready)
+        if namespaces and info["interfaces"] not in ([], ["lo"]):
+            self.close()
+            raise SandboxError(f"the sandbox's network namespace is not empty: {info['interfaces']}")
+
+    def send(self, job: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job).encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def frame(self, deadline: float) -> tuple[bytes, bytes] | tuple[None, None]:
+        """The next (tag, payload), or (None, None) at the deadline or when the server is gone."""
+        out: IO[bytes] = self.proc.stdout  # type: ignore[assignment]
+        fd = out.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None, None
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                return None, None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        tag, _, payload = line.partition(b" ")
+        return tag, payload
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def close(self) -> None:
+        _kill_group(self.proc.pid)
+        self.proc.wait()
+        for f in (self.proc.stdin, self.proc.stdout):
+            if f:
+                f.close()
 
 
 class Sandbox:
-    """A pool of worker slots; `run` is thread-safe and blocks for one slot."""
+    """A pool of worker slots, each with its fork server; `run` is thread-safe and blocks for one
+    slot. `isolation`: 'namespaces' (root; fails closed), 'process', or None for what the uid allows."""
 
-    def __init__(self, workers: int = 1, limits: Limits = Limits()) -> None:
+    def __init__(self, workers: int = 1, limits: Limits = Limits(), isolation: str | None = None) -> None:
         self.limits = limits
         self.workers = max(1, workers)
-        self.mode = isolation()
+        self.mode = isolation or default_isolation()
+        if self.mode not in ("namespaces", "process"):
+            raise SandboxError(f"unknown isolation {self.mode!r}; choose 'namespaces' or 'process'")
+        if self.mode == "namespaces" and os.geteuid() != 0:
+            raise SandboxError("namespace isolation needs root; run the verifier as root or choose 'process'")
+        self.secrets = known_secrets()
         # Every slot owns a uid no other sandbox (in this or another process) uses at the same time,
         # because the end of a run kills every process of the slot's uid.
-        self._locks = [_claim_uid() for _ in range(self.workers)] if self.mode != "none" else []
-        self._slots: queue.Queue[int | None] = queue.Queue()
+        self._locks = [_claim_uid() for _ in range(self.workers)] if self.mode == "namespaces" else []
+        self._root = tempfile.mkdtemp(prefix="nfsandbox-root-") if self.mode == "namespaces" else None
+        self._servers: list[_Server | None] = [None] * self.workers
+        self._slots: queue.Queue[int] = queue.Queue()
         for i in range(self.workers):
-            self._slots.put(self._locks[i][0] if self._locks else None)
+            self._slots.put(i)
 
     @property
     def uids(self) -> list[int]:
         return [uid for uid, _ in self._locks]
 
     @contextmanager
-    def _slot(self) -> Iterator[int | None]:
+    def _slot(self) -> Iterator[int]:
         slot = self._slots.get()
         try:
             yield slot
         finally:
             self._slots.put(slot)
 
+    def _server(self, slot: int) -> _Server:
+        srv = self._servers[slot]
+        if srv is None or not srv.alive():
+            srv = self._servers[slot] = _Server(self.mode == "namespaces", self._root)
+        return srv
+
     def run(self, code: str, entry_point: str, inputs_encoded: Any, unordered: bool = False,
             cpu_s: float | None = None) -> RunResult:
         """Run `code`'s `entry_point` on each input; `unordered`: large outputs are digested as sets;
         `cpu_s` raises the CPU limit above the default for this run."""
-        with self._slot() as uid:
-            workdir = Path(tempfile.mkdtemp(prefix="nfverify-"))
+        limits = replace(self.limits, cpu_s=max(self.limits.cpu_s, math.ceil(cpu_s or 0)))
+        job: dict[str, Any] = {"code": code, "entry_point": entry_point, "inputs": inputs_encoded,
+                               "limits": limits.job(), "ban_sockets": self.mode != "namespaces",
+                               "unordered": unordered}
+        with self._slot() as slot:
+            if self.mode == "namespaces":
+                job |= {"uid": self._locks[slot][0], "root": self._root}
+                return self._execute(slot, job, limits)
+            workdir = tempfile.mkdtemp(prefix="nfverify-")
             try:
-                if uid is not None:
-                    os.chown(workdir, uid, uid)
-                limits = replace(self.limits, cpu_s=max(self.limits.cpu_s, math.ceil(cpu_s or 0)))
-                job = {"code": code, "entry_point": entry_point, "inputs": inputs_encoded, "workdir": str(workdir),
-                       "limits": limits.job(), "ban_sockets": self.mode != "uid+netns", "uid": uid,
-                       "unordered": unordered}
-                return self._execute(job, limits)
+                return self._execute(slot, job | {"workdir": workdir}, limits)
             finally:
-                if uid is not None:
-                    kill_uid(uid)
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, job: dict[str, Any], limits: Limits) -> RunResult:
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            [sys.executable, "-I", str(WORKER)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            preexec_fn=_preexec(netns=self.mode == "uid+netns"), cwd=job["workdir"],
-        )
-        wall = limits.cpu_s * limits.wall_factor + 2
-        timed_out = False
+    def _execute(self, slot: int, job: dict[str, Any], limits: Limits) -> RunResult:
+        srv = self._server(slot)
+        srv.send(job)
+        deadline = time.monotonic() + limits.cpu_s * limits.wall_factor + 2
+        load, results, end, pid, kept, timed_out = None, [], None, None, 0, False
+        while end is None:
+            tag, payload = srv.frame(deadline)
+            if tag is None:
+                if timed_out or not srv.alive():
+                    break  # the server is gone (a candidate can kill it without root) or stuck
+                timed_out = True
+                self._stop(job, pid)
+                deadline = time.monotonic() + 10  # the server reports the end once the pipe closes
+                continue
+            if tag == b"S":
+                pid = json.loads(payload)["pid"]
+            elif tag == b"E":
+                end = json.loads(payload)
+            elif tag == b"C" and kept < _MAX_OUTPUT:
+                kept += len(payload)
+                doc = _parse_line(payload)
+                if doc is None:
+                    continue
+                if doc.get("phase") == "load" and load is None:
+                    load = doc
+                elif "i" in doc and doc.get("phase") is None:
+                    results.append(doc)
+        self._stop(job, pid)
+        if end is None:
+            srv.close()
+            self._servers[slot] = None
+        if load is not None and load.get("kind") == "sandbox_error":
+            raise SandboxError(f"sandbox isolation failed, candidate not run: {load.get('exc')}")
+        return _result(load, results, end, timed_out, limits.cpu_s, self.secrets)
+
+    def _stop(self, job: dict[str, Any], pid: int | None) -> None:
+        if "uid" in job:
+            kill_uid(job["uid"])
+        elif pid is not None:
+            _kill_group(pid)
+
+    def close(self) -> None:
+        for i, srv in enumerate(self._servers):
+            if srv is not None:
+                srv.close()
+                self._servers[i] = None
+        if self._root:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
         try:
-            out, _ = proc.communicate(json.dumps(job).encode(), timeout=wall)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc.pid)
-            out, _ = proc.communicate()
-        finally:
-            _kill_group(proc.pid)
-        return parse(out[:_MAX_OUTPUT], timed_out, time.monotonic() - start, limits.cpu_s)
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
 
-def parse(raw: bytes, timed_out: bool, wall_s: float, cpu_limit: float) -> RunResult:
-    load, results, end = None, [], None
-    for line in raw.splitlines():
-        try:
-            doc = json.loads(line)
-        except ValueError:
-            continue
-        if doc.get("phase") == "load" and load is None:
-            load = doc
-        elif doc.get("phase") == "end":
-            end = doc
-        elif "i" in doc:
-            results.append(doc)
+def _parse_line(payload: bytes) -> dict[str, Any] | None:
+    try:
+        doc = json.loads(payload)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _result(load: dict[str, Any] | None, results: list[dict[str, Any]], end: dict[str, Any] | None,
+            timed_out: bool, cpu_limit: float, secrets: tuple[str, ...]) -> RunResult:
     sig = end.get("signal_name") if end else None
     cpu = end.get("cpu_s") if end else None
-    worker_killed = end is None and not timed_out
     if sig == "SIGXCPU" or (sig == "SIGKILL" and cpu is not None and cpu >= cpu_limit - 0.05):
         timed_out = True
-    return RunResult(load, results, timed_out, sig, worker_killed, wall_s, cpu)
+    if secrets:  # defence in depth: the candidate's environment has none, but text could carry one
+        if load is not None and "exc" in load:
+            load = load | {"exc": scrub(str(load["exc"]), secrets)}
+        results = [r | {"exc": scrub(str(r["exc"]), secrets)} if "exc" in r else r for r in results]
+    return RunResult(load, results, timed_out, sig, end is None and not timed_out, cpu)
 
 
 def _claim_uid() -> tuple[int, Any]:

@@ -1,0 +1,77 @@
+"""noisefloor: how much of an eval score is real, and how much is rerun noise.
+
+The four parts install as subpackages of this one name (the repository keeps them as top-level
+folders): `noisefloor.proxy` (record / strict replay, the LMDB log), `noisefloor.verifier`
+(sandboxed grading), `noisefloor.analyzer` (determinism-ladder statistics) and
+`noisefloor.ladder` (runs an agent through every condition). The names below are the surface a
+Python user needs; everything else is reachable through the subpackages but may move.
+
+They load on first use: `python -m noisefloor.ladder.agent` (started once per agent run) must
+not pay for numpy, scipy and mitmproxy.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import TYPE_CHECKING, Any
+
+try:
+    __version__ = version("noisefloor")
+except PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
+
+_SURFACE = {
+    "Analysis": "noisefloor.analyzer.analysis",
+    "Settings": "noisefloor.analyzer.analysis",
+    "analyze": "noisefloor.analyzer.analysis",
+    "GateSettings": "noisefloor.analyzer.gate",
+    "gate": "noisefloor.analyzer.gate",
+    "OutcomeError": "noisefloor.analyzer.outcomes",
+    "OutcomeSet": "noisefloor.analyzer.outcomes",
+    "Row": "noisefloor.analyzer.outcomes",
+    "load_outcomes": ("noisefloor.analyzer.outcomes", "load"),
+    "build_outcomes": ("noisefloor.analyzer.outcomes", "build"),
+    "CanonicalRequest": "noisefloor.proxy.keys",
+    "Rules": "noisefloor.proxy.keys",
+    "canonicalize": "noisefloor.proxy.keys",
+    "Exchange": "noisefloor.proxy.store",
+    "Store": "noisefloor.proxy.store",
+    "StoreError": "noisefloor.proxy.store",
+    "GradeOptions": "noisefloor.verifier.grading",
+    "code_grader": "noisefloor.verifier.grading",
+    "Sandbox": "noisefloor.verifier.sandbox",
+    "SandboxError": "noisefloor.verifier.sandbox",
+}
+
+__all__ = [  # written out so that tools see the names the lazy loader serves
+    "Analysis", "CanonicalRequest", "Exchange", "GateSettings", "GradeOptions", "OutcomeError", "OutcomeSet", "Row",
+    "Rules", "Sandbox", "SandboxError", "Settings", "Store", "StoreError", "__version__", "analyze", "build_outcomes",
+    "canonicalize", "code_grader", "gate", "load_outcomes",
+]
+
+
+def __getattr__(name: str) -> Any:
+    where = _SURFACE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'noisefloor' has no attribute {name!r}")
+    module, attr = where if isinstance(where, tuple) else (where, name)
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:
+    from noisefloor.analyzer.analysis import Analysis, Settings, analyze
+    from noisefloor.analyzer.gate import GateSettings, gate
+    from noisefloor.analyzer.outcomes import OutcomeError, OutcomeSet, Row
+    from noisefloor.analyzer.outcomes import build as build_outcomes
+    from noisefloor.analyzer.outcomes import load as load_outcomes
+    from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize
+    from noisefloor.proxy.store import Exchange, Store, StoreError
+    from noisefloor.verifier.grading import GradeOptions, code_grader
+    from noisefloor.verifier.sandbox import Sandbox, SandboxError

@@ -10,6 +10,7 @@ from itertools import combinations
 from typing import Any
 
 import numpy as np
+
 from noisefloor.analyzer.bootstrap import task_bootstrap
 from noisefloor.analyzer.judge import JudgeStats, judge_columns, judge_stats
 from noisefloor.analyzer.ladder import (

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+
 from noisefloor.analyzer import floors
 from noisefloor.analyzer.outcomes import Row
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import click
+
 from noisefloor.analyzer import audit as audit_mod
 from noisefloor.analyzer import report
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
@@ -173,8 +174,9 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     Each file holds outcome rows (task_id, outcome, replicate; optional model, temperature,
     top_p, seed, grader_version). Exit status: 1 when a case regressed, 2 when the stamps differ.
     """
-    from noisefloor.analyzer import gate as g
     from scipy import special
+
+    from noisefloor.analyzer import gate as g
 
     runs = [_gate_run(p) for p in (base_a, base_b, candidate)]
     stamps = {r[1] for r in runs}

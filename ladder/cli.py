@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from noisefloor.ladder.runner import CONDITIONS, Config, Ladder, LadderError, parse_agent
 
 

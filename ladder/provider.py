@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
 from noisefloor.ladder.suite import SuiteTask
 
 LIVE_T = 0.7

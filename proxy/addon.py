@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from mitmproxy import ctx, http
 from mitmproxy.net.http import status_codes
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+
+from noisefloor.proxy import decoding, perturb, secrets
 from noisefloor.proxy import overrides as ov
-from noisefloor.proxy import perturb
 from noisefloor.proxy.perturb import Rewrite
 from noisefloor.proxy.recorder import Pending, Recorder
 from noisefloor.proxy.replayer import Replayer
@@ -32,6 +33,17 @@ _STAMP = "nf_stamp"
 _CAPTURE = "nf_capture"
 _SPLIT = "nf_split"
 _STALLED = "nf_stalled"
+_DECODED = "nf_decoded"
+
+
+def _where(flow: http.HTTPFlow) -> str:
+    """The request for a message on stderr: secret query values and userinfo redacted."""
+    return f"{flow.request.method} {secrets.scrub_url(flow.request.url)}"
+
+
+def _scrub(flow: http.HTTPFlow, what: object) -> str:
+    """An error message with the request's secrets (any form) erased."""
+    return secrets.erase_text(str(what), secrets.secret_values(flow.request.url, flow.request.headers.items(multi=True)))
 
 
 def _field(f: tuple[bytes, bytes]) -> tuple[str, str]:
@@ -47,6 +59,7 @@ def request_data(flow: http.HTTPFlow) -> RequestData:
         path=r.path,
         headers=tuple(r.headers.items(multi=True)),
         raw_body=r.raw_content or b"",
+        decoded=flow.metadata.get(_DECODED),
         stamp=flow.metadata.get(_STAMP, {}),
         arrived=flow.request.timestamp_start,
     )
@@ -84,6 +97,43 @@ class Group:
         self.addons = list(children)
 
 
+def _error(status: int, kind: str, message: str, headers: dict[str, str]) -> http.Response:
+    """An answer nfproxy gives itself, in the JSON error shape the SDKs print."""
+    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
+    return http.Response.make(status, body, {"content-type": "application/json", **headers})
+
+
+def _decoded(flow: http.HTTPFlow) -> bytes:
+    """The request body with Content-Encoding undone (by BodyLimit, off the event loop)."""
+    found = flow.metadata.get(_DECODED)
+    return found if found is not None else flow.request.raw_content or b""
+
+
+class BodyLimit:
+    """Undoes each request body's Content-Encoding with a cap on the decoded size, in a worker
+    thread, before anything is keyed or forwarded: a body over the cap (a decompression bomb, or
+    just too large) gets 413 and never reaches the provider, and other clients are not held up
+    while a large body decodes. The decoded bytes ride along for keying."""
+
+    def __init__(self, limit: int, stats: Stats) -> None:
+        self.limit = limit
+        self.stats = stats
+
+    async def request(self, flow: http.HTTPFlow) -> None:
+        raw = flow.request.raw_content or b""
+        encoding = flow.request.headers.get("content-encoding")
+        if not encoding and len(raw) <= self.limit:
+            return
+        try:
+            flow.metadata[_DECODED] = await asyncio.to_thread(decoding.decode, raw, encoding, self.limit)
+        except decoding.BodyTooLarge as exc:
+            self.stats.errors += 1
+            log.error("nfproxy: refused %s: %s", _where(flow), exc)
+            flow.response = _error(413, "nfproxy_body_too_large", str(exc), {"x-nf-refused": "body-too-large"})
+        except Exception:  # noqa: BLE001 - not what it claims to be: keyed on its raw bytes, with a note
+            pass
+
+
 class SessionLabels:
     """Reads the x-nf-* labels and strips them, so they reach neither the provider nor the key."""
 
@@ -113,13 +163,13 @@ class BodyRewrites:
         self.perturbation = perturbation
 
     def request(self, flow: http.HTTPFlow) -> None:
-        if not (self.overrides or self.perturbation) or not flow.request.raw_content:
+        if not (self.overrides or self.perturbation) or not flow.request.raw_content or flow.response is not None:
             return
         stamp = dict(flow.metadata.get(_STAMP, {}))
         notes = list(stamp.get("notes", ()))
         try:
-            doc = json.loads(flow.request.get_content(strict=False) or b"")
-        except ValueError:
+            doc = json.loads(_decoded(flow))
+        except (ValueError, RecursionError):
             doc = None
         if not isinstance(doc, dict):
             notes.append("request body is not a JSON object: --set/--perturb not applied")
@@ -135,7 +185,9 @@ class BodyRewrites:
                 else:
                     doc = changed
                     stamp["perturbation"] = name
-            flow.request.content = json.dumps(doc).encode()  # re-encoded as the client sent it
+            content = json.dumps(doc).encode()
+            flow.request.content = content  # re-encoded as the client sent it
+            flow.metadata[_DECODED] = content
         if notes:
             stamp["notes"] = notes
         flow.metadata[_STAMP] = stamp
@@ -170,7 +222,7 @@ class Streams:
             idle = time.monotonic() - capture.last_activity
             if idle >= self.timeout:
                 flow.metadata[_STALLED] = f"upstream stalled: no stream data for {self.timeout:g} s"
-                log.warning("nfproxy: %s for %s", flow.metadata[_STALLED], flow.request.url)
+                log.warning("nfproxy: %s for %s", flow.metadata[_STALLED], _where(flow))
                 _close_server_connection(flow)
                 return
             await asyncio.sleep(min(1.0, self.timeout - idle))
@@ -196,6 +248,8 @@ class Record:
         self._unkeyed: deque[http.HTTPFlow] = deque()
 
     def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:  # refused before it got here (BodyLimit): nothing to record
+            return
         flow.metadata[_PENDING] = (request_data(flow), flow.metadata[_LABELS])
         self._unkeyed.append(flow)
         # runs once mitmproxy has sent the request on: keying overlaps the upstream's work
@@ -234,10 +288,9 @@ class Record:
 
     def _withhold(self, flow: http.HTTPFlow, exc: Exception) -> None:
         self.recorder.stats.errors += 1
-        log.error("nfproxy: could not record %s %s: %s", flow.request.method, flow.request.url, exc)
-        body = json.dumps({"error": {"type": "nfproxy_record_error", "message": f"nfproxy could not record "
-                           f"this exchange, so it withholds the answer: {exc}"}}).encode()
-        flow.response = http.Response.make(507, body, {"content-type": "application/json", "x-nf-record": "error"})
+        log.error("nfproxy: could not record %s: %s", _where(flow), _scrub(flow, exc))
+        flow.response = _error(507, "nfproxy_record_error", "nfproxy could not record this exchange, so it "
+                               f"withholds the answer: {_scrub(flow, exc)}", {"x-nf-record": "error"})
 
     def error(self, flow: http.HTTPFlow) -> None:
         pending = self._take(flow)
@@ -248,14 +301,14 @@ class Record:
         partial = None
         if flow.response is not None and capture is not None:  # a stream that broke off: keep what came
             partial = response_data(flow.response, capture)
-        log.warning("nfproxy: error recorded for %s: %s", flow.request.url, message)
+        log.warning("nfproxy: error recorded for %s: %s", _where(flow), _scrub(flow, message))
         try:
             if isinstance(pending, Exception):
                 raise pending
             self.recorder.finish(pending, partial, error=message)
         except Exception as exc:  # noqa: BLE001 - the client already gets an error; say this one was lost
             self.recorder.stats.errors += 1
-            log.error("nfproxy: could not record the failed exchange %s: %s", flow.request.url, exc)
+            log.error("nfproxy: could not record the failed exchange %s: %s", _where(flow), _scrub(flow, exc))
 
 
 class Replay:
@@ -271,21 +324,23 @@ class Replay:
         self.timed = timed
 
     def request(self, flow: http.HTTPFlow) -> None:
+        if flow.response is not None:  # refused before it got here (BodyLimit)
+            return
         if is_websocket(flow):
-            body = json.dumps({"error": {"type": "nfproxy_websocket", "message": "nfproxy cannot replay WebSocket "
-                                         "connections; record and replay the HTTP API instead"}}).encode()
-            flow.response = http.Response.make(501, body, {"content-type": "application/json", "x-nf-replay": "miss"})
-            self.replayer.stats.misses += 1
-            log.warning("nfproxy: refused a WebSocket upgrade in replay mode: %s", flow.request.url)
+            log.warning("nfproxy: refused a WebSocket upgrade in replay mode: %s", _where(flow))
+            try:
+                flow.response = to_mitmproxy(self.replayer.refuse_websocket(request_data(flow), flow.metadata[_LABELS]))
+            except Exception as exc:  # noqa: BLE001 - as below: never forwarded
+                flow.response = to_mitmproxy(self.replayer.failure(exc))
             return
         try:
             answer = self.replayer.answer(request_data(flow), flow.metadata[_LABELS])
         except Exception as exc:  # noqa: BLE001 - unanswered, mitmproxy would forward the request upstream
-            log.error("nfproxy: replay failed for %s %s: %r", flow.request.method, flow.request.url, exc)
+            log.error("nfproxy: replay failed for %s: %s", _where(flow), _scrub(flow, repr(exc)))
             flow.response = to_mitmproxy(self.replayer.failure(exc))
             return
         if answer.result != "hit":
-            log.warning("nfproxy: replay %s for %s %s", answer.result, flow.request.method, flow.request.url)
+            log.warning("nfproxy: replay %s for %s", answer.result, _where(flow))
         resp = answer.response
         if resp.layout is None:
             flow.response = to_mitmproxy(resp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import gc
 import json
 import os
@@ -15,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from noisefloor.proxy import perturb
 from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.profiles import PROFILES
-from noisefloor.proxy.store import DeferredLog, Store, StoreError
+from noisefloor.proxy.store import DeferredLog, Store, StoreError, is_read_only
 from noisefloor.proxy.traffic import Labels, Stats
 
 DEFAULT_STORE = "recordings/log.lmdb"
@@ -77,14 +79,16 @@ def main() -> None:
               help="mitmproxy state folder (CA certificates); default: mitmproxy-ca beside the store.")
 @click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False),
               help="Extra CA bundle (PEM) to trust for upstream TLS, e.g. a self-signed local server.")
+@click.option("--max-body-mb", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Largest request body, after undoing Content-Encoding; a larger one gets 413 and is not forwarded.")
 @click.option("-q", "--quiet", is_flag=True, help="No ready line and no summary.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: str, upstream: str | None,
         session: str | None, task: str | None, replicate: str | None, condition: str | None,
         ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], perturbation: str | None,
         perturb_file: Path | None, replay_sessions: tuple[str, ...],
-        replay_timing: str, stream_timeout: float, confdir: Path | None, upstream_ca: str | None, quiet: bool,
-        command: tuple[str, ...]) -> None:
+        replay_timing: str, stream_timeout: float, confdir: Path | None, upstream_ca: str | None, max_body_mb: int,
+        quiet: bool, command: tuple[str, ...]) -> None:
     """Run the proxy in the foreground until SIGINT or SIGTERM.
 
     With a COMMAND after `--`, start the proxy, run the command with the proxy environment set
@@ -105,7 +109,8 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     confdir = confdir or store_path.parent / "mitmproxy-ca"
     serve = _Serve(mode, host, port, upstream, confdir, store_path, quiet, list(command), upstream_ca)
     try:
-        asyncio.run(serve.run(engine, labels, override_list, variant, replay_timing == "recorded", stream_timeout, stats))
+        asyncio.run(serve.run(engine, labels, override_list, variant, replay_timing == "recorded", stream_timeout, stats,
+                              max_body_mb << 20))
     finally:
         try:
             if writer is not None:
@@ -132,9 +137,14 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
     from noisefloor.proxy.recorder import Recorder
     from noisefloor.proxy.replayer import Replayer
 
+    read_only = mode == "replay" and is_read_only(store_path)
     try:
-        store = Store.open(store_path, write=True, create=(mode == "record"))
+        store = Store.open(store_path, write=not read_only, create=(mode == "record"))
+        if mode == "record":
+            store.lock_for_recording()
     except StoreError as exc:
+        if "store" in locals():
+            store.close()
         raise click.ClickException(str(exc)) from None
     writer = None
     try:
@@ -143,9 +153,19 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
             if upstream:
                 store.set_meta("upstream", upstream)
         else:
-            writer = DeferredLog(store)
-            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions,
-                              log=writer.submit)
+            def lost(exc: Exception) -> None:  # one request's log record; the next ones are written
+                engine.stats.errors += 1
+                click.echo(f"nfproxy: a replay log record could not be built ({exc.__class__.__name__}); "
+                           "the answer was served, the record is missing", err=True)
+
+            if read_only:
+                click.echo(f"nfproxy: store {store_path} is read-only: replay answers from it but writes no log "
+                           "records of its own (the summary still counts every request)", err=True)
+                sink = _discard
+            else:
+                writer = DeferredLog(store, on_error=lost)
+                sink = writer.submit
+            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions, log=sink)
             if engine.recorded == 0:
                 raise StoreError(f"store {store_path} holds no recorded exchanges; record with --mode record first")
             upstream = upstream or store.meta("upstream")
@@ -155,6 +175,10 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
         store.close()
         raise click.ClickException(str(exc)) from None
     return store, engine, upstream, writer
+
+
+def _discard(build: Any) -> None:
+    """The replay log of a read-only store: nothing is written."""
 
 
 class _Serve:
@@ -168,8 +192,9 @@ class _Serve:
         self.returncode: int | None = None
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
-                  timed: bool, stream_timeout: float, stats: Stats) -> None:
+                  timed: bool, stream_timeout: float, stats: Stats, max_body: int) -> None:
         from noisefloor.proxy.addon import (
+            BodyLimit,
             BodyRewrites,
             Group,
             NoUpstream,
@@ -194,7 +219,8 @@ class _Serve:
         )
         if self.upstream_ca:
             master.options.update(ssl_verify_upstream_trusted_ca=self.upstream_ca)
-        addons: list[Any] = [SessionLabels(labels), BodyRewrites(overrides, variant), TlsFailures(stats)]
+        addons: list[Any] = [BodyLimit(max_body, stats), SessionLabels(labels), BodyRewrites(overrides, variant),
+                             TlsFailures(stats)]
         streams = None
         if self.mode == "record":
             addons += [Record(engine), Streams(stream_timeout, capture=True)]
@@ -343,16 +369,27 @@ def ca_cmd(confdir: Path) -> None:
 
 
 def _open_reader(store_path: Path) -> Store:
-    try:
-        return Store.open(store_path, write=False)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+    return Store.open(store_path, write=False)
+
+
+def _store_errors(fn: Any) -> Any:
+    """A command that reads a store: a missing or damaged one is one line and exit 1, never a traceback."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StoreError as exc:
+            raise click.ClickException(str(exc)) from None
+
+    return run
 
 
 @main.command("log")
 @click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
 @click.option("--session", help="Only this session's exchanges.")
 @click.option("--sessions-only", is_flag=True, help="List sessions, not exchanges.")
+@_store_errors
 def log_cmd(store_path: Path, session: str | None, sessions_only: bool) -> None:
     """List sessions and exchanges, a line each."""
     with _open_reader(store_path) as store:
@@ -382,6 +419,7 @@ def log_cmd(store_path: Path, session: str | None, sessions_only: bool) -> None:
 @main.command("show")
 @click.argument("exchange_id", type=int)
 @click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
+@_store_errors
 def show_cmd(exchange_id: int, store_path: Path) -> None:
     """Print one exchange: its record and both bodies, decompressed (secrets were never stored)."""
     with _open_reader(store_path) as store:

@@ -9,17 +9,16 @@ replay under different rules is refused instead of silently missing or, worse, s
 from __future__ import annotations
 
 import difflib
-import gzip
 import hashlib
 import json
-import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from noisefloor.proxy import profiles, secrets
+from noisefloor.proxy import decoding, profiles, secrets
+from noisefloor.proxy.decoding import DEFAULT_LIMIT, BodyTooLarge
 
 RULES_VERSION = 1
 
@@ -107,42 +106,20 @@ def sha256_hex(data: str | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def decode_body(raw: bytes, content_encoding: str | None) -> tuple[bytes, str | None]:
+def decode_body(raw: bytes, content_encoding: str | None, limit: int = DEFAULT_LIMIT) -> tuple[bytes, str | None]:
     """Undo Content-Encoding so that compression never reaches the key.
 
-    Returns the decoded bytes and a note when decoding was impossible (the raw bytes are then
-    keyed as they are, which is still deterministic).
+    Returns the decoded bytes and a note when decoding was impossible or the decoded body would
+    pass `limit` (the raw bytes are then keyed as they are, which is still deterministic).
     """
     if not raw or not content_encoding:
         return raw, None
-    data = raw
-    for enc in reversed([e.strip().lower() for e in content_encoding.split(",") if e.strip()]):
-        try:
-            data = _decode_one(data, enc)
-        except Exception as exc:  # noqa: BLE001 - any decoder failure falls back to raw bytes
-            return raw, f"body not decodable as {enc!r} ({exc.__class__.__name__}); keyed on raw bytes"
-    return data, None
-
-
-def _decode_one(data: bytes, enc: str) -> bytes:
-    if enc in ("identity", ""):
-        return data
-    if enc in ("gzip", "x-gzip"):
-        return gzip.decompress(data)
-    if enc == "deflate":
-        try:
-            return zlib.decompress(data)
-        except zlib.error:
-            return zlib.decompress(data, -zlib.MAX_WBITS)
-    if enc == "br":
-        import brotli  # shipped with mitmproxy
-
-        return brotli.decompress(data)
-    if enc == "zstd":
-        import zstandard
-
-        return zstandard.ZstdDecompressor().decompressobj().decompress(data)
-    raise ValueError(f"unknown content-encoding {enc}")
+    try:
+        return decoding.decode(raw, content_encoding, limit), None
+    except BodyTooLarge as exc:
+        return raw, f"{exc}; keyed on raw bytes"
+    except Exception as exc:  # noqa: BLE001 - any decoder failure falls back to raw bytes
+        return raw, f"body not decodable as {content_encoding!r} ({exc.__class__.__name__}); keyed on raw bytes"
 
 
 def parse_pointer(pointer: str) -> list[str]:
@@ -219,17 +196,17 @@ def canonicalize(
     else:
         try:
             parsed = json.loads(body)
-        except (UnicodeDecodeError, ValueError):
+        except (UnicodeDecodeError, ValueError, RecursionError):
             parsed = _NOT_JSON
         if parsed is _NOT_JSON:
-            kind, value = "raw", {"sha256": sha256_hex(body), "size": len(body)}
+            kind, value = "raw", _raw(body)
             notes.append("body is not JSON; keyed on its raw bytes")
         else:
             kind = "json"
             for pointer in (*rules.ignore_fields, *volatile):
                 parsed = drop_pointer(parsed, _tokens(pointer))
             value = parsed
-    return CanonicalRequest(
+    canon = CanonicalRequest(
         method=method.upper(),
         host=host.lower().split(":")[0] if not host.startswith("[") else host.lower(),
         path=parts.path or "/",
@@ -239,6 +216,16 @@ def canonicalize(
         body_kind=kind,
         notes=tuple(notes),
     )
+    try:
+        canon.key  # noqa: B018 - computed now: a body that cannot be hashed as JSON is keyed on its bytes
+    except (UnicodeEncodeError, ValueError, RecursionError) as exc:
+        note = f"JSON body cannot be canonicalized ({exc.__class__.__name__}); keyed on its raw bytes"
+        canon = replace(canon, body=_raw(body), body_kind="raw", notes=(*canon.notes, note))
+    return canon
+
+
+def _raw(body: bytes) -> dict[str, Any]:
+    return {"sha256": sha256_hex(body), "size": len(body)}
 
 
 _NOT_JSON = object()

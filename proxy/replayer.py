@@ -108,6 +108,14 @@ class Replayer:
             return ResponseData(502, (("content-type", "application/json"),), body)
         return ResponseData.from_record(rec, self.store.body(rec.get("body")))
 
+    def refuse_websocket(self, request: RequestData, labels: Labels) -> ResponseData:
+        """A WebSocket upgrade cannot be replayed: refused, logged and counted as a miss."""
+        p = prepare(request, labels, self.rules, self.counters)
+        doc = {"type": "nfproxy_websocket", "message": "nfproxy cannot replay WebSocket connections; record and "
+               "replay the HTTP API instead", "key": p.key, "occurrence": p.occurrence}
+        why = "websocket upgrade refused"
+        return self._log(p, "miss", _error_response(501, doc, p, "miss"), None, why).response
+
     def failure(self, exc: BaseException) -> ResponseData:
         """The answer when replay itself broke (an unreadable store, a log that cannot be written):
         an error the agent sees at once, counted so that a strict run exits non-zero."""

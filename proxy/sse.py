@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from aiohttp import web
+
 from noisefloor.proxy.traffic import HOP_BY_HOP
 
 TICKET_HEADER = "x-nf-stream-ticket"

@@ -14,17 +14,20 @@ part of noisefloor reads the log.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import stat
 import struct
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lmdb
 import zstandard
+
 from noisefloor.proxy.keys import decode_body
 
 FORMAT = "noisefloor-log/1"
@@ -37,8 +40,20 @@ def _read_only(path: Path) -> bool:
     """Read-only by permission bits too: root may write anyway, but the owner said not to."""
     if not path.exists():
         return False
+    if os.statvfs(path).f_flag & os.ST_RDONLY:
+        return True
     return not os.access(path, os.W_OK) or not path.stat().st_mode & stat.S_IWUSR
 
+
+def is_read_only(path: str | os.PathLike[str]) -> bool:
+    """A store that can be read but not written: checked out read-only, or on a read-only mount."""
+    p = Path(path)
+    return _read_only(p) or _read_only(p / "data.mdb")
+
+
+# What reading a damaged store raises, from LMDB, zstd, JSON or the record types.
+_DAMAGE = (lmdb.Error, zstandard.ZstdError, ValueError, TypeError, KeyError, UnicodeDecodeError, struct.error)
+_MIN_FILE = 2 * 4096  # LMDB's two meta pages
 
 class StoreError(RuntimeError):
     """A store that cannot be used as asked; the message says what to do."""
@@ -104,10 +119,13 @@ _ENTRY_FIELDS = tuple(RecordedEntry.__dataclass_fields__)
 class Store:
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
-    def __init__(self, env: lmdb.Environment, path: Path, writable: bool) -> None:
+    def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0) -> None:
         self._env = env
         self.path = path
         self.writable = writable
+        self._fd = os.open(path / "data.mdb", os.O_RDONLY)
+        self._needed = needed  # bytes the data file must keep: reading past its end is a SIGBUS
+        self._record_lock: Any = None
         self._meta = env.open_db(b"meta", create=writable)
         self._bodies = env.open_db(b"bodies", create=writable)
         self._exchanges = env.open_db(b"exchanges", create=writable)
@@ -130,6 +148,9 @@ class Store:
                 raise StoreError(f"{p} is a non-empty directory without an LMDB store; choose a new path for --store")
         if write and (_read_only(p) or _read_only(data)):
             raise StoreError(f"store {p} is read-only; make it writable or record into a new --store path")
+        if data.exists() and data.stat().st_size < _MIN_FILE:
+            raise StoreError(f"{p} is not a readable LMDB store: {data} has {data.stat().st_size} bytes (truncated or "
+                             "not a store); restore it from a copy, or point --store at an nfproxy store")
         try:
             if write:
                 p.mkdir(parents=True, exist_ok=True)
@@ -139,7 +160,7 @@ class Store:
                 max_dbs=8,
                 subdir=True,
                 readonly=not write,
-                lock=write or os.access(p, os.W_OK),
+                lock=write or not is_read_only(p),  # a read-only store gets no reader-table writes
                 # Process-crash safe without fsync per exchange: LMDB writes the meta page last, so a
                 # SIGKILL leaves the last committed transaction intact. `sync()` on close.
                 sync=False,
@@ -156,8 +177,13 @@ class Store:
             except StoreError:
                 env.close()
                 raise
+        needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+        if data.stat().st_size < needed:
+            env.close()
+            raise StoreError(f"store {p} is damaged: {data} is truncated ({data.stat().st_size} of {needed} bytes); "
+                             "restore it from a copy or record it again")
         try:
-            store = cls(env, p, write)
+            store = cls(env, p, write, needed)
         except lmdb.Error as exc:
             env.close()
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
@@ -169,10 +195,49 @@ class Store:
             raise StoreError(f"{p} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy")
         return store
 
+    def lock_for_recording(self) -> None:
+        """One recording proxy per store: two would number the same sessions twice and make the
+        replay order ambiguous. The lock lives as long as this handle (or the process)."""
+        fh = open(self.path / "nfproxy-record.lock", "a+")  # noqa: SIM115 - kept open: the lock lives with it
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            fh.seek(0)
+            holder = fh.read().strip() or "another process"
+            fh.close()
+            raise StoreError(f"store {self.path} is being recorded by another nfproxy ({holder}); stop it, or "
+                             "record into another --store and combine them later") from None
+        fh.truncate(0)
+        fh.write(f"pid {os.getpid()}")
+        fh.flush()
+        self._record_lock = fh
+
     def close(self) -> None:
         if self.writable:
             self._env.sync(True)
         self._env.close()
+        os.close(self._fd)
+        if self._record_lock is not None:
+            self._record_lock.close()
+
+    def _check_intact(self) -> None:
+        size = os.fstat(self._fd).st_size
+        if size < self._needed:
+            raise StoreError(f"store {self.path} was truncated while in use ({size} of {self._needed} bytes); "
+                             "restore it from a copy or record it again")
+
+    @contextmanager
+    def _reading(self) -> Iterator[None]:
+        """Every read: refuse a file cut short under us (reading past its end would be a SIGBUS),
+        and turn damage into one StoreError that names the store and what to do."""
+        self._check_intact()
+        try:
+            yield
+        except StoreError:
+            raise
+        except _DAMAGE as exc:
+            raise StoreError(f"store {self.path} is damaged ({exc.__class__.__name__}: {exc}); "
+                             "restore it from a copy or record it again") from None
 
     def __enter__(self) -> Store:
         return self
@@ -183,9 +248,9 @@ class Store:
     # -- meta ----------------------------------------------------------------------------------
 
     def meta(self, name: str) -> Any:
-        with self._env.begin(db=self._meta) as txn:
+        with self._reading(), self._env.begin(db=self._meta) as txn:
             raw = txn.get(name.encode())
-        return None if raw is None else json.loads(raw)
+            return None if raw is None else json.loads(raw)
 
     def set_meta(self, name: str, value: Any) -> None:
         self._write(lambda txn: txn.put(name.encode(), json.dumps(value).encode(), db=self._meta))
@@ -211,13 +276,13 @@ class Store:
     def body(self, digest: str | None) -> bytes | None:
         if digest is None:
             return None
-        with self._env.begin(db=self._bodies) as txn:
+        with self._reading(), self._env.begin(db=self._bodies) as txn:
             raw = txn.get(bytes.fromhex(digest))
-        return None if raw is None else self._dctx.decompress(raw)
+            return None if raw is None else self._dctx.decompress(raw)
 
     def bodies(self) -> Iterator[bytes]:
         """Every stored body, decompressed (for audits: what exactly is on disk)."""
-        with self._env.begin(db=self._bodies, buffers=False) as txn:
+        with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
             for _, raw in txn.cursor():
                 yield self._dctx.decompress(raw)
 
@@ -273,24 +338,24 @@ class Store:
         return new_id
 
     def exchange(self, exchange_id: int) -> Exchange | None:
-        with self._env.begin(db=self._exchanges) as txn:
+        with self._reading(), self._env.begin(db=self._exchanges) as txn:
             raw = txn.get(_U64.pack(exchange_id))
-        return None if raw is None else Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+            return None if raw is None else Exchange.from_json(json.loads(self._dctx.decompress(raw)))
 
     def exchanges(self) -> Iterator[Exchange]:
         """Every exchange in write order (a consistent snapshot)."""
-        with self._env.begin(db=self._exchanges, buffers=False) as txn:
+        with self._reading(), self._env.begin(db=self._exchanges, buffers=False) as txn:
             for _, raw in txn.cursor():
                 yield Exchange.from_json(json.loads(self._dctx.decompress(raw)))
 
     def recorded_entries(self) -> Iterator[RecordedEntry]:
-        with self._env.begin(db=self._recorded) as txn:
+        with self._reading(), self._env.begin(db=self._recorded) as txn:
             for _, raw in txn.cursor():
                 doc = json.loads(raw)
                 yield RecordedEntry(**{k: doc[k] for k in _ENTRY_FIELDS})
 
     def __len__(self) -> int:
-        with self._env.begin(db=self._exchanges) as txn:
+        with self._reading(), self._env.begin(db=self._exchanges) as txn:
             return txn.stat(self._exchanges)["entries"]
 
     # -- internals -----------------------------------------------------------------------------
@@ -299,6 +364,7 @@ class Store:
         if not self.writable:
             raise StoreError(f"store {self.path} was opened read-only")
         while True:
+            self._check_intact()
             try:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
@@ -338,14 +404,19 @@ class DeferredLog:
     the GIL whenever the proxy released it for a socket send, so the answer waited for the log.
     Here the write runs between requests, batched. A proxy killed with SIGKILL loses at most the
     last `delay` seconds of replay records; recording stays synchronous (an answered exchange is
-    on disk before the client sees the answer). A write failure is raised again on the next
+    on disk before the client sees the answer).
+
+    A record that cannot be built is one request's problem: it goes to `on_error` and the rest of
+    the batch is written. A failed write is the store's problem: it is raised again on the next
     submit or on close, never swallowed.
     """
 
-    def __init__(self, store: Store, *, delay: float = 0.05, max_batch: int = 256) -> None:
+    def __init__(self, store: Store, *, delay: float = 0.05, max_batch: int = 256,
+                 on_error: Callable[[Exception], None] | None = None) -> None:
         self._store = store
         self._delay = delay
         self._max_batch = max_batch
+        self._on_error = on_error
         self._pending: list[Callable[[], tuple[dict[str, Any], Mapping[str, bytes]]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._failure: BaseException | None = None
@@ -370,11 +441,23 @@ class DeferredLog:
             self._timer.cancel()
             self._timer = None
         batch, self._pending = self._pending, []
-        if batch and self._failure is None:
+        if not batch or self._failure is not None:
+            return
+        items = []
+        for build in batch:
             try:
-                self._store.append_many([(*build(), None) for build in batch])
-            except Exception as exc:  # noqa: BLE001 - reported on the next submit and on close
-                self._failure = exc
+                record, bodies = build()
+                json.dumps(record).encode()  # what the store will write: fails here, for this record only
+            except Exception as exc:  # noqa: BLE001 - one bad request must not cost the others their records
+                if self._on_error is None:
+                    raise
+                self._on_error(exc)
+                continue
+            items.append((record, bodies, None))
+        try:
+            self._store.append_many(items)
+        except Exception as exc:  # noqa: BLE001 - reported on the next submit and on close
+            self._failure = exc
 
     def close(self) -> None:
         self.flush()

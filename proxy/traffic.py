@@ -67,6 +67,7 @@ class RequestData:
     path: str  # path with query
     headers: tuple[tuple[str, str], ...]
     raw_body: bytes
+    decoded: bytes | None = None  # the body with Content-Encoding undone, when BodyLimit did it already
     # what nfproxy itself changed before keying: {"overrides": {...}, "perturbation": name, "notes": [...]}
     stamp: Mapping[str, Any] = field(default_factory=dict)
     arrived: float = field(default_factory=time.time)
@@ -83,7 +84,10 @@ class RequestData:
         return next((v for k, v in self.headers if k.lower() == name), None)
 
     def canonical(self, rules: Rules) -> CanonicalRequest:
-        body, note = decode_body(self.raw_body, self.header("content-encoding"))
+        if self.decoded is not None:
+            body, note = self.decoded, None
+        else:
+            body, note = decode_body(self.raw_body, self.header("content-encoding"))
         canon = canonicalize(self.method, self.host, self.path, self.headers, body, rules)
         return replace(canon, notes=canon.notes + (note,)) if note else canon
 
@@ -92,9 +96,23 @@ class RequestData:
         return secrets.secret_values(self.url, self.headers)
 
     @cached_property
+    def _stored(self) -> tuple[bytes, bool]:
+        """The body as written to the log, and whether it had to be stored decoded: a secret found
+        only after undoing Content-Encoding is erased from the decoded bytes."""
+        values = self.secret_values
+        if not values or not self.raw_body:
+            return self.raw_body, False
+        encoding = self.header("content-encoding")
+        if encoding:
+            decoded, note = (self.decoded, None) if self.decoded is not None else decode_body(self.raw_body, encoding)
+            if note is None and secrets.contains(decoded, values):
+                return secrets.erase(decoded, values), True
+        return secrets.erase(self.raw_body, values), False
+
+    @property
     def stored_body(self) -> bytes:
         """The request body as written to the log (secret values erased; usually unchanged)."""
-        return secrets.erase(self.raw_body, self.secret_values)
+        return self._stored[0]
 
     @cached_property
     def stored_digest(self) -> str:
@@ -102,10 +120,13 @@ class RequestData:
 
     def record(self) -> dict[str, Any]:
         """The stored request: secrets gone, body by hash."""
+        headers = secrets.scrub_headers(self.headers)
+        if self._stored[1]:  # stored decoded: the encoding no longer describes it
+            headers = [(k, v) for k, v in headers if k.lower() not in ("content-encoding", "content-length")]
         return {
             "method": self.method,
             "url": secrets.scrub_url(self.url),
-            "headers": secrets.scrub_headers(self.headers),
+            "headers": headers,
             "body": self.stored_digest if self.raw_body else None,
             "body_size": len(self.raw_body),
         }
@@ -137,19 +158,23 @@ class ResponseData:
         return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in self.headers)
 
     def without(self, values: list[str]) -> ResponseData:
-        """A copy safe to store: caller secrets echoed back (error messages do) are erased.
+        """A copy safe to store: caller secrets echoed back (error messages do) are erased, in
+        every encoded form, after undoing Content-Encoding, and in a stream also where the value
+        is split across events.
 
         Only when a secret is found is the body stored decoded, with Content-Encoding dropped;
         otherwise the wire bytes are kept as they are, so replay stays byte-identical. A stream
-        whose body had to change keeps one chunk per recorded chunk only where sizes still add up.
+        whose body had to change is stored as one chunk.
         """
-        if not values:
+        if not values or not self.raw_body:
             return self
         decoded = self.decoded_body
-        if not any(v.encode() in decoded for v in values):
+        body = secrets.erase(decoded, values)
+        if self.layout is not None:
+            body = secrets.erase_events(body, values) or body
+        if body == decoded:
             return self
         headers = tuple((k, v) for k, v in self.headers if k.lower() not in ("content-encoding", "content-length"))
-        body = secrets.erase(decoded, values)
         layout = self.layout
         if layout is not None:
             layout = ((layout[-1][0] if layout else 0.0, len(body)),)

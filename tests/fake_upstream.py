@@ -91,7 +91,7 @@ class FakeUpstream:
         self.requests.append(Seen(request.path_qs, dict(request.headers), body))
         try:
             doc = json.loads(body) if body else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # hostile bodies are the proxy's problem, not this server's
             doc = {}
         return next(self._counter), doc if isinstance(doc, dict) else {}
 
@@ -134,10 +134,14 @@ class FakeUpstream:
             base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000 + n,
                     "model": model, "system_fingerprint": f"fp_{n % 3}"}
             count = int(doc.get("x_events", 5))
-            events = [
-                _sse(dict(base, choices=[{"index": 0, "delta": {"content": f"tok{i}-{n} "}, "finish_reason": None}]))
-                for i in range(count)
-            ]
+            if self.responder:  # the responder's text, cut into `count` deltas
+                text = self.responder(doc, n)
+                step = -(-len(text) // count)
+                pieces = [text[i:i + step] for i in range(0, len(text), step)]
+            else:
+                pieces = [f"tok{i}-{n} " for i in range(count)]
+            events = [_sse(dict(base, choices=[{"index": 0, "delta": {"content": p}, "finish_reason": None}]))
+                      for p in pieces]
             events.append(_sse(dict(base, choices=[{"index": 0, "delta": {}, "finish_reason": "stop"}])))
             if (doc.get("stream_options") or {}).get("include_usage"):
                 events.append(_sse(dict(base, choices=[], usage={"prompt_tokens": 10 + n, "completion_tokens": count,

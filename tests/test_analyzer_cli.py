@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from noisefloor.analyzer.outcomes import build
 from noisefloor.analyzer.simulate import example
 from noisefloor.proxy.keys import Rules

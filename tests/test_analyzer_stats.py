@@ -7,6 +7,7 @@ import csv
 
 import numpy as np
 import pytest
+
 from noisefloor.analyzer.analysis import Settings, analyze
 from noisefloor.analyzer.bootstrap import task_bootstrap
 from noisefloor.analyzer.judge import judge_columns
@@ -21,7 +22,6 @@ from noisefloor.analyzer.ladder import (
 )
 from noisefloor.analyzer.outcomes import Row, build, load
 from noisefloor.analyzer.simulate import ladder_probabilities, simulate
-
 from tests.conftest import SHARED_DATA
 
 SEED_STUDY = SHARED_DATA / "seed-study"

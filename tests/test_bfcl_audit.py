@@ -12,11 +12,11 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from noisefloor.ladder.provider import BuiltinProvider
 from noisefloor.ladder.suite import builtin_suite
 from noisefloor.proxy import perturb
 from noisefloor.proxy.store import Store
-
 from tests.conftest import SHARED_DATA, start_nfproxy
 
 pytestmark = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(), reason=f"no BFCL data at {SHARED_DATA}")

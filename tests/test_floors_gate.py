@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from noisefloor.analyzer import floors
 from noisefloor.analyzer.audit import audit, study_hash
 from noisefloor.analyzer.gate import CaseCounts, case_verdict, repeats_to_decide, wilson_lower, wilson_upper

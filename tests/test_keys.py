@@ -9,6 +9,7 @@ import zlib
 import brotli
 import pytest
 import zstandard
+
 from noisefloor.proxy import secrets
 from noisefloor.proxy.keys import RuleError, Rules, decode_body, drop_pointer, parse_pointer
 from noisefloor.proxy.traffic import RequestData

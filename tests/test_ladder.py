@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from noisefloor.ladder.provider import BuiltinProvider, TaskModel, task_models, true_w
 from noisefloor.ladder.suite import builtin_suite
-
 from tests.conftest import delete_exchanges, needs_data
 from tests.fake_upstream import FakeUpstream
 

@@ -17,8 +17,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from noisefloor.proxy.store import Store
 
+from noisefloor.proxy.store import Store
 from tests.conftest import ProxyProcess, delete_exchanges, have_curl, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 

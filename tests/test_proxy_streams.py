@@ -15,8 +15,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-from noisefloor.proxy.store import Store
 
+from noisefloor.proxy.store import Store
 from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 from tests.tls import make_server_cert
@@ -347,3 +347,6 @@ def test_websocket_upgrade_is_refused_loudly_in_replay(store, upstream, proxies)
                                                       "Sec-WebSocket-Version": "13"}, timeout=10)
     assert r.status_code == 501 and "cannot replay WebSocket" in r.text
     assert rep.stop() == 3
+    with Store.open(store, write=False) as s:  # the refusal is in the log, as every miss is
+        refused = [ex for ex in s.exchanges() if ex.mode == "replay"]
+    assert [(ex.replay_result, ex.replay["detail"]) for ex in refused] == [("miss", "websocket upgrade refused")]

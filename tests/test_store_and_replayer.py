@@ -9,13 +9,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
+
 from noisefloor.proxy import store as store_mod
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store, StoreError
 from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
-
 from tests.conftest import nfproxy_argv
 
 
@@ -183,19 +183,31 @@ def test_deferred_replay_log_writes_in_batches_on_the_loop_and_on_close(tmp_path
         assert results == ["hit", "hit", "hit", "hit", "miss", "miss"]
 
 
-def test_deferred_log_without_a_loop_writes_at_once_and_reports_failures(tmp_path):
+def test_deferred_log_survives_one_bad_record_and_reports_a_broken_store(tmp_path, monkeypatch):
+    """A record that cannot be built is that request's loss only; a store that cannot be written
+    fails every later submit and the close, never silently."""
     record_sequence(tmp_path / "s", "A", [("q1", "a1")])
     with Store.open(tmp_path / "s", write=True) as s:
-        writer = store_mod.DeferredLog(s)
+        lost: list[Exception] = []
+        writer = store_mod.DeferredLog(s, on_error=lost.append)
         rep = Replayer(s, Rules(), log=writer.submit)
-        rep.answer(chat("q1"), Labels("R"))
+        rep.answer(chat("q1"), Labels("R"))  # no loop: written at once
         assert len(s) == 2
 
         def broken() -> tuple[dict, dict]:
-            raise OSError("disk gone")
+            raise UnicodeEncodeError("utf-8", "\udcff", 0, 1, "surrogates not allowed")
 
         writer.submit(broken)
+        assert [type(e) for e in lost] == [UnicodeEncodeError]
+        rep.answer(chat("q1"), Labels("R2"))  # the next request's record is written as usual
+        assert len(s) == 3
+
+        def disk_gone(items: list) -> None:
+            raise OSError("disk gone")
+
+        monkeypatch.setattr(s, "append_many", disk_gone)
+        rep.answer(chat("q1"), Labels("R3"))
         with pytest.raises(StoreError, match="disk gone"):
-            writer.submit(broken)
+            rep.answer(chat("q1"), Labels("R4"))
         with pytest.raises(StoreError, match="disk gone"):
             writer.close()

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from noisefloor.verifier.bfcl import Call, grade, grade_response, ground_truth_calls, openai_body
 from noisefloor.verifier.datasets import DatasetError, load_bfcl, load_code_tasks, locate
 from noisefloor.verifier.differential import Differential
 from noisefloor.verifier.extract import assemble, extract_code
 from noisefloor.verifier.grading import GradeOptions, code_grader
 from noisefloor.verifier.mbpp import NOT_NONE
-
 from tests.conftest import HAVE_EVALPLUS, needs_bfcl, needs_data, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 

@@ -13,13 +13,13 @@ import time
 from pathlib import Path
 
 import pytest
+
+import noisefloor
 from noisefloor.verifier import sandbox as sandbox_mod
 from noisefloor.verifier.datasets import CodeTask
 from noisefloor.verifier.differential import verdict
 from noisefloor.verifier.sandbox import BASE_UID, UID_RANGE, Limits, Sandbox, SandboxError, kill_uid, live_pids
 from noisefloor.verifier.values import encode
-
-import noisefloor
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uid, network and mount isolation need root")
 TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,),), 1, 0.0, "humaneval")

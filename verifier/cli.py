@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+
 from noisefloor.verifier.grading import GradeOptions, grade_options
 
 SUITES = ("humaneval+", "mbpp+", "bfcl")
@@ -62,6 +63,7 @@ def _summary(rows: list[dict[str, Any]], out: Path) -> str:
 def main(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, out: Path, jobs: int,
          max_inputs: int, timeout: int, memory_mb: int, isolation: str | None, condition: str) -> None:
     """Grade SUITE candidates from an nfproxy LOG (one per session) or from --samples."""
+    from noisefloor.proxy.store import StoreError
     from noisefloor.verifier.datasets import DatasetError
     from noisefloor.verifier.sandbox import SandboxError
 
@@ -74,7 +76,7 @@ def main(suite: str, log: Path | None, samples: Path | None, dataset: Path | Non
         raise click.UsageError("bfcl grades tool calls from a LOG; --samples is for humaneval+ and mbpp+")
     try:
         rows = _bfcl(log, dataset) if suite == "bfcl" else _code(suite, log, samples, dataset, options, condition)
-    except (DatasetError, SandboxError) as exc:
+    except (DatasetError, SandboxError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
     _write(rows, out)
     click.echo(_summary(rows, out), err=True)

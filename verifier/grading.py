@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import click
+
 from noisefloor.verifier.datasets import load_code_tasks, sha256_file
 from noisefloor.verifier.differential import Differential
 from noisefloor.verifier.sandbox import Limits, Sandbox

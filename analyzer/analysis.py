@@ -122,7 +122,7 @@ def analyze(
     data: OutcomeSet, settings: Settings = Settings(), progress: Callable[[int, int], None] | None = None
 ) -> Analysis:
     names = list(data.conditions)
-    pairs = _pairs(names, settings)
+    pairs = _pairs(names, settings, [c for c, d in data.conditions.items() if d.reference is not None])
     s2 = {c: task_variances(d.outcomes) for c, d in data.conditions.items()}
     columns: dict[str, np.ndarray] = {}
     for c, d in data.conditions.items():
@@ -172,8 +172,13 @@ def analyze(
     )
 
 
-def _pairs(names: Sequence[str], settings: Settings) -> list[tuple[str, str]]:
-    wanted = list(settings.contrasts) or list(combinations(names, 2))
+def _pairs(names: Sequence[str], settings: Settings, judged: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """The contrasts asked for, else every pair of comparable conditions: generation conditions
+    with each other, judge conditions (rows with a reference) with each other, never across (a
+    judge's verdict variance and an agent's outcome variance are different quantities)."""
+    gen = [n for n in names if n not in judged]
+    jud = [n for n in names if n in judged]
+    wanted = list(settings.contrasts) or [*combinations(gen, 2), *combinations(jud, 2)]
     if settings.batches:
         wanted = [p for p in wanted if set(p) != set(settings.batches)]
     for a, b in [*wanted, *([settings.batches] if settings.batches else [])]:

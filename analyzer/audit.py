@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any
 
 import numpy as np
@@ -52,14 +52,17 @@ def study_hash(ids: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(sorted(ids)).encode()).hexdigest()
 
 
-def audit(rows: Sequence[Row], curve_resamples: int = 200, seed: int = 0) -> list[EndpointAudit]:
+def audit(rows: Sequence[Row], curve_resamples: int = floors.CURVE_RESAMPLES, seed: int = 0,
+          resamples: int = floors.DEFAULT_RESAMPLES) -> list[EndpointAudit]:
+    """`resamples`: instance-bootstrap draws for every floors interval; `curve_resamples`: per
+    point of the SD-vs-n curve."""
     by_endpoint: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
         by_endpoint[r.extra.get("endpoint") or r.condition].append(r)
-    return [_endpoint(name, rs, curve_resamples, seed) for name, rs in by_endpoint.items()]
+    return [_endpoint(name, rs, curve_resamples, seed, resamples) for name, rs in by_endpoint.items()]
 
 
-def _endpoint(name: str, rows: list[Row], resamples: int, seed: int) -> EndpointAudit:
+def _endpoint(name: str, rows: list[Row], curve_resamples: int, seed: int, resamples: int) -> EndpointAudit:
     cells: dict[tuple[str, int], dict[str, Row]] = defaultdict(dict)  # (variant, run) -> instance -> row
     for r in rows:  # a later row for the same cell replaces an earlier one: retries deduplicated
         variant = r.extra.get("variant", "")
@@ -85,62 +88,99 @@ def _endpoint(name: str, rows: list[Row], resamples: int, seed: int) -> Endpoint
         return np.array([[cells[(variant, r)][i].extra.get("fingerprint", "") for r in runs] for i in kept],
                         dtype=object)
 
-    rerun = curve = fps = None
+    rerun = curve = fps = y = None
     if "" in arms and len(arms[""]) >= 2 and kept:
         y = matrix("")
-        rerun = floors.rerun_floor(y)
-        curve = floors.sd_curve(y, floors.curve_sizes(len(kept)), resamples, seed)
+        rerun = floors.rerun_floor(y, resamples, seed)
+        curve = floors.sd_curve(y, floors.curve_sizes(len(kept)), curve_resamples, seed)
         fps = floors.fingerprint_split(y, matrix("", "fingerprint"))
     variants = {v: matrix(v) for v in arms if v}
-    pert = floors.perturbation_floor(variants, rerun.paired_sd if rerun else None) if len(variants) >= 2 else None
+    pert = floors.perturbation_floor(variants, y, resamples, seed) if len(variants) >= 2 and kept else None
     main_rows = [cells[("", r)][i] for r in arms.get("", []) for i in kept]
     models = tuple(sorted({r.extra["model"] for r in rows if r.extra.get("model")}))
     return EndpointAudit(name, study_hash(kept), len(kept), tuple(excluded), rerun, pert, curve or (), fps,
-                         floors.taxonomy([r.failure for r in main_rows]), models)
+                         floors.taxonomy([(r.outcome, r.failure) for r in main_rows]), models)
 
 
 def to_json(audits: Sequence[EndpointAudit]) -> dict[str, Any]:
-    from dataclasses import asdict
-
     out = {}
     for a in audits:
         out[a.endpoint] = {
             "study_set": a.study_set,
             "instances": a.instances,
             "excluded": [{"instance": i, "reason": why} for i, why in a.excluded],
-            "rerun": asdict(a.rerun) if a.rerun else None,
-            "perturbation": asdict(a.perturbation) if a.perturbation else None,
-            "sd_curve": [asdict(p) for p in a.curve],
-            "fingerprints": asdict(a.fingerprints) if a.fingerprints else None,
-            "taxonomy": asdict(a.taxonomy),
+            "rerun": _plain(a.rerun),
+            "perturbation": _plain(a.perturbation),
+            "sd_curve": [_plain(p) for p in a.curve],
+            "fingerprints": _plain(a.fingerprints),
+            "taxonomy": _plain(a.taxonomy),
             "models": list(a.models),
             "drift": a.drift,
         }
     return out
 
 
-def table(audits: Sequence[EndpointAudit]) -> str:
-    lines = ["Rerun and perturbation floors (matched instances):"]
+def _plain(x: Any) -> Any:
+    """Dataclasses, intervals and mappings as JSON-ready values (intervals as [lo, hi])."""
+    if is_dataclass(x):
+        return {f.name: _plain(getattr(x, f.name)) for f in fields(x)}
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _num(v: float | None, ci: floors.Interval | None = None, fmt: str = ".4f") -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:{fmt}}" + (f" [{ci.lo:{fmt}}, {ci.hi:{fmt}}]" if ci is not None else "")
+
+
+def lines(audits: Sequence[EndpointAudit], bullet: str = "  ") -> list[str]:
+    """The floors, a line per quantity with its 95% interval; shared by the terminal and Markdown."""
+    out = []
     for a in audits:
-        lines.append(f"  {a.endpoint}: {a.instances} instances (study set {a.study_set[:12]}), "
-                     f"{len(a.excluded)} excluded" + (f"; DRIFT: served models {', '.join(a.models)}" if a.drift else ""))
+        out.append(f"{a.endpoint}: {a.instances} matched instances (study set {a.study_set[:12]}), "
+                   f"{len(a.excluded)} excluded" + (f"; DRIFT: served models {', '.join(a.models)}" if a.drift else ""))
         if a.rerun:
-            r = a.rerun
-            corr = f"{r.mean_correlation:.3f}" if r.mean_correlation is not None else "n/a"
-            ratio = f"{r.paired_to_marginal:.2f}" if r.paired_to_marginal is not None else "n/a"
-            lines.append(f"    reruns: {r.runs} runs, accuracy {r.accuracy:.4f}, run correlation {corr}, "
-                         f"always right/wrong/flip {r.always_correct}/{r.always_wrong}/{r.flip} "
-                         f"(ever-flip {r.ever_flip_fraction:.1%}), marginal SD {r.marginal_sd:.4f}, "
-                         f"paired SD {r.paired_sd:.4f} (paired/sqrt2 marginal {ratio})")
+            r, ci = a.rerun, a.rerun.ci
+            out += [
+                f"{bullet}reruns: {r.runs} runs, accuracy {r.accuracy:.4f}, run correlation "
+                f"{_num(r.mean_correlation, ci.get('mean_correlation'), '.3f')}",
+                f"{bullet}always right / wrong / flip: {r.always_correct} / {r.always_wrong} / {r.flip}; ever-flip "
+                f"{_num(r.ever_flip_fraction, ci.get('ever_flip_fraction'), '.2%')}",
+                f"{bullet}marginal SD {_num(r.marginal_sd, ci.get('marginal_sd'))}; rerun paired SD "
+                f"{_num(r.paired_sd, ci.get('paired_sd'))} (aggregate scale); paired / (sqrt2 x marginal) "
+                f"{_num(r.paired_to_marginal, ci.get('paired_to_marginal'), '.3f')}; unit paired SD "
+                f"{_num(r.unit_paired_sd, ci.get('unit_paired_sd'))} (per instance)",
+            ]
         if a.perturbation:
-            p = a.perturbation
-            mult = f"{p.multiple_of_rerun:.1f}x the rerun paired SD" if p.multiple_of_rerun else "no rerun floor to compare"
-            lines.append(f"    perturbations: median paired SD {p.median_paired_sd:.4f} ({mult})")
+            p, ci = a.perturbation, a.perturbation.ci
+            out.append(f"{bullet}perturbations: median paired SD {_num(p.median_paired_sd, ci.get('median_paired_sd'))} "
+                       f"per unit, {_num(p.median_aggregate_sd, ci.get('median_aggregate_sd'))} on the aggregate scale")
+            out.append(f"{bullet}perturbation / rerun multiple: {_num(p.multiple_unit_scale, ci.get('multiple_unit_scale'), '.1f')}"
+                       f"x per unit, {_num(p.multiple_aggregate_scale, ci.get('multiple_aggregate_scale'), '.1f')}x "
+                       f"aggregate; as seed 003 publishes it (per-unit over aggregate, grows like sqrt(N)) "
+                       f"{_num(p.multiple_as_published, ci.get('multiple_as_published'), '.1f')}x")
             for q in p.pairs:
-                lines.append(f"      {q.left} vs {q.right}: {q.left_accuracy:.3f} / {q.right_accuracy:.3f}, "
-                             f"{q.matched} matched, paired SD {q.paired_sd:.4f}")
+                out.append(f"{bullet}  {q.left} vs {q.right}: accuracy {q.left_accuracy:.3f} / {q.right_accuracy:.3f}, "
+                           f"{q.matched} matched units, paired SD {_num(q.paired_sd, q.ci.get('paired_sd'))}")
+        if a.curve:
+            pts = ", ".join(f"n={c.n}: {c.mean:.4f} [{c.ci.lo:.4f}, {c.ci.hi:.4f}]" for c in a.curve)
+            out.append(f"{bullet}rerun paired SD by instance count ({a.curve[0].resamples} resamples each): {pts}")
+        if a.fingerprints:
+            f = a.fingerprints
+            out.append(f"{bullet}fingerprints: {f.fingerprints} distinct; within {f.within_pairs} pairs, SD "
+                       f"{_num(f.within_sd)}; across {f.across_pairs} pairs, SD {_num(f.across_sd)}"
+                       + (f"; {f.unknown_pairs} pairs with an unknown fingerprint left out" if f.unknown_pairs else ""))
         t = a.taxonomy
         if t.failures:
-            share = f"{t.malformed_share:.0%}" if t.malformed_share is not None else "n/a"
-            lines.append(f"    failures: {dict(sorted(t.counts.items()))}, malformed share {share}")
-    return "\n".join(lines)
+            out.append(f"{bullet}failures: {dict(sorted(t.counts.items()))}, malformed share "
+                       f"{_num(t.malformed_share, t.malformed_ci, '.1%')}")
+    return out
+
+
+def table(audits: Sequence[EndpointAudit]) -> str:
+    return "\n".join(["Rerun and perturbation floors (matched instances; 95% intervals):",
+                      *("  " + line for line in lines(audits))])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -80,7 +81,9 @@ def main() -> None:
 @click.option("--floors/--no-floors", "floors_flag", default=None,
               help="Rerun / perturbation floors (default: when rows carry endpoint or variant).")
 @click.option("--study-set", help="Expected sha256 of the sorted instance ids: refuse if the study set changed.")
-@click.option("--abort-on-drift", is_flag=True, help="Exit 4 when an endpoint's served model changed within the study.")
+@click.option("--abort-on-drift/--allow-drift", default=True, show_default=True,
+              help="Exit 4 when an endpoint's served model changed within the study (seed 003's guard); "
+                   "--allow-drift analyzes anyway, with the drift in the warnings.")
 @click.option("-q", "--quiet", is_flag=True, help="No table on stdout.")
 def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_path: str | None, md_path: Path | None,
                 plot_path: Path | None, resamples: int, seed: int, delta: float, alpha: float, power: float,
@@ -128,6 +131,8 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
     except (OutcomeError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     doc = result.to_json()
+    drift = _drift_warnings(audits)
+    doc["warnings"] = [*doc["warnings"], *drift]
     if log_doc is not None:
         doc["log"] = log_doc
     if audits is not None:
@@ -136,10 +141,12 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
         click.echo(report.table(result, log_doc))
         if audits is not None:
             click.echo("\n" + audit_mod.table(audits))
+        for w in drift:
+            click.echo(f"warning: {w}")
     if json_path:
         report.write_json(doc, json_path)
     if md_path:
-        md_path.write_text(report.markdown(result, log_doc))
+        md_path.write_text(report.markdown(result, log_doc, audit_mod.lines(audits) if audits else None))
     if plot_path:
         report.plot(result, plot_path)
         if not quiet:
@@ -153,8 +160,14 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
                                        f"expected {expected[:16]}...); compare only runs on the frozen instance list")
         if a.drift and abort_on_drift:
             click.echo(f"Error: endpoint {a.endpoint!r} changed served model within the study "
-                       f"({', '.join(a.models)}); rerun on one model or split the endpoint", err=True)
+                       f"({', '.join(a.models)}); rerun on one model or split the endpoint (or pass --allow-drift)",
+                       err=True)
             sys.exit(4)
+
+
+def _drift_warnings(audits: list[audit_mod.EndpointAudit] | None) -> list[str]:
+    return [f"endpoint {a.endpoint!r}: the served model changed within the study ({', '.join(a.models)})"
+            for a in audits or () if a.drift]
 
 
 @main.command("gate")
@@ -166,62 +179,77 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
               help="Baseline-vs-baseline gap above which a case is quarantined.")
 @click.option("--confidence", default=0.95, show_default=True, type=click.FloatRange(0.5, 0.9999),
               help="One-sided level of the Wilson bounds.")
+@click.option("--escalate-at", default=16, show_default=True, type=click.IntRange(min=1),
+              help="Repeats at which a candidate still below the floor is a regression (seed 004: k=16).")
+@click.option("--multiplicity", type=click.Choice(["none", "holm", "bh"]), default="none", show_default=True,
+              help="Control the suite's false-block rate: a regression must also be significant after Holm "
+                   "(family-wise) or Benjamini-Hochberg (false discovery) adjustment over the cases.")
+@click.option("--alpha", default=0.05, show_default=True, type=click.FloatRange(0.0001, 0.5),
+              help="Level of the --multiplicity mode.")
+@click.option("--target-false-block", default=0.05, show_default=True, type=click.FloatRange(0.0001, 0.5),
+              help="Suite false-block rate the printed repeats plan aims under.")
+@click.option("--condition", help="Use only rows of this condition (a file holding several must name one).")
+@click.option("--allow-unstamped", is_flag=True,
+              help="Compare runs without model / sampling / grader stamps (seed 004 refuses: exit 2).")
 @click.option("--json", "json_path", metavar="PATH", help="Write the verdicts as JSON ('-' for stdout).")
 def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_band: float, confidence: float,
-             json_path: str | None) -> None:
+             escalate_at: int, multiplicity: str, alpha: float, target_false_block: float, condition: str | None,
+             allow_unstamped: bool, json_path: str | None) -> None:
     """Per-case verdicts for a candidate run against two baseline runs of the same stamp.
 
-    Each file holds outcome rows (task_id, outcome, replicate; optional model, temperature,
-    top_p, seed, grader_version). Exit status: 1 when a case regressed, 2 when the stamps differ.
+    Each file holds outcome rows (task_id, replicate, outcome; condition optional; the stamp
+    fields model, temperature / top_p / seed and grader_version). Exit status: 1 when a case
+    regressed, 2 when the stamps differ or are missing.
     """
     from scipy import special
 
     from noisefloor.analyzer import gate as g
 
-    runs = [_gate_run(p) for p in (base_a, base_b, candidate)]
-    stamps = {r[1] for r in runs}
-    if len(stamps) != 1:
-        parts = [f"{p.name}: {r[2]}" for p, r in zip((base_a, base_b, candidate), runs)]
+    try:
+        runs = [g.load_run(p, condition) for p in (base_a, base_b, candidate)]
+    except OutcomeError as exc:
+        raise click.ClickException(str(exc)) from None
+    unstamped = [f"{p.name} ({r.missing})" for p, r in zip((base_a, base_b, candidate), runs) if r.missing]
+    if unstamped and not allow_unstamped:
+        click.echo("Error: refusing to compare unstamped runs: " + "; ".join(unstamped) + ". A score without "
+                   "its stamp (model, sampling, grader_version) is not comparable to anything; add the fields "
+                   "to the rows, or pass --allow-unstamped", err=True)
+        sys.exit(2)
+    if len({r.stamp for r in runs}) != 1:
+        parts = [f"{p.name}: {r.description}" for p, r in zip((base_a, base_b, candidate), runs)]
         click.echo("Error: refusing to compare runs with different stamps (model, sampling, grader, cases): "
                    + "; ".join(parts), err=True)
         sys.exit(2)
-    settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band)
-    verdicts = g.gate(runs[0][0], runs[1][0], runs[2][0], settings)
+    settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band,
+                              escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
+    verdicts = g.gate(runs[0].counts, runs[1].counts, runs[2].counts, settings)
+    oc = g.operating_characteristics(runs[0].counts, runs[1].counts, runs[2].counts, settings, target_false_block)
+    risk = {r.case_id: r for r in oc.cases}
     for v in verdicts:
-        extra = f", {v.more_repeats} more repeats would decide it" if v.more_repeats is not None else ""
+        extra = ""
+        if v.verdict == "inconclusive":
+            extra = f"; re-run it at k={escalate_at}"
+            if v.more_repeats == 0:
+                extra += " (its one-sided Wilson upper bound is already below the floor)"
+            elif v.more_repeats is not None:
+                extra += f" ({v.more_repeats} more repeats at its rate would put it clearly below)"
+        r = risk[v.case_id]
+        adj = f", adjusted p {v.adjusted_p:.3g}" if v.adjusted_p is not None else ""
         click.echo(f"{v.case_id}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
-                   f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}{extra})")
+                   f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}{adj}{extra}; "
+                   f"if unchanged: P(regressed) {r.false_regressed:.3f}, P(quarantine) {r.false_quarantine:.3f})")
     counts = {k: sum(v.verdict == k for v in verdicts) for k in ("within_noise", "inconclusive", "regressed", "quarantine")}
     click.echo("gate: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+    plan = (f"{oc.repeats_for_target} repeats per run bring it under {oc.target:.0%}" if oc.repeats_for_target
+            else f"no repeats count up to 1024 brings it under {oc.target:.0%}")
+    click.echo(f"operating characteristics (an unchanged model at each case's pooled baseline rate, cases "
+               f"independent, one-sided {confidence:.0%} Wilson, slack {slack}, flake band {flake_band}, "
+               f"multiplicity {multiplicity}): the suite blocks with probability {oc.suite_false_block:.3f} "
+               f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run at k={escalate_at}); {plan}")
     if json_path:
-        from dataclasses import asdict
-
-        report.write_json({"stamp": runs[0][1], "verdicts": [asdict(v) for v in verdicts], "counts": counts}, json_path)
+        report.write_json({"stamp": runs[0].stamp, "verdicts": [asdict(v) for v in verdicts], "counts": counts,
+                           "operating_characteristics": asdict(oc)}, json_path)
     sys.exit(1 if counts["regressed"] else 0)
-
-
-def _gate_run(path: Path) -> tuple[dict, str, str]:
-    """Per-case counts, the stamp, and a readable description of the stamp."""
-    from noisefloor.analyzer import gate as g
-
-    try:
-        raw = list(read_rows(path))
-        rows = parse_rows(raw, str(path))
-    except OutcomeError as exc:
-        raise click.ClickException(str(exc)) from None
-    counts: dict[str, list[int]] = {}
-    for r in rows:
-        c = counts.setdefault(r.task_id, [0, 0])
-        c[0] += r.outcome
-        c[1] += 1
-    recs = [rec for _, rec in raw]
-    model = ",".join(sorted({str(x["model"]) for x in recs if x.get("model")})) or None
-    sampling = {k: sorted({str(x[k]) for x in recs if x.get(k) not in (None, "")}) for k in ("temperature", "top_p", "seed")}
-    sampling = {k: v for k, v in sampling.items() if v}
-    grader = ",".join(sorted({str(x["grader_version"]) for x in recs if x.get("grader_version")})) or None
-    stamp = g.stamp(model, sampling, grader, list(counts))
-    desc = f"model={model} sampling={sampling} grader={grader} cases={len(counts)} -> {stamp}"
-    return {k: g.CaseCounts(p, n) for k, (p, n) in counts.items()}, stamp, desc
 
 
 if __name__ == "__main__":

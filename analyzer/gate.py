@@ -1,12 +1,19 @@
 """Per-case regression gate: is a candidate's drop on a case real, noise, or undecidable yet?
 
 Two baseline runs and one candidate run of the same stamp (model, sampling, grader, case ids),
-each case repeated n times. For a case: if the baselines disagree by more than the flake band the
-case is `quarantine` (its grader or prompt is too unstable to gate anything); otherwise the floor
-is the baseline's one-sided Wilson lower bound minus a slack, and the candidate is
-`within_noise` at or above it, `regressed` below it with zero passes, else `inconclusive`.
-For an inconclusive case we also say how many more repeats, at the candidate's current pass rate,
-would push the candidate's one-sided Wilson upper bound under the floor and so decide it.
+each case repeated n times (seed 004). For a case: if the baselines disagree by more than the
+flake band the case is `quarantine` (its grader or prompt is too unstable to gate anything);
+otherwise the floor is the baseline's one-sided Wilson lower bound minus a slack, and the
+candidate is `within_noise` at or above it; below it, `regressed` with zero passes or once it
+has been escalated to k=16 repeats (and is still below), else `inconclusive`: re-run that case
+at k=16. For an inconclusive case we also say how many more repeats, at the candidate's current
+pass rate, would push its one-sided Wilson upper bound under the floor.
+
+The gate's own error rates are in view: for each case, the chance that an unchanged model is
+called `regressed` or `quarantine` at its baseline rate and n (exact binomial sums), the chance
+that an unchanged suite blocks, a multiplicity-controlled mode (Holm or Benjamini-Hochberg over
+the cases' exact one-sided binomial p-values) and the repeats per case that bring the suite's
+false-block rate under a target.
 """
 
 from __future__ import annotations
@@ -14,11 +21,18 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from scipy import stats
+
+from noisefloor.analyzer.outcomes import OutcomeError, parse_rows, read_rows
 
 Z_ONE_SIDED_95 = 1.6448536269514722
 MAX_REPEATS = 10_000
+ESCALATE_AT = 16  # seed 004: an inconclusive case is re-run at k=16; still below the floor is a regression
 
 
 @dataclass(frozen=True)
@@ -26,6 +40,9 @@ class GateSettings:
     z: float = Z_ONE_SIDED_95
     slack: float = 0.05
     flake_band: float = 0.25
+    escalate_at: int = ESCALATE_AT
+    multiplicity: str = "none"  # none / holm / bh: adjust the regressed calls across cases
+    alpha: float = 0.05  # level of the multiplicity-controlled mode
 
 
 @dataclass(frozen=True)
@@ -46,49 +63,58 @@ class CaseVerdict:
     base_b: CaseCounts
     candidate: CaseCounts
     floor: float
-    more_repeats: int | None  # inconclusive only
+    more_repeats: int | None  # inconclusive only: at the candidate's rate, to fall clearly below the floor
+    p_value: float | None = None  # one-sided exact binomial: candidate passes this low at the baseline rate
+    adjusted_p: float | None = None  # with --multiplicity
 
 
-def _wilson(passes: int, n: int, z: float, sign: int) -> float:
+def wilson_bound(rate: float, n: int, z: float, sign: int) -> float:
+    """One side of the Wilson score interval for an observed rate (fractional passes allowed)."""
     if n == 0:
         return 0.0 if sign < 0 else 1.0
-    p = passes / n
     denom = 1 + z * z / n
-    centre = p + z * z / (2 * n)
-    margin = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    centre = rate + z * z / (2 * n)
+    margin = z * math.sqrt(max(rate * (1 - rate), 0.0) / n + z * z / (4 * n * n))
     return min(1.0, max(0.0, (centre + sign * margin) / denom))
 
 
 def wilson_lower(passes: int, n: int, z: float = Z_ONE_SIDED_95) -> float:
-    return _wilson(passes, n, z, -1)
+    return wilson_bound(passes / n if n else 0.0, n, z, -1)
 
 
 def wilson_upper(passes: int, n: int, z: float = Z_ONE_SIDED_95) -> float:
-    return _wilson(passes, n, z, +1)
+    return wilson_bound(passes / n if n else 0.0, n, z, +1)
 
 
 def repeats_to_decide(candidate: CaseCounts, floor: float, z: float = Z_ONE_SIDED_95) -> int | None:
-    """Extra repeats after which, at the same pass rate, the upper bound falls below the floor."""
+    """Extra repeats after which, at exactly the candidate's pass rate (no rounding), the Wilson
+    upper bound falls below the floor."""
     rate = candidate.rate
     if rate >= floor:
         return None
     n = max(candidate.n, 1)
     while n <= MAX_REPEATS:
-        if wilson_upper(round(rate * n), n, z) < floor:
+        if wilson_bound(rate, n, z, +1) < floor:
             return n - candidate.n
         n += 1
     return None
 
 
+def floor_of(a: CaseCounts, s: GateSettings) -> float:
+    return max(0.0, wilson_lower(a.passes, a.n, s.z) - s.slack)
+
+
 def case_verdict(case_id: str, a: CaseCounts, b: CaseCounts, c: CaseCounts, s: GateSettings = GateSettings()) -> CaseVerdict:
-    floor = max(0.0, wilson_lower(a.passes, a.n, s.z) - s.slack)
+    floor = floor_of(a, s)
+    pooled = (a.passes + b.passes) / max(a.n + b.n, 1)
+    p = float(stats.binom.cdf(c.passes, c.n, pooled)) if c.n else None
     if abs(a.rate - b.rate) > s.flake_band:
-        return CaseVerdict(case_id, "quarantine", a, b, c, floor, None)
+        return CaseVerdict(case_id, "quarantine", a, b, c, floor, None, p)
     if c.rate >= floor:
-        return CaseVerdict(case_id, "within_noise", a, b, c, floor, None)
-    if c.passes == 0:
-        return CaseVerdict(case_id, "regressed", a, b, c, floor, None)
-    return CaseVerdict(case_id, "inconclusive", a, b, c, floor, repeats_to_decide(c, floor, s.z))
+        return CaseVerdict(case_id, "within_noise", a, b, c, floor, None, p)
+    if c.passes == 0 or c.n >= s.escalate_at:
+        return CaseVerdict(case_id, "regressed", a, b, c, floor, None, p)
+    return CaseVerdict(case_id, "inconclusive", a, b, c, floor, repeats_to_decide(c, floor, s.z), p)
 
 
 def stamp(model: str | None, sampling: Mapping[str, object], grader: str | None, case_ids: list[str]) -> str:
@@ -96,6 +122,174 @@ def stamp(model: str | None, sampling: Mapping[str, object], grader: str | None,
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def adjust(p: Sequence[float], method: str) -> list[float]:
+    """Holm (family-wise error) or Benjamini-Hochberg (false discovery rate) adjusted p-values."""
+    p_arr = np.asarray(p, float)
+    m = p_arr.size
+    if m == 0 or method == "none":
+        return list(p_arr)
+    order = np.argsort(p_arr)
+    ranked = p_arr[order]
+    if method == "holm":
+        adj = np.maximum.accumulate((m - np.arange(m)) * ranked)
+    elif method == "bh":
+        adj = np.minimum.accumulate(m / np.arange(m, 0, -1) * ranked[::-1])[::-1]
+    else:
+        raise ValueError(f"unknown multiplicity method {method!r}; choose none, holm or bh")
+    out = np.empty(m)
+    out[order] = np.minimum(adj, 1.0)
+    return list(out)
+
+
 def gate(a: Mapping[str, CaseCounts], b: Mapping[str, CaseCounts], c: Mapping[str, CaseCounts],
          s: GateSettings = GateSettings()) -> list[CaseVerdict]:
-    return [case_verdict(cid, a[cid], b[cid], c[cid], s) for cid in sorted(a)]
+    verdicts = [case_verdict(cid, a[cid], b[cid], c[cid], s) for cid in sorted(a)]
+    if s.multiplicity == "none":
+        return verdicts
+    adjusted = adjust([v.p_value if v.p_value is not None else 1.0 for v in verdicts], s.multiplicity)
+    out = []
+    for v, q in zip(verdicts, adjusted):
+        verdict = v.verdict
+        if verdict == "regressed" and q >= s.alpha:  # not significant once the other cases are counted
+            verdict = "inconclusive"
+        out.append(CaseVerdict(v.case_id, verdict, v.base_a, v.base_b, v.candidate, v.floor,
+                               v.more_repeats if verdict != "regressed" else None, v.p_value, q))
+    return out
+
+
+# -- operating characteristics ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CaseRisk:
+    case_id: str
+    rate: float  # the pooled baseline rate assumed true for the unchanged model
+    n: tuple[int, int, int]  # repeats in base A, base B, candidate
+    false_regressed: float  # P(regressed) for an unchanged model, one pass of the gate
+    false_regressed_escalated: float  # ... when inconclusive cases are re-run at k=16, as seed 004 says
+    false_quarantine: float
+
+
+@dataclass(frozen=True)
+class OperatingCharacteristics:
+    cases: tuple[CaseRisk, ...]
+    suite_false_block: float  # P(some case regressed) for an unchanged model (cases independent)
+    suite_false_block_escalated: float
+    target: float
+    repeats_for_target: int | None  # equal repeats per run that bring the escalated rate under `target`
+
+
+def _pmf(n: int, p: float) -> np.ndarray:
+    return stats.binom.pmf(np.arange(n + 1), n, p)
+
+
+def case_risk(case_id: str, rate: float, n_a: int, n_b: int, n_c: int, s: GateSettings = GateSettings()) -> CaseRisk:
+    """Exact chances that the gate misjudges a case whose true pass rate is `rate` in all runs."""
+    pa, pb, pc = _pmf(n_a, rate), _pmf(n_b, rate), _pmf(n_c, rate)
+    ka, kb, kc = np.arange(n_a + 1), np.arange(n_b + 1), np.arange(n_c + 1)
+    quarantine = np.abs(ka[:, None] / max(n_a, 1) - kb[None, :] / max(n_b, 1)) > s.flake_band  # (A, B)
+    p_quarantine = float(pa @ quarantine @ pb)
+    keep_a = pa * (pb[None, :] * ~quarantine).sum(axis=1)  # P(k_a and not quarantined)
+    floors = np.array([max(0.0, wilson_lower(int(k), n_a, s.z) - s.slack) for k in ka])
+    below = kc[None, :] / max(n_c, 1) < floors[:, None]  # (A, C)
+    regressed_now = below & ((kc[None, :] == 0) | (n_c >= s.escalate_at))
+    inconclusive = below & ~regressed_now
+    p_reg = float(keep_a @ (regressed_now @ pc))
+    esc = max(s.escalate_at, n_c)
+    pe, ke = _pmf(esc, rate), np.arange(esc + 1)
+    below_esc = (ke[None, :] / esc < floors[:, None]) @ pe  # (A,): P(still below at k=16)
+    p_esc = p_reg + float(keep_a @ ((inconclusive @ pc) * below_esc))
+    return CaseRisk(case_id, rate, (n_a, n_b, n_c), p_reg, p_esc, p_quarantine)
+
+
+def _suite(risks: Sequence[float]) -> float:
+    return float(1 - np.prod([1 - r for r in risks])) if risks else 0.0
+
+
+def suite_false_block(rates: Mapping[str, float], n: int, s: GateSettings = GateSettings()) -> float:
+    """P(an unchanged suite blocks) with n repeats in each run, inconclusive cases re-run at k=16."""
+    return _suite([case_risk(cid, r, n, n, n, s).false_regressed_escalated for cid, r in rates.items()])
+
+
+def repeats_for(rates: Mapping[str, float], target: float, s: GateSettings = GateSettings(),
+                start: int = 1, max_repeats: int = 1024) -> int | None:
+    """The fewest equal repeats per run (from `start`) whose suite false-block rate is under
+    `target`: a coarse scan, then bisection (the rate falls with n, up to binomial ripples)."""
+    grid = sorted({start, *(n for n in (8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
+                            if start < n <= max_repeats)})
+    lo = None
+    for n in grid:
+        if suite_false_block(rates, n, s) <= target:
+            if lo is None:
+                return n
+            while n - lo > 1:
+                mid = (lo + n) // 2
+                lo, n = (lo, mid) if suite_false_block(rates, mid, s) <= target else (mid, n)
+            return n
+        lo = n
+    return None
+
+
+def operating_characteristics(a: Mapping[str, CaseCounts], b: Mapping[str, CaseCounts], c: Mapping[str, CaseCounts],
+                              s: GateSettings = GateSettings(), target: float = 0.05) -> OperatingCharacteristics:
+    """What the gate risks for an unchanged model with each case's pooled baseline rate (computed
+    for the per-case rule; the multiplicity modes bound their family-wise or false-discovery rate
+    at `alpha` by construction)."""
+    rates = {cid: (a[cid].passes + b[cid].passes) / max(a[cid].n + b[cid].n, 1) for cid in a}
+    risks = tuple(case_risk(cid, rates[cid], a[cid].n, b[cid].n, c[cid].n, s) for cid in sorted(a))
+    start = max([max(r.n) for r in risks], default=1)
+    return OperatingCharacteristics(risks, _suite([r.false_regressed for r in risks]),
+                                    _suite([r.false_regressed_escalated for r in risks]), target,
+                                    repeats_for(rates, target, s, start))
+
+
+# -- reading runs (the CLI's input) --------------------------------------------------------------
+
+
+NO_CONDITION = "(none)"  # the condition column is optional in gate input
+
+
+@dataclass(frozen=True)
+class GateRun:
+    counts: dict[str, CaseCounts]
+    stamp: str
+    description: str
+    missing: str  # the stamp fields absent from every row, "" when stamped
+
+
+def load_run(path: Path, condition: str | None = None) -> GateRun:
+    """Per-case counts and the stamp of one run file; duplicated (case, replicate) rows and rows of
+    several conditions are refused, as `analyze` refuses them."""
+    raw = [(i, rec if rec.get("condition") not in (None, "") else {**rec, "condition": NO_CONDITION})
+           for i, rec in read_rows(path)]
+    rows = parse_rows(raw, str(path))
+    conds = sorted({r.condition for r in rows})
+    if condition is not None:
+        rows = [r for r in rows if r.condition == condition]
+        raw = [(i, rec) for i, rec in raw if rec["condition"] == condition]
+        if not rows:
+            raise OutcomeError(f"{path}: no rows of condition {condition!r} (it has {', '.join(conds)})")
+    elif len(conds) > 1:
+        raise OutcomeError(f"{path}: rows of several conditions ({', '.join(conds)}) would be pooled; "
+                           "pass --condition NAME")
+    seen: dict[tuple[str, int], int] = {}
+    for (line, _), r in zip(raw, rows):
+        if (r.task_id, r.replicate) in seen:
+            raise OutcomeError(f"{path}:{line}: case {r.task_id!r} replicate {r.replicate} appears twice "
+                               f"(first at line {seen[(r.task_id, r.replicate)]}); keep one row per repeat")
+        seen[(r.task_id, r.replicate)] = line
+    counts: dict[str, list[int]] = {}
+    for r in rows:
+        c = counts.setdefault(r.task_id, [0, 0])
+        c[0] += r.outcome
+        c[1] += 1
+    recs = [rec for _, rec in raw]
+    model = ",".join(sorted({str(x["model"]) for x in recs if x.get("model")})) or None
+    sampling = {k: sorted({str(x[k]) for x in recs if x.get(k) not in (None, "")}) for k in ("temperature", "top_p", "seed")}
+    sampling = {k: v for k, v in sampling.items() if v}
+    grader = ",".join(sorted({str(x["grader_version"]) for x in recs if x.get("grader_version")})) or None
+    missing = ", ".join(name for name, have in (("model", model), ("temperature/top_p/seed", sampling),
+                                                ("grader_version", grader)) if not have)
+    run_stamp = stamp(model, sampling, grader, list(counts))
+    desc = f"model={model} sampling={sampling} grader={grader} cases={len(counts)} -> {run_stamp}"
+    return GateRun({k: CaseCounts(p, n) for k, (p, n) in counts.items()}, run_stamp, desc, missing)

@@ -78,7 +78,8 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
     return "\n".join(out)
 
 
-def markdown(a: Analysis, log: dict[str, Any] | None = None) -> str:
+def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] | None = None) -> str:
+    """`floors`: the floors section's lines (`audit.lines`), when the rows carry endpoints."""
     head = "| " + " | ".join(HEADER) + " |"
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a)]
@@ -92,6 +93,10 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None) -> str:
                 f"Majority verdict disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
                 f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}); {j.false_accepts} false accepts, "
                 f"{j.false_rejects} false rejects.", ""]
+    if floors:
+        out += ["## Rerun and perturbation floors", "", "Matched instances; 95% intervals in brackets.", ""]
+        out += [f"- {line.strip()}" if not line.startswith(" ") else f"  - {line.strip()}" for line in floors]
+        out.append("")
     p = a.settings.plan
     out.append(
         f"Settings: {a.settings.resamples} joint task-bootstrap resamples, seed {a.settings.seed}; "

@@ -46,7 +46,7 @@ def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, st
         raise click.ClickException(f"suite refused before anything ran: {exc}") from None
 
 
-def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = False) -> int:
+def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = True) -> int:
     """Run the conditions, grade, analyze, write the report; returns the exit status."""
     from noisefloor.analyzer import report
     from noisefloor.analyzer.analysis import Settings, analyze
@@ -78,6 +78,9 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
                         "agent": cfg.agent, "upstream": cfg.upstream}
     if builtin is not None:
         doc["truth"] = _truth(builtin, result, cfg)
+    drifted = {c: s["models"] for c, s in doc["log"]["conditions"].items() if len(s["models"]) > 1}
+    doc["warnings"] = [*doc["warnings"], *(f"condition {c!r}: the served model changed within the study "
+                                           f"({', '.join(m)})" for c, m in drifted.items())]
     (cfg.out / "report.json").write_text(json.dumps(doc, indent=2))
     (cfg.out / "report.md").write_text(report.markdown(result, doc["log"]))
     report.plot(result, cfg.out / "ladder.png")
@@ -88,11 +91,10 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
             f"{c} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in t["w"].items())
             + f"; ladder order live > t0 > replay: {'holds' if t['order_holds'] else 'DOES NOT HOLD'}")
     click.echo(f"\nwrote {cfg.out}/report.json, report.md, ladder.png, outcomes.jsonl, log.lmdb")
-    drifted = {c: s["models"] for c, s in doc["log"]["conditions"].items() if len(s["models"]) > 1}
     if drifted:
         click.echo("nfladder: the served model changed within a condition: " + "; ".join(
-            f"{c}: {', '.join(m)}" for c, m in drifted.items()) + " (system fingerprints are kept as a covariate)",
-            err=True)
+            f"{c}: {', '.join(m)}" for c, m in drifted.items()) + " (system fingerprints are kept as a covariate)"
+            + ("; exit 4 (pass --allow-drift to accept it)" if abort_on_drift else ""), err=True)
         if abort_on_drift:
             return 4
     bad = ladder.replay_failures()
@@ -155,7 +157,8 @@ def _common(f: Any) -> Any:
 @click.option("--fault-429", default=0.0, type=click.FloatRange(0, 1), help="Built-in provider: share of 429 answers.")
 @click.option("--fault-drop", default=0.0, type=click.FloatRange(0, 1), help="Built-in provider: share of dropped connections.")
 @click.option("--latency-ms", default=0.0, type=click.FloatRange(min=0), help="Built-in provider: added latency.")
-@click.option("--abort-on-drift", is_flag=True, help="Exit 4 when a condition's served model changed mid-study.")
+@click.option("--abort-on-drift/--allow-drift", default=True, show_default=True,
+              help="Exit 4 when a condition's served model changed mid-study; --allow-drift reports it as a warning.")
 @_common
 def run_cmd(agent_cmd: str, suite: str, limit: int | None, replicates: int, conditions: str, provider: str,
             replay_source: str, agent_timeout: float, inject_violation: bool, fault_429: float, fault_drop: float,
@@ -206,7 +209,7 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, jobs: int, seed: in
         out = Path("nf-demo")
     ctx.invoke(run_cmd, agent_cmd="builtin", suite="builtin", limit=None, replicates=replicates,
                conditions=",".join(CONDITIONS), provider="builtin", replay_source="t0:0", agent_timeout=60.0,
-               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, abort_on_drift=False, out=out,
+               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, abort_on_drift=True, out=out,
                jobs=jobs, seed=seed,
                bootstrap=bootstrap)
 

@@ -14,7 +14,19 @@ import pytest
 
 from noisefloor.analyzer import floors
 from noisefloor.analyzer.audit import audit, study_hash
-from noisefloor.analyzer.gate import CaseCounts, case_verdict, repeats_to_decide, wilson_lower, wilson_upper
+from noisefloor.analyzer.gate import (
+    CaseCounts,
+    GateSettings,
+    adjust,
+    case_risk,
+    case_verdict,
+    gate,
+    operating_characteristics,
+    repeats_to_decide,
+    suite_false_block,
+    wilson_lower,
+    wilson_upper,
+)
 from noisefloor.analyzer.outcomes import Row
 
 
@@ -31,7 +43,7 @@ def test_rerun_statistics_land_where_the_simulation_says():
     n, runs, share, p = 400, 10, 0.1, 0.3
     ratios, ever = [], []
     for _ in range(30):
-        f = floors.rerun_floor(simulate_reruns(n, runs, share, p, rng))
+        f = floors.rerun_floor(simulate_reruns(n, runs, share, p, rng), resamples=20)
         ratios.append(f.paired_to_marginal)
         ever.append(f.ever_flip_fraction)
         assert f.always_correct + f.always_wrong + f.flip == n
@@ -55,19 +67,34 @@ def test_perturbation_paired_sd_matches_its_closed_form():
     for name in ("compact_user_request", "tool_instruction_prefix", "request_label_wrap"):
         flip = rng.random(n) < e  # the variant changes these instances, the same way on every run
         variants[name] = np.repeat(np.where(flip, 1 - base, base)[:, None], runs, axis=1)
-    pf = floors.perturbation_floor(variants, rerun_paired=0.002)
+    main = simulate_reruns(n, runs, 0.05, 0.3, rng)
+    pf = floors.perturbation_floor(variants, main, resamples=300)
     expected = math.sqrt(2 * e * (1 - e))  # y_L - y_R is +-1 with probability 2e(1-e)
     for pair in pf.pairs:
         assert pair.matched == n * runs
         assert pair.paired_sd == pytest.approx(expected, abs=0.02)
-    assert pf.multiple_of_rerun == pytest.approx(pf.median_paired_sd / 0.002)
+        assert pair.ci["paired_sd"].lo < pair.paired_sd < pair.ci["paired_sd"].hi
+        assert pair.aggregate_sd == 0.0  # each variant changes the same instances on every run
+    rerun = floors.rerun_floor(main, resamples=100)
+    # one scale at a time: per unit over per unit, and the seed's mixed ratio beside them
+    assert pf.multiple_unit_scale == pytest.approx(pf.median_paired_sd / rerun.unit_paired_sd)
+    assert pf.multiple_as_published == pytest.approx(pf.median_paired_sd / rerun.paired_sd)
+    assert pf.multiple_aggregate_scale == pytest.approx(0.0)
+    # the published ratio grows like sqrt(N): per-unit over aggregate-scale SDs
+    assert pf.multiple_as_published / pf.multiple_unit_scale == pytest.approx(
+        rerun.unit_paired_sd / rerun.paired_sd)
+    assert pf.multiple_as_published > 10 * pf.multiple_unit_scale
 
 
 def test_sd_curve_narrows_with_more_instances():
     rng = np.random.default_rng(2)
     y = simulate_reruns(150, 10, 0.05, 0.3, rng)
-    curve = floors.sd_curve(y, floors.curve_sizes(150), resamples=200, seed=3)
+    curve = floors.sd_curve(y, floors.curve_sizes(150), seed=3)
     assert [p.n for p in curve] == [25, 50, 75, 100, 125, 150]
+    assert all(p.resamples == 2000 for p in curve)
+    again = floors.sd_curve(y, floors.curve_sizes(150), seed=4)  # the ends are stable across seeds
+    for p, q in zip(curve, again):
+        assert abs(p.ci.hi - q.ci.hi) < 0.25 * (p.ci.hi - p.ci.lo)
     width = [p.ci[1] - p.ci[0] for p in curve]
     assert width[0] > width[-1]
     assert curve[-1].mean == pytest.approx(floors.rerun_paired_sd(y), rel=0.5)
@@ -79,8 +106,65 @@ def test_fingerprint_split_and_taxonomy():
     s = floors.fingerprint_split(y, fp)
     assert s.fingerprints == 2 and s.within_pairs == 4 and s.across_pairs == 8
     assert s.within_sd == 0.0 and s.across_sd > 0
-    t = floors.taxonomy(["correct", "malformed_output", "wrong_arguments", "malformed_output", None])
-    assert t.failures == 3 and t.malformed_share == pytest.approx(2 / 3)
+    # an unknown fingerprint is not a value: two unknowns are not a "within" pair
+    unknown = np.array([["", None, "a", "a"], [None, "", "a", "b"]], dtype=object)
+    u = floors.fingerprint_split(y, unknown)
+    assert (u.within_pairs, u.across_pairs, u.unknown_pairs) == (1, 1, 10) and u.fingerprints == 2
+    # failures are counted by outcome: an unlabelled failure is `other`, a labelled pass is no failure,
+    # an unknown label is `other`
+    t = floors.taxonomy([(1, "correct"), (0, "malformed_output"), (0, "wrong_arguments"), (0, "malformed_output"),
+                         (0, None), (1, "malformed_output"), (0, "timeout")])
+    assert t.counts == {"malformed_output": 2, "wrong_arguments": 1, "other": 2}
+    assert t.failures == 5 and t.malformed_share == pytest.approx(2 / 5)
+    assert t.malformed_ci.lo < 0.4 < t.malformed_ci.hi
+
+
+def seed003_groq_8b() -> np.ndarray:
+    """Seed 003, Table 2, Groq 8B: 150 matched instances x 10 runs, 107 always correct, 42 always
+    wrong, one flip. The published paired SD pins the flip to the second run (or the ninth): the
+    statistic is signed over ordered run pairs, so the run that flipped matters."""
+    y = np.zeros((150, 10))
+    y[:107] = 1
+    y[149, 1] = 1
+    return y
+
+
+def test_seed_003_table_2_groq_8b_row():
+    f = floors.rerun_floor(seed003_groq_8b(), resamples=200)
+    assert f.mean_correlation == pytest.approx(0.996744, abs=5e-7)
+    assert (f.always_correct, f.always_wrong, f.flip) == (107, 42, 1)
+    assert f.ever_flip_fraction == pytest.approx(0.00666667, abs=5e-9)
+    assert f.marginal_sd == pytest.approx(0.00210819, abs=5e-9)
+    assert f.paired_sd == pytest.approx(0.00282684, abs=5e-9)
+    assert f.paired_to_marginal == pytest.approx(0.948, abs=5e-4)
+    lo, hi = f.ci["ever_flip_fraction"]  # exact binomial for 1 of 150
+    assert lo == pytest.approx(0.000168771, rel=1e-4) and hi == pytest.approx(0.036583, rel=1e-4)
+
+
+def test_dependent_reruns_now_show_in_the_paired_ratio():
+    """A trend across runs (a provider change mid-study) makes reruns dependent: the root-mean-
+    square definition stayed at exactly 1; the SD of paired differences falls well below it."""
+    rng = np.random.default_rng(9)
+    n, runs = 400, 10
+    p = 0.5 + 0.02 * np.arange(runs)  # each run a little more likely to pass
+    y = (rng.random((n, runs)) < p).astype(float)
+    f = floors.rerun_floor(y, resamples=200)
+    rms = math.sqrt(np.mean([(a - b) ** 2 for a, b in __import__("itertools").combinations(y.mean(axis=0), 2)]))
+    assert rms / (math.sqrt(2) * f.marginal_sd) == pytest.approx(1.0)  # the old statistic cannot see it
+    assert f.paired_to_marginal < 0.8
+
+
+def test_rerun_intervals_cover_the_truth_in_simulation():
+    """Percentile instance-bootstrap intervals of the paired SD against its true value (by a large
+    simulation of the same design)."""
+    rng = np.random.default_rng(21)
+    n, runs = 120, 6
+    truth = np.mean([floors.rerun_paired_sd(simulate_reruns(n, runs, 0.2, 0.3, rng)) for _ in range(2000)])
+    hits = 0
+    for i in range(60):
+        f = floors.rerun_floor(simulate_reruns(n, runs, 0.2, 0.3, rng), resamples=400, seed=i)
+        hits += f.ci["paired_sd"].lo <= truth <= f.ci["paired_sd"].hi
+    assert hits >= 0.8 * 60
 
 
 def rows_for(endpoint: str, y: np.ndarray, variant: str = "", model: str = "m1") -> list[Row]:
@@ -127,8 +211,16 @@ def test_cli_floors_section_and_drift_abort(tmp_path):
     drifted = tmp_path / "drift.jsonl"
     drifted.write_text(path.read_text() + json.dumps({"task_id": "i0", "condition": "groq-8b", "replicate": 9,
                                                        "outcome": 1, "endpoint": "groq-8b", "model": "other"}) + "\n")
-    d = nfanalyze("--outcomes", str(drifted), "--abort-on-drift", "--bootstrap", "200")
+    d = nfanalyze("--outcomes", str(drifted), "--bootstrap", "200")  # the guard aborts by default
     assert d.returncode == 4 and "changed served model" in d.stderr
+    allowed = nfanalyze("--outcomes", str(drifted), "--bootstrap", "200", "--allow-drift", "--json", "-")
+    assert allowed.returncode == 0, allowed.stderr
+    assert any("served model changed" in w for w in json.loads(allowed.stdout)["warnings"])
+    md = tmp_path / "report.md"
+    assert nfanalyze("--outcomes", str(path), "--bootstrap", "200", "--markdown", str(md)).returncode == 0
+    text = md.read_text()
+    assert "## Rerun and perturbation floors" in text and "ever-flip" in text and "perturbation / rerun multiple" in text
+    assert text.count("[") > 10  # intervals on the floors numbers
 
 
 def test_wilson_worked_numbers_and_bounds():
@@ -144,11 +236,58 @@ def test_gate_verdicts():
     v = case_verdict("c", a, b, CaseCounts(3, 8))
     assert v.verdict == "inconclusive" and v.floor == pytest.approx(wilson_lower(6, 8) - 0.05)
     assert v.more_repeats is not None and v.more_repeats > 0
-    n = 8 + v.more_repeats
-    assert wilson_upper(round(3 / 8 * n), n) < v.floor <= wilson_upper(round(3 / 8 * (n - 1)), n - 1)
+    # 4/8 against a 0.697 floor: at exactly rate 0.5, 15 repeats put the upper bound under it
+    assert repeats_to_decide(CaseCounts(4, 8), 0.697) == 7
     assert case_verdict("c", a, b, CaseCounts(0, 8)).verdict == "regressed"
     assert case_verdict("c", CaseCounts(8, 8), CaseCounts(4, 8), CaseCounts(8, 8)).verdict == "quarantine"
     assert repeats_to_decide(CaseCounts(5, 8), 0.3) is None
+    # seed 004: still below the floor at k=16 is a regression, not another inconclusive
+    assert case_verdict("c", CaseCounts(15, 16), CaseCounts(15, 16), CaseCounts(6, 16)).verdict == "regressed"
+    assert case_verdict("c", CaseCounts(15, 16), CaseCounts(15, 16), CaseCounts(6, 15)).verdict == "inconclusive"
+
+
+def simulate_gate(rate: float, n: int, s: GateSettings, rng: np.random.Generator, trials: int) -> tuple[float, float]:
+    """Run the gate itself on simulated unchanged runs: how often it says regressed / quarantine."""
+    k = rng.binomial(n, rate, size=(trials, 3))
+    verdicts = [case_verdict("c", CaseCounts(int(x), n), CaseCounts(int(y), n), CaseCounts(int(z), n), s).verdict
+                for x, y, z in k]
+    return verdicts.count("regressed") / trials, verdicts.count("quarantine") / trials
+
+
+@pytest.mark.parametrize("rate,n", [(0.15, 8), (0.6, 8), (0.9, 16)])
+def test_operating_characteristics_match_a_simulation_of_the_gate(rate, n):
+    s = GateSettings()
+    risk = case_risk("c", rate, n, n, n, s)
+    reg, quar = simulate_gate(rate, n, s, np.random.default_rng(3), 20_000)
+    assert risk.false_regressed == pytest.approx(reg, abs=0.01)
+    assert risk.false_quarantine == pytest.approx(quar, abs=0.01)
+    assert risk.false_regressed_escalated >= risk.false_regressed
+
+
+def test_forty_low_rate_cases_block_an_unchanged_model_and_the_plan_fixes_it():
+    rates = np.linspace(0.1, 0.2, 40)
+    counts = {f"c{i}": CaseCounts(round(r * 8), 8) for i, r in enumerate(rates)}
+    oc = operating_characteristics(counts, counts, counts, GateSettings(), target=0.05)
+    assert oc.suite_false_block > 0.9  # the issue's 95%: almost every unchanged run blocks
+    n = oc.repeats_for_target
+    assert n is not None and n > 8
+    rates = {k: v.rate for k, v in counts.items()}
+    assert suite_false_block(rates, n) <= 0.05 < suite_false_block(rates, n - 1)
+
+
+def test_multiplicity_adjustments_closed_form_and_effect():
+    assert adjust([0.01, 0.04, 0.03, 0.5], "holm") == pytest.approx([0.04, 0.09, 0.09, 0.5])
+    assert adjust([0.01, 0.04, 0.03, 0.5], "bh") == pytest.approx([0.04, 0.04 * 4 / 3, 0.04 * 4 / 3, 0.5])
+    base = {f"c{i}": CaseCounts(3, 8) for i in range(40)}
+    cand = {f"c{i}": CaseCounts(0 if i < 3 else 3, 8) for i in range(40)}
+    plain = gate(base, base, cand)
+    holm = [v.verdict for v in gate(base, base, cand, GateSettings(multiplicity="holm"))]
+    assert [v.verdict for v in plain].count("regressed") == 3
+    assert plain[0].p_value == pytest.approx((5 / 8) ** 8)  # 0 of 8 at the baseline's 3/8
+    assert holm.count("regressed") == 0  # p = 0.023 is not rare among 40 cases
+    strong = {f"c{i}": CaseCounts(8, 8) for i in range(40)}
+    wiped = {f"c{i}": CaseCounts(0 if i < 3 else 8, 8) for i in range(40)}
+    assert [v.verdict for v in gate(strong, strong, wiped, GateSettings(multiplicity="holm"))].count("regressed") == 3
 
 
 def write_run(path: Path, passes: dict[str, int], n: int = 8, temperature: float = 0.7) -> Path:
@@ -166,7 +305,7 @@ def test_gate_cli_exit_codes(tmp_path):
     ok = write_run(tmp_path / "ok.jsonl", {"x": 6, "y": 3, "z": 7})
     r = nfanalyze("gate", str(a), str(b), str(ok), "--json", str(tmp_path / "g.json"))
     assert r.returncode == 0, r.stderr
-    assert "y: inconclusive" in r.stdout and "more repeats would decide it" in r.stdout
+    assert "y: inconclusive" in r.stdout and "re-run it at k=16" in r.stdout and "already below the floor" in r.stdout
     doc = json.loads((tmp_path / "g.json").read_text())
     assert doc["counts"] == {"within_noise": 2, "inconclusive": 1, "regressed": 0, "quarantine": 0}
     bad = write_run(tmp_path / "bad.jsonl", {"x": 0, "y": 8, "z": 7})
@@ -174,3 +313,23 @@ def test_gate_cli_exit_codes(tmp_path):
     hot = write_run(tmp_path / "hot.jsonl", {"x": 6, "y": 8, "z": 7}, temperature=1.0)
     r = nfanalyze("gate", str(a), str(b), str(hot))
     assert r.returncode == 2 and "different stamps" in r.stderr
+    assert "operating characteristics" in nfanalyze("gate", str(a), str(b), str(ok)).stdout
+
+
+def test_gate_refuses_unstamped_duplicated_and_pooled_runs(tmp_path):
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps({"task_id": c, "replicate": r, "outcome": 1}) + "\n"
+                             for c in ("x", "y") for r in range(8)))
+    r = nfanalyze("gate", str(plain), str(plain), str(plain))
+    assert r.returncode == 2 and "unstamped" in r.stderr and "grader_version" in r.stderr
+    assert nfanalyze("gate", str(plain), str(plain), str(plain), "--allow-unstamped").returncode == 0
+    a = write_run(tmp_path / "a.jsonl", {"x": 3, "y": 8}, n=8)
+    dup = tmp_path / "dup.jsonl"
+    dup.write_text(a.read_text() + a.read_text().splitlines(keepends=True)[0])
+    r = nfanalyze("gate", str(a), str(a), str(dup))
+    assert r.returncode != 0 and "appears twice" in r.stderr
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(a.read_text() + a.read_text().replace('"condition": "run"', '"condition": "other"'))
+    r = nfanalyze("gate", str(a), str(a), str(mixed))
+    assert r.returncode != 0 and "several conditions" in r.stderr
+    assert nfanalyze("gate", str(a), str(a), str(mixed), "--condition", "run").returncode == 0

@@ -84,18 +84,24 @@ def main() -> None:
 @click.option("--abort-on-drift/--allow-drift", default=True, show_default=True,
               help="Exit 4 when an endpoint's served model changed within the study (seed 003's guard); "
                    "--allow-drift analyzes anyway, with the drift in the warnings.")
+@click.option("--inspect-logs", "inspect_specs", multiple=True, metavar="[CONDITION=]PATH",
+              help="inspect_ai eval logs (a .eval/.json file or a folder) as outcome rows: sample id -> task, "
+                   "epoch (and run) -> replicate, first scorer -> outcome; repeatable, one per condition "
+                   "(default condition: the folder's name).")
+@click.option("--inspect-pass-at", type=float, help="Read numeric inspect scores at or above this as a pass.")
 @click.option("-q", "--quiet", is_flag=True, help="No table on stdout.")
 def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_path: str | None, md_path: Path | None,
                 plot_path: Path | None, resamples: int, seed: int, delta: float, alpha: float, power: float,
                 contrasts: tuple[str, ...], compare_batches: tuple[str, str] | None, missing_tasks: str,
                 unbalanced: str, top: int, progress: bool | None, floors_flag: bool | None, study_set: str | None,
-                abort_on_drift: bool, quiet: bool) -> None:
+                abort_on_drift: bool, inspect_specs: tuple[str, ...], inspect_pass_at: float | None,
+                quiet: bool) -> None:
     """Within-task variance, joint task-bootstrap intervals, contrasts and rerun budgets per condition.
 
     LOG is an optional nfproxy store whose exchanges add per-condition call, miss and token counts.
     """
-    if not outcomes and not example and not log:
-        raise click.UsageError("give --outcomes FILE (or a LOG, or --example)")
+    if not outcomes and not example and not log and not inspect_specs:
+        raise click.UsageError("give --outcomes FILE (or a LOG, --inspect-logs PATH, or --example)")
     log_doc = None
     if log is not None:
         from noisefloor.analyzer.logstats import from_store
@@ -105,7 +111,7 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
             log_doc = from_store(log)
         except StoreError as exc:
             raise click.ClickException(str(exc)) from None
-    if not outcomes and not example:
+    if not outcomes and not example and not inspect_specs:
         assert log_doc is not None
         for cond, s in log_doc["conditions"].items():
             click.echo(f"{cond}: {s}")
@@ -118,8 +124,11 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
 
             rows = list(make_example().rows)
         else:
-            assert outcomes is not None
-            rows = parse_rows(read_rows(outcomes), str(outcomes))
+            rows = parse_rows(read_rows(outcomes), str(outcomes)) if outcomes else []
+            for spec in inspect_specs:
+                from noisefloor.analyzer import inspect_logs
+
+                rows += parse_rows(inspect_logs.rows(spec, inspect_pass_at), spec)
         if floors_flag or (floors_flag is None and audit_mod.is_audit(rows)):
             audits = audit_mod.audit(rows, seed=seed)
             rows = audit_mod.main_arm(rows)

@@ -22,8 +22,16 @@ from noisefloor.proxy import decoding, perturb, secrets
 from noisefloor.proxy import overrides as ov
 from noisefloor.proxy.perturb import Rewrite
 from noisefloor.proxy.recorder import Pending, Recorder
-from noisefloor.proxy.replayer import Replayer
-from noisefloor.proxy.sse import TICKET_HEADER, ChunkCapture, ChunkSplitter, StreamPlan, StreamServer, is_stream
+from noisefloor.proxy.replayer import Answer, Matched, Replayer
+from noisefloor.proxy.sse import (
+    TICKET_HEADER,
+    ChunkCapture,
+    ChunkSplitter,
+    StreamPlan,
+    StreamServer,
+    delivered_terminal_event,
+    is_stream,
+)
 from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData, Stats, split_label_prefix
 
 log = logging.getLogger("nfproxy")
@@ -286,6 +294,15 @@ class Record:
         except Exception as exc:  # noqa: BLE001 - an answer that is not in the log must not reach the agent
             self._withhold(flow, exc)
 
+    def _record_complete(self, flow: http.HTTPFlow, pending: Pending | Exception, response: ResponseData) -> None:
+        try:
+            if isinstance(pending, Exception):
+                raise pending
+            self.recorder.finish(pending, response, notes=["the client closed the stream after its closing event"])
+        except Exception as exc:  # noqa: BLE001 - the client has its answer; say the record was lost
+            self.recorder.stats.errors += 1
+            log.error("nfproxy: could not record %s: %s", _where(flow), _scrub(flow, exc))
+
     def _withhold(self, flow: http.HTTPFlow, exc: Exception) -> None:
         self.recorder.stats.errors += 1
         log.error("nfproxy: could not record %s: %s", _where(flow), _scrub(flow, exc))
@@ -300,6 +317,10 @@ class Record:
         capture: ChunkCapture | None = flow.metadata.get(_CAPTURE)
         partial = None
         if flow.response is not None and capture is not None:  # a stream that broke off: keep what came
+            if delivered_terminal_event(capture.body):  # it had ended: the client hung up after the answer
+                capture.complete = True
+                self._record_complete(flow, pending, response_data(flow.response, capture))
+                return
             partial = response_data(flow.response, capture)
         log.warning("nfproxy: error recorded for %s: %s", _where(flow), _scrub(flow, message))
         try:
@@ -314,16 +335,21 @@ class Record:
 class Replay:
     """Answers in the `request` hook, so mitmproxy never opens an upstream connection.
 
-    Streamed answers are handed to the loopback `StreamServer` (inside this process) so their
-    chunks can be sent one by one; everything else is answered directly.
+    A request whose recorded predecessors (requests of its recorded session that had their answer
+    before it was asked) have not all been asked in this replay yet waits for them, up to
+    `order_wait` seconds: under a concurrent harness they are usually a moment behind. Streamed
+    answers are handed to the loopback `StreamServer` (inside this process) so their chunks can
+    be sent one by one; everything else is answered directly.
     """
 
-    def __init__(self, replayer: Replayer, streams: StreamServer, timed: bool) -> None:
+    def __init__(self, replayer: Replayer, streams: StreamServer, timed: bool, order_wait: float = 5.0) -> None:
         self.replayer = replayer
         self.streams = streams
         self.timed = timed
+        self.order_wait = order_wait
+        self._asked = asyncio.Event()  # replaced, and the old one set, whenever a request is asked
 
-    def request(self, flow: http.HTTPFlow) -> None:
+    async def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:  # refused before it got here (BodyLimit)
             return
         if is_websocket(flow):
@@ -334,7 +360,13 @@ class Replay:
                 flow.response = to_mitmproxy(self.replayer.failure(exc))
             return
         try:
-            answer = self.replayer.answer(request_data(flow), flow.metadata[_LABELS])
+            matched = self.replayer.match(request_data(flow), flow.metadata[_LABELS])
+            if isinstance(matched, Answer):
+                answer = matched
+            else:
+                self._announce()
+                waited = await self._wait_for_predecessors(matched)
+                answer = self.replayer.settle(matched, waited)
         except Exception as exc:  # noqa: BLE001 - unanswered, mitmproxy would forward the request upstream
             log.error("nfproxy: replay failed for %s: %s", _where(flow), _scrub(flow, repr(exc)))
             flow.response = to_mitmproxy(self.replayer.failure(exc))
@@ -349,6 +381,27 @@ class Replay:
         flow.request.headers[TICKET_HEADER] = self.streams.register(plan)
         flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", self.streams.port
         flow.metadata[_SPLIT] = [n for _, n in resp.layout]
+
+    def _announce(self) -> None:
+        old, self._asked = self._asked, asyncio.Event()
+        old.set()
+
+    async def _wait_for_predecessors(self, matched: Matched) -> float:
+        """Seconds waited until every recorded predecessor was asked, or the wait ran out."""
+        if self.replayer.blocker(matched) is None:
+            return 0.0
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        deadline = start + self.order_wait
+        while self.replayer.blocker(matched) is not None:
+            left = deadline - loop.time()
+            if left <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._asked.wait(), left)
+            except TimeoutError:
+                break
+        return round(loop.time() - start, 3)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         sizes = flow.metadata.get(_SPLIT)

@@ -73,6 +73,9 @@ def main() -> None:
               help="Replay only answers recorded in this session; repeatable (default: all recorded sessions).")
 @click.option("--replay-timing", type=click.Choice(["none", "recorded"]), default="none", show_default=True,
               help="Replay streams at once, or with the recorded gaps between chunks.")
+@click.option("--order-wait", default=5.0, show_default=True, type=click.FloatRange(min=0),
+              help="Replay: seconds a request waits for the requests that came before it in the recording "
+                   "(concurrent harnesses send them a moment apart); then it is a call-order violation.")
 @click.option("--stream-timeout", default=120.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a stream may stall before its upstream connection is closed and an error is logged.")
 @click.option("--confdir", type=click.Path(path_type=Path),
@@ -87,7 +90,8 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
         session: str | None, task: str | None, replicate: str | None, condition: str | None,
         ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], perturbation: str | None,
         perturb_file: Path | None, replay_sessions: tuple[str, ...],
-        replay_timing: str, stream_timeout: float, confdir: Path | None, upstream_ca: str | None, max_body_mb: int,
+        replay_timing: str, order_wait: float, stream_timeout: float, confdir: Path | None, upstream_ca: str | None,
+        max_body_mb: int,
         quiet: bool, command: tuple[str, ...]) -> None:
     """Run the proxy in the foreground until SIGINT or SIGTERM.
 
@@ -110,7 +114,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     serve = _Serve(mode, host, port, upstream, confdir, store_path, quiet, list(command), upstream_ca)
     try:
         asyncio.run(serve.run(engine, labels, override_list, variant, replay_timing == "recorded", stream_timeout, stats,
-                              max_body_mb << 20))
+                              max_body_mb << 20, order_wait))
     finally:
         try:
             if writer is not None:
@@ -192,7 +196,7 @@ class _Serve:
         self.returncode: int | None = None
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
-                  timed: bool, stream_timeout: float, stats: Stats, max_body: int) -> None:
+                  timed: bool, stream_timeout: float, stats: Stats, max_body: int, order_wait: float) -> None:
         from noisefloor.proxy.addon import (
             BodyLimit,
             BodyRewrites,
@@ -227,7 +231,7 @@ class _Serve:
         elif self.mode == "replay":
             streams = StreamServer()
             await streams.start()
-            addons.append(Replay(engine, streams, timed))
+            addons.append(Replay(engine, streams, timed, order_wait))
             master.addons.add(NoUpstream(streams, stats))  # its own chain entry: independent of the group
         else:
             addons.append(Streams(stream_timeout, capture=False))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -51,7 +52,9 @@ class Recorder:
     ) -> int:
         """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
         p = pending.prepared
-        record: dict[str, Any] = {"latency_ms": latency_ms, "error": error, "notes": pending.notes + list(notes)}
+        end = time.time()  # the answer is complete: a request arriving after this may depend on it
+        record: dict[str, Any] = {"end": end, "latency_ms": latency_ms, "error": error,
+                                  "notes": pending.notes + list(notes)}
         # a body already stored (a replicate asking the same again) is not compressed again
         bodies = {p.request.stored_digest: p.request.stored_body}
         if response is not None:
@@ -79,6 +82,8 @@ class Recorder:
             occurrence=p.occurrence,
             seq=p.seq,
             route=f"{p.canonical.method} {p.canonical.host} {p.canonical.path}",
+            start=p.started,
+            end=end,
         )
         text = pending.request_json[:-1] + "," + json.dumps(record)[1:]  # two JSON objects, disjoint keys
         exchange_id = self.store.append(text, bodies, entry)

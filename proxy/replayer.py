@@ -4,13 +4,21 @@ Matching rule (Appendix A.4 of the ladder paper asks for it to be explicit): the
 for a key are ordered by recorded session (in the order sessions began) and then by occurrence
 within the session. The n-th request with that key in a replay session gets the n-th answer.
 A replay session never shares counters with another, so every replayed agent run sees the same
-answers. Order violations are checked per recorded session: answers drawn from one recorded
-session must be consumed in the order they were recorded.
+answers.
+
+Order is the recorded happens-before order, not a total order: requests that overlapped in time
+when recorded have no order between them (a harness sends them concurrently); only a request
+that arrived after another's answer was complete can depend on it. So an answer drawn from a
+recorded session may be given once every request of that session that had finished before it
+started has been asked in this replay session. The proxy waits for that (the predecessors are
+usually a concurrent request a moment behind); a predecessor still not asked when the wait runs
+out is a real departure: a call-order violation naming the request that should have come first.
 """
 
 from __future__ import annotations
 
 import json
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -32,6 +40,25 @@ class Answer:
     result: str  # "hit", "miss" or "order_violation"
     response: ResponseData
     source_id: int | None
+
+
+@dataclass(frozen=True)
+class Matched:
+    """A request matched to its recorded answer, not answered yet: its recorded predecessors may
+    still have to be asked (see `blocker`)."""
+
+    prepared: Prepared
+    entry: RecordedEntry
+    session: str
+
+
+@dataclass
+class _Progress:
+    """One replay session's progress through one recorded session: which of its requests have
+    been asked, and how long a prefix of them, in order of completion, is complete."""
+
+    asked: set[int]
+    frontier: int = 0
 
 
 class Replayer:
@@ -59,8 +86,8 @@ class Replayer:
         entries = [e for e in store.recorded_entries() if not wanted or e.session in wanted]
         if wanted and not entries:
             raise ValueError(f"no recorded session named {sorted(wanted)} in {store.path}; list them with `nfproxy log`")
-        self._by_key, self._session_keys, self._position = _index(entries)
-        self._consumed: dict[tuple[str, str], int] = defaultdict(int)
+        self._by_key, self._session_keys, self._by_end, self._needs = _index(entries)
+        self._progress: dict[tuple[str, str], _Progress] = {}
         self._entries = entries
 
     @property
@@ -68,31 +95,54 @@ class Replayer:
         return len(self._entries)
 
     def answer(self, request: RequestData, labels: Labels) -> Answer:
+        """Match and answer at once, without waiting for predecessors (a library caller)."""
+        m = self.match(request, labels)
+        return m if isinstance(m, Answer) else self.settle(m)
+
+    def match(self, request: RequestData, labels: Labels) -> Answer | Matched:
+        """Key the request and pick its recorded answer (a miss is answered at once). The request
+        counts as asked from here on, so requests waiting for it can go ahead."""
         p = prepare(request, labels, self.rules, self.counters)
         index = self._by_key if labels.replay_from is None else self._session_keys.get(labels.replay_from, {})
         candidates = index.get(p.key, [])
         if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
             entry = candidates[min(p.occurrence, len(candidates) - 1)]
-            violation = self._check_order(labels.session, entry)
-            if violation and self.strict:
-                return self._log(p, "order_violation", self._order_response(p, entry, violation), entry, violation)
-            source, response = self._source(entry.id)
-            return self._log(p, "order_violation" if violation else "hit", response, entry, violation, source)
+            self._ask(labels.session, entry)
+            return Matched(p, entry, labels.session)
         return self._log(p, "miss", self._miss_response(p, len(candidates)), None, None)
+
+    def blocker(self, m: Matched) -> RecordedEntry | None:
+        """The first recorded predecessor of `m` (same recorded session, answered before `m` was
+        asked) that this replay session has not asked yet; None when `m` may be answered."""
+        prog = self._progress[(m.session, m.entry.session)]
+        need = self._needs[m.entry.id]
+        if prog.frontier >= need:
+            return None
+        return next(e for e in self._by_end[m.entry.session][:need] if e.id not in prog.asked)
+
+    def settle(self, m: Matched, waited: float = 0.0) -> Answer:
+        """Answer a matched request: a hit, or a call-order violation if a predecessor is still missing."""
+        first = self.blocker(m)
+        if first is None:
+            source, response = self._source(m.entry.id)
+            return self._log(m.prepared, "hit", response, m.entry, None, source)
+        why = (f"recorded session {m.entry.session!r} asked {first.route} (exchange {first.id}, key "
+               f"{first.key[:12]}) and had its answer before it asked this request; this replay session "
+               f"has not asked it" + (f" (waited {waited:g} s)" if waited else ""))
+        if self.strict:
+            return self._log(m.prepared, "order_violation", self._order_response(m.prepared, m.entry, why, first),
+                             m.entry, why)
+        source, response = self._source(m.entry.id)
+        return self._log(m.prepared, "order_violation", response, m.entry, why, source)
 
     # -- helpers -------------------------------------------------------------------------------
 
-    def _check_order(self, session: str, entry: RecordedEntry) -> str | None:
-        slot = (session, entry.session)
-        expected = self._consumed[slot]
-        pos = self._position[entry.id]
-        self._consumed[slot] = pos + 1
-        if pos == expected or (self.allow_reuse and pos < expected):
-            return None
-        return (
-            f"recorded session {entry.session!r} made this call at position {pos}, "
-            f"but this replay session is at position {expected}"
-        )
+    def _ask(self, session: str, entry: RecordedEntry) -> None:
+        prog = self._progress.setdefault((session, entry.session), _Progress(set()))
+        prog.asked.add(entry.id)
+        order = self._by_end[entry.session]
+        while prog.frontier < len(order) and order[prog.frontier].id in prog.asked:
+            prog.frontier += 1
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one replayer per process; replicates serve the same answers again
     def _source(self, exchange_id: int) -> tuple[Exchange, ResponseData]:
@@ -144,13 +194,15 @@ class Replayer:
         }
         return _error_response(MISS_STATUS, doc, p, "miss")
 
-    def _order_response(self, p: Prepared, entry: RecordedEntry, why: str) -> ResponseData:
+    def _order_response(self, p: Prepared, entry: RecordedEntry, why: str, first: RecordedEntry) -> ResponseData:
         doc = {
             "type": "nfproxy_order_violation",
             "message": f"nfproxy call-order violation: {why}",
             "key": p.key,
             "occurrence": p.occurrence,
             "source_exchange": entry.id,
+            "should_come_first": {"exchange": first.id, "key": first.key, "route": first.route,
+                                  "session": first.session},
         }
         return _error_response(ORDER_STATUS, doc, p, "order_violation")
 
@@ -230,9 +282,11 @@ Keyed = dict[str, list[RecordedEntry]]
 LogEntry = Callable[[], tuple[dict[str, Any], dict[str, bytes]]]
 
 
-def _index(entries: list[RecordedEntry]) -> tuple[Keyed, dict[str, Keyed], dict[int, int]]:
+def _index(entries: list[RecordedEntry]) -> tuple[Keyed, dict[str, Keyed], dict[str, list[RecordedEntry]],
+                                                  dict[int, int]]:
     """Answers by key (sessions in the order they began, then occurrence), the same per recorded
-    session, and each exchange's position in its session's recorded order."""
+    session, each session's requests in order of completion, and for each request how many of
+    those had completed before it arrived (its recorded predecessors are that prefix)."""
     first_id: dict[str, int] = {}
     by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
     for e in entries:
@@ -242,13 +296,28 @@ def _index(entries: list[RecordedEntry]) -> tuple[Keyed, dict[str, Keyed], dict[
     for e in sorted(entries, key=lambda e: (first_id[e.session], e.occurrence)):
         by_key[e.key].append(e)
     per_session: dict[str, Keyed] = {}
+    by_end: dict[str, list[RecordedEntry]] = {}
+    needs: dict[int, int] = {}
     for name, lst in by_session.items():
         keyed: Keyed = defaultdict(list)
         for e in sorted(lst, key=lambda e: e.occurrence):
             keyed[e.key].append(e)
         per_session[name] = keyed
-    position = {e.id: i for lst in by_session.values() for i, e in enumerate(sorted(lst, key=lambda e: e.seq))}
-    return by_key, per_session, position
+        span = _spans(lst)
+        ordered = sorted(lst, key=lambda e: (span[e.id][1], e.seq))
+        ends = [span[e.id][1] for e in ordered]
+        by_end[name] = ordered
+        for e in lst:
+            needs[e.id] = bisect_right(ends, span[e.id][0])
+    return by_key, per_session, by_end, needs
+
+
+def _spans(session: list[RecordedEntry]) -> dict[int, tuple[float, float]]:
+    """(start, end) per request. A session recorded before times were kept gets its arrival order
+    as a total order: each request then follows every earlier one."""
+    if all(e.start is not None and e.end is not None for e in session):
+        return {e.id: (float(e.start), float(e.end)) for e in session}  # type: ignore[arg-type]
+    return {e.id: (float(e.seq), e.seq + 0.5) for e in session}
 
 
 def _error_response(status: int, doc: dict[str, Any], p: Prepared, result: str) -> ResponseData:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from functools import lru_cache
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
 # Credential headers of the major providers' SDKs: OpenAI, Anthropic, Gemini / Vertex (Google),
@@ -86,11 +87,17 @@ def secret_values(url: str, headers: Iterable[tuple[str, str]]) -> list[str]:
     return sorted((f for f in forms if len(f) >= _MIN_SECRET), key=len, reverse=True)
 
 
-def _forms(v: str) -> set[str]:
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+@lru_cache(maxsize=1024)  # the same key arrives with every request: spell it out once
+def _forms(v: str) -> frozenset[str]:
+    if _PLAIN.issuperset(v):  # most API keys: every spelling is the value itself
+        return frozenset((v,))
     b = v.encode("utf-8", "surrogateescape")  # header values are bytes: any byte may be in a key
     out = {v, v.replace(" ", "+"), v.replace("+", " "), quote(b, safe=""), quote_plus(b), quote(b, safe="/+=")}
     out |= {json.dumps(f)[1:-1] for f in list(out)}
-    return out
+    return frozenset(out)
 
 
 def _bytes(values: Iterable[str]) -> list[bytes]:

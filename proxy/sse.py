@@ -33,6 +33,19 @@ def is_stream(headers: Sequence[tuple[str, str]]) -> bool:
     return "chunked" in h.get("transfer-encoding", "") and "content-length" not in h
 
 
+# How the providers end a stream: OpenAI chat and completions, Anthropic messages, OpenAI responses.
+_TERMINAL = (b"data: [DONE]", b"data:[DONE]", b'"type":"message_stop"', b'"type": "message_stop"',
+             b"event: message_stop", b"event: response.completed", b'"type":"response.completed"',
+             b'"type": "response.completed"', b"event: response.incomplete", b"event: response.failed")
+
+
+def delivered_terminal_event(body: bytes) -> bool:
+    """Whether a stream got as far as its provider's closing event: a client that hangs up after
+    it (openai-python does) received the whole answer."""
+    tail = body[-4096:]
+    return any(marker in tail for marker in _TERMINAL)
+
+
 @dataclass
 class ChunkCapture:
     """The stream callable for record/passthrough mode."""

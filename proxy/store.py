@@ -64,7 +64,7 @@ class Exchange:
     """One request the proxy saw and what it answered (see DESIGN.md, exchange record)."""
 
     id: int
-    time: float
+    time: float  # the request arrived
     mode: str
     session: str
     key: str
@@ -87,6 +87,7 @@ class Exchange:
     perturbation: str | None = None
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    end: float | None = None  # the answer was complete (recorded exchanges)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -111,9 +112,12 @@ class RecordedEntry:
     occurrence: int
     seq: int
     route: str  # "METHOD host path": narrows the nearest-request search on a miss
+    start: float | None = None  # when the request arrived and when its answer was complete: the
+    end: float | None = None  # recorded happens-before order (None in stores recorded before it)
 
 
 _ENTRY_FIELDS = tuple(RecordedEntry.__dataclass_fields__)
+_ENTRY_REQUIRED = ("id", "key", "session", "occurrence", "seq", "route")
 
 
 class Store:
@@ -333,7 +337,7 @@ class Store:
         txn.put(_U64.pack(new_id), self._cctx.compress(doc.encode()), db=self._exchanges)
         if recorded is not None:
             entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,
-                     "seq": recorded.seq, "route": recorded.route}
+                     "seq": recorded.seq, "route": recorded.route, "start": recorded.start, "end": recorded.end}
             txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
         return new_id
 
@@ -352,7 +356,7 @@ class Store:
         with self._reading(), self._env.begin(db=self._recorded) as txn:
             for _, raw in txn.cursor():
                 doc = json.loads(raw)
-                yield RecordedEntry(**{k: doc[k] for k in _ENTRY_FIELDS})
+                yield RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"))
 
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:
@@ -446,18 +450,27 @@ class DeferredLog:
         items = []
         for build in batch:
             try:
-                record, bodies = build()
-                json.dumps(record).encode()  # what the store will write: fails here, for this record only
+                items.append((*build(), None))
             except Exception as exc:  # noqa: BLE001 - one bad request must not cost the others their records
-                if self._on_error is None:
-                    raise
-                self._on_error(exc)
-                continue
-            items.append((record, bodies, None))
+                self._lost(exc)
         try:
             self._store.append_many(items)
+        except (ValueError, TypeError):  # a record the store cannot serialize: find it, keep the others
+            for item in items:
+                try:
+                    self._store.append(*item)
+                except (ValueError, TypeError) as exc:
+                    self._lost(exc)
+                except Exception as exc:  # noqa: BLE001 - the store itself: reported on the next submit
+                    self._failure = exc
+                    return
         except Exception as exc:  # noqa: BLE001 - reported on the next submit and on close
             self._failure = exc
+
+    def _lost(self, exc: Exception) -> None:
+        if self._on_error is None:
+            raise exc
+        self._on_error(exc)
 
     def close(self) -> None:
         self.flush()

@@ -107,6 +107,8 @@ class RequestData:
             decoded, note = (self.decoded, None) if self.decoded is not None else decode_body(self.raw_body, encoding)
             if note is None and secrets.contains(decoded, values):
                 return secrets.erase(decoded, values), True
+        if not secrets.contains(self.raw_body, values):  # the common case: one scan, no copy
+            return self.raw_body, False
         return secrets.erase(self.raw_body, values), False
 
     @property
@@ -169,10 +171,13 @@ class ResponseData:
         if not values or not self.raw_body:
             return self
         decoded = self.decoded_body
-        body = secrets.erase(decoded, values)
+        whole = secrets.contains(decoded, values)
+        if not whole and self.layout is None:  # the common case, on every exchange: one scan
+            return self
+        body = secrets.erase(decoded, values) if whole else decoded
         if self.layout is not None:
             body = secrets.erase_events(body, values) or body
-        if body == decoded:
+        if body is decoded:
             return self
         headers = tuple((k, v) for k, v in self.headers if k.lower() not in ("content-encoding", "content-length"))
         layout = self.layout

@@ -66,6 +66,7 @@ class FakeUpstream:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/messages", self._anthropic)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_post(r"/v1beta/models/{model:[^/:]+}:generateContent", self._gemini)
         app.router.add_route("*", "/{tail:.*}", self._echo)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True)
@@ -200,6 +201,32 @@ class FakeUpstream:
                 "usage": {"input_tokens": 5 + n, "output_tokens": n},
             }
         )
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """The OpenAI Responses API (what inspect_ai and newer SDK code call by default)."""
+        n, doc = await self._record(request)
+        if (err := self._maybe_error(doc)) is not None:
+            return err
+        model = doc.get("model", "gpt-test") + "-2025-08-07"
+        text = self.responder(doc, n) if self.responder else f"response number {n}"
+        message = {"type": "message", "id": f"msg_{n}", "status": "completed", "role": "assistant",
+                   "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]}
+        usage = {"input_tokens": 10 + n, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n,
+                 "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 10 + 2 * n}
+        response = {"id": f"resp_{n}", "object": "response", "created_at": 1700000000 + n, "status": "completed",
+                    "model": model, "output": [message], "usage": usage, "parallel_tool_calls": True,
+                    "tool_choice": "auto", "tools": [], "error": None, "incomplete_details": None,
+                    "instructions": None, "metadata": {}, "temperature": doc.get("temperature", 1.0), "top_p": 1.0}
+        if not doc.get("stream"):
+            return self._reply(response)
+        events = [_sse({"type": "response.created", "sequence_number": 0,
+                        "response": dict(response, status="in_progress", output=[])}, "response.created")]
+        events += [_sse({"type": "response.output_text.delta", "sequence_number": i + 1, "item_id": f"msg_{n}",
+                         "output_index": 0, "content_index": 0, "delta": part}, "response.output_text.delta")
+                   for i, part in enumerate(text.split(" "))]
+        events.append(_sse({"type": "response.completed", "sequence_number": len(events) + 1, "response": response},
+                           "response.completed"))
+        return await self._events(request, doc, events)
 
     async def _gemini(self, request: web.Request) -> web.Response:
         n, doc = await self._record(request)

@@ -88,20 +88,43 @@ def test_first_chunk_is_not_held_back_while_recording(store, upstream, proxies):
     assert proxy_first - direct_first < 0.1
 
 
-def test_replayed_stream_is_byte_identical_with_the_same_chunks(store, upstream, proxies):
+ANTHROPIC_STREAM = {"model": "claude-3-5-haiku", "max_tokens": 32, "stream": True,
+                    "messages": [{"role": "user", "content": "stream please"}]}
+
+
+@pytest.mark.parametrize("path,body,finish", [
+    ("/v1/chat/completions", STREAM, "stop"),
+    ("/v1/messages", ANTHROPIC_STREAM, "end_turn"),
+])
+def test_replayed_stream_is_byte_identical_with_the_same_chunks(store, upstream, proxies, path, body, finish):
     rec = record(store, upstream, proxies)
-    recorded = chunked_frames(rec.port, dict(STREAM, x_events=8, x_pause_ms=15))
-    rec.stop()
+    recorded = chunked_frames(rec.port, dict(body, x_events=8, x_pause_ms=15), path)
+    assert rec.stop() == 0 and "0 errors" in rec.output
     upstream.stop()
     with Store.open(store, write=False) as s:
         (ex,) = list(s.exchanges())
     assert [n for _, n in ex.response["chunks"]] == [len(d) for _, d in recorded]
-    assert ex.finish_reason == "stop" and ex.model == "gpt-4o-mini-2024-07-18"
+    assert ex.finish_reason == finish and ex.error is None and ex.response["partial"] is False
     rep = replay(store, proxies)
-    replayed = chunked_frames(rep.port, dict(STREAM, x_events=8, x_pause_ms=15))
+    replayed = chunked_frames(rep.port, dict(body, x_events=8, x_pause_ms=15), path)
     assert [d for _, d in replayed] == [d for _, d in recorded]
-    assert len(recorded) >= 10  # 8 deltas, the stop chunk and [DONE], each its own chunk
+    assert len(recorded) >= 10  # 8 deltas and the closing events, each its own chunk
     assert rep.stop() == 0
+
+
+def test_sdk_streams_that_hang_up_after_the_closing_event_are_complete(store, upstream, proxies):
+    """openai-python closes the connection once it has read [DONE]: that stream is whole, not an error."""
+    rec = record(store, upstream, proxies)
+    oa = openai.OpenAI(base_url=rec.url + "/v1", api_key="sk-test", max_retries=0)
+    for i in range(6):
+        stream = oa.chat.completions.create(model="gpt-4o-mini", stream=True,
+                                            messages=[{"role": "user", "content": f"hi {i}"}])
+        assert "".join((c.choices[0].delta.content or "") for c in stream if c.choices)
+    assert rec.stop() == 0 and "0 errors" in rec.output
+    with Store.open(store, write=False) as s:
+        exchanges = list(s.exchanges())
+    assert len(exchanges) == 6
+    assert all(ex.error is None and ex.response["partial"] is False for ex in exchanges)
 
 
 def test_replay_timing_recorded_reproduces_the_gaps(store, upstream, proxies):
@@ -176,7 +199,11 @@ def test_client_disconnect_mid_stream_leaves_a_marked_partial_exchange(store, up
     sock = socket.create_connection(("127.0.0.1", rec.port), timeout=10)
     sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                  f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
-    assert b"200" in sock.recv(4096)
+    got = b""
+    deadline = time.monotonic() + 10
+    while b"data:" not in got and time.monotonic() < deadline:  # the first event has come through
+        got += sock.recv(4096)
+    assert b"200" in got and b"data:" in got
     sock.close()
     time.sleep(1.0)
     ok = httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)

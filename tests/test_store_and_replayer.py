@@ -42,6 +42,32 @@ def served(rep: Replayer, prompt: str, session: str) -> tuple[str, str | None]:
     return a.result, body.get("text")
 
 
+def test_happens_before_orders_only_requests_that_did_not_overlap(tmp_path):
+    """A and B overlapped when recorded (both asked before either was answered); C came after
+    both answers. Replay may ask A and B in any order; C needs both asked first."""
+    path = tmp_path / "s.lmdb"
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        pa, pb = rec.begin(chat("a"), Labels("S")), rec.begin(chat("b"), Labels("S"))
+        rec.finish(pb, answer("B"))
+        rec.finish(pa, answer("A"))
+        rec.finish(rec.begin(chat("c"), Labels("S")), answer("C"))
+        entries = sorted(s.recorded_entries(), key=lambda e: e.seq)
+        assert all(e.start is not None and e.end is not None and e.start < e.end for e in entries)
+    with Store.open(path, write=True) as s:
+        rep = Replayer(s, Rules())
+        assert [served(rep, x, "r1") for x in ("b", "a", "c")] == [("hit", "B"), ("hit", "A"), ("hit", "C")]
+        assert served(rep, "a", "r2") == ("hit", "A")
+        m = rep.match(chat("c"), Labels("r2"))  # b not asked yet in r2: c must wait for it
+        assert rep.blocker(m) is not None and rep.blocker(m).route.endswith("/v1/chat/completions")
+        assert rep.settle(m).result == "order_violation"
+        late = rep.match(chat("c"), Labels("r3"))
+        rep.match(chat("a"), Labels("r3"))
+        assert rep.blocker(late) is not None  # still b
+        rep.match(chat("b"), Labels("r3"))
+        assert rep.blocker(late) is None and rep.settle(late).result == "hit"  # answered once both were asked
+
+
 def test_occurrences_sessions_and_order(tmp_path):
     path = tmp_path / "s.lmdb"
     record_sequence(path, "A", [("p", "a0"), ("q", "a1"), ("p", "a2")])

@@ -1,0 +1,69 @@
+"""inspect_ai, unchanged, through nfproxy: a real `inspect eval` (6 samples x 2 epochs, two turns
+each, 4 connections at once) recorded and then strictly replayed, on chat completions and on the
+Responses API; then its logs read by nfanalyze as outcome rows."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from noisefloor.analyzer import inspect_logs
+from tests.conftest import nfproxy_argv
+
+pytest.importorskip("inspect_ai")
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+INSPECT = Path(sys.executable).with_name("inspect")
+
+
+def inspect_through(mode: str, store: Path, logs: Path, responses_api: bool, upstream: str | None = None,
+                    ) -> subprocess.CompletedProcess[str]:
+    proxy = [*nfproxy_argv(), "run", "--listen", "127.0.0.1:0", "--mode", mode, "--store", str(store)]
+    proxy += ["--upstream", upstream] if upstream else ["--strict"]
+    agent = [str(INSPECT), "eval", "inspect_multiturn.py", "--model", "openai/gpt-4o-mini", "--epochs", "2",
+             "-M", f"responses_api={'true' if responses_api else 'false'}", "--max-connections", "4",
+             "--log-dir", str(logs), "--display", "plain", "--no-log-realtime"]
+    env = {**os.environ, "OPENAI_API_KEY": "sk-test-inspect-0001", "INSPECT_LOG_LEVEL": "warning"}
+    return subprocess.run([*proxy, "--", *agent], capture_output=True, text=True, timeout=300, cwd=EXAMPLES, env=env)
+
+
+def scored(logs: Path) -> list[tuple[str, int, int]]:
+    return sorted((r["task_id"], r["replicate"], r["outcome"]) for _, r in inspect_logs.rows(str(logs)))
+
+
+def answers(logs: Path) -> list[tuple[str, int, str]]:
+    """Each sample's final answer, as the scorer saw it."""
+    out = []
+    for f in inspect_logs.log_files(logs):
+        _, samples = inspect_logs._read(f)
+        out += [(s["id"], s["epoch"], next(iter(s["scores"].values()))["answer"]) for s in samples]
+    return sorted(out)
+
+
+@pytest.mark.parametrize("responses_api", [False, True], ids=["chat-completions", "responses-api"])
+def test_inspect_eval_records_and_replays_strictly_with_identical_scores(tmp_path, upstream, responses_api):
+    store = tmp_path / "log.lmdb"
+    rec = inspect_through("record", store, tmp_path / "live", responses_api, upstream.url)
+    assert rec.returncode == 0, rec.stdout[-2000:] + rec.stderr[-3000:]
+    assert "Traceback" not in rec.stderr and "CancelledError" not in rec.stderr, rec.stderr[-3000:]
+    assert "0 errors" in rec.stderr
+    path = "/v1/responses" if responses_api else "/v1/chat/completions"
+    assert {r.path for r in upstream.requests} == {path} and len(upstream.requests) == 24
+    upstream.stop()  # replay needs no provider
+    rep = inspect_through("replay", store, tmp_path / "replay", responses_api)
+    assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-3000:]
+    assert "24 hits, 0 misses, 0 order violations, 0 errors" in rep.stderr
+    assert scored(tmp_path / "replay") == scored(tmp_path / "live")
+    assert answers(tmp_path / "replay") == answers(tmp_path / "live")
+    # the ladder from the logs the user already has
+    an = subprocess.run([str(Path(sys.executable).with_name("nfanalyze")), "--inspect-logs", str(tmp_path / "live"),
+                         "--inspect-logs", f"replay={tmp_path / 'replay'}", "--json", "-", "--bootstrap", "300"],
+                        capture_output=True, text=True, timeout=120)
+    assert an.returncode == 0, an.stderr
+    doc = json.loads(an.stdout)
+    assert doc["conditions"]["live"]["tasks"] == 6 and doc["conditions"]["live"]["replicates"] == 2
+    assert doc["conditions"]["replay"]["score"] == doc["conditions"]["live"]["score"]

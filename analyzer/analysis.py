@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from noisefloor.analyzer.bootstrap import task_bootstrap
+from noisefloor.analyzer.intervals import percentile
 from noisefloor.analyzer.judge import JudgeStats, judge_columns, judge_stats
 from noisefloor.analyzer.ladder import (
     ConditionStats,
@@ -23,6 +24,7 @@ from noisefloor.analyzer.ladder import (
     task_variances,
 )
 from noisefloor.analyzer.outcomes import OutcomeSet
+from noisefloor.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -153,8 +155,7 @@ def analyze(
 
     def contrast(a: str, b: str) -> Contrast:
         diff = draws.values[f"w:{a}"] - draws.values[f"w:{b}"]
-        lo, hi = np.percentile(diff, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-        return Contrast(a, b, float(s2[a].mean() - s2[b].mean()), (float(lo), float(hi)),
+        return Contrast(a, b, float(s2[a].mean() - s2[b].mean()), percentile(diff, alpha),
                         _contrast_loo(data.tasks, s2[a], s2[b], settings.top_tasks))
 
     judge = {
@@ -184,7 +185,7 @@ def _pairs(names: Sequence[str], settings: Settings, judged: Sequence[str] = ())
     for a, b in [*wanted, *([settings.batches] if settings.batches else [])]:
         for x in (a, b):
             if x not in names:
-                raise ValueError(f"condition {x!r} is not in the outcomes (have: {', '.join(names)})")
+                raise InputError(f"condition {x!r} is not in the outcomes (have: {', '.join(names)})")
     return wanted
 
 

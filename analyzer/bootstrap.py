@@ -14,6 +14,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from noisefloor.analyzer.intervals import Interval, percentile
+from noisefloor.errors import InputError
+
 CHUNK = 2000  # resamples per block: bounds memory at CHUNK x N counts; fixed so results depend only on the seed
 
 
@@ -25,13 +28,8 @@ class Draws:
     seed: int
     values: Mapping[str, np.ndarray]
 
-    def ci(self, name: str, alpha: float = 0.05) -> tuple[float, float]:
-        return percentile_ci(self.values[name], alpha)
-
-
-def percentile_ci(draws: np.ndarray, alpha: float = 0.05) -> tuple[float, float]:
-    lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return float(lo), float(hi)
+    def ci(self, name: str, alpha: float = 0.05) -> Interval:
+        return percentile(self.values[name], alpha)
 
 
 def task_bootstrap(
@@ -42,12 +40,12 @@ def task_bootstrap(
 ) -> Draws:
     """Resample tasks with replacement; return the mean of every column under each resample."""
     if resamples < 1:
-        raise ValueError(f"resamples must be at least 1, got {resamples}")
+        raise InputError(f"resamples must be at least 1, got {resamples}")
     names = list(columns)
     matrix = np.column_stack([np.asarray(columns[k], dtype=float) for k in names])  # (N, C)
     n = matrix.shape[0]
     if n == 0:
-        raise ValueError("cannot bootstrap zero tasks")
+        raise InputError("cannot bootstrap zero tasks")
     rng = np.random.default_rng(seed)
     out = np.empty((resamples, len(names)))
     done = 0

@@ -10,11 +10,13 @@ from pathlib import Path
 
 import click
 
+from noisefloor._cli import default_group
 from noisefloor.analyzer import audit as audit_mod
 from noisefloor.analyzer import report
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
+from noisefloor.errors import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, NoisefloorError
 
 
 def _progress_bar(enabled: bool | None) -> Callable[[int, int], None]:
@@ -44,16 +46,7 @@ def _pair(text: str) -> tuple[str, str]:
     return a, b
 
 
-class _DefaultToAnalyze(click.Group):
-    """`nfanalyze LOG --outcomes F` means `nfanalyze analyze LOG --outcomes F`."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h")):
-            args = ["analyze", *args]
-        return super().parse_args(ctx, args)
-
-
-@click.group(cls=_DefaultToAnalyze, context_settings={"help_option_names": ["-h", "--help"]})
+@default_group("analyze")
 def main() -> None:
     """Noise-floor statistics: the determinism ladder (default), floors, and a per-case regression gate."""
 
@@ -98,7 +91,9 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
                 quiet: bool) -> None:
     """Within-task variance, joint task-bootstrap intervals, contrasts and rerun budgets per condition.
 
-    LOG is an optional nfproxy store whose exchanges add per-condition call, miss and token counts.
+    LOG is an nfproxy store: its graded outcome rows (kept there by nfverify and nfladder) are the input,
+    and its exchanges add per-condition call, miss and token counts; --outcomes FILE adds rows or
+    replaces the log's rows for the same condition, task and replicate.
     """
     if not outcomes and not example and not log and not inspect_specs:
         raise click.UsageError("give --outcomes FILE (or a LOG, --inspect-logs PATH, or --example)")
@@ -111,11 +106,18 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
             log_doc = from_store(log)
         except StoreError as exc:
             raise click.ClickException(str(exc)) from None
-    if not outcomes and not example and not inspect_specs:
-        assert log_doc is not None
-        for cond, s in log_doc["conditions"].items():
-            click.echo(f"{cond}: {s}")
-        return
+    logged: list[dict] = []
+    if log is not None:
+        from noisefloor.proxy.store import Store, StoreError
+
+        try:
+            with Store.open(log, write=False) as store:
+                logged = store.outcome_rows()
+        except StoreError as exc:
+            raise click.ClickException(str(exc)) from None
+    if not outcomes and not example and not inspect_specs and not logged:
+        raise click.ClickException(f"{log} holds exchanges but no graded outcome rows; grade them with "
+                                   f"`nfverify SUITE {log}` (which keeps the rows in the log) or pass --outcomes FILE")
     audits = None
     try:
         plan = Planning(delta, alpha, power)
@@ -125,6 +127,10 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
             rows = list(make_example().rows)
         else:
             rows = parse_rows(read_rows(outcomes), str(outcomes)) if outcomes else []
+            if logged:  # the log's own rows, where --outcomes does not give the same (condition, task, replicate)
+                given = {(r.condition, r.task_id, r.replicate) for r in rows}
+                mine = parse_rows(enumerate(logged, 1), f"outcome rows in {log}")
+                rows += [r for r in mine if (r.condition, r.task_id, r.replicate) not in given]
             for spec in inspect_specs:
                 from noisefloor.analyzer import inspect_logs
 
@@ -137,7 +143,7 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
         settings = Settings(resamples, seed, plan, tuple(_pair(c) for c in contrasts),
                             tuple(compare_batches) if compare_batches else None, top)
         result: Analysis = analyze(data, settings, _progress_bar(progress))
-    except (OutcomeError, ValueError) as exc:
+    except NoisefloorError as exc:
         raise click.ClickException(str(exc)) from None
     doc = result.to_json()
     drift = _drift_warnings(audits)
@@ -171,7 +177,7 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
             click.echo(f"Error: endpoint {a.endpoint!r} changed served model within the study "
                        f"({', '.join(a.models)}); rerun on one model or split the endpoint (or pass --allow-drift)",
                        err=True)
-            sys.exit(4)
+            sys.exit(EXIT_DRIFT)
 
 
 def _drift_warnings(audits: list[audit_mod.EndpointAudit] | None) -> list[str]:
@@ -223,12 +229,12 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
         click.echo("Error: refusing to compare unstamped runs: " + "; ".join(unstamped) + ". A score without "
                    "its stamp (model, sampling, grader_version) is not comparable to anything; add the fields "
                    "to the rows, or pass --allow-unstamped", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
     if len({r.stamp for r in runs}) != 1:
         parts = [f"{p.name}: {r.description}" for p, r in zip((base_a, base_b, candidate), runs)]
         click.echo("Error: refusing to compare runs with different stamps (model, sampling, grader, cases): "
                    + "; ".join(parts), err=True)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
     settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
     verdicts = g.gate(runs[0].counts, runs[1].counts, runs[2].counts, settings)
@@ -258,7 +264,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     if json_path:
         report.write_json({"stamp": runs[0].stamp, "verdicts": [asdict(v) for v in verdicts], "counts": counts,
                            "operating_characteristics": asdict(oc)}, json_path)
-    sys.exit(1 if counts["regressed"] else 0)
+    sys.exit(EXIT_ERROR if counts["regressed"] else EXIT_OK)
 
 
 if __name__ == "__main__":

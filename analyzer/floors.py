@@ -31,21 +31,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
-from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
+
+from noisefloor.analyzer.intervals import Interval, clopper_pearson, percentile
+from noisefloor.errors import InputError
 
 DEFAULT_RESAMPLES = 2000  # floors intervals: the 2.5% ends rest on 50 resamples each
 CURVE_RESAMPLES = 2000
 _CHUNK = 250  # bootstrap resamples per block: bounds memory at CHUNK x N x R
-
-
-class Interval(NamedTuple):
-    """A two-sided interval; a tuple, so it unpacks and serializes as [lo, hi]."""
-
-    lo: float
-    hi: float
 
 
 @dataclass(frozen=True)
@@ -109,7 +103,7 @@ class FingerprintSplit:
 def _matrix(y: np.ndarray) -> np.ndarray:
     m = np.asarray(y, dtype=float)
     if m.ndim != 2 or m.shape[1] < 2:
-        raise ValueError(f"need an instances x runs matrix with at least 2 runs, got shape {m.shape}")
+        raise InputError(f"need an instances x runs matrix with at least 2 runs, got shape {m.shape}")
     return m
 
 
@@ -185,15 +179,8 @@ def _bootstrap(arrays: Mapping[str, np.ndarray], stat: Callable[[Mapping[str, np
         v = np.concatenate(parts)
         v = v[~np.isnan(v)]
         if v.size:
-            lo, hi = np.percentile(v, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-            out[k] = Interval(float(lo), float(hi))
+            out[k] = percentile(v, alpha)
     return out
-
-
-def exact_ci(k: int, n: int, alpha: float = 0.05) -> Interval:
-    """Clopper-Pearson, from scipy's exact binomial test."""
-    ci = stats.binomtest(k, n).proportion_ci(confidence_level=1 - alpha, method="exact")
-    return Interval(float(ci.low), float(ci.high))
 
 
 def rerun_paired_sd(y: np.ndarray) -> float:
@@ -214,7 +201,7 @@ def rerun_floor(y: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
     flip = int((lo != hi).sum())
     point = {k: float(v) for k, v in _rerun_stats({"main": m}).items()}
     ci = _bootstrap({"main": m}, _rerun_stats, resamples, seed) if n > 1 else {}
-    ci["ever_flip_fraction"] = exact_ci(flip, n)
+    ci["ever_flip_fraction"] = clopper_pearson(flip, n)
     nan_none = {k: (None if np.isnan(v) else v) for k, v in point.items()}
     return RerunFloor(
         instances=n,
@@ -264,7 +251,7 @@ def perturbation_floor(variants: Mapping[str, np.ndarray], main: np.ndarray | No
     arrays = {k: np.asarray(v, float) for k, v in variants.items()}
     shapes = {v.shape for v in arrays.values()}
     if len(shapes) != 1 or any(len(s) != 2 for s in shapes):
-        raise ValueError(f"variants are not matched instances x runs matrices: shapes {sorted(shapes)}")
+        raise InputError(f"variants are not matched instances x runs matrices: shapes {sorted(shapes)}")
     if main is not None:
         arrays["main"] = _matrix(main)
     stat = _perturbation_stats(names, main is not None)
@@ -297,8 +284,7 @@ def sd_curve(y: np.ndarray, sizes: Sequence[int], resamples: int = CURVE_RESAMPL
         rng = np.random.default_rng(ss)
         vals = np.concatenate([_paired_sd(m[rng.integers(0, m.shape[0], (min(_CHUNK, resamples - i), n))])
                                for i in range(0, resamples, _CHUNK)])
-        lo, hi = np.percentile(vals, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-        out.append(CurvePoint(int(n), float(vals.mean()), Interval(float(lo), float(hi)), resamples))
+        out.append(CurvePoint(int(n), float(vals.mean()), percentile(vals, alpha), resamples))
     return tuple(out)
 
 
@@ -356,4 +342,4 @@ def taxonomy(rows: Sequence[tuple[int, str | None]]) -> Taxonomy:
     total = sum(counts.values())
     malformed = counts["malformed_output"]
     return Taxonomy({k: v for k, v in counts.items() if v}, total, malformed / total if total else None,
-                    exact_ci(malformed, total) if total else None)
+                    clopper_pearson(malformed, total) if total else None)

@@ -29,6 +29,7 @@ import numpy as np
 from scipy import stats
 
 from noisefloor.analyzer.outcomes import OutcomeError, parse_rows, read_rows
+from noisefloor.errors import InputError
 
 Z_ONE_SIDED_95 = 1.6448536269514722
 MAX_REPEATS = 10_000
@@ -135,7 +136,7 @@ def adjust(p: Sequence[float], method: str) -> list[float]:
     elif method == "bh":
         adj = np.minimum.accumulate(m / np.arange(m, 0, -1) * ranked[::-1])[::-1]
     else:
-        raise ValueError(f"unknown multiplicity method {method!r}; choose none, holm or bh")
+        raise InputError(f"unknown multiplicity method {method!r}; choose none, holm or bh")
     out = np.empty(m)
     out[order] = np.minimum(adj, 1.0)
     return list(out)

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
+from noisefloor.analyzer.intervals import clopper_pearson
+from noisefloor.errors import InputError
+
 
 @dataclass(frozen=True)
 class Planning:
@@ -22,11 +25,11 @@ class Planning:
 
     def __post_init__(self) -> None:
         if not self.delta > 0:
-            raise ValueError(f"delta must be a positive difference, got {self.delta}")
+            raise InputError(f"delta must be a positive difference, got {self.delta}")
         if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+            raise InputError(f"alpha must be in (0, 1), got {self.alpha}")
         if not 0 < self.power < 1:
-            raise ValueError(f"power must be in (0, 1), got {self.power}")
+            raise InputError(f"power must be in (0, 1), got {self.power}")
 
     @property
     def z(self) -> float:
@@ -50,7 +53,7 @@ def task_variances(outcomes: np.ndarray) -> np.ndarray:
     """Per-task sample variance across replicates (ddof=1); outcomes is (N, R) with R >= 2."""
     y = np.asarray(outcomes, dtype=float)
     if y.ndim != 2 or y.shape[1] < 2:
-        raise ValueError(f"need an (N, R) matrix with R >= 2, got shape {y.shape}")
+        raise InputError(f"need an (N, R) matrix with R >= 2, got shape {y.shape}")
     return y.var(axis=1, ddof=1)
 
 
@@ -65,19 +68,10 @@ def variable_mask(outcomes: np.ndarray) -> np.ndarray:
     return y.min(axis=1) != y.max(axis=1)
 
 
-def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> tuple[float, float]:
-    """Exact binomial interval for k successes in n trials."""
-    if n <= 0 or not 0 <= k <= n:
-        raise ValueError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
-    lo = 0.0 if k == 0 else float(special.betaincinv(k, n - k + 1, alpha / 2))
-    hi = 1.0 if k == n else float(special.betaincinv(k + 1, n - k, 1 - alpha / 2))
-    return lo, hi
-
-
 def budget(w: float | np.ndarray, n_tasks: int, plan: Planning = Planning()) -> int | np.ndarray:
     """Smallest R >= 1 with delta >= z * sqrt(2 w / (N R)) (Eq. A3); vectorized over w."""
     if n_tasks <= 0:
-        raise ValueError("the number of tasks must be positive")
+        raise InputError("the number of tasks must be positive")
     need = 2.0 * np.asarray(w, dtype=float) * plan.z**2 / (n_tasks * plan.delta**2)
     # round away float noise before ceil, so an exact integer requirement is not bumped up by one
     r = np.maximum(1, np.ceil(np.round(need, 9))).astype(int)

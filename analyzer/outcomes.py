@@ -9,25 +9,22 @@ tasks have unequal replicate counts keeps the lowest-numbered R_min replicates o
 
 from __future__ import annotations
 
-import csv
-import json
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-REQUIRED = ("task_id", "condition", "replicate", "outcome")
+from noisefloor.outcome_rows import REQUIRED as REQUIRED
+from noisefloor.outcome_rows import OutcomeError as OutcomeError
+from noisefloor.outcome_rows import read_rows as read_rows
+
 _TRUE = {"1", "1.0", "true", "True", "TRUE", 1}  # 1 == 1.0 == True as set members
 _FALSE = {"0", "0.0", "false", "False", "FALSE", 0}
 # The ladder's rungs, in the order a reader expects them; other names keep file order after these.
 LADDER_ORDER = ("live", "L0", "t0", "L1", "replay", "L2")
-
-
-class OutcomeError(ValueError):
-    """Input that cannot be analyzed; the message names the row or condition and the fix."""
 
 
 @dataclass(frozen=True)
@@ -59,38 +56,6 @@ class OutcomeSet:
     dropped_tasks: Mapping[str, tuple[str, ...]]  # condition -> tasks it lacked (dropped everywhere)
     warnings: tuple[str, ...]
     rows: int
-
-
-def read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, raw mapping) from a .jsonl/.json-lines or .csv/.tsv file."""
-    suffix = path.suffix.lower()
-    try:
-        fh = path.open(newline="", encoding="utf-8")
-    except OSError as exc:
-        raise OutcomeError(f"cannot read outcomes file {path}: {exc.strerror}") from None
-    with fh:
-        if suffix in (".csv", ".tsv"):
-            reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
-            if reader.fieldnames is None:
-                raise OutcomeError(f"{path} is empty; it needs a header with {', '.join(REQUIRED)} and one row per attempt")
-            missing = [c for c in REQUIRED if c not in reader.fieldnames]
-            if missing:
-                raise OutcomeError(f"{path}: missing column {', '.join(missing)} (header has {', '.join(reader.fieldnames)})")
-            for i, rec in enumerate(reader, start=2):
-                yield i, rec
-        elif suffix in (".jsonl", ".ndjson", ".json"):
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    raise OutcomeError(f"{path}:{i}: not a JSON object per line (JSON Lines expected)") from None
-                if not isinstance(rec, dict):
-                    raise OutcomeError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
-                yield i, rec
-        else:
-            raise OutcomeError(f"{path}: unknown outcomes format {suffix!r}; use .jsonl or .csv")
 
 
 def parse_rows(raw: Iterable[tuple[int, Mapping[str, Any]]], source: str) -> list[Row]:

@@ -54,10 +54,9 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
     if a.batches:
         b = a.batches
         out += ["", f"Batches {b.a} - {b.b}: {b.estimate:+.5f} {_ci(b.ci)}"]
-    carriers = [(c.name, c.carriers[0]) for c in a.conditions if c.carriers]
+    carriers = _carrier_lines(a)
     if carriers:
-        out += ["", "Largest single-task share of w (w without it):"]
-        out += [f"  {n}: {x.task} carries {x.share:.0%} (w -> {x.w_without:.5f})" for n, x in carriers]
+        out += ["", "Largest single-task share of w (w without it):", *(f"  {line}" for line in carriers)]
     for name, j in a.judge.items():
         conf = f", mean confidence {j.mean_confidence:.1f}" if j.mean_confidence is not None else ""
         out += [
@@ -67,19 +66,33 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
             f"{j.false_rejects} false rejects, {j.ties} ties{conf}",
         ]
     if log:
-        out += ["", "Proxy log per condition:"]
-        for cond, s in log["conditions"].items():
-            out.append(
-                f"  {cond}: {s['exchanges']} calls, {s['misses']} misses, {s['order_violations']} order violations, "
-                f"{s['errors']} errors, {s['truncated']} truncated, tokens in/out {s['input_tokens']}/{s['output_tokens']}, "
-                f"models {', '.join(s['models']) or '-'}"
-            )
+        out += ["", "Proxy log per condition:", *(f"  {line}" for line in _log_lines(log))]
     out += [f"warning: {w}" for w in a.warnings]
     return "\n".join(out)
 
 
-def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] | None = None) -> str:
-    """`floors`: the floors section's lines (`audit.lines`), when the rows carry endpoints."""
+def _carrier_lines(a: Analysis) -> list[str]:
+    return [f"{c.name}: {x.task} carries {x.share:.0%} (w -> {x.w_without:.5f})"
+            for c in a.conditions if c.carriers for x in c.carriers[:1]]
+
+
+def _log_lines(log: dict[str, Any]) -> list[str]:
+    return [f"{cond}: {s['exchanges']} calls, {s['misses']} misses, {s['order_violations']} order violations, "
+            f"{s['errors']} errors, {s['truncated']} truncated, tokens in/out {s['input_tokens']}/{s['output_tokens']}, "
+            f"models {', '.join(s['models']) or '-'}" for cond, s in log["conditions"].items()]
+
+
+def truth_line(truth: dict[str, Any]) -> str:
+    """The built-in provider's known w beside the measured one (nfladder demo)."""
+    return ("Known truth (built-in provider): " + ", ".join(
+        f"{c} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in truth["w"].items())
+        + f"; ladder order live > t0 > replay: {'holds' if truth['order_holds'] else 'DOES NOT HOLD'}")
+
+
+def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] | None = None,
+             truth: dict[str, Any] | None = None) -> str:
+    """The terminal's report as Markdown. `floors`: the floors section's lines (`audit.lines`),
+    when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder)."""
     head = "| " + " | ".join(HEADER) + " |"
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a)]
@@ -88,11 +101,18 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
         out += ["## Contrasts", "", "| A - B | estimate | 95% CI |", "|---|---|---|"]
         out += [f"| {c.a} - {c.b} | {c.estimate:+.5f} | {_ci(c.ci)} |" for c in a.contrasts]
         out.append("")
+    if truth:
+        out += ["## Known truth", "", truth_line(truth), ""]
+    carriers = _carrier_lines(a)
+    if carriers:
+        out += ["## Largest single-task share of w", "", *(f"- {line}" for line in carriers), ""]
     for name, j in a.judge.items():
         out += [f"## Judge `{name}`", "",
                 f"Majority verdict disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
                 f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}); {j.false_accepts} false accepts, "
                 f"{j.false_rejects} false rejects.", ""]
+    if log:
+        out += ["## Proxy log per condition", "", *(f"- {line}" for line in _log_lines(log)), ""]
     if floors:
         out += ["## Rerun and perturbation floors", "", "Matched instances; 95% intervals in brackets.", ""]
         out += [f"- {line.strip()}" if not line.startswith(" ") else f"  - {line.strip()}" for line in floors]
@@ -114,7 +134,7 @@ def write_json(doc: dict[str, Any], path: str) -> None:
         Path(path).write_text(text + "\n")
 
 
-def plot(a: Analysis, path: Path) -> None:
+def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
     """w per condition with its interval, and the rerun budgets, side by side."""
     import matplotlib
 
@@ -131,9 +151,17 @@ def plot(a: Analysis, path: Path) -> None:
     colors = plt.cm.viridis([i / max(1, len(names) - 1) * 0.85 for i in range(len(names))])
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(names) + 4), 4.2))
-    ax1.bar(names, w, yerr=[lo, hi], capsize=6, color=colors)
+    ax1.bar(names, w, yerr=[lo, hi], capsize=6, color=colors, edgecolor="black", linewidth=0.8)
     for i, v in enumerate(w):
         ax1.annotate(f"{v:.4f}", (i, v), textcoords="offset points", xytext=(8, 3), fontsize=9)
+        if v == 0:  # a zero bar has no height: mark it so it is seen, not missed
+            ax1.plot([i - 0.4, i + 0.4], [0, 0], color=colors[i], linewidth=4, solid_capstyle="butt")
+    known = (truth or {}).get("w", {})
+    marks = [(i, known[n]["true_w"]) for i, n in enumerate(names) if n in known]
+    if marks:
+        ax1.scatter([i for i, _ in marks], [t for _, t in marks], marker="D", s=40, color="crimson", zorder=5,
+                    label="known truth")
+        ax1.legend(loc="upper right", fontsize=8)
     ax1.set_ylabel("within-task variance w")
     ax1.set_title("Noise floor per condition (95% task bootstrap)")
     ax1.set_ylim(bottom=0)

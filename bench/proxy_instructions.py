@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from proxy_latency import free_port, run_mitmdump, sequential  # noqa: E402
 
-from tests.conftest import start_nfproxy  # noqa: E402
+from noisefloor.proxy.launch import start as start_nfproxy  # noqa: E402
 from tests.fake_upstream import FakeUpstream  # noqa: E402
 
 

@@ -19,7 +19,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.conftest import start_nfproxy  # noqa: E402
+from noisefloor.proxy.launch import start as start_nfproxy  # noqa: E402
 from tests.fake_upstream import FakeUpstream  # noqa: E402
 
 

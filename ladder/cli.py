@@ -11,10 +11,14 @@ from typing import Any
 
 import click
 
+from noisefloor._cli import VERSION, Group
+from noisefloor.errors import EXIT_DRIFT, EXIT_REPLAY_FAILED
 from noisefloor.ladder.runner import CONDITIONS, Config, Ladder, LadderError, parse_agent
+from noisefloor.outcome_rows import write_jsonl
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(**VERSION)
 def main() -> None:
     """The determinism ladder for your agent: live, temperature 0 and replay, R replicates per task."""
 
@@ -66,11 +70,13 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
     diff = code_grader(kind, cfg.dataset, cfg.grading, {t.task_id for t in cfg.tasks})
     with diff.sandbox:
         rows = ladder.outcomes(diff.grade_many)
-    with (cfg.out / "outcomes.jsonl").open("w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
+    write_jsonl(rows, cfg.out / "outcomes.jsonl")
+    from noisefloor.proxy.store import Store
+
+    with Store.open(ladder.store, write=True) as store:  # the log holds its own grades: `nfanalyze log.lmdb`
+        store.put_outcomes([r.to_json() for r in rows])
     _say("analyzing")
-    data = build([Row(r["task_id"], r["condition"], r["replicate"], r["outcome"], failure=r["failure"]) for r in rows])
+    data = build([Row(r.task_id, r.condition, r.replicate, r.outcome, failure=r.failure) for r in rows])
     result = analyze(data, Settings(resamples=cfg.bootstrap, seed=cfg.seed))
     doc = result.to_json()
     doc["log"] = from_store(ladder.store)
@@ -82,31 +88,28 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
     doc["warnings"] = [*doc["warnings"], *(f"condition {c!r}: the served model changed within the study "
                                            f"({', '.join(m)})" for c, m in drifted.items())]
     (cfg.out / "report.json").write_text(json.dumps(doc, indent=2))
-    (cfg.out / "report.md").write_text(report.markdown(result, doc["log"]))
-    report.plot(result, cfg.out / "ladder.png")
+    (cfg.out / "report.md").write_text(report.markdown(result, doc["log"], truth=doc.get("truth")))
+    report.plot(result, cfg.out / "ladder.png", doc.get("truth"))
     click.echo(report.table(result, doc["log"]))
     if "truth" in doc:
-        t = doc["truth"]
-        click.echo("\nKnown truth (built-in provider): " + ", ".join(
-            f"{c} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in t["w"].items())
-            + f"; ladder order live > t0 > replay: {'holds' if t['order_holds'] else 'DOES NOT HOLD'}")
+        click.echo("\n" + report.truth_line(doc["truth"]))
     click.echo(f"\nwrote {cfg.out}/report.json, report.md, ladder.png, outcomes.jsonl, log.lmdb")
     if drifted:
         click.echo("nfladder: the served model changed within a condition: " + "; ".join(
             f"{c}: {', '.join(m)}" for c, m in drifted.items()) + " (system fingerprints are kept as a covariate)"
             + ("; exit 4 (pass --allow-drift to accept it)" if abort_on_drift else ""), err=True)
         if abort_on_drift:
-            return 4
+            return EXIT_DRIFT
     bad = ladder.replay_failures()
     if bad:
         click.echo(f"nfladder: REPLAY FAILED: {len(bad)} replay sessions asked for requests the recording does not "
                    f"hold (e.g. {bad[0]}); the agent changed its requests, so replay does not measure it "
                    f"(see `nfproxy log --store {ladder.store} --session {bad[0]}`)", err=True)
-        return 3
-    if ladder.proxy_exit.get("replay") == 3:  # no miss in the log, yet replay failed: an error of its own
+        return EXIT_REPLAY_FAILED
+    if ladder.proxy_exit.get("replay") == EXIT_REPLAY_FAILED:  # no miss in the log, yet replay failed: an error of its own
         click.echo("nfladder: REPLAY FAILED: the replay proxy could not answer every request (see the errors "
                    "it logged above); the replay condition is not a faithful replay", err=True)
-        return 3
+        return EXIT_REPLAY_FAILED
     return 0
 
 

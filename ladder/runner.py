@@ -18,16 +18,18 @@ import os
 import shlex
 import signal
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from noisefloor.errors import StateError
+from noisefloor.outcome_rows import OutcomeRow
+from noisefloor.proxy import launch
 from noisefloor.verifier.grading import GradeOptions
 
 CONDITIONS = ("live", "t0", "replay")
@@ -35,7 +37,7 @@ OVERRIDES = {"live": [], "t0": ["--set", "/temperature=0"]}  # how the proxy imp
 STDERR_TAIL = 2000
 
 
-class LadderError(RuntimeError):
+class LadderError(StateError):
     """A run that cannot go on or whose result cannot be trusted; the message says why."""
 
 
@@ -53,7 +55,6 @@ class Config:
     agent_timeout: float = 120.0
     seed: int = 0
     bootstrap: int = 20_000
-    agent_env: dict[str, str] = field(default_factory=dict)
     grading: GradeOptions = field(default_factory=GradeOptions)
     replay_env: dict[str, str] = field(default_factory=dict)  # extra environment for replay runs only
 
@@ -74,42 +75,18 @@ def session_name(condition: str, replicate: int, task_id: str) -> str:
     return f"{condition}-r{replicate}-{task_id}"
 
 
-def _nfproxy_argv() -> list[str]:
-    exe = Path(sys.executable).with_name("nfproxy")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "noisefloor.proxy.cli"]
-
-
 class Proxy:
-    """An nfproxy subprocess for one condition."""
+    """The nfproxy subprocess of one condition."""
 
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen([*_nfproxy_argv(), "run", "--listen", "127.0.0.1:0", *args],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.lines: list[str] = []
-        ready = threading.Event()
-        self.port = 0
-
-        def pump() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.lines.append(line.rstrip())
-                if line.startswith("NFPROXY_READY "):
-                    self.port = int(line.rsplit(":", 1)[1])
-                    ready.set()
-            ready.set()
-
-        threading.Thread(target=pump, daemon=True).start()
-        if not ready.wait(60) or not self.port:
-            self.proc.kill()
-            raise LadderError("nfproxy did not start: " + " | ".join(self.lines[-5:]))
+        try:
+            self._running = launch.start(*args)
+        except launch.ProxyStartError as exc:
+            raise LadderError(str(exc)) from None
+        self.port = self._running.port
 
     def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(10)
+        return self._running.stop(timeout=60)
 
 
 class Ladder:
@@ -172,7 +149,7 @@ class Ladder:
         task_file = self._taskdir / f"{session.replace('/', '_')}.json"
         task_file.write_text(json.dumps({"task_id": task.task_id, "prompt": task.prompt,
                                          "entry_point": task.entry_point}))
-        env = {**os.environ, **self.c.agent_env, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base,
+        env = {**os.environ, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base,
                "GOOGLE_GEMINI_BASE_URL": base, "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
                "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder")}
         if condition == "replay":
@@ -203,7 +180,7 @@ class Ladder:
 
     # -- grading -----------------------------------------------------------------------------
 
-    def outcomes(self, grade: Callable[[list[tuple[str, str]]], list[Any]]) -> list[dict[str, Any]]:
+    def outcomes(self, grade: Callable[[list[tuple[str, str]]], list[Any]]) -> list[OutcomeRow]:
         """One row per attempt: graded from the log, or failed with the agent's stderr tail."""
         from noisefloor.proxy.store import Store
         from noisefloor.verifier.candidates import attempts as log_attempts
@@ -211,23 +188,23 @@ class Ladder:
 
         with Store.open(self.store, write=False) as store:
             found = {a.session: a for a in log_attempts(store)}
-        rows, to_grade = [], []
+        rows: list[OutcomeRow] = []
+        to_grade: list[tuple[int, str, str]] = []
         for session, att in sorted(self.done.items()):
             if att.condition not in self.c.conditions:
                 continue
-            row = {"task_id": att.task_id, "condition": att.condition, "replicate": att.replicate,
-                   "session": session}
+            base = OutcomeRow(att.task_id, att.condition, att.replicate, 0, session=session)
             cand = found.get(session)
             if cand is None or cand.body is None:
                 why = "agent_timeout" if att.timed_out else "agent_error"
-                rows.append(row | {"outcome": 0, "failure": why, "detail": att.stderr_tail[-500:]})
+                rows.append(replace(base, failure=why, detail=att.stderr_tail[-500:]))
                 continue
-            row["fingerprint"] = cand.exchange.fingerprint if cand.exchange else None
-            rows.append(row)
+            rows.append(replace(base, fingerprint=cand.exchange.fingerprint if cand.exchange else None,
+                                model=cand.exchange.model if cand.exchange else None))
             to_grade.append((len(rows) - 1, att.task_id, response_text(cand.body)))
         verdicts = grade([(tid, text) for _, tid, text in to_grade])
         for (i, _, _), v in zip(to_grade, verdicts):
-            rows[i].update(outcome=v.outcome, failure=v.failure, detail=v.detail)
+            rows[i] = replace(rows[i], outcome=v.outcome, failure=v.failure, detail=v.detail)
         return rows
 
     def replay_failures(self) -> list[str]:

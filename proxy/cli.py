@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from noisefloor._cli import default_group
+from noisefloor.errors import EXIT_REPLAY_FAILED
 from noisefloor.proxy import perturb
 from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
@@ -25,20 +27,9 @@ from noisefloor.proxy.store import DeferredLog, Store, StoreError, is_read_only
 from noisefloor.proxy.traffic import Labels, Stats
 
 DEFAULT_STORE = "recordings/log.lmdb"
-EXIT_REPLAY_FAILED = 3
 
 
-class _DefaultToRun(click.Group):
-    """`nfproxy --mode record ...` means `nfproxy run --mode record ...`."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
-
-@click.group(cls=_DefaultToRun, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="noisefloor")
+@default_group("run")
 def main() -> None:
     """Record, replay and pass through LLM API traffic, content-addressed in an LMDB log.
 
@@ -356,7 +347,8 @@ def _new_session_id() -> str:
 @main.command("ca")
 @click.option("--confdir", type=click.Path(path_type=Path), default=Path(DEFAULT_STORE).parent / "mitmproxy-ca",
               show_default=True, help="The folder nfproxy keeps its CA in (beside the store by default).")
-def ca_cmd(confdir: Path) -> None:
+@click.option("--listen", default="127.0.0.1:8080", show_default=True, help="Where the proxy listens (for HTTPS_PROXY).")
+def ca_cmd(confdir: Path, listen: str) -> None:
     """Print the CA certificate path and the environment a client needs to trust it (forward mode)."""
     from mitmproxy.certs import CertStore
 
@@ -364,8 +356,8 @@ def ca_cmd(confdir: Path) -> None:
     CertStore.from_store(confdir, "mitmproxy", 2048)  # creates the CA on first use
     ca = confdir.resolve() / "mitmproxy-ca-cert.pem"
     click.echo(f"# nfproxy CA certificate: {ca}")
-    click.echo("# for a client using nfproxy as its HTTPS_PROXY:")
-    for k, v in ca_environment(str(ca)).items():
+    click.echo(f"# for a client using nfproxy (listening on {listen}) as its HTTPS proxy:")
+    for k, v in {"HTTPS_PROXY": f"http://{listen}", **ca_environment(str(ca))}.items():
         click.echo(f"export {k}={v}")
 
 
@@ -392,25 +384,39 @@ def _store_errors(fn: Any) -> Any:
 @main.command("log")
 @click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
 @click.option("--session", help="Only this session's exchanges.")
+@click.option("--task", help="Only exchanges labelled with this task.")
+@click.option("--condition", help="Only exchanges labelled with this condition.")
 @click.option("--sessions-only", is_flag=True, help="List sessions, not exchanges.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per exchange (JSON Lines), for scripts.")
 @_store_errors
-def log_cmd(store_path: Path, session: str | None, sessions_only: bool) -> None:
+def log_cmd(store_path: Path, session: str | None, task: str | None, condition: str | None, sessions_only: bool,
+            as_json: bool) -> None:
     """List sessions and exchanges, a line each."""
+
+    def wanted(ex: Any) -> bool:
+        return ((session is None or ex.session == session) and (task is None or ex.task == task)
+                and (condition is None or ex.condition == condition))
+
     with _open_reader(store_path) as store:
+        if as_json:
+            for ex in store.exchanges():
+                if wanted(ex):
+                    click.echo(json.dumps(ex.to_json(), ensure_ascii=False))
+            return
         per_session: dict[str, dict[str, Any]] = {}
         lines = []
         for ex in store.exchanges():
+            if not wanted(ex):
+                continue
             s = per_session.setdefault(ex.session, {"n": 0, "modes": set(), "first": ex.time, "condition": ex.condition})
             s["n"] += 1
             s["modes"].add(ex.mode)
-            if session and ex.session != session:
-                continue
             status = ex.response["status"] if ex.response else "ERR"
             result = ex.replay_result or ("error" if ex.error else "")
-            url = ex.request["url"]
             lines.append(
                 f"{ex.id:>6} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ex.time))} {ex.mode:<7} "
-                f"{ex.session} {ex.request['method']} {url} {status} {result} key={ex.key[:12]} occ={ex.occurrence}"
+                f"{ex.session} {ex.request['method']} {ex.request['url']} {status} {result} key={ex.key[:12]} "
+                f"occ={ex.occurrence}"
             )
         click.echo(f"{len(per_session)} sessions in {store_path}")
         for name, s in per_session.items():

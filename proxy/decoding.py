@@ -13,11 +13,13 @@ import zlib
 import brotli
 import zstandard
 
+from noisefloor.errors import InputError
+
 DEFAULT_LIMIT = 64 << 20  # bytes of decoded body, per body
 _BROTLI_STEP = 64  # compressed bytes fed per step: brotli 1.1 (mitmproxy's pin) has no output cap
 
 
-class BodyTooLarge(ValueError):
+class BodyTooLarge(InputError):
     """The decoded body would pass the cap."""
 
     def __init__(self, limit: int, encoding: str | None = None) -> None:

@@ -17,6 +17,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from noisefloor.errors import InputError
 from noisefloor.proxy import decoding, profiles, secrets
 from noisefloor.proxy.decoding import DEFAULT_LIMIT, BodyTooLarge
 
@@ -26,7 +27,7 @@ RULES_VERSION = 1
 DEFAULT_HEADER_ALLOWLIST: tuple[str, ...] = ("anthropic-beta", "anthropic-version", "openai-beta")
 
 
-class RuleError(ValueError):
+class RuleError(InputError):
     """A normalization rule that cannot be applied (bad JSON pointer)."""
 
 

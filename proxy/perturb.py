@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from noisefloor.errors import InputError
+
 Rewrite = Callable[[str], str]
 
 BUILTIN: dict[str, Rewrite] = {
@@ -30,7 +32,7 @@ BUILTIN: dict[str, Rewrite] = {
 }
 
 
-class PerturbError(ValueError):
+class PerturbError(InputError):
     """An unknown variant or an unreadable variants file."""
 
 

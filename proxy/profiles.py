@@ -26,9 +26,6 @@ class ResponseMeta:
     def truncated(self) -> bool:
         return self.finish_reason in _TRUNCATION
 
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self) | {"truncated": self.truncated}
-
 
 def extract_meta(body: bytes, content_type: str | None = None) -> ResponseMeta:
     """Model, fingerprint, usage and finish reason from an OpenAI, Anthropic or Gemini body,

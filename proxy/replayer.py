@@ -39,7 +39,6 @@ _NEAREST_CANDIDATES = 64
 class Answer:
     result: str  # "hit", "miss" or "order_violation"
     response: ResponseData
-    source_id: int | None
 
 
 @dataclass(frozen=True)
@@ -276,7 +275,7 @@ class Replayer:
             self.stats.misses += 1
         else:
             self.stats.order_violations += 1
-        return Answer(result, response, entry.id if entry else None)
+        return Answer(result, response)
 
 Keyed = dict[str, list[RecordedEntry]]
 LogEntry = Callable[[], tuple[dict[str, Any], dict[str, bytes]]]

@@ -70,10 +70,6 @@ class ChunkCapture:
     def body(self) -> bytes:
         return b"".join(self.chunks)
 
-    def layout(self) -> list[list[float]]:
-        """[[offset_ms, length], ...]: what the log keeps besides the concatenated body."""
-        return [[t, len(c)] for t, c in zip(self.offsets_ms, self.chunks)]
-
 
 class ChunkSplitter:
     """The stream callable for replay: re-cuts incoming bytes into the recorded chunk sizes."""

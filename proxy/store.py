@@ -5,6 +5,8 @@ Layout (named databases):
   bodies    sha256 -> zstd(bytes)  every request/response body, stored once
   exchanges u64 id -> zstd(JSON)   one record per request the proxy saw, in write order
   recorded  u64 id -> JSON         the compact replay index of record-mode exchanges
+  outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
+                                   that the log is the one artifact a user keeps
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it. This module is the only way any
@@ -28,6 +30,8 @@ from typing import Any
 import lmdb
 import zstandard
 
+from noisefloor.errors import StateError
+from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import decode_body
 
 FORMAT = "noisefloor-log/1"
@@ -55,7 +59,7 @@ def is_read_only(path: str | os.PathLike[str]) -> bool:
 _DAMAGE = (lmdb.Error, zstandard.ZstdError, ValueError, TypeError, KeyError, UnicodeDecodeError, struct.error)
 _MIN_FILE = 2 * 4096  # LMDB's two meta pages
 
-class StoreError(RuntimeError):
+class StoreError(StateError):
     """A store that cannot be used as asked; the message says what to do."""
 
 
@@ -134,6 +138,10 @@ class Store:
         self._bodies = env.open_db(b"bodies", create=writable)
         self._exchanges = env.open_db(b"exchanges", create=writable)
         self._recorded = env.open_db(b"recorded", create=writable)
+        try:  # stores written before outcome rows were kept have no such table
+            self._outcomes: Any = env.open_db(b"outcomes", create=writable)
+        except lmdb.NotFoundError:
+            self._outcomes = None
         self._cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
         self._dctx = zstandard.ZstdDecompressor()
 
@@ -295,7 +303,7 @@ class Store:
         raw = self.body(part.get("body"))
         if raw is None:
             return None
-        encoding = next((v for k, v in part["headers"] if k.lower() == "content-encoding"), None)
+        encoding = header(part["headers"], "content-encoding")
         return decode_body(raw, encoding)[0]
 
     # -- exchanges -----------------------------------------------------------------------------
@@ -357,6 +365,23 @@ class Store:
             for _, raw in txn.cursor():
                 doc = json.loads(raw)
                 yield RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"))
+
+    # -- outcome rows --------------------------------------------------------------------------
+
+    def put_outcomes(self, rows: list[Mapping[str, Any]]) -> None:
+        """Graded rows, one per (condition, task, replicate); grading again replaces a row."""
+        def put(txn: lmdb.Transaction) -> None:
+            for r in rows:
+                key = json.dumps([r.get("condition"), r["task_id"], r.get("replicate")]).encode()
+                txn.put(key, json.dumps(dict(r)).encode(), db=self._outcomes)
+
+        self._write(put)
+
+    def outcome_rows(self) -> list[dict[str, Any]]:
+        if self._outcomes is None:
+            return []
+        with self._reading(), self._env.begin(db=self._outcomes) as txn:
+            return [json.loads(v) for _, v in txn.cursor()]
 
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:

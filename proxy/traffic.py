@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from noisefloor.proxy import headers as headers_mod
 from noisefloor.proxy import secrets
 from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize, decode_body, sha256_hex
 
@@ -80,8 +81,7 @@ class RequestData:
         return cls(rec["method"], rec["url"], parts.hostname or "", path, tuple(map(tuple, rec["headers"])), body or b"")
 
     def header(self, name: str) -> str | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k.lower() == name), None)
+        return headers_mod.header(self.headers, name)
 
     def canonical(self, rules: Rules) -> CanonicalRequest:
         if self.decoded is not None:
@@ -124,7 +124,7 @@ class RequestData:
         """The stored request: secrets gone, body by hash."""
         headers = secrets.scrub_headers(self.headers)
         if self._stored[1]:  # stored decoded: the encoding no longer describes it
-            headers = [(k, v) for k, v in headers if k.lower() not in ("content-encoding", "content-length")]
+            headers = headers_mod.without(headers, "content-encoding", "content-length")
         return {
             "method": self.method,
             "url": secrets.scrub_url(self.url),
@@ -143,8 +143,7 @@ class ResponseData:
     partial: bool = False  # the stream ended early (client gone, upstream stalled)
 
     def header(self, name: str) -> str | None:
-        name = name.lower()
-        return next((v for k, v in self.headers if k.lower() == name), None)
+        return headers_mod.header(self.headers, name)
 
     @cached_property
     def decoded_body(self) -> bytes:
@@ -179,7 +178,7 @@ class ResponseData:
             body = secrets.erase_events(body, values) or body
         if body is decoded:
             return self
-        headers = tuple((k, v) for k, v in self.headers if k.lower() not in ("content-encoding", "content-length"))
+        headers = tuple(headers_mod.without(self.headers, "content-encoding", "content-length"))
         layout = self.layout
         if layout is not None:
             layout = ((layout[-1][0] if layout else 0.0, len(body)),)

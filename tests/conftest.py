@@ -5,16 +5,13 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
-import threading
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from noisefloor.proxy.launch import RunningProxy, start
+from noisefloor.proxy.launch import nfproxy_argv as nfproxy_argv  # re-exported for the tests
 from tests.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,68 +40,12 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["NF_CACHE_DIR"] = old
 
 
-def nfproxy_argv() -> list[str]:
-    exe = Path(sys.executable).with_name("nfproxy")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "noisefloor.proxy.cli"]
+# The tests start nfproxy the way nfladder does: one launcher.
+ProxyProcess = RunningProxy
 
 
-@dataclass
-class ProxyProcess:
-    proc: subprocess.Popen[str]
-    lines: list[str] = field(default_factory=list)
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            return self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(5)
-
-    @property
-    def output(self) -> str:
-        return "\n".join(self.lines)
-
-
-def start_nfproxy(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> ProxyProcess:
-    """Start `nfproxy run ... --listen 127.0.0.1:0` and wait for its ready line."""
-    proc = subprocess.Popen(
-        [*nfproxy_argv(), "run", "--listen", "127.0.0.1:0", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=cwd or ROOT,
-        env={**os.environ, **(env or {})},
-    )
-    pp = ProxyProcess(proc)
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            pp.lines.append(line)
-            if line.startswith("NFPROXY_READY "):
-                pp.port = int(line.rsplit(":", 1)[1])
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + START_TIMEOUT
-    while not ready.wait(0.05):
-        if time.monotonic() > deadline:
-            proc.kill()
-            raise RuntimeError(f"nfproxy did not become ready in {START_TIMEOUT}s:\n{pp.output}")
-    if not pp.port:
-        proc.wait(10)
-        raise RuntimeError(f"nfproxy exited before listening (rc={proc.returncode}):\n{pp.output}")
-    return pp
+def start_nfproxy(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> RunningProxy:
+    return start(*args, cwd=cwd or ROOT, env=env, timeout=START_TIMEOUT)
 
 
 @pytest.fixture

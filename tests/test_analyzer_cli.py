@@ -143,6 +143,15 @@ def test_log_adds_per_condition_counts(tmp_path):
     assert log["replay"]["misses"] == 1 and log["replay"]["exchanges"] == 2
     bad = nfanalyze(str(tmp_path / "nope.lmdb"), "--outcomes", str(out))
     assert bad.returncode != 0 and "no nfproxy store" in bad.stderr
+    ungraded = nfanalyze(str(store_path))  # exchanges but no grades: say what to run
+    assert ungraded.returncode == 1 and "no graded outcome rows" in ungraded.stderr and "nfverify" in ungraded.stderr
+    # rows kept in the log are the input; --outcomes replaces the same (condition, task, replicate)
+    with Store.open(store_path, write=True) as s:
+        s.put_outcomes(ladder_rows())
+    alone = nfanalyze(str(store_path), "--json", "-", "--bootstrap", "200")
+    assert alone.returncode == 0, alone.stderr
+    with_file = nfanalyze(str(store_path), "--outcomes", str(out), "--json", "-", "--bootstrap", "200")
+    assert json.loads(alone.stdout)["conditions"] == json.loads(with_file.stdout)["conditions"]
 
 
 def test_example_runs_and_recovers_the_ladder_order():

@@ -60,11 +60,11 @@ def test_taxonomy_shares_and_floors_through_the_proxy(tmp_path, proxies):
         stamped = Counter(ex.perturbation for ex in s.exchanges())
     assert stamped == Counter({None: 240, "compact_user_request": 120, "call_only_suffix": 120})
     out = tmp_path / "outcomes.jsonl"
-    r = subprocess.run([str(Path(sys.executable).with_name("nfverify")), "bfcl", str(store), "--out", str(out)],
+    r = subprocess.run([str(Path(sys.executable).with_name("nfverify")), "bfcl", str(store), "--outcomes", str(out)],
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    main = [row for row in rows if not row["variant"]]
+    main = [row for row in rows if not row.get("variant")]
     got = Counter(row["failure"] for row in main)
     for outcome, share in SHARES.items():
         assert got[outcome] / len(main) == pytest.approx(share, abs=0.07), (outcome, got)

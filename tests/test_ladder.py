@@ -44,6 +44,12 @@ def test_mechanism_check_recovers_the_injected_truth(mechanism):
     assert doc["log"]["conditions"]["t0"]["models"] == ["nf-builtin-1"]
     assert (out / "ladder.png").read_bytes()[:4] == b"\x89PNG"
     assert "Known truth" in r.stdout
+    # the log alone is enough: nfladder kept its graded rows in it
+    alone = subprocess.run([str(Path(sys.executable).with_name("nfanalyze")), str(out / "log.lmdb"), "--json", "-",
+                            "--bootstrap", "4000", "--seed", "3"], capture_output=True, text=True, timeout=300)
+    assert alone.returncode == 0, alone.stderr
+    again = json.loads(alone.stdout)
+    assert again["conditions"] == doc["conditions"] and again["log"]["conditions"] == doc["log"]["conditions"]
 
 
 def test_same_seed_same_report_in_a_fresh_folder_and_resume_skips_finished_sessions(tmp_path):

@@ -441,3 +441,26 @@ def test_log_and_show_commands(store, upstream, proxies):
     assert doc["model"] == "gpt-4o-mini-2024-07-18" and doc["fingerprint"] == "fp_1"
     assert doc["usage"] == {"input": 11, "output": 1}
     assert "sk-show-secret" not in show.stdout
+    rows = subprocess.run([*nfproxy_argv(), "log", "--store", str(store), "--json", "--condition", "live"],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [json.loads(r)["session"] for r in rows] == ["demo"]
+    none = subprocess.run([*nfproxy_argv(), "log", "--store", str(store), "--json", "--task", "other"],
+                          capture_output=True, text=True, check=True)
+    assert none.stdout == ""
+    # an option before the subcommand is that subcommand's option, not a proxy run of `log`
+    before = subprocess.run([*nfproxy_argv(), "--store", str(store), "log", "--sessions-only"],
+                            capture_output=True, text=True, timeout=60)
+    assert before.returncode == 0 and "demo: 1 exchanges" in before.stdout, before.stderr
+
+
+def test_every_command_has_version_and_nfproxy_help_shows_the_run_options():
+    import sys as _sys
+    from pathlib import Path as P
+
+    for cmd in ("nfproxy", "nfanalyze", "nfverify", "nfladder"):
+        r = subprocess.run([str(P(_sys.executable).with_name(cmd)), "--version"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0 and "(noisefloor)" in r.stdout, (cmd, r.stderr)
+    helptext = subprocess.run([*nfproxy_argv(), "--help"], capture_output=True, text=True, timeout=60).stdout
+    for option in ("--mode", "--upstream", "--store", "--strict", "--order-wait", "--max-body-mb"):
+        assert option in helptext

@@ -362,6 +362,7 @@ def test_ca_command_prints_the_environment(tmp_path):
     assert pem.read_text().startswith("-----BEGIN CERTIFICATE-----")
     for var in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS"):
         assert f"export {var}={pem.resolve()}" in r.stdout
+    assert "export HTTPS_PROXY=http://127.0.0.1:8080" in r.stdout
 
 
 def test_websocket_upgrade_is_refused_loudly_in_replay(store, upstream, proxies):

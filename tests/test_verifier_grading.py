@@ -252,7 +252,7 @@ def test_candidates_from_a_proxy_log_become_outcome_rows(tmp_path, proxies):
     finally:
         up.stop()
     out = tmp_path / "outcomes.jsonl"
-    r = nfverify("humaneval+", str(store), "--out", str(out), "-j", "2")
+    r = nfverify("humaneval+", str(store), "--outcomes", str(out), "-j", "2")
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6
@@ -275,5 +275,5 @@ def test_nfverify_bad_input_is_one_line(tmp_path):
     samples = tmp_path / "s.jsonl"
     samples.write_text('{"task_id": "HumanEval/0"}\n')
     if HAVE_EVALPLUS:
-        r = nfverify("humaneval+", "--samples", str(samples), "--out", str(tmp_path / "o.jsonl"))
+        r = nfverify("humaneval+", "--samples", str(samples), "--outcomes", str(tmp_path / "o.jsonl"))
         assert r.returncode != 0 and "needs 'solution' or 'completion'" in r.stderr

@@ -25,8 +25,6 @@ from noisefloor.verifier.datasets import ToolTask
 
 TAXONOMY = ("correct", "wrong_function", "wrong_arguments", "malformed_output", "other")
 _STRIP = re.compile(r"[ ,./\-_*^]")
-_TYPES = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list, "tuple": list,
-          "dict": dict, "any": object}
 
 
 @dataclass(frozen=True)

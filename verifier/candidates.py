@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.proxy.headers import header
 from noisefloor.proxy.profiles import sse_data
 from noisefloor.proxy.store import Exchange, Store
 
@@ -81,7 +82,7 @@ def response_json(store: Store, ex: Exchange) -> dict[str, Any] | None:
     if ex.response is None:
         return None
     data = (store.decoded_body(ex.response) or b"")
-    ctype = next((v for k, v in ex.response["headers"] if k.lower() == "content-type"), "")
+    ctype = header(ex.response["headers"], "content-type", "")
     if ctype.lower().startswith("text/event-stream"):
         return assemble_stream(sse_data(data))
     try:

@@ -13,6 +13,8 @@ from typing import Any
 
 import click
 
+from noisefloor._cli import VERSION, Command
+from noisefloor.outcome_rows import OutcomeRow, write_jsonl
 from noisefloor.verifier.grading import GradeOptions, grade_options
 
 SUITES = ("humaneval+", "mbpp+", "bfcl")
@@ -34,29 +36,23 @@ def _progress(label: str) -> Callable[[int, int], None]:
     return update
 
 
-def _write(rows: list[dict[str, Any]], out: Path) -> None:
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    with tmp.open("w") as fh:
-        for r in rows:
-            fh.write(json.dumps(r) + "\n")
-    tmp.replace(out)
-
-
-def _summary(rows: list[dict[str, Any]], out: Path) -> str:
-    by = Counter(r["failure"] for r in rows)
-    passed = sum(r["outcome"] for r in rows)
+def _summary(rows: list[OutcomeRow], out: Path) -> str:
+    by = Counter(r.failure for r in rows)
+    passed = sum(r.outcome for r in rows)
     return f"nfverify: {passed}/{len(rows)} passed; " + ", ".join(f"{k} {v}" for k, v in by.most_common()) + f" -> {out}"
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(**VERSION)
 @click.argument("suite", type=click.Choice(SUITES))
 @click.argument("log", required=False, type=click.Path(path_type=Path))
 @click.option("--samples", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="EvalPlus samples.jsonl (task_id with solution or completion) instead of a LOG.")
 @click.option("--dataset", type=click.Path(exists=True, path_type=Path),
               help="EvalPlus .jsonl(.gz) file, or the folder of BFCL v4 files (default: shared data or cache).")
-@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), default=Path("outcomes.jsonl"),
-              show_default=True)
+@click.option("--outcomes", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("outcomes.jsonl"),
+              show_default=True, help="Outcome rows are written here (JSON Lines); graded from a LOG, they are also "
+                                      "kept in the log for `nfanalyze LOG`.")
 @click.option("-j", "--jobs", default=os.cpu_count() or 1, show_default=True, type=click.IntRange(min=1))
 @grade_options
 @click.option("--condition", default="samples", show_default=True, help="Condition label for --samples rows.")
@@ -78,8 +74,24 @@ def main(suite: str, log: Path | None, samples: Path | None, dataset: Path | Non
         rows = _bfcl(log, dataset) if suite == "bfcl" else _code(suite, log, samples, dataset, options, condition)
     except (DatasetError, SandboxError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
-    _write(rows, out)
+    write_jsonl(rows, out)
+    if log is not None:
+        _keep_in_log(log, rows)
     click.echo(_summary(rows, out), err=True)
+
+
+def _keep_in_log(log: Path, rows: list[OutcomeRow]) -> None:
+    """The rows also go into the log beside the exchanges they grade: `nfanalyze LOG` needs nothing else."""
+    from noisefloor.proxy.store import Store, StoreError, is_read_only
+
+    if is_read_only(log):
+        click.echo(f"nfverify: {log} is read-only; outcome rows are only in the outcomes file", err=True)
+        return
+    try:
+        with Store.open(log, write=True) as store:
+            store.put_outcomes([r.to_json() for r in rows])
+    except StoreError as exc:
+        click.echo(f"nfverify: outcome rows not kept in the log ({exc}); they are in the outcomes file", err=True)
 
 
 def _open_log(log: Path) -> Any:
@@ -92,7 +104,7 @@ def _open_log(log: Path) -> Any:
 
 
 def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, options: GradeOptions,
-          condition: str) -> list[dict[str, Any]]:
+          condition: str) -> list[OutcomeRow]:
     from noisefloor.verifier.datasets import locate
     from noisefloor.verifier.differential import ExpectedError
     from noisefloor.verifier.grading import code_grader
@@ -121,7 +133,7 @@ def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | No
         items = [(a.task_id, response_text(a.body)) for a in found]
         meta = [_attempt_meta(a) for a in found]
         verdicts = diff.grade_many(items, _progress("grading"))
-    return [m | {"task_id": v.task_id, "outcome": v.outcome, "failure": v.failure, "detail": v.detail}
+    return [OutcomeRow(task_id=v.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail, **m)
             for m, v in zip(meta, verdicts)]
 
 
@@ -157,7 +169,7 @@ def _read_samples(path: Path, tasks: dict[str, Any], condition: str) -> tuple[li
     return items, meta
 
 
-def _bfcl(log: Path | None, dataset: Path | None) -> list[dict[str, Any]]:
+def _bfcl(log: Path | None, dataset: Path | None) -> list[OutcomeRow]:
     from noisefloor.verifier.bfcl import grade_response
     from noisefloor.verifier.candidates import attempts
     from noisefloor.verifier.datasets import load_bfcl
@@ -171,9 +183,8 @@ def _bfcl(log: Path | None, dataset: Path | None) -> list[dict[str, Any]]:
     for a in found:
         v = grade_response(tasks[a.task_id], a.body)
         ex = a.exchange
-        rows.append(_attempt_meta(a) | {"task_id": a.task_id, "outcome": v.outcome, "failure": v.failure,
-                                        "detail": v.detail, "endpoint": a.condition,
-                                        "variant": ex.perturbation if ex else None})
+        rows.append(OutcomeRow(task_id=a.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail,
+                               endpoint=a.condition, variant=ex.perturbation if ex else None, **_attempt_meta(a)))
     return rows
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from noisefloor.errors import StateError
 from noisefloor.verifier.mbpp import deserialize_inputs
 
 
@@ -43,7 +44,7 @@ RELEASES = {
 }
 
 
-class DatasetError(RuntimeError):
+class DatasetError(StateError):
     """A dataset that cannot be found or read; the message says where it was looked for."""
 
 

@@ -17,13 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.errors import StateError
 from noisefloor.verifier import mbpp
 from noisefloor.verifier.datasets import CodeTask, cache_dir
 from noisefloor.verifier.extract import assemble, extract_code
 from noisefloor.verifier.sandbox import RunResult, Sandbox
 from noisefloor.verifier.values import Opaque, decode, encode
 
-CATEGORIES = ("pass", "wrong_output", "exception", "timeout", "syntax_error", "no_code")
 _CACHE_VERSION = 2  # bump: outputs now computed with PYTHONHASHSEED=0
 REFERENCE_CPU_S = 600  # CPU allowed to a canonical solution over all its inputs
 
@@ -32,12 +32,12 @@ REFERENCE_CPU_S = 600  # CPU allowed to a canonical solution over all its inputs
 class Verdict:
     task_id: str
     outcome: int
-    failure: str  # one of CATEGORIES
+    failure: str  # pass, wrong_output, exception, timeout, syntax_error, no_code
     detail: str = ""
     inputs_run: int = 0
 
 
-class ExpectedError(RuntimeError):
+class ExpectedError(StateError):
     """A canonical solution that did not run cleanly: the dataset or the sandbox is broken."""
 
 

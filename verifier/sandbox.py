@@ -45,6 +45,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO, Any
 
+from noisefloor.errors import StateError
 from noisefloor.verifier import _jail
 
 WORKER = Path(__file__).with_name("_worker.py")
@@ -65,7 +66,7 @@ _MIN_SECRET = 8
 REDACTED = "[redacted]"
 
 
-class SandboxError(RuntimeError):
+class SandboxError(StateError):
     """Isolation could not be set up; no candidate was run (fail closed)."""
 
 

@@ -1,0 +1,19 @@
+"""Header pairs as the log keeps them: a list of (name, value), names in any case."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Pairs = Iterable[tuple[str, str]]
+
+
+def header(headers: Pairs, name: str, default: str | None = None) -> str | None:
+    """The first value of `name`, case-insensitively."""
+    name = name.lower()
+    return next((v for k, v in headers if k.lower() == name), default)
+
+
+def without(headers: Pairs, *names: str) -> list[tuple[str, str]]:
+    """The pairs whose name is none of `names` (case-insensitively)."""
+    drop = {n.lower() for n in names}
+    return [(k, v) for k, v in headers if k.lower() not in drop]

@@ -1,0 +1,89 @@
+"""Start an `nfproxy run` subprocess and wait until it listens: the one launcher that nfladder,
+the benchmarks and the tests share."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from noisefloor.errors import StateError
+
+START_TIMEOUT_S = 60.0
+READY = "NFPROXY_READY "
+
+
+class ProxyStartError(StateError):
+    """nfproxy exited or did not listen in time; the message holds its last lines."""
+
+
+def nfproxy_argv() -> list[str]:
+    """The installed `nfproxy` beside this interpreter, else the module."""
+    exe = Path(sys.executable).with_name("nfproxy")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "noisefloor.proxy.cli"]
+
+
+@dataclass
+class RunningProxy:
+    proc: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)  # everything it printed (stdout and stderr)
+    port: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Signal it, wait for its exit status (SIGKILL if it hangs)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            code = self.proc.wait(10)
+        self._pump.join(5)  # the summary line is read before the caller looks at the output
+        return code
+
+
+def start(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+          timeout: float = START_TIMEOUT_S) -> RunningProxy:
+    """`nfproxy run --listen 127.0.0.1:0 ARGS...`, returned once it has printed its ready line."""
+    proc = subprocess.Popen(
+        [*nfproxy_argv(), "run", "--listen", "127.0.0.1:0", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, **(env or {})},
+    )
+    running = RunningProxy(proc)
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            running.lines.append(line)
+            if line.startswith(READY):
+                running.port = int(line.rsplit(":", 1)[1])
+                ready.set()
+        ready.set()
+
+    running._pump = threading.Thread(target=pump, daemon=True)  # type: ignore[attr-defined]
+    running._pump.start()  # type: ignore[attr-defined]
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.05):
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise ProxyStartError(f"nfproxy did not listen within {timeout:g} s: " + " | ".join(running.lines[-5:]))
+    if not running.port:
+        proc.wait(10)
+        raise ProxyStartError(f"nfproxy exited before listening (status {proc.returncode}): "
+                              + " | ".join(running.lines[-5:]))
+    return running

@@ -1,0 +1,67 @@
+"""What the four commands share on the command line: a group whose default subcommand needs no
+name (`nfproxy --mode record` is `nfproxy run --mode record`), shows its options in the group's
+own --help, and is not confused by an option placed before another subcommand
+(`nfproxy --store X log` is `nfproxy log --store X`, never a proxy that runs `log`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from noisefloor.errors import NoisefloorError
+
+VERSION = {"package_name": "noisefloor", "message": "%(prog)s (noisefloor) %(version)s"}
+
+
+class OneLineErrors:
+    """A command whose `NoisefloorError`s reach the user as one line (`Error: ...`) and exit 1."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)  # type: ignore[misc]
+        except NoisefloorError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+class Command(OneLineErrors, click.Command):
+    pass
+
+
+class Group(OneLineErrors, click.Group):
+    pass
+
+
+class DefaultGroup(Group):
+    default_command = "run"
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        head = args[: args.index("--")] if "--" in args else args
+        named = next((i for i, a in enumerate(head) if a in self.commands), None)
+        if named is not None and named > 0 and head[0].startswith("-") and head[0] not in ("--help", "-h", "--version"):
+            args = [args[named], *args[:named], *args[named + 1:]]  # an option before the subcommand: move it
+        elif not args or (args[0] not in self.commands and args[0] not in ("--help", "-h", "--version")):
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_options(ctx, formatter)
+        default = self.commands.get(self.default_command)
+        if default is None:
+            return
+        records = [r for p in default.get_params(ctx) if (r := p.get_help_record(ctx)) is not None
+                   and not r[0].startswith("-h")]
+        with formatter.section(f"Options of `{ctx.info_name} {self.default_command}` (the default, no name needed)"):
+            formatter.write_dl(records)
+
+
+def default_group(command: str, **kwargs: Any) -> Any:
+    """`@click.group` with `DefaultGroup` defaulting to `command`, -h/--help and --version."""
+
+    cls = type(f"DefaultTo{command.title()}", (DefaultGroup,), {"default_command": command})
+
+    def wrap(f: Any) -> Any:
+        group = click.group(cls=cls, context_settings={"help_option_names": ["-h", "--help"]}, **kwargs)(f)
+        return click.version_option(**VERSION)(group)
+
+    return wrap

@@ -17,7 +17,6 @@ out is a real departure: a call-order violation naming the request that should h
 
 from __future__ import annotations
 
-import json
 from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable
@@ -25,14 +24,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from noisefloor.proxy.keys import Rules, short_diff, similarity
+from noisefloor.proxy import diagnosis, replies
+from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
-
-MISS_STATUS = 404  # SDKs do not retry 4xx (except 408/409/429), so a miss surfaces at once
-ORDER_STATUS = 412
-FAILURE_STATUS = 500
-_NEAREST_CANDIDATES = 64
 
 
 @dataclass(frozen=True)
@@ -108,7 +103,8 @@ class Replayer:
             entry = candidates[min(p.occurrence, len(candidates) - 1)]
             self._ask(labels.session, entry)
             return Matched(p, entry, labels.session)
-        return self._log(p, "miss", self._miss_response(p, len(candidates)), None, None)
+        near = None if candidates else diagnosis.nearest(self.store, self.rules, self._entries, p)
+        return self._log(p, "miss", replies.miss(p, len(candidates), near), None, None)
 
     def blocker(self, m: Matched) -> RecordedEntry | None:
         """The first recorded predecessor of `m` (same recorded session, answered before `m` was
@@ -129,7 +125,7 @@ class Replayer:
                f"{first.key[:12]}) and had its answer before it asked this request; this replay session "
                f"has not asked it" + (f" (waited {waited:g} s)" if waited else ""))
         if self.strict:
-            return self._log(m.prepared, "order_violation", self._order_response(m.prepared, m.entry, why, first),
+            return self._log(m.prepared, "order_violation", replies.order_violation(m.prepared, m.entry, why, first),
                              m.entry, why)
         source, response = self._source(m.entry.id)
         return self._log(m.prepared, "order_violation", response, m.entry, why, source)
@@ -153,94 +149,19 @@ class Replayer:
 
     def _recorded_response(self, rec: dict[str, Any] | None, error: str | None) -> ResponseData:
         if rec is None:  # the recording holds a connection failure: replay it as one
-            body = json.dumps({"error": {"type": "nfproxy_recorded_error", "message": error}}).encode()
-            return ResponseData(502, (("content-type", "application/json"),), body)
+            return replies.recorded_failure(error)
         return ResponseData.from_record(rec, self.store.body(rec.get("body")))
 
     def refuse_websocket(self, request: RequestData, labels: Labels) -> ResponseData:
         """A WebSocket upgrade cannot be replayed: refused, logged and counted as a miss."""
         p = prepare(request, labels, self.rules, self.counters)
-        doc = {"type": "nfproxy_websocket", "message": "nfproxy cannot replay WebSocket connections; record and "
-               "replay the HTTP API instead", "key": p.key, "occurrence": p.occurrence}
-        why = "websocket upgrade refused"
-        return self._log(p, "miss", _error_response(501, doc, p, "miss"), None, why).response
+        return self._log(p, "miss", replies.websocket_refused(p), None, "websocket upgrade refused").response
 
     def failure(self, exc: BaseException) -> ResponseData:
         """The answer when replay itself broke (an unreadable store, a log that cannot be written):
         an error the agent sees at once, counted so that a strict run exits non-zero."""
         self.stats.errors += 1
-        doc = {"error": {"type": "nfproxy_replay_error", "message": f"nfproxy replay failed: {exc!r}; "
-                         "the request was not forwarded upstream (check the store and nfproxy's log)"}}
-        body = json.dumps(doc).encode()
-        headers = (("content-type", "application/json"), ("x-nf-replay", "error"), ("content-length", str(len(body))))
-        return ResponseData(FAILURE_STATUS, headers, body)
-
-    def _miss_response(self, p: Prepared, recorded: int) -> ResponseData:
-        if recorded:
-            message = (
-                f"nfproxy replay miss: request key {p.key[:12]} asked for occurrence {p.occurrence} "
-                f"but the recording holds {recorded}; pass --allow-reuse to repeat the last answer"
-            )
-        else:
-            message = f"nfproxy replay miss: request key {p.key[:12]} was never recorded"
-        doc: dict[str, Any] = {
-            "type": "nfproxy_replay_miss",
-            "message": message,
-            "key": p.key,
-            "occurrence": p.occurrence,
-            "recorded_occurrences": recorded,
-            "nearest": self._nearest(p) if not recorded else None,
-        }
-        return _error_response(MISS_STATUS, doc, p, "miss")
-
-    def _order_response(self, p: Prepared, entry: RecordedEntry, why: str, first: RecordedEntry) -> ResponseData:
-        doc = {
-            "type": "nfproxy_order_violation",
-            "message": f"nfproxy call-order violation: {why}",
-            "key": p.key,
-            "occurrence": p.occurrence,
-            "source_exchange": entry.id,
-            "should_come_first": {"exchange": first.id, "key": first.key, "route": first.route,
-                                  "session": first.session},
-        }
-        return _error_response(ORDER_STATUS, doc, p, "order_violation")
-
-    def _nearest(self, p: Prepared) -> dict[str, Any] | None:
-        """The recorded request most like this one, with a diff of their canonical forms."""
-        route = f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
-        latest: dict[str, RecordedEntry] = {}
-        for e in self._entries:
-            latest[e.key] = e
-        pool = [e for e in latest.values() if e.route == route] or list(latest.values())
-        pool = pool[-_NEAREST_CANDIDATES:]
-        if not pool:
-            return None
-        asked = p.canonical.pretty()
-        best, best_score = None, -1.0
-        for e in pool:
-            pretty = self._recorded_canonical(e.id)
-            if pretty is None:
-                continue
-            score = similarity(pretty, asked)
-            if score > best_score:
-                best, best_score, best_text = e, score, pretty
-        if best is None:
-            return None
-        return {
-            "key": best.key,
-            "exchange_id": best.id,
-            "session": best.session,
-            "similarity": round(best_score, 4),
-            "diff": short_diff(best_text, asked),
-        }
-
-    def _recorded_canonical(self, exchange_id: int) -> str | None:
-        """A recorded request's canonical form, rebuilt from what the store holds (only a miss needs it)."""
-        source = self.store.exchange(exchange_id)
-        if source is None:
-            return None
-        request = RequestData.from_record(source.request, self.store.body(source.request.get("body")))
-        return request.canonical(self.rules).pretty()
+        return replies.replay_failed(exc)
 
     def _log(
         self,
@@ -317,15 +238,3 @@ def _spans(session: list[RecordedEntry]) -> dict[int, tuple[float, float]]:
     if all(e.start is not None and e.end is not None for e in session):
         return {e.id: (float(e.start), float(e.end)) for e in session}  # type: ignore[arg-type]
     return {e.id: (float(e.seq), e.seq + 0.5) for e in session}
-
-
-def _error_response(status: int, doc: dict[str, Any], p: Prepared, result: str) -> ResponseData:
-    body = json.dumps({"error": doc}, indent=1).encode()
-    headers = (
-        ("content-type", "application/json"),
-        ("x-nf-replay", result),
-        ("x-nf-key", p.key),
-        ("x-nf-occurrence", str(p.occurrence)),
-        ("content-length", str(len(body))),
-    )
-    return ResponseData(status, headers, body)

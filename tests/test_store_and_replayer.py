@@ -13,6 +13,7 @@ import pytest
 from noisefloor.proxy import store as store_mod
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store, StoreError
 from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
@@ -187,7 +188,7 @@ def test_deferred_replay_log_writes_in_batches_on_the_loop_and_on_close(tmp_path
     record_sequence(tmp_path / "s", "A", [("q1", "a1"), ("q2", "a2")])
     with Store.open(tmp_path / "s", write=True) as s:
         recorded = len(s)
-        writer = store_mod.DeferredLog(s, delay=0.05, max_batch=3)
+        writer = DeferredLog(s, delay=0.05, max_batch=3)
         rep = Replayer(s, Rules(), log=writer.submit)
 
         async def serve() -> list[int]:
@@ -215,7 +216,7 @@ def test_deferred_log_survives_one_bad_record_and_reports_a_broken_store(tmp_pat
     record_sequence(tmp_path / "s", "A", [("q1", "a1")])
     with Store.open(tmp_path / "s", write=True) as s:
         lost: list[Exception] = []
-        writer = store_mod.DeferredLog(s, on_error=lost.append)
+        writer = DeferredLog(s, on_error=lost.append)
         rep = Replayer(s, Rules(), log=writer.submit)
         rep.answer(chat("q1"), Labels("R"))  # no loop: written at once
         assert len(s) == 2

@@ -1,0 +1,66 @@
+"""The answers replay gives itself instead of a recorded one: a miss, a call-order violation, a
+refused WebSocket, a replay that broke, a recorded connection failure. JSON error bodies in the
+shape the SDKs print, with the `x-nf-replay` header saying which."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from noisefloor.proxy.store import RecordedEntry
+from noisefloor.proxy.traffic import Prepared, ResponseData
+
+MISS_STATUS = 404  # SDKs do not retry 4xx (except 408/409/429), so a miss surfaces at once
+ORDER_STATUS = 412
+FAILURE_STATUS = 500
+WEBSOCKET_STATUS = 501
+RECORDED_FAILURE_STATUS = 502
+
+
+def _json(status: int, doc: dict[str, Any], headers: tuple[tuple[str, str], ...], indent: int | None = None
+          ) -> ResponseData:
+    body = json.dumps({"error": doc}, indent=indent).encode()
+    return ResponseData(status, (("content-type", "application/json"), *headers,
+                                 ("content-length", str(len(body)))), body)
+
+
+def _keyed(status: int, doc: dict[str, Any], p: Prepared, result: str) -> ResponseData:
+    return _json(status, doc, (("x-nf-replay", result), ("x-nf-key", p.key), ("x-nf-occurrence", str(p.occurrence))),
+                 indent=1)
+
+
+def miss(p: Prepared, recorded: int, nearest: dict[str, Any] | None) -> ResponseData:
+    if recorded:
+        message = (f"nfproxy replay miss: request key {p.key[:12]} asked for occurrence {p.occurrence} "
+                   f"but the recording holds {recorded}; pass --allow-reuse to repeat the last answer")
+    else:
+        message = f"nfproxy replay miss: request key {p.key[:12]} was never recorded"
+    return _keyed(MISS_STATUS, {"type": "nfproxy_replay_miss", "message": message, "key": p.key,
+                                "occurrence": p.occurrence, "recorded_occurrences": recorded, "nearest": nearest},
+                  p, "miss")
+
+
+def order_violation(p: Prepared, entry: RecordedEntry, why: str, first: RecordedEntry) -> ResponseData:
+    return _keyed(ORDER_STATUS, {
+        "type": "nfproxy_order_violation", "message": f"nfproxy call-order violation: {why}", "key": p.key,
+        "occurrence": p.occurrence, "source_exchange": entry.id,
+        "should_come_first": {"exchange": first.id, "key": first.key, "route": first.route, "session": first.session},
+    }, p, "order_violation")
+
+
+def websocket_refused(p: Prepared) -> ResponseData:
+    return _keyed(WEBSOCKET_STATUS, {"type": "nfproxy_websocket", "message": "nfproxy cannot replay WebSocket "
+                                     "connections; record and replay the HTTP API instead", "key": p.key,
+                                     "occurrence": p.occurrence}, p, "miss")
+
+
+def replay_failed(exc: BaseException) -> ResponseData:
+    return _json(FAILURE_STATUS, {"type": "nfproxy_replay_error", "message": f"nfproxy replay failed: {exc!r}; the "
+                                  "request was not forwarded upstream (check the store and nfproxy's log)"},
+                 (("x-nf-replay", "error"),))
+
+
+def recorded_failure(error: str | None) -> ResponseData:
+    """The recording holds a connection failure: replayed as one."""
+    return ResponseData(RECORDED_FAILURE_STATUS, (("content-type", "application/json"),),
+                        json.dumps({"error": {"type": "nfproxy_recorded_error", "message": error}}).encode())

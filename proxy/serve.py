@@ -1,0 +1,290 @@
+"""Serving: one nfproxy run, from options to exit status.
+
+`ServeOptions` declares every run option in one place (as mitmproxy addons declare theirs); the
+CLI only parses them. `serve` opens the store and the engine (recorder or replayer), runs a lean
+mitmproxy master with the noisefloor addons (and a wrapped command, if any), prints the summary
+and returns the exit status.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from noisefloor.errors import EXIT_OK, EXIT_REPLAY_FAILED
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.overrides import Override
+from noisefloor.proxy.replay_log import DeferredLog
+from noisefloor.proxy.store import Store, StoreError, is_read_only
+from noisefloor.proxy.traffic import Labels, Stats
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    mode: str  # record, replay or passthrough
+    store_path: Path
+    host: str
+    port: int
+    labels: Labels  # the defaults for requests without x-nf-* labels
+    rules: Rules = Rules()
+    upstream: str | None = None  # reverse mode; None: a regular (forward) proxy
+    strict: bool = True
+    allow_reuse: bool = False
+    replay_sessions: tuple[str, ...] = ()
+    replay_timed: bool = False  # replay streams with the recorded gaps
+    order_wait: float = 5.0
+    overrides: tuple[Override, ...] = ()
+    variant: tuple[str, Any] | None = None  # a prompt perturbation: (name, rewrite)
+    stream_timeout: float = 120.0
+    max_body: int = 64 << 20
+    confdir: Path = Path("recordings/mitmproxy-ca")
+    upstream_ca: str | None = None
+    quiet: bool = False
+    command: tuple[str, ...] = ()  # a wrapped command, run with the proxy environment
+
+
+def serve(o: ServeOptions) -> int:
+    """Run until SIGINT / SIGTERM (or the wrapped command's end); the exit status."""
+    store, engine, upstream, writer = _open_engine(o.mode, o.store_path, o.rules, o.upstream, o.strict,
+                                                   o.allow_reuse, o.replay_sessions)
+    stats: Stats = engine.stats if engine is not None else Stats()
+    run = _Serve(o.mode, o.host, o.port, upstream, o.confdir, o.store_path, o.quiet, list(o.command), o.upstream_ca)
+    try:
+        asyncio.run(run.run(engine, o.labels, list(o.overrides), o.variant, o.replay_timed, o.stream_timeout, stats,
+                            o.max_body, o.order_wait))
+    finally:
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            if store is not None:
+                store.close()
+    if not o.quiet:
+        click.echo(stats.summary(o.mode, str(o.store_path)), err=True)
+        if stats.tls_failures:
+            click.echo(f"nfproxy: {stats.tls_failures} client TLS handshakes failed: the client does not trust the "
+                       f"nfproxy CA; run `nfproxy ca --confdir {o.confdir}` for the file and environment to set",
+                       err=True)
+    if run.returncode:
+        return run.returncode
+    if o.mode == "replay" and o.strict and (stats.misses or stats.order_violations or stats.errors):
+        return EXIT_REPLAY_FAILED
+    return EXIT_OK
+
+
+def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None, strict: bool, allow_reuse: bool,
+                 replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
+    if mode == "passthrough":
+        return None, None, upstream, None
+    from noisefloor.proxy.recorder import Recorder
+    from noisefloor.proxy.replayer import Replayer
+
+    read_only = mode == "replay" and is_read_only(store_path)
+    try:
+        store = Store.open(store_path, write=not read_only, create=(mode == "record"))
+        if mode == "record":
+            store.lock_for_recording()
+    except StoreError:
+        if "store" in locals():
+            store.close()
+        raise
+    writer = None
+    try:
+        if mode == "record":
+            engine: Any = Recorder(store, rules)
+            if upstream:
+                store.set_meta("upstream", upstream)
+        else:
+            def lost(exc: Exception) -> None:  # one request's log record; the next ones are written
+                engine.stats.errors += 1
+                click.echo(f"nfproxy: a replay log record could not be built ({exc.__class__.__name__}); "
+                           "the answer was served, the record is missing", err=True)
+
+            if read_only:
+                click.echo(f"nfproxy: store {store_path} is read-only: replay answers from it but writes no log "
+                           "records of its own (the summary still counts every request)", err=True)
+                sink = _discard
+            else:
+                writer = DeferredLog(store, on_error=lost)
+                sink = writer.submit
+            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions, log=sink)
+            if engine.recorded == 0:
+                raise StoreError(f"store {store_path} holds no recorded exchanges; record with --mode record first")
+            upstream = upstream or store.meta("upstream")
+    except (StoreError, ValueError) as exc:
+        if writer is not None:
+            writer.close()
+        store.close()
+        raise StoreError(str(exc)) from None
+    return store, engine, upstream, writer
+
+
+def _discard(build: Any) -> None:
+    """The replay log of a read-only store: nothing is written."""
+
+
+class _Serve:
+    """One proxy run: mitmproxy with the noisefloor addons, and optionally a wrapped command."""
+
+    def __init__(self, mode: str, host: str, port: int, upstream: str | None, confdir: Path, store_path: Path,
+                 quiet: bool, command: list[str], upstream_ca: str | None) -> None:
+        self.mode, self.host, self.port, self.upstream = mode, host, port, upstream
+        self.confdir, self.store_path, self.quiet, self.command = confdir, store_path, quiet, command
+        self.upstream_ca = upstream_ca
+        self.returncode: int | None = None
+
+    async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
+                  timed: bool, stream_timeout: float, stats: Stats, max_body: int, order_wait: float) -> None:
+        from noisefloor.proxy.addon import (
+            BodyLimit,
+            BodyRewrites,
+            Group,
+            NoUpstream,
+            Record,
+            Replay,
+            SessionLabels,
+            Streams,
+            TlsFailures,
+        )
+        from noisefloor.proxy.sse import StreamServer
+
+        master = _lean_master()
+        master.options.update(
+            listen_host=self.host,
+            listen_port=self.port,
+            mode=[f"reverse:{self.upstream}" if self.upstream else "regular"],
+            # lazy: no upstream connection before a request needs one (replay needs none at all, and
+            # a dead upstream in record mode becomes a recorded error exchange, not a lost connection)
+            connection_strategy="lazy",
+            confdir=str(self.confdir),
+            termlog_verbosity="warn",
+        )
+        if self.upstream_ca:
+            master.options.update(ssl_verify_upstream_trusted_ca=self.upstream_ca)
+        addons: list[Any] = [BodyLimit(max_body, stats), SessionLabels(labels), BodyRewrites(overrides, variant),
+                             TlsFailures(stats)]
+        streams = None
+        if self.mode == "record":
+            addons += [Record(engine), Streams(stream_timeout, capture=True)]
+        elif self.mode == "replay":
+            streams = StreamServer()
+            await streams.start()
+            addons.append(Replay(engine, streams, timed, order_wait))
+            master.addons.add(NoUpstream(streams, stats))  # its own chain entry: independent of the group
+        else:
+            addons.append(Streams(stream_timeout, capture=False))
+        master.addons.add(Group(*addons, _Ready(self, master)))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, master.shutdown)
+        try:
+            await master.run()
+        finally:
+            if streams is not None:
+                await streams.stop()
+
+    def environment(self, port: int) -> dict[str, str]:
+        url = f"http://{self.host}:{port}"
+        if self.upstream:
+            return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url,
+                    "GOOGLE_GEMINI_BASE_URL": url}  # read by the google-genai SDK
+        ca = str(self.confdir / "mitmproxy-ca-cert.pem")
+        return {"NFPROXY_URL": url, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
+                **ca_environment(ca)}
+
+    async def wrap(self, master: Any, port: int) -> None:
+        env = {**os.environ, **self.environment(port)}
+        try:
+            proc = await asyncio.create_subprocess_exec(*self.command, env=env)
+        except OSError as exc:
+            click.echo(f"nfproxy: cannot run {self.command[0]!r}: {exc.strerror}", err=True)
+            self.returncode = 127
+            master.shutdown()
+            return
+        try:
+            self.returncode = await proc.wait()
+        finally:
+            if proc.returncode is None:  # the proxy is shutting down first: take the command with it
+                proc.terminate()
+                self.returncode = await proc.wait()
+            master.shutdown()
+
+
+def _lean_master() -> Any:
+    """A mitmproxy master with only the addons a recording proxy needs.
+
+    mitmdump's master carries some thirty more (playback, scripts, cookie and header rewriting,
+    saving flows), and mitmproxy offers every flow event to each of them: measured, that dispatch
+    cost a replayed answer more than nfproxy's own lookup. Block stays, so a proxy listening on a
+    public address still refuses clients from the internet.
+    """
+    from mitmproxy.addons import (
+        block,
+        core,
+        disable_h2c,
+        errorcheck,
+        next_layer,
+        proxyserver,
+        tlsconfig,
+        update_alt_svc,
+    )
+    from mitmproxy.addons.termlog import TermLog
+    from mitmproxy.master import Master
+    from mitmproxy.options import Options
+
+    master = Master(Options())
+    master.addons.add(
+        core.Core(),
+        block.Block(),
+        disable_h2c.DisableH2C(),
+        proxyserver.Proxyserver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        update_alt_svc.UpdateAltSvc(),
+        errorcheck.ErrorCheck(),
+        TermLog(out=sys.stderr),  # stdout belongs to a wrapped command
+    )
+    return master
+
+
+def ca_environment(ca: str) -> dict[str, str]:
+    return {"SSL_CERT_FILE": ca, "REQUESTS_CA_BUNDLE": ca, "NODE_EXTRA_CA_CERTS": ca, "CURL_CA_BUNDLE": ca}
+
+
+class _Ready:
+    """Prints the address once mitmproxy listens, then starts the wrapped command if there is one."""
+
+    def __init__(self, serve: _Serve, master: Any) -> None:
+        self.serve = serve
+        self.master = master
+        self._task: asyncio.Task[None] | None = None
+
+    def running(self) -> None:
+        from mitmproxy import ctx
+
+        addrs = ctx.master.addons.get("proxyserver").listen_addrs()
+        if not addrs:
+            return
+        host, port = addrs[0][:2]
+        # Everything loaded so far (mitmproxy, its addons, the replay index) lives as long as the
+        # proxy: keep it out of the cyclic collector's full passes, which otherwise stall a request.
+        gc.freeze()
+        s = self.serve
+        target = f"-> {s.upstream}" if s.upstream else "(regular proxy)"
+        where = "" if s.mode == "passthrough" else f", store {s.store_path}"
+        if not s.quiet:
+            click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}", err=True)
+        # machine-readable too (the port, when 0 was asked for)
+        print(f"NFPROXY_READY {host}:{port}", file=sys.stderr, flush=True)
+        if s.command:
+            self._task = asyncio.get_running_loop().create_task(s.wrap(self.master, port))
+
+

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from noisefloor.analyzer.bootstrap import task_bootstrap
+from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES, task_bootstrap
 from noisefloor.analyzer.intervals import percentile
 from noisefloor.analyzer.judge import JudgeStats, judge_columns, judge_stats
 from noisefloor.analyzer.ladder import (
@@ -29,7 +29,7 @@ from noisefloor.errors import InputError
 
 @dataclass(frozen=True)
 class Settings:
-    resamples: int = 20_000
+    resamples: int = DEFAULT_RESAMPLES
     seed: int = 0
     plan: Planning = field(default_factory=Planning)
     contrasts: tuple[tuple[str, str], ...] = ()  # empty: every pair in ladder order

@@ -17,6 +17,7 @@ import numpy as np
 from noisefloor.analyzer.intervals import Interval, percentile
 from noisefloor.errors import InputError
 
+DEFAULT_RESAMPLES = 20_000  # joint task-bootstrap draws, everywhere a default is needed
 CHUNK = 2000  # resamples per block: bounds memory at CHUNK x N counts; fixed so results depend only on the seed
 
 
@@ -34,7 +35,7 @@ class Draws:
 
 def task_bootstrap(
     columns: Mapping[str, np.ndarray],
-    resamples: int = 20_000,
+    resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
     progress: Callable[[int, int], None] | None = None,
 ) -> Draws:

@@ -14,6 +14,7 @@ from noisefloor._cli import default_group
 from noisefloor.analyzer import audit as audit_mod
 from noisefloor.analyzer import report
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
+from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
 from noisefloor.errors import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, NoisefloorError
@@ -58,7 +59,7 @@ def main() -> None:
 @click.option("--json", "json_path", metavar="PATH", help="Write the JSON report ('-' for stdout).")
 @click.option("--markdown", "md_path", type=click.Path(path_type=Path), help="Write a Markdown report.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), help="Write the ladder plot (PNG).")
-@click.option("--bootstrap", "resamples", default=20_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--bootstrap", "resamples", default=DEFAULT_RESAMPLES, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--delta", default=0.02, show_default=True, type=float, help="Difference the rerun budget must detect.")
 @click.option("--alpha", default=0.05, show_default=True, type=float)

@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from noisefloor._cli import VERSION, Group
+from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.errors import EXIT_DRIFT, EXIT_REPLAY_FAILED
 from noisefloor.ladder.runner import CONDITIONS, Config, Ladder, LadderError, parse_agent
 from noisefloor.outcome_rows import write_jsonl
@@ -139,7 +140,7 @@ def _common(f: Any) -> Any:
                      show_default=True, help="Folder for the log, outcomes, report and plot (reruns resume)."),
         click.option("-j", "--jobs", default=os.cpu_count() or 2, show_default=True, type=click.IntRange(min=1)),
         click.option("--seed", default=0, show_default=True, type=int, help="Provider draws and bootstrap."),
-        click.option("--bootstrap", default=20_000, show_default=True, type=click.IntRange(min=100)),
+        click.option("--bootstrap", default=DEFAULT_RESAMPLES, show_default=True, type=click.IntRange(min=100)),
     ]
     for o in reversed(opts):
         f = o(f)

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.errors import StateError
 from noisefloor.outcome_rows import OutcomeRow
 from noisefloor.proxy import launch
@@ -54,7 +55,7 @@ class Config:
     jobs: int = 2
     agent_timeout: float = 120.0
     seed: int = 0
-    bootstrap: int = 20_000
+    bootstrap: int = DEFAULT_RESAMPLES
     grading: GradeOptions = field(default_factory=GradeOptions)
     replay_env: dict[str, str] = field(default_factory=dict)  # extra environment for replay runs only
 

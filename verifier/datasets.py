@@ -126,7 +126,10 @@ def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
         raise DatasetError(f"cannot read {path}: {exc}") from None
 
 
-def load_code_tasks(suite: str, path: Path, max_inputs: int = 120) -> list[CodeTask]:
+DEFAULT_MAX_INPUTS = 120  # inputs per task, base first: the cap every grading path uses by default
+
+
+def load_code_tasks(suite: str, path: Path, max_inputs: int = DEFAULT_MAX_INPUTS) -> list[CodeTask]:
     """Tasks with their first `max_inputs` inputs (base first), MBPP+ inputs deserialized."""
     kind = "humaneval" if suite == "humaneval+" else "mbpp"
     tasks = []

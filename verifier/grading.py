@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from noisefloor.verifier.datasets import load_code_tasks, sha256_file
+from noisefloor.verifier.datasets import DEFAULT_MAX_INPUTS, load_code_tasks, sha256_file
 from noisefloor.verifier.differential import Differential
 from noisefloor.verifier.sandbox import Limits, Sandbox
 
@@ -21,7 +21,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 @dataclass(frozen=True)
 class GradeOptions:
     jobs: int = os.cpu_count() or 1
-    max_inputs: int = 120  # inputs per task: base first, then plus
+    max_inputs: int = DEFAULT_MAX_INPUTS  # inputs per task: base first, then plus
     timeout: int = 10  # CPU seconds per candidate (raised to 4x the canonical solution's need)
     memory_mb: int = 2048
     isolation: str | None = None  # None: namespaces as root, process otherwise

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from noisefloor.analyzer import floors
-from noisefloor.analyzer.outcomes import Row
+from noisefloor.analyzer.outcomes import OutcomeError, Row
 
 MAIN = ("", "none", "original", "main")
 
@@ -46,6 +46,20 @@ def is_audit(rows: Sequence[Row]) -> bool:
 
 def main_arm(rows: Sequence[Row]) -> list[Row]:
     return [r for r in rows if r.extra.get("variant", "").lower() in MAIN]
+
+
+def check_study_set(audits: Sequence[EndpointAudit], expected: str | None) -> None:
+    """Refuse an endpoint whose matched instance list is not the frozen one."""
+    for a in audits:
+        if expected and a.study_set != expected:
+            raise OutcomeError(f"endpoint {a.endpoint!r}: the study set changed (sha256 {a.study_set[:16]}..., "
+                               f"expected {expected[:16]}...); compare only runs on the frozen instance list")
+
+
+def drift_messages(audits: Sequence[EndpointAudit]) -> list[str]:
+    """One line per endpoint whose served model changed within the study (seed 003's drift guard)."""
+    return [f"endpoint {a.endpoint!r} changed served model within the study ({', '.join(a.models)})"
+            for a in audits if a.drift]
 
 
 def study_hash(ids: Sequence[str]) -> str:

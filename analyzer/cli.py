@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
 import click
 
-from noisefloor._cli import default_group
+from noisefloor._cli import default_group, progress_bar
 from noisefloor.analyzer import audit as audit_mod
 from noisefloor.analyzer import report
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
@@ -18,26 +16,6 @@ from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
 from noisefloor.errors import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, NoisefloorError
-
-
-def _progress_bar(enabled: bool | None) -> Callable[[int, int], None]:
-    """A bar on stderr, shown only once the bootstrap has taken more than a second."""
-    start = time.monotonic()
-    show = sys.stderr.isatty() if enabled is None else enabled
-    drawn = False
-
-    def update(done: int, total: int) -> None:
-        nonlocal drawn
-        if not show or (time.monotonic() - start < 1.0 and not drawn):
-            return
-        drawn = True
-        filled = int(30 * done / total)
-        sys.stderr.write(f"\rbootstrap [{'#' * filled}{' ' * (30 - filled)}] {done}/{total}")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return update
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -143,11 +121,11 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
         data = build(rows, missing_tasks=missing_tasks, unbalanced=unbalanced)
         settings = Settings(resamples, seed, plan, tuple(_pair(c) for c in contrasts),
                             tuple(compare_batches) if compare_batches else None, top)
-        result: Analysis = analyze(data, settings, _progress_bar(progress))
+        result: Analysis = analyze(data, settings, progress_bar("bootstrap", progress, final=False))
     except NoisefloorError as exc:
         raise click.ClickException(str(exc)) from None
     doc = result.to_json()
-    drift = _drift_warnings(audits)
+    drift = audit_mod.drift_messages(audits or [])
     doc["warnings"] = [*doc["warnings"], *drift]
     if log_doc is not None:
         doc["log"] = log_doc
@@ -170,20 +148,11 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
 
 
 def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, abort_on_drift: bool) -> None:
-    for a in audits:
-        if expected and a.study_set != expected:
-            raise click.ClickException(f"endpoint {a.endpoint!r}: the study set changed (sha256 {a.study_set[:16]}..., "
-                                       f"expected {expected[:16]}...); compare only runs on the frozen instance list")
-        if a.drift and abort_on_drift:
-            click.echo(f"Error: endpoint {a.endpoint!r} changed served model within the study "
-                       f"({', '.join(a.models)}); rerun on one model or split the endpoint (or pass --allow-drift)",
-                       err=True)
-            sys.exit(EXIT_DRIFT)
-
-
-def _drift_warnings(audits: list[audit_mod.EndpointAudit] | None) -> list[str]:
-    return [f"endpoint {a.endpoint!r}: the served model changed within the study ({', '.join(a.models)})"
-            for a in audits or () if a.drift]
+    audit_mod.check_study_set(audits, expected)
+    drifted = audit_mod.drift_messages(audits)
+    if drifted and abort_on_drift:
+        click.echo(f"Error: {drifted[0]}; rerun on one model or split the endpoint (or pass --allow-drift)", err=True)
+        sys.exit(EXIT_DRIFT)
 
 
 @main.command("gate")

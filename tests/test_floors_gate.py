@@ -215,7 +215,7 @@ def test_cli_floors_section_and_drift_abort(tmp_path):
     assert d.returncode == 4 and "changed served model" in d.stderr
     allowed = nfanalyze("--outcomes", str(drifted), "--bootstrap", "200", "--allow-drift", "--json", "-")
     assert allowed.returncode == 0, allowed.stderr
-    assert any("served model changed" in w for w in json.loads(allowed.stdout)["warnings"])
+    assert any("changed served model" in w for w in json.loads(allowed.stdout)["warnings"])
     md = tmp_path / "report.md"
     assert nfanalyze("--outcomes", str(path), "--bootstrap", "200", "--markdown", str(md)).returncode == 0
     text = md.read_text()

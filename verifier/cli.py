@@ -4,36 +4,17 @@ from __future__ import annotations
 
 import json
 import os
-import sys
-import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
-from noisefloor._cli import VERSION, Command
+from noisefloor._cli import VERSION, Command, progress_bar
 from noisefloor.outcome_rows import OutcomeRow, write_jsonl
 from noisefloor.verifier.grading import GradeOptions, grade_options
 
 SUITES = ("humaneval+", "mbpp+", "bfcl")
-
-
-def _progress(label: str) -> Callable[[int, int], None]:
-    start = time.monotonic()
-
-    def update(done: int, total: int) -> None:
-        if not sys.stderr.isatty() and done != total:
-            return
-        rate = done / max(1e-9, time.monotonic() - start)
-        filled = int(30 * done / max(1, total))
-        sys.stderr.write(f"\r{label} [{'#' * filled}{' ' * (30 - filled)}] {done}/{total} ({rate:.1f}/s)")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
-
-    return update
 
 
 def _summary(rows: list[OutcomeRow], out: Path) -> str:
@@ -113,12 +94,12 @@ def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | No
     diff = code_grader(suite, path, options)
     tasks = list(diff.tasks.values())
     try:
-        diff.expected(_progress("reference outputs"))
+        diff.expected(progress_bar("reference outputs", delay=0))
     except ExpectedError as exc:
         raise click.ClickException(f"{exc}; check the dataset file, or raise --memory-mb") from None
     if samples is not None:
         items, meta = _read_samples(samples, diff.tasks, condition)
-        verdicts = diff.grade_many(items, _progress("grading"), programs=True)
+        verdicts = diff.grade_many(items, progress_bar("grading", delay=0), programs=True)
     else:
         assert log is not None
         from noisefloor.verifier.candidates import attempts, response_text
@@ -132,7 +113,7 @@ def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | No
         found = [a for a in found if a.task_id in diff.tasks]
         items = [(a.task_id, response_text(a.body)) for a in found]
         meta = [_attempt_meta(a) for a in found]
-        verdicts = diff.grade_many(items, _progress("grading"))
+        verdicts = diff.grade_many(items, progress_bar("grading", delay=0))
     return [OutcomeRow(task_id=v.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail, **m)
             for m, v in zip(meta, verdicts)]
 

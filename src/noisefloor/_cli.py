@@ -5,6 +5,9 @@ own --help, and is not confused by an option placed before another subcommand
 
 from __future__ import annotations
 
+import sys
+import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -65,3 +68,29 @@ def default_group(command: str, **kwargs: Any) -> Any:
         return click.version_option(**VERSION)(group)
 
     return wrap
+
+
+def progress_bar(label: str, enabled: bool | None = None, delay: float = 1.0,
+                 final: bool = True) -> Callable[[int, int], None]:
+    """A bar on stderr for long work: on a terminal (or when `enabled`), once it has taken `delay`
+    seconds, with the rate; elsewhere only the final count (or nothing, without `final`)."""
+    start = time.monotonic()
+    show = sys.stderr.isatty() if enabled is None else enabled
+    drawn = False
+
+    def update(done: int, total: int) -> None:
+        nonlocal drawn
+        finished = done == total
+        if not show and not (finished and final):
+            return
+        if show and not drawn and not finished and time.monotonic() - start < delay:
+            return
+        drawn = True
+        rate = done / max(1e-9, time.monotonic() - start)
+        filled = int(30 * done / max(1, total))
+        sys.stderr.write(f"\r{label} [{'#' * filled}{' ' * (30 - filled)}] {done}/{total} ({rate:.1f}/s)")
+        if finished:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return update

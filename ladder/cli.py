@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -14,8 +13,8 @@ import click
 from noisefloor._cli import VERSION, Group
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.errors import EXIT_DRIFT, EXIT_REPLAY_FAILED
-from noisefloor.ladder.runner import CONDITIONS, Config, Ladder, LadderError, parse_agent
-from noisefloor.outcome_rows import write_jsonl
+from noisefloor.ladder import pipeline
+from noisefloor.ladder.runner import CONDITIONS, Config, LadderError, parse_agent
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,86 +51,31 @@ def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, st
 
 
 def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = True) -> int:
-    """Run the conditions, grade, analyze, write the report; returns the exit status."""
+    """Run the pipeline, print what it found, return the exit status."""
     from noisefloor.analyzer import report
-    from noisefloor.analyzer.analysis import Settings, analyze
-    from noisefloor.analyzer.logstats import from_store
-    from noisefloor.analyzer.outcomes import Row, build
-    from noisefloor.verifier.grading import code_grader
 
-    ladder = Ladder(cfg, _say)
-    if builtin is not None:
-        builtin.restore(ladder.provider_counts())
-    for condition in cfg.conditions:
-        _say(f"[{condition}] {cfg.replicates} replicates x {len(cfg.tasks)} tasks")
-        ladder.run_condition(condition)
-    if builtin is not None:
-        builtin.stop()
-    _say("verifying candidates from the log")
-    diff = code_grader(kind, cfg.dataset, cfg.grading, {t.task_id for t in cfg.tasks})
-    with diff.sandbox:
-        rows = ladder.outcomes(diff.grade_many)
-    write_jsonl(rows, cfg.out / "outcomes.jsonl")
-    from noisefloor.proxy.store import Store
-
-    with Store.open(ladder.store, write=True) as store:  # the log holds its own grades: `nfanalyze log.lmdb`
-        store.put_outcomes([r.to_json() for r in rows])
-    _say("analyzing")
-    data = build([Row(r.task_id, r.condition, r.replicate, r.outcome, failure=r.failure) for r in rows])
-    result = analyze(data, Settings(resamples=cfg.bootstrap, seed=cfg.seed))
-    doc = result.to_json()
-    doc["log"] = from_store(ladder.store)
-    doc["settings"] |= {"replicates": cfg.replicates, "replay_source": list(cfg.replay_source),
-                        "agent": cfg.agent, "upstream": cfg.upstream}
-    if builtin is not None:
-        doc["truth"] = _truth(builtin, result, cfg)
-    drifted = {c: s["models"] for c, s in doc["log"]["conditions"].items() if len(s["models"]) > 1}
-    doc["warnings"] = [*doc["warnings"], *(f"condition {c!r}: the served model changed within the study "
-                                           f"({', '.join(m)})" for c, m in drifted.items())]
-    (cfg.out / "report.json").write_text(json.dumps(doc, indent=2))
-    (cfg.out / "report.md").write_text(report.markdown(result, doc["log"], truth=doc.get("truth")))
-    report.plot(result, cfg.out / "ladder.png", doc.get("truth"))
-    click.echo(report.table(result, doc["log"]))
-    if "truth" in doc:
-        click.echo("\n" + report.truth_line(doc["truth"]))
+    r = pipeline.run(cfg, kind, builtin, _say)
+    click.echo(report.table(r.analysis, r.doc["log"]))
+    if "truth" in r.doc:
+        click.echo("\n" + report.truth_line(r.doc["truth"]))
     click.echo(f"\nwrote {cfg.out}/report.json, report.md, ladder.png, outcomes.jsonl, log.lmdb")
-    if drifted:
+    if r.drifted:
         click.echo("nfladder: the served model changed within a condition: " + "; ".join(
-            f"{c}: {', '.join(m)}" for c, m in drifted.items()) + " (system fingerprints are kept as a covariate)"
+            f"{c}: {', '.join(m)}" for c, m in r.drifted.items()) + " (system fingerprints are kept as a covariate)"
             + ("; exit 4 (pass --allow-drift to accept it)" if abort_on_drift else ""), err=True)
         if abort_on_drift:
             return EXIT_DRIFT
-    bad = ladder.replay_failures()
-    if bad:
+    if r.replay_misses:
+        bad = r.replay_misses
         click.echo(f"nfladder: REPLAY FAILED: {len(bad)} replay sessions asked for requests the recording does not "
                    f"hold (e.g. {bad[0]}); the agent changed its requests, so replay does not measure it "
-                   f"(see `nfproxy log --store {ladder.store} --session {bad[0]}`)", err=True)
+                   f"(see `nfproxy log --store {cfg.out / 'log.lmdb'} --session {bad[0]}`)", err=True)
         return EXIT_REPLAY_FAILED
-    if ladder.proxy_exit.get("replay") == EXIT_REPLAY_FAILED:  # no miss in the log, yet replay failed: an error of its own
+    if r.replay_proxy_failed:  # no miss in the log, yet replay failed: an error of its own
         click.echo("nfladder: REPLAY FAILED: the replay proxy could not answer every request (see the errors "
                    "it logged above); the replay condition is not a faithful replay", err=True)
         return EXIT_REPLAY_FAILED
     return 0
-
-
-def _truth(builtin: Any, result: Any, cfg: Config) -> dict[str, Any]:
-    from noisefloor.ladder.provider import LIVE_T, true_w
-
-    ids = [t.task_id for t in cfg.tasks]
-    temps = {"live": LIVE_T, "t0": 0.0}
-    out: dict[str, Any] = {"w": {}}
-    for c in result.conditions:
-        if c.name in temps:
-            w = true_w(builtin.models, temps[c.name], ids)
-        elif c.name == "replay":
-            w = 0.0
-        else:
-            continue
-        out["w"][c.name] = {"true_w": w, "measured_w": c.stats.w, "w_ci": list(c.w_ci),
-                            "covered": c.w_ci[0] - 1e-12 <= w <= c.w_ci[1] + 1e-12}
-    ws = {c.name: c.stats.w for c in result.conditions}
-    out["order_holds"] = all(k in ws for k in CONDITIONS) and ws["live"] > ws["t0"] > ws["replay"]
-    return out
 
 
 def _common(f: Any) -> Any:

@@ -80,7 +80,7 @@ def write_samples(path: Path, samples: list[tuple[str, str]]) -> None:
 def run_nfverify(samples: Path, dataset: Path, out: Path, workers: int, env: dict) -> float:
     start = time.perf_counter()
     subprocess.run([str(Path(sys.executable).with_name("nfverify")), "humaneval+", "--samples", str(samples),
-                    "--dataset", str(dataset), "--out", str(out), "-j", str(workers)], check=True, env=env,
+                    "--dataset", str(dataset), "--outcomes", str(out), "-j", str(workers)], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start
 

@@ -92,30 +92,31 @@ def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | No
 
     path = locate(suite, dataset)
     diff = code_grader(suite, path, options)
-    tasks = list(diff.tasks.values())
-    try:
-        diff.expected(progress_bar("reference outputs", delay=0))
-    except ExpectedError as exc:
-        raise click.ClickException(f"{exc}; check the dataset file, or raise --memory-mb") from None
-    if samples is not None:
-        items, meta = _read_samples(samples, diff.tasks, condition)
-        verdicts = diff.grade_many(items, progress_bar("grading", delay=0), programs=True)
-    else:
-        assert log is not None
-        from noisefloor.verifier.candidates import attempts, response_text
+    with diff.sandbox:  # its fork servers and their root folder go with it
+        tasks = list(diff.tasks.values())
+        try:
+            diff.expected(progress_bar("reference outputs", delay=0))
+        except ExpectedError as exc:
+            raise click.ClickException(f"{exc}; check the dataset file, or raise --memory-mb") from None
+        if samples is not None:
+            items, meta = _read_samples(samples, diff.tasks, condition)
+            verdicts = diff.grade_many(items, progress_bar("grading", delay=0), programs=True)
+        else:
+            assert log is not None
+            from noisefloor.verifier.candidates import attempts, response_text
 
-        with _open_log(log) as store:
-            found = attempts(store, {t.task_id: t.prompt for t in tasks})
-        unknown = [a.session for a in found if a.task_id not in diff.tasks]
-        if unknown:
-            click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped "
-                       f"(e.g. {unknown[0]}); label them with x-nf-task", err=True)
-        found = [a for a in found if a.task_id in diff.tasks]
-        items = [(a.task_id, response_text(a.body)) for a in found]
-        meta = [_attempt_meta(a) for a in found]
-        verdicts = diff.grade_many(items, progress_bar("grading", delay=0))
-    return [OutcomeRow(task_id=v.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail, **m)
-            for m, v in zip(meta, verdicts)]
+            with _open_log(log) as store:
+                found = attempts(store, {t.task_id: t.prompt for t in tasks})
+            unknown = [a.session for a in found if a.task_id not in diff.tasks]
+            if unknown:
+                click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped "
+                           f"(e.g. {unknown[0]}); label them with x-nf-task", err=True)
+            found = [a for a in found if a.task_id in diff.tasks]
+            items = [(a.task_id, response_text(a.body)) for a in found]
+            meta = [_attempt_meta(a) for a in found]
+            verdicts = diff.grade_many(items, progress_bar("grading", delay=0))
+        return [OutcomeRow(task_id=v.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail, **m)
+                for m, v in zip(meta, verdicts)]
 
 
 def _attempt_meta(a: Any) -> dict[str, Any]:

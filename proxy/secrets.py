@@ -8,7 +8,7 @@ A secret value is searched for in every form it could take in a body: as sent, U
 (`%2B` and `+` spellings), with `+` read as a space (a decoded query string), and JSON-escaped;
 always in the decoded body (Content-Encoding undone), and in a stream also in the text its
 events assemble to, where a value may be split across events. Values shorter than
-`_MIN_SECRET` characters are not searched for (they occur by chance).
+`MIN_SECRET` characters are not searched for (they occur by chance).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ SECRET_HEADERS = frozenset(
 )
 SECRET_QUERY_PARAMS = frozenset({"key", "api_key", "apikey", "api-key", "access_token", "token"})
 REDACTED = "[redacted]"
-_MIN_SECRET = 8  # shorter values are too likely to occur by chance to be worth erasing
+MIN_SECRET = 8  # shorter values are too likely to occur by chance to be worth erasing
 
 
 def _text(b: bytes | str) -> str:
@@ -83,8 +83,8 @@ def secret_values(url: str, headers: Iterable[tuple[str, str]]) -> list[str]:
         for k, v in parse_qsl(query, keep_blank_values=True):
             if k.lower() in SECRET_QUERY_PARAMS:
                 values.append(v)  # decoded: '+' already read as a space
-    forms = {f for v in values if len(v) >= _MIN_SECRET for f in _forms(v)}
-    return sorted((f for f in forms if len(f) >= _MIN_SECRET), key=len, reverse=True)
+    forms = {f for v in values if len(v) >= MIN_SECRET for f in _forms(v)}
+    return sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True)
 
 
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")

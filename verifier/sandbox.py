@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from noisefloor.errors import StateError
+from noisefloor.proxy import secrets as secrets_mod
 from noisefloor.verifier import _jail
 
 WORKER = Path(__file__).with_name("_worker.py")
@@ -62,8 +63,6 @@ _ENV_FIXED = {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL
               "TMPDIR": "/tmp", "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1", "OPENBLAS_NUM_THREADS": "1",
               "OMP_NUM_THREADS": "1"}
 _SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH|SESSION", re.I)
-_MIN_SECRET = 8
-REDACTED = "[redacted]"
 
 
 class SandboxError(StateError):
@@ -108,14 +107,8 @@ def candidate_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
 def known_secrets(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
     """Values in the verifier's environment that look like credentials, longest first."""
     environ = os.environ if environ is None else environ
-    vals = {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= _MIN_SECRET}
+    vals = {v for k, v in environ.items() if _SECRET_NAME.search(k) and len(v) >= secrets_mod.MIN_SECRET}
     return tuple(sorted(vals, key=len, reverse=True))
-
-
-def scrub(text: str, secrets: tuple[str, ...]) -> str:
-    for v in secrets:
-        text = text.replace(v, REDACTED)
-    return text
 
 
 class _Server:
@@ -135,7 +128,7 @@ class _Server:
         except (OSError, subprocess.SubprocessError) as exc:
             raise SandboxError(f"could not start the sandbox worker in its own network namespace: {exc}; "
                                "run as root on Linux, or choose isolation='process' (weaker)") from exc
-        self._buf = b""
+        self._buf = bytearray()
         tag, ready = self.frame(time.monotonic() + _START_TIMEOUT_S)
         if tag != b"R":
             self.close()
@@ -154,15 +147,19 @@ class _Server:
         """The next (tag, payload), or (None, None) at the deadline or when the server is gone."""
         out: IO[bytes] = self.proc.stdout  # type: ignore[assignment]
         fd = out.fileno()
-        while b"\n" not in self._buf:
+        end = self._buf.find(b"\n")
+        while end < 0:  # a candidate's output line can be 32 MiB: only the new bytes are searched
             left = deadline - time.monotonic()
             if left <= 0 or not select.select([fd], [], [], left)[0]:
                 return None, None
             chunk = os.read(fd, 1 << 20)
             if not chunk:
                 return None, None
+            found = chunk.find(b"\n")
+            end = len(self._buf) + found if found >= 0 else -1
             self._buf += chunk
-        line, self._buf = self._buf.split(b"\n", 1)
+        line = bytes(self._buf[:end])
+        del self._buf[:end + 1]
         tag, _, payload = line.partition(b" ")
         return tag, payload
 
@@ -313,8 +310,8 @@ def _result(load: dict[str, Any] | None, results: list[dict[str, Any]], end: dic
         timed_out = True
     if secrets:  # defence in depth: the candidate's environment has none, but text could carry one
         if load is not None and "exc" in load:
-            load = load | {"exc": scrub(str(load["exc"]), secrets)}
-        results = [r | {"exc": scrub(str(r["exc"]), secrets)} if "exc" in r else r for r in results]
+            load = load | {"exc": secrets_mod.erase_text(str(load["exc"]), secrets)}
+        results = [r | {"exc": secrets_mod.erase_text(str(r["exc"]), secrets)} if "exc" in r else r for r in results]
     return RunResult(load, results, timed_out, sig, end is None and not timed_out, cpu)
 
 

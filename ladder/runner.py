@@ -104,6 +104,9 @@ class Ladder:
                 if line.strip():
                     a = Attempt(**json.loads(line))
                     self.done[a.session] = a
+        if self.done:  # a recorded run whose exchanges the log lost (a proxy that could not record) runs again
+            kept = self._logged_sessions()
+            self.done = {s: a for s, a in self.done.items() if a.condition == "replay" or s in kept}
         self._lock = threading.Lock()
         self._taskdir = self.c.out / "tasks"  # beside the log, so nothing is left in /tmp
         self._taskdir.mkdir(exist_ok=True)
@@ -136,6 +139,10 @@ class Ladder:
         finally:
             code = proxy.stop()
         self.proxy_exit[condition] = code
+        if condition != "replay" and code != 0:
+            raise LadderError(f"the {condition} proxy exited {code}: it could not record every exchange (its errors "
+                              f"are above), so the recording is incomplete and the ladder stops; fix the cause (a "
+                              f"full disk, a damaged store) and rerun the same command: the lost runs run again")
         if condition == "replay" and code == 3:
             self.progress("[replay] nfproxy reported replay misses, order violations or errors")
 
@@ -191,8 +198,11 @@ class Ladder:
             found = {a.session: a for a in log_attempts(store)}
         rows: list[OutcomeRow] = []
         to_grade: list[tuple[int, str, str]] = []
+        task_ids = {t.task_id for t in self.c.tasks}
         for session, att in sorted(self.done.items()):
-            if att.condition not in self.c.conditions:
+            # this run's study only: a resume with fewer tasks or replicates leaves earlier runs in the log
+            if att.condition not in self.c.conditions or att.task_id not in task_ids \
+                    or att.replicate >= self.c.replicates:
                 continue
             base = OutcomeRow(att.task_id, att.condition, att.replicate, 0, session=session)
             cand = found.get(session)
@@ -207,6 +217,14 @@ class Ladder:
         for (i, _, _), v in zip(to_grade, verdicts):
             rows[i] = replace(rows[i], outcome=v.outcome, failure=v.failure, detail=v.detail)
         return rows
+
+    def _logged_sessions(self) -> set[str]:
+        from noisefloor.proxy.store import Store
+
+        if not (self.store / "data.mdb").exists():
+            return set()
+        with Store.open(self.store, write=False) as store:
+            return {ex.session for ex in store.exchanges()}
 
     def replay_failures(self) -> list[str]:
         """Replay sessions that saw a miss or an order violation: the recording was not reproduced."""

@@ -300,11 +300,11 @@ class Record:
                 raise pending
             self.recorder.finish(pending, response, notes=["the client closed the stream after its closing event"])
         except Exception as exc:  # noqa: BLE001 - the client has its answer; say the record was lost
-            self.recorder.stats.errors += 1
+            self.recorder.stats.lost()
             log.error("nfproxy: could not record %s: %s", _where(flow), _scrub(flow, exc))
 
     def _withhold(self, flow: http.HTTPFlow, exc: Exception) -> None:
-        self.recorder.stats.errors += 1
+        self.recorder.stats.lost()
         log.error("nfproxy: could not record %s: %s", _where(flow), _scrub(flow, exc))
         flow.response = _error(507, "nfproxy_record_error", "nfproxy could not record this exchange, so it "
                                f"withholds the answer: {_scrub(flow, exc)}", {"x-nf-record": "error"})
@@ -328,7 +328,7 @@ class Record:
                 raise pending
             self.recorder.finish(pending, partial, error=message)
         except Exception as exc:  # noqa: BLE001 - the client already gets an error; say this one was lost
-            self.recorder.stats.errors += 1
+            self.recorder.stats.lost()
             log.error("nfproxy: could not record the failed exchange %s: %s", _where(flow), _scrub(flow, exc))
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from noisefloor.errors import EXIT_OK, EXIT_REPLAY_FAILED
+from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.replay_log import DeferredLog
@@ -77,6 +77,8 @@ def serve(o: ServeOptions) -> int:
         return run.returncode
     if o.mode == "replay" and o.strict and (stats.misses or stats.order_violations or stats.errors):
         return EXIT_REPLAY_FAILED
+    if stats.unrecorded:  # a recording with holes must not pass for a whole one
+        return EXIT_ERROR
     return EXIT_OK
 
 

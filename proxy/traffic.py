@@ -287,14 +287,21 @@ class Stats:
     misses: int = 0
     order_violations: int = 0
     errors: int = 0
+    unrecorded: int = 0  # record mode: exchanges the store does not hold (the recording is incomplete)
     tls_failures: int = 0
     upstream_errors: dict[int, int] = field(default_factory=dict)
+
+    def lost(self) -> None:
+        self.errors += 1
+        self.unrecorded += 1
 
     def summary(self, mode: str, store: str) -> str:
         parts = [
             f"nfproxy {mode}: {self.exchanges} exchanges",
             f"{self.errors} errors",
         ]
+        if self.unrecorded:
+            parts.append(f"{self.unrecorded} exchanges NOT recorded")
         if mode == "replay":
             parts[1:1] = [f"{self.hits} hits", f"{self.misses} misses", f"{self.order_violations} order violations"]
         if self.upstream_errors:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,3 +89,15 @@ def delete_exchanges(store: Path, ids: list[int]) -> None:
 
 def have_curl() -> bool:
     return shutil.which("curl") is not None
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path):
+    """A 40 MB tmpfs: a real full disk without filling the machine's (needs root)."""
+    where = tmp_path / "small"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40M", "tmpfs", str(where)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    yield where
+    subprocess.run(["umount", "-l", str(where)], check=False)

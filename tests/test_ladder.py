@@ -159,6 +159,52 @@ def test_failing_and_hanging_agents_are_recorded_and_the_run_goes_on(tmp_path):
     assert any("bad things happened" in row["detail"] for row in rows)
 
 
+def test_a_resume_with_fewer_tasks_and_replicates_grades_only_the_new_study(tmp_path):
+    common = ["--out", str(tmp_path / "s"), "-j", "2", "--bootstrap", "200", "--conditions", "live,t0"]
+    first = nfladder("run", *common, "--tasks", "5", "-R", "3", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-2000:]
+    smaller = nfladder("run", *common, "--tasks", "3", "-R", "2", cwd=tmp_path)
+    assert smaller.returncode == 0, smaller.stderr[-2000:]  # was KeyError: 'NF/4' in the differential check
+    rows = [json.loads(line) for line in (tmp_path / "s" / "outcomes.jsonl").read_text().splitlines()]
+    assert sorted((r["condition"], r["task_id"], r["replicate"]) for r in rows) == [
+        (c, f"NF/{t}", r) for c in ("live", "t0") for t in range(3) for r in range(2)]
+
+
+def test_a_proxy_that_cannot_record_stops_the_ladder_and_a_resume_reruns_the_lost_runs(tmp_path, small_disk):
+    agent = tmp_path / "big.py"  # 3 MB of random text per request: the 40 MB disk fills after a few runs
+    agent.write_text(
+        "import base64, json, os, sys, urllib.request, urllib.error\n"
+        "task = json.load(open(sys.argv[1]))\n"
+        "text = base64.b64encode(os.urandom(2_300_000)).decode()\n"
+        "body = {'model': 'm', 'messages': [{'role': 'user', 'content': task['prompt'] + text}]}\n"
+        "req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', json.dumps(body).encode(),\n"
+        "                             {'content-type': 'application/json'})\n"
+        "try:\n    urllib.request.urlopen(req, timeout=30)\n"
+        "except urllib.error.HTTPError as e:\n    sys.exit(0 if e.code == 413 else 1)\n"
+    )
+    upstream = FakeUpstream().start()  # answers 413 to bodies over 1 MiB; the proxy records them all the same
+    try:
+        out = small_disk / "run"
+        r = nfladder("run", "--agent", f"{sys.executable} {agent} {{task_file}}", "--provider", upstream.url,
+                     "--out", str(out), "--tasks", "10", "-R", "2", "-j", "2", "--conditions", "live",
+                     "--bootstrap", "200", cwd=tmp_path)
+    finally:
+        upstream.stop()
+    assert r.returncode == 1, r.stderr[-2000:]
+    assert "the live proxy exited 1: it could not record every exchange" in r.stderr
+    assert not (out / "outcomes.jsonl").exists()  # nothing graded as an agent error
+    from noisefloor.ladder.runner import Config, Ladder
+    from noisefloor.proxy.store import Store
+
+    with Store.open(out / "log.lmdb", write=False) as st:
+        logged = {ex.session for ex in st.exchanges()}
+    ran = {json.loads(line)["session"] for line in (out / "attempts.jsonl").read_text().splitlines()}
+    assert logged and ran - logged  # some runs finished without a record
+    resumed = Ladder(Config(out=out, agent=["x"], tasks=builtin_suite()[:10], dataset=out / "suite.jsonl.gz",
+                            upstream="http://127.0.0.1:9", replicates=2, conditions=("live",)))
+    assert set(resumed.done) == logged  # the runs the log lost run again on resume; the recorded ones do not
+
+
 def test_unparseable_suite_is_refused_before_anything_runs(tmp_path):
     bad = tmp_path / "suite.jsonl"
     bad.write_text("{not json\n")

@@ -27,14 +27,14 @@ def _say(message: str) -> None:
     click.echo(f"{time.strftime('%H:%M:%S')} {message}", err=True)
 
 
-def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, str]:
+def _suite(name: str, out: Path) -> tuple[list[Any], Path, str]:
     """Tasks, the EvalPlus-format file to grade against, and the verifier's suite kind."""
     from noisefloor.verifier.datasets import DatasetError, load_code_tasks, locate
 
     if name == "builtin":
         from noisefloor.ladder.suite import builtin_suite, write_dataset
 
-        tasks = builtin_suite()[:limit]
+        tasks = builtin_suite()
         path = write_dataset(tasks, out / "suite.jsonl.gz")
         return tasks, path, "humaneval+"
     try:
@@ -45,9 +45,28 @@ def _suite(name: str, out: Path, limit: int | None) -> tuple[list[Any], Path, st
             path, kind = Path(name), "humaneval+"
             if not path.is_file():
                 raise DatasetError(f"suite {name!r} is neither builtin, humaneval+, mbpp+ nor a file")
-        return load_code_tasks(kind, path)[:limit], path, kind
+        return load_code_tasks(kind, path), path, kind
     except DatasetError as exc:
         raise click.ClickException(f"suite refused before anything ran: {exc}") from None
+
+
+def _select(tasks: list[Any], spec: str) -> list[Any]:
+    """The suite's tasks named by --task-ids, in the order given."""
+    if spec.startswith("@"):
+        try:
+            text = Path(spec[1:]).read_text()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read {spec[1:]}: {exc.strerror}", param_hint="--task-ids") from None
+        ids = [line.split("#")[0].strip() for line in text.splitlines()]
+    else:
+        ids = [part.strip() for part in spec.split(",")]
+    ids = [i for i in ids if i]
+    by_id = {t.task_id: t for t in tasks}
+    unknown = [i for i in ids if i not in by_id]
+    if unknown or not ids:
+        raise click.BadParameter(f"{len(unknown)} ids are not in the suite (e.g. {unknown[0]!r})" if unknown
+                                 else "no task ids given", param_hint="--task-ids")
+    return [by_id[i] for i in dict.fromkeys(ids)]
 
 
 def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = True) -> int:
@@ -93,9 +112,11 @@ def _common(f: Any) -> Any:
 
 @main.command("run")
 @click.option("--agent", "agent_cmd", default="builtin", show_default=True,
-              help="Agent command with {task_file}, e.g. 'python agent.py {task_file}'; 'builtin' is a stdlib agent.")
+              help="Agent command with {task_file}, e.g. 'python agent.py {task_file}'; 'builtin' is a stdlib chat "
+                   "agent, 'completions' a stdlib agent for base models (/v1/completions with stop sequences).")
 @click.option("--suite", default="builtin", show_default=True, help="builtin, humaneval+, mbpp+, or an EvalPlus-format file.")
 @click.option("--tasks", "limit", type=click.IntRange(min=1), help="Use the first N tasks of the suite.")
+@click.option("--task-ids", help="Only these tasks: comma-separated ids, or @FILE with one id per line.")
 @click.option("--replicates", "-R", default=5, show_default=True, type=click.IntRange(min=2))
 @click.option("--conditions", default=",".join(CONDITIONS), show_default=True)
 @click.option("--provider", default="builtin", show_default=True, help="builtin, or the provider's base URL (origin).")
@@ -108,7 +129,7 @@ def _common(f: Any) -> Any:
 @click.option("--abort-on-drift/--allow-drift", default=True, show_default=True,
               help="Exit 4 when a condition's served model changed mid-study; --allow-drift reports it as a warning.")
 @_common
-def run_cmd(agent_cmd: str, suite: str, limit: int | None, replicates: int, conditions: str, provider: str,
+def run_cmd(agent_cmd: str, suite: str, limit: int | None, task_ids: str | None, replicates: int, conditions: str, provider: str,
             replay_source: str, agent_timeout: float, inject_violation: bool, fault_429: float, fault_drop: float,
             latency_ms: float, abort_on_drift: bool, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
     """Run the ladder for an agent and write the report to --out."""
@@ -124,8 +145,11 @@ def run_cmd(agent_cmd: str, suite: str, limit: int | None, replicates: int, cond
         raise click.BadParameter(f"replay serves the {src_cond} recording: include {src_cond} in --conditions",
                                  param_hint="--conditions")
     out.mkdir(parents=True, exist_ok=True)
-    tasks, dataset, kind = _suite(suite, out, limit)
-    agent = [sys.executable, "-m", "noisefloor.ladder.agent", "{task_file}"] if agent_cmd == "builtin" else parse_agent(agent_cmd)
+    tasks, dataset, kind = _suite(suite, out)
+    if task_ids:
+        tasks = _select(tasks, task_ids)
+    tasks = tasks[:limit]
+    agent = parse_agent(agent_cmd)
     builtin = None
     if provider == "builtin":
         if suite != "builtin":
@@ -155,7 +179,7 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, jobs: int, seed: in
     """The whole ladder on the built-in suite, provider and agent (no network, no API key)."""
     if out == Path("nf-ladder"):
         out = Path("nf-demo")
-    ctx.invoke(run_cmd, agent_cmd="builtin", suite="builtin", limit=None, replicates=replicates,
+    ctx.invoke(run_cmd, agent_cmd="builtin", suite="builtin", limit=None, task_ids=None, replicates=replicates,
                conditions=",".join(CONDITIONS), provider="builtin", replay_source="t0:0", agent_timeout=60.0,
                inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, abort_on_drift=True, out=out,
                jobs=jobs, seed=seed,

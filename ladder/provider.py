@@ -127,8 +127,9 @@ class BuiltinProvider:
         h = hashlib.sha256(json.dumps([self.seed, *parts]).encode()).digest()
         return int.from_bytes(h[:8], "big") / 2**64
 
-    def answer(self, prompt: str, temperature: float) -> tuple[str, str | None]:
-        """(assistant text, fault) for a prompt; fault is None, '429' or 'drop'."""
+    def answer(self, prompt: str, temperature: float, chat: bool = True) -> tuple[str, str | None]:
+        """(assistant text, fault) for a prompt; fault is None, '429' or 'drop'. A chat answer is the whole
+        function in a fenced block; a completion (`chat=False`) continues the prompt with the body."""
         task = self._find(prompt)
         if task is None:
             return "I do not recognize this task.", None
@@ -143,6 +144,8 @@ class BuiltinProvider:
         right = self._u("pass", *draw) < self.models[task.task_id].p(temperature)
         pool = task.right if right else task.wrong
         body = pool[int(self._u("pick", *draw) * len(pool))]
+        if not chat:
+            return body, None
         return f"Here is the implementation:\n\n```python\n{task.program(body)}```\n", None
 
     def tool_answer(self, prompt: str, temperature: float) -> tuple[str, list[dict[str, Any]]] | None:
@@ -175,6 +178,7 @@ class BuiltinProvider:
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._openai)
+        app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/messages", self._anthropic)
         return app
 
@@ -183,7 +187,9 @@ class BuiltinProvider:
         doc = await request.json()
         if self.faults.latency_ms:
             await asyncio.sleep(self.faults.latency_ms / 1000)
-        text, fault = self.answer(_prompt(doc), float(doc.get("temperature", 1.0)))
+        chat = "prompt" not in doc
+        prompt = _prompt(doc) if chat else _text(doc["prompt"])
+        text, fault = self.answer(prompt, float(doc.get("temperature", 1.0)), chat)
         return doc, text, fault
 
     async def _fault(self, request: web.Request, fault: str) -> web.StreamResponse:
@@ -221,6 +227,17 @@ class BuiltinProvider:
         if (doc.get("stream_options") or {}).get("include_usage"):
             events.append(base | {"object": "chat.completion.chunk", "choices": [], "usage": usage})
         return await _sse(request, [f"data: {json.dumps(e)}\n\n" for e in events] + ["data: [DONE]\n\n"])
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        """The legacy completions endpoint base models are served on (llama.cpp, vLLM, TGI)."""
+        _, text, fault = await self._common(request)
+        if fault:
+            return await self._fault(request, fault)
+        return web.json_response({"id": f"cmpl-nf{self.requests}", "object": "text_completion",
+                                  "created": 1_700_000_000, "model": "nf-builtin-1", "choices": [
+                                      {"index": 0, "text": text, "finish_reason": "stop", "logprobs": None}],
+                                  "usage": {"prompt_tokens": 50, "completion_tokens": len(text) // 4,
+                                            "total_tokens": 50 + len(text) // 4}})
 
     async def _anthropic(self, request: web.Request) -> web.StreamResponse:
         doc, text, fault = await self._common(request)

@@ -18,6 +18,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -257,7 +258,12 @@ class Ladder:
         return counts
 
 
+BUILTIN_AGENTS = {"builtin": [], "completions": ["--completions"]}
+
+
 def parse_agent(command: str) -> list[str]:
+    if command in BUILTIN_AGENTS:
+        return [sys.executable, "-m", "noisefloor.ladder.agent", *BUILTIN_AGENTS[command], "{task_file}"]
     argv = shlex.split(command)
     if not argv:
         raise LadderError("--agent is empty; give a command such as 'python agent.py {task_file}'")

@@ -223,6 +223,26 @@ def test_reference_openai_agent_runs_unchanged_against_the_builtin_provider(tmp_
     assert len(rows) == 18 and not any(row["failure"].startswith("agent_") for row in rows)
 
 
+def test_base_model_agent_completes_the_prompt_on_the_completions_endpoint(tmp_path):
+    ids = "NF/2, NF/5,NF/7"
+    r = nfladder("run", "--agent", "completions", "--task-ids", ids, "--out", str(tmp_path / "c"), "-R", "3", "-j", "2",
+                 "--bootstrap", "200", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = [json.loads(line) for line in (tmp_path / "c" / "outcomes.jsonl").read_text().splitlines()]
+    assert {row["task_id"] for row in rows} == {"NF/2", "NF/5", "NF/7"} and len(rows) == 27
+    assert not any(row["failure"].startswith(("agent_", "no_code", "syntax")) for row in rows), rows
+    assert any(row["outcome"] == 1 for row in rows)  # bare bodies are graded as the prompt completed
+    from noisefloor.proxy.store import Store
+
+    with Store.open(tmp_path / "c" / "log.lmdb", write=False) as s:
+        exs = [ex for ex in s.exchanges() if ex.mode == "record"]
+        assert exs and all(ex.request["url"].endswith("/v1/completions") for ex in exs)
+        sent = [json.loads(s.body(ex.request["body"])) for ex in exs if ex.condition == "t0"]
+    assert sent and all(doc["temperature"] == 0 and "\ndef " in doc["stop"] for doc in sent)
+    bad = nfladder("run", "--task-ids", "NF/2,NF/999", "--out", str(tmp_path / "x"), cwd=tmp_path)
+    assert bad.returncode == 2 and "1 ids are not in the suite (e.g. 'NF/999')" in bad.stderr
+
+
 def test_provider_model_closed_forms():
     m = TaskModel(q=0.3, residual=0.1)
     assert m.p0 == pytest.approx(0.1) and m.p(0.7) == pytest.approx(0.3) and m.p(0.35) == pytest.approx(0.2)

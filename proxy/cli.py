@@ -230,3 +230,23 @@ def _render(store: Store, part: dict[str, Any]) -> Any:
 
 if __name__ == "__main__":
     main()
+
+
+@main.command("merge")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
+@_store_errors
+def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
+    """Combine stores recorded by different processes or machines into OUT (created if new).
+
+    Bodies are deduplicated by content hash; sessions, replay order and outcome rows are kept. A
+    damaged shard, a session name in two shards with different exchanges, or shards recorded
+    under different normalization rules are refused before anything is written. Merging again
+    adds only what OUT lacks, so an interrupted merge is finished by running it again.
+    """
+    from noisefloor.proxy.merge import merge
+
+    r = merge(out, list(shards), lambda s: click.echo(f"nfproxy merge: {s}", err=True))
+    click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
+               f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
+               f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")

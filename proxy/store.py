@@ -297,6 +297,11 @@ class Store:
             for _, raw in txn.cursor():
                 yield self._dctx.decompress(raw)
 
+    def raw_body(self, digest: str) -> bytes | None:
+        """A body as stored (compressed): merging copies it without recompressing."""
+        with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
+            return txn.get(bytes.fromhex(digest))
+
     def decoded_body(self, part: Mapping[str, Any]) -> bytes | None:
         """A stored request or response body with its Content-Encoding undone."""
         raw = self.body(part.get("body"))
@@ -323,6 +328,21 @@ class Store:
     def append_many(self, items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]]) -> None:
         """Several exchanges in one transaction."""
         self._write(lambda txn: [self._append(txn, *item) for item in items])
+
+    def absorb(self, raw_bodies: Mapping[str, bytes | None], items: list[tuple[dict[str, Any], RecordedEntry | None]],
+               ) -> tuple[list[int], int]:
+        """Merge: exchanges from another store with its compressed bodies, in one transaction.
+        Returns the new ids and how many bodies were new here."""
+        def write(txn: lmdb.Transaction) -> tuple[list[int], int]:
+            fresh = 0
+            for hexdigest, raw in raw_bodies.items():
+                digest = bytes.fromhex(hexdigest)
+                if raw and txn.get(digest, db=self._bodies) is None:
+                    txn.put(digest, raw, db=self._bodies)
+                    fresh += 1
+            return [self._append(txn, record, {}, entry) for record, entry in items], fresh
+
+        return self._write(write)
 
     def _append(
         self,

@@ -1,0 +1,146 @@
+"""`nfproxy merge`: shards recorded by separate nfproxy processes become one store that replays strictly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import lmdb
+import pytest
+
+from noisefloor.proxy.merge import merge
+from noisefloor.proxy.store import RecordedEntry, Store, StoreError
+from tests.conftest import ProxyProcess, start_nfproxy
+from tests.fake_upstream import FakeUpstream
+
+NFPROXY = str(Path(sys.executable).with_name("nfproxy"))
+SHARED = "the same long system prompt in every shard " * 40
+
+
+def ask(proxy: ProxyProcess, labels: str, text: str) -> httpx.Response:
+    body = {"model": "m", "temperature": 0, "messages": [{"role": "system", "content": SHARED},
+                                                         {"role": "user", "content": text}]}
+    return httpx.post(f"{proxy.url}/_nf/{labels}/v1/chat/completions", json=body, timeout=20)
+
+
+def record_shard(path: Path, upstream: FakeUpstream, proxies: list[ProxyProcess], prefix: str, *extra: str) -> None:
+    rec = start_nfproxy("--mode", "record", "--store", str(path), "--upstream", upstream.url, *extra)
+    proxies.append(rec)
+    for s in range(3):
+        for turn in range(2):
+            assert ask(rec, f"session={prefix}-{s}", f"{prefix} question {s} turn {turn}").status_code == 200
+    assert ask(rec, f"session={prefix}-w", "the same question in every shard").status_code == 200
+    assert rec.stop() == 0
+
+
+def snapshot(path: Path) -> list[tuple]:
+    with Store.open(path, write=False) as s:
+        exs = [(e.id, e.session, e.key, e.occurrence, e.seq, e.mode, e.request.get("body")) for e in s.exchanges()]
+        entries = sorted((e.id, e.session, e.key, e.occurrence, e.seq) for e in s.recorded_entries())
+        return [*exs, *entries, *sorted(json.dumps(r, sort_keys=True) for r in s.outcome_rows())]
+
+
+@pytest.fixture
+def shards(tmp_path: Path, upstream: FakeUpstream, proxies: list[ProxyProcess]) -> list[Path]:
+    paths = [tmp_path / "a.lmdb", tmp_path / "b.lmdb"]
+    for p, prefix in zip(paths, ("a", "b")):
+        record_shard(p, upstream, proxies, prefix)
+    with Store.open(paths[1], write=True) as s:
+        s.put_outcomes([{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": 1}])
+    return paths
+
+
+def test_merged_shards_replay_strictly_with_shared_bodies_stored_once(tmp_path, shards, upstream, proxies):
+    out = tmp_path / "merged.lmdb"
+    r = subprocess.run([NFPROXY, "merge", str(out), *map(str, shards)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "8 sessions and 14 exchanges added" in r.stdout and "1 outcome rows added" in r.stdout
+    with Store.open(out, write=False) as s:
+        assert len(s) == 14 and len(list(s.recorded_entries())) == 14
+        assert s.outcome_rows() == [{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": 1}]
+        merged_bodies = list(s.bodies())
+    bodies = []
+    for p in shards:
+        with Store.open(p, write=False) as s:
+            bodies += list(s.bodies())
+    assert len(merged_bodies) == len(set(bodies)) == len(bodies) - 1  # the shared request body is stored once
+    before = upstream.connections
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(out))
+    proxies.append(rep)
+    for prefix in ("b", "a"):
+        for s in range(3):
+            for turn in range(2):
+                got = ask(rep, f"session=rp-{prefix}-{s},replay_from={prefix}-{s}", f"{prefix} question {s} turn {turn}")
+                assert got.status_code == 200 and got.headers.get("x-nf-replay") == "hit", got.text
+    assert rep.stop() == 0 and upstream.connections == before
+    # idempotent: a second merge changes nothing
+    again = merge(out, shards)
+    assert again.exchanges_added == 0 and again.sessions_present == 8
+    with Store.open(out, write=False) as s:
+        assert len(s) == 14 + 12  # the replay log above, nothing else
+
+
+def test_clashing_sessions_different_rules_and_damaged_shards_are_refused_before_writing(tmp_path, shards, upstream,
+                                                                                          proxies):
+    out = tmp_path / "merged.lmdb"
+    merge(out, shards[:1])
+    kept = snapshot(out)
+    clash = tmp_path / "clash.lmdb"
+    record_shard(clash, upstream, proxies, "a")  # the same session names, other exchanges (other times)
+    with pytest.raises(StoreError, match="session 'a-0' is in .* with different exchanges"):
+        merge(out, [shards[1], clash])
+    other_rules = tmp_path / "rules.lmdb"
+    record_shard(other_rules, upstream, proxies, "c", "--ignore-field", "/temperature")
+    with pytest.raises(StoreError, match="normalization rules"):
+        merge(out, [other_rules])
+    damaged = tmp_path / "damaged.lmdb"
+    shutil.copytree(shards[1], damaged)
+    env = lmdb.open(str(damaged), max_dbs=8)
+    with env.begin(write=True) as txn:  # one body rewritten under its old hash, as a bad disk could
+        db = env.open_db(b"bodies", txn=txn)
+        key = next(iter(txn.cursor(db=db)))[0]
+        import zstandard
+
+        txn.put(key, zstandard.ZstdCompressor().compress(b"not the original body"), db=db)
+    env.close()
+    r = subprocess.run([NFPROXY, "merge", str(out), str(damaged)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "is damaged: body" in r.stderr and "nothing was merged" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 2  # the progress line and the error, no traceback
+    assert snapshot(out) == kept
+
+
+def test_an_interrupted_merge_finishes_when_run_again(tmp_path):
+    big = tmp_path / "big.lmdb"
+    with Store.open(big, write=True, create=True) as s:  # enough sessions for several write transactions
+        items = []
+        for i in range(6000):
+            record = {"time": 1000.0 + i, "mode": "record", "session": f"s{i // 3}", "key": f"{i % 7:064x}",
+                      "occurrence": i // 21, "seq": i % 3, "rules_id": "r", "request": {"method": "POST", "url": "u",
+                      "headers": [], "body": None}, "response": None}
+            items.append((record, {}, RecordedEntry(0, record["key"], record["session"], record["occurrence"],
+                                                     record["seq"], "POST h /p", record["time"], record["time"] + 1)))
+        s.append_many(items)
+    clean = tmp_path / "clean.lmdb"
+    merge(clean, [big])
+    out = tmp_path / "out.lmdb"
+    proc = subprocess.Popen([NFPROXY, "merge", str(out), str(big)], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # killed after its first committed batch
+        line = proc.stderr.readline()
+        if "exchanges merged" in line or not line:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    with Store.open(out, write=False) as s:
+        partial = len(s)
+    assert 0 < partial < 6000 and partial % 3 == 0  # whole sessions only
+    r = merge(out, [big])
+    assert r.exchanges_added == 6000 - partial and r.sessions_present == partial // 3
+    assert sorted(snapshot(out)[6000:]) == sorted(snapshot(clean)[6000:])  # the same replay index
+    assert sorted(x[1:] for x in snapshot(out)[:6000]) == sorted(x[1:] for x in snapshot(clean)[:6000])

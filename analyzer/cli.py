@@ -31,7 +31,7 @@ def main() -> None:
 
 
 @main.command("analyze")
-@click.argument("log", required=False, type=click.Path(path_type=Path))
+@click.argument("logs", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--outcomes", type=click.Path(path_type=Path), help="Outcome rows: .jsonl or .csv (task_id, condition, replicate, outcome).")
 @click.option("--example", is_flag=True, help="Analyze a built-in simulated ladder (live, t0, replay) with known truth.")
 @click.option("--json", "json_path", metavar="PATH", help="Write the JSON report ('-' for stdout).")
@@ -62,7 +62,7 @@ def main() -> None:
                    "(default condition: the folder's name).")
 @click.option("--inspect-pass-at", type=float, help="Read numeric inspect scores at or above this as a pass.")
 @click.option("-q", "--quiet", is_flag=True, help="No table on stdout.")
-def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_path: str | None, md_path: Path | None,
+def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, json_path: str | None, md_path: Path | None,
                 plot_path: Path | None, resamples: int, seed: int, delta: float, alpha: float, power: float,
                 contrasts: tuple[str, ...], compare_batches: tuple[str, str] | None, missing_tasks: str,
                 unbalanced: str, top: int, progress: bool | None, floors_flag: bool | None, study_set: str | None,
@@ -70,29 +70,23 @@ def analyze_cmd(log: Path | None, outcomes: Path | None, example: bool, json_pat
                 quiet: bool) -> None:
     """Within-task variance, joint task-bootstrap intervals, contrasts and rerun budgets per condition.
 
-    LOG is an nfproxy store: its graded outcome rows (kept there by nfverify and nfladder) are the input,
-    and its exchanges add per-condition call, miss and token counts; --outcomes FILE adds rows or
-    replaces the log's rows for the same condition, task and replicate.
+    LOG is an nfproxy store (or several: shards of one study): its graded outcome rows (kept there by
+    nfverify and nfladder) are the input, and its exchanges add per-condition call, miss and token
+    counts; --outcomes FILE adds rows or replaces the log's rows for the same condition, task and
+    replicate.
     """
-    if not outcomes and not example and not log and not inspect_specs:
+    if not outcomes and not example and not logs and not inspect_specs:
         raise click.UsageError("give --outcomes FILE (or a LOG, --inspect-logs PATH, or --example)")
     log_doc = None
-    if log is not None:
-        from noisefloor.analyzer.logstats import from_store
-        from noisefloor.proxy.store import StoreError
-
-        try:
-            log_doc = from_store(log)
-        except StoreError as exc:
-            raise click.ClickException(str(exc)) from None
     logged: list[dict] = []
-    if log is not None:
-        from noisefloor.proxy.store import Store, StoreError
+    log = ", ".join(map(str, logs))
+    if logs:
+        from noisefloor.analyzer import logstats
 
         try:
-            with Store.open(log, write=False) as store:
-                logged = store.outcome_rows()
-        except StoreError as exc:
+            log_doc = logstats.from_store(list(logs))
+            logged = logstats.outcome_rows(list(logs))
+        except NoisefloorError as exc:
             raise click.ClickException(str(exc)) from None
     if not outcomes and not example and not inspect_specs and not logged:
         raise click.ClickException(f"{log} holds exchanges but no graded outcome rows; grade them with "

@@ -4,7 +4,7 @@ served model / fingerprint identities (a model that changed mid-study is a diffe
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,35 @@ def summarize(exchanges: Iterable[Exchange]) -> dict[str, Any]:
     return {"conditions": conds}
 
 
-def from_store(path: Path) -> dict[str, Any]:
-    with Store.open(path, write=False) as store:
-        doc = summarize(store.exchanges())
-        doc["store"] = str(path)
-        doc["rules_id"] = store.meta("rules_id")
+def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
+    """The summary of one store, or of several read as one (shards of a study, not yet merged)."""
+    paths = [path] if isinstance(path, Path | str) else list(path)
+    rules: list[Any] = []
+
+    def exchanges() -> Iterator[Exchange]:
+        for p in paths:
+            with Store.open(p, write=False) as store:
+                rules.append(store.meta("rules_id"))
+                yield from store.exchanges()
+
+    doc = summarize(exchanges())
+    doc["store"] = ", ".join(map(str, paths))
+    doc["rules_id"] = rules[0] if len(set(rules)) == 1 else sorted({str(r) for r in rules})
     return doc
+
+
+def outcome_rows(paths: Sequence[Path]) -> list[dict[str, Any]]:
+    """The graded rows kept in several stores; one (condition, task, replicate) graded differently
+    in two of them is refused (a clash of shards, not something to average)."""
+    from noisefloor.errors import InputError
+
+    rows: dict[tuple[Any, ...], tuple[dict[str, Any], Path]] = {}
+    for p in paths:
+        with Store.open(p, write=False) as store:
+            for r in store.outcome_rows():
+                key = (r.get("condition"), r.get("task_id"), r.get("replicate"))
+                if key in rows and rows[key][0] != r:
+                    raise InputError(f"outcome row {key} is in {rows[key][1]} and in {p} with different grades; "
+                                     "grade the stores again together (nfverify SUITE LOG...) or analyze them apart")
+                rows.setdefault(key, (r, p))
+    return [r for r, _ in rows.values()]

@@ -144,3 +144,28 @@ def test_an_interrupted_merge_finishes_when_run_again(tmp_path):
     assert r.exchanges_added == 6000 - partial and r.sessions_present == partial // 3
     assert sorted(snapshot(out)[6000:]) == sorted(snapshot(clean)[6000:])  # the same replay index
     assert sorted(x[1:] for x in snapshot(out)[:6000]) == sorted(x[1:] for x in snapshot(clean)[:6000])
+
+
+def test_shards_analyzed_and_graded_together_match_their_merge(tmp_path):
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        exe = str(Path(sys.executable).with_name(args[0]))
+        r = subprocess.run([exe, *args[1:]], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r
+
+    common = ["--tasks", "6", "-R", "3", "-j", "2", "--bootstrap", "500", "--seed", "2"]
+    run("nfladder", "run", *common, "--conditions", "live", "--out", "a")
+    run("nfladder", "run", *common, "--conditions", "t0", "--out", "b")
+    shards = [str(tmp_path / "a" / "log.lmdb"), str(tmp_path / "b" / "log.lmdb")]
+    apart = json.loads(run("nfanalyze", *shards, "--json", "-", "--bootstrap", "500").stdout)
+    run("nfproxy", "merge", "m.lmdb", *shards)
+    merged = json.loads(run("nfanalyze", "m.lmdb", "--json", "-", "--bootstrap", "500").stdout)
+    assert set(apart["conditions"]) == {"live", "t0"}
+    assert apart["conditions"] == merged["conditions"] and apart["contrasts"] == merged["contrasts"]
+    assert apart["log"]["conditions"] == merged["log"]["conditions"]
+    run("nfverify", "humaneval+", *shards, "--dataset", "a/suite.jsonl.gz", "--outcomes", "again.jsonl",
+        "--isolation", "process")
+    key = lambda r: (r["condition"], r["task_id"], r["replicate"], r["outcome"])  # noqa: E731
+    regraded = sorted(key(json.loads(x)) for x in (tmp_path / "again.jsonl").read_text().splitlines())
+    ladder = sorted(key(json.loads(x)) for d in ("a", "b") for x in (tmp_path / d / "outcomes.jsonl").read_text().splitlines())
+    assert regraded == ladder and len(regraded) == 36

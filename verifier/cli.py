@@ -26,9 +26,9 @@ def _summary(rows: list[OutcomeRow], out: Path) -> str:
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(**VERSION)
 @click.argument("suite", type=click.Choice(SUITES))
-@click.argument("log", required=False, type=click.Path(path_type=Path))
+@click.argument("logs", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--samples", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="EvalPlus samples.jsonl (task_id with solution or completion) instead of a LOG.")
+              help="EvalPlus samples.jsonl (task_id with solution or completion) instead of LOGs.")
 @click.option("--dataset", type=click.Path(exists=True, path_type=Path),
               help="EvalPlus .jsonl(.gz) file, or the folder of BFCL v4 files (default: shared data or cache).")
 @click.option("--outcomes", "out", type=click.Path(dir_okay=False, path_type=Path), default=Path("outcomes.jsonl"),
@@ -37,27 +37,29 @@ def _summary(rows: list[OutcomeRow], out: Path) -> str:
 @click.option("-j", "--jobs", default=os.cpu_count() or 1, show_default=True, type=click.IntRange(min=1))
 @grade_options
 @click.option("--condition", default="samples", show_default=True, help="Condition label for --samples rows.")
-def main(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, out: Path, jobs: int,
+def main(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path | None, out: Path, jobs: int,
          max_inputs: int, timeout: int, memory_mb: int, isolation: str | None, condition: str) -> None:
-    """Grade SUITE candidates from an nfproxy LOG (one per session) or from --samples."""
+    """Grade SUITE candidates from nfproxy LOGs (one per session; several stores are shards of one
+    study) or from --samples."""
     from noisefloor.proxy.store import StoreError
     from noisefloor.verifier.datasets import DatasetError
     from noisefloor.verifier.sandbox import SandboxError
 
     options = GradeOptions(jobs, max_inputs, timeout, memory_mb, isolation)
-    if log is not None:
+    for log in logs:
         _open_log(log).close()  # a wrong path is the user's first problem, before any dataset work
-    if (log is None) == (samples is None):
-        raise click.UsageError("give either an nfproxy LOG or --samples FILE")
+    if bool(logs) == (samples is not None):
+        raise click.UsageError("give either nfproxy LOGs or --samples FILE")
     if suite == "bfcl" and samples is not None:
         raise click.UsageError("bfcl grades tool calls from a LOG; --samples is for humaneval+ and mbpp+")
     try:
-        rows = _bfcl(log, dataset) if suite == "bfcl" else _code(suite, log, samples, dataset, options, condition)
+        rows, where = (_bfcl(logs, dataset) if suite == "bfcl"
+                       else _code(suite, logs, samples, dataset, options, condition))
     except (DatasetError, SandboxError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
     write_jsonl(rows, out)
-    if log is not None:
-        _keep_in_log(log, rows)
+    for log in logs:
+        _keep_in_log(log, [r for r in rows if where.get(r.session or "") == log])
     click.echo(_summary(rows, out), err=True)
 
 
@@ -65,6 +67,8 @@ def _keep_in_log(log: Path, rows: list[OutcomeRow]) -> None:
     """The rows also go into the log beside the exchanges they grade: `nfanalyze LOG` needs nothing else."""
     from noisefloor.proxy.store import Store, StoreError, is_read_only
 
+    if not rows:
+        return
     if is_read_only(log):
         click.echo(f"nfverify: {log} is read-only; outcome rows are only in the outcomes file", err=True)
         return
@@ -84,8 +88,25 @@ def _open_log(log: Path) -> Any:
         raise click.ClickException(str(exc)) from None
 
 
-def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | None, options: GradeOptions,
-          condition: str) -> list[OutcomeRow]:
+def _log_attempts(logs: tuple[Path, ...], prompts: dict[str, str]) -> tuple[list[Any], dict[str, Path]]:
+    """Every store's attempts, and which store each session is in; a session in two stores is refused."""
+    from noisefloor.verifier.candidates import attempts
+
+    found: list[Any] = []
+    where: dict[str, Path] = {}
+    for log in logs:
+        with _open_log(log) as store:
+            for a in attempts(store, prompts):
+                if a.session in where:
+                    raise click.ClickException(f"session {a.session!r} is in {where[a.session]} and in {log}: the "
+                                               "stores are not shards of one study; grade them apart")
+                where[a.session] = log
+                found.append(a)
+    return found, where
+
+
+def _code(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path | None, options: GradeOptions,
+          condition: str) -> tuple[list[OutcomeRow], dict[str, Path]]:
     from noisefloor.verifier.datasets import locate
     from noisefloor.verifier.differential import ExpectedError
     from noisefloor.verifier.grading import code_grader
@@ -101,12 +122,11 @@ def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | No
         if samples is not None:
             items, meta = _read_samples(samples, diff.tasks, condition)
             verdicts = diff.grade_many(items, progress_bar("grading", delay=0), programs=True)
+            where: dict[str, Path] = {}
         else:
-            assert log is not None
-            from noisefloor.verifier.candidates import attempts, response_text
+            from noisefloor.verifier.candidates import response_text
 
-            with _open_log(log) as store:
-                found = attempts(store, {t.task_id: t.prompt for t in tasks})
+            found, where = _log_attempts(logs, {t.task_id: t.prompt for t in tasks})
             unknown = [a.session for a in found if a.task_id not in diff.tasks]
             if unknown:
                 click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped "
@@ -116,7 +136,7 @@ def _code(suite: str, log: Path | None, samples: Path | None, dataset: Path | No
             meta = [_attempt_meta(a) for a in found]
             verdicts = diff.grade_many(items, progress_bar("grading", delay=0))
         return [OutcomeRow(task_id=v.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail, **m)
-                for m, v in zip(meta, verdicts)]
+                for m, v in zip(meta, verdicts)], where
 
 
 def _attempt_meta(a: Any) -> dict[str, Any]:
@@ -151,23 +171,21 @@ def _read_samples(path: Path, tasks: dict[str, Any], condition: str) -> tuple[li
     return items, meta
 
 
-def _bfcl(log: Path | None, dataset: Path | None) -> list[OutcomeRow]:
+def _bfcl(logs: tuple[Path, ...], dataset: Path | None) -> tuple[list[OutcomeRow], dict[str, Path]]:
     from noisefloor.verifier.bfcl import grade_response
-    from noisefloor.verifier.candidates import attempts
     from noisefloor.verifier.datasets import load_bfcl
 
     tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
     prompts = {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()}
-    assert log is not None
-    with _open_log(log) as store:
-        found = [a for a in attempts(store, prompts) if a.task_id in tasks]
+    found, where = _log_attempts(logs, prompts)
+    found = [a for a in found if a.task_id in tasks]
     rows = []
     for a in found:
         v = grade_response(tasks[a.task_id], a.body)
         ex = a.exchange
         rows.append(OutcomeRow(task_id=a.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail,
                                endpoint=a.condition, variant=ex.perturbation if ex else None, **_attempt_meta(a)))
-    return rows
+    return rows, where
 
 
 if __name__ == "__main__":

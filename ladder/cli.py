@@ -128,10 +128,13 @@ def _common(f: Any) -> Any:
 @click.option("--latency-ms", default=0.0, type=click.FloatRange(min=0), help="Built-in provider: added latency.")
 @click.option("--abort-on-drift/--allow-drift", default=True, show_default=True,
               help="Exit 4 when a condition's served model changed mid-study; --allow-drift reports it as a warning.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Where agent runs and grading happen: this machine, or a Ray cluster (pip install 'noisefloor[ray]').")
+@click.option("--ray-address", help="The Ray cluster to join (default: start or join a local Ray).")
 @_common
 def run_cmd(agent_cmd: str, suite: str, limit: int | None, task_ids: str | None, replicates: int, conditions: str, provider: str,
             replay_source: str, agent_timeout: float, inject_violation: bool, fault_429: float, fault_drop: float,
-            latency_ms: float, abort_on_drift: bool, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
+            latency_ms: float, abort_on_drift: bool, executor: str, ray_address: str | None, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
     """Run the ladder for an agent and write the report to --out."""
     conds = tuple(c.strip() for c in conditions.split(",") if c.strip())
     unknown = [c for c in conds if c not in CONDITIONS]
@@ -163,7 +166,8 @@ def run_cmd(agent_cmd: str, suite: str, limit: int | None, task_ids: str | None,
         upstream = provider
     cfg = Config(out=out, agent=agent, tasks=tasks, dataset=dataset, upstream=upstream, replicates=replicates,
                  conditions=conds, replay_source=(src_cond, int(src_rep)), jobs=jobs, agent_timeout=agent_timeout,
-                 seed=seed, bootstrap=bootstrap, replay_env={"NF_AGENT_NOISE": "1"} if inject_violation else {})
+                 seed=seed, bootstrap=bootstrap, replay_env={"NF_AGENT_NOISE": "1"} if inject_violation else {},
+                 executor=executor, ray_address=ray_address)
     try:
         code = execute(cfg, kind, builtin, abort_on_drift)
     except LadderError as exc:
@@ -181,7 +185,8 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, jobs: int, seed: in
         out = Path("nf-demo")
     ctx.invoke(run_cmd, agent_cmd="builtin", suite="builtin", limit=None, task_ids=None, replicates=replicates,
                conditions=",".join(CONDITIONS), provider="builtin", replay_source="t0:0", agent_timeout=60.0,
-               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, abort_on_drift=True, out=out,
+               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, abort_on_drift=True,
+               executor="local", ray_address=None, out=out,
                jobs=jobs, seed=seed,
                bootstrap=bootstrap)
 

@@ -14,10 +14,10 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.logstats import from_store
 from noisefloor.analyzer.outcomes import Row, build
 from noisefloor.errors import EXIT_REPLAY_FAILED
+from noisefloor.ladder.executors import Executor, LocalExecutor
 from noisefloor.ladder.runner import CONDITIONS, Config, Ladder
 from noisefloor.outcome_rows import write_jsonl
 from noisefloor.proxy.store import Store
-from noisefloor.verifier.grading import code_grader
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,23 @@ class LadderResult:
 
 
 def run(cfg: Config, kind: str, builtin: Any | None, say: Callable[[str], None] = lambda s: None) -> LadderResult:
-    ladder = Ladder(cfg, say)
+    executor = make_executor(cfg, say)
+    try:
+        return _run(cfg, kind, builtin, executor, say)
+    finally:
+        executor.close()
+
+
+def make_executor(cfg: Config, say: Callable[[str], None]) -> Executor:
+    if cfg.executor == "ray":
+        from noisefloor.ladder.ray_executor import RayExecutor
+
+        return RayExecutor(cfg.ray_address, cfg.out, say)
+    return LocalExecutor(cfg.jobs, cfg.out / "tasks")  # task files beside the log, nothing left in /tmp
+
+
+def _run(cfg: Config, kind: str, builtin: Any | None, executor: Executor, say: Callable[[str], None]) -> LadderResult:
+    ladder = Ladder(cfg, say, executor)
     if builtin is not None:
         builtin.restore(ladder.provider_counts())
     for condition in cfg.conditions:
@@ -39,9 +55,7 @@ def run(cfg: Config, kind: str, builtin: Any | None, say: Callable[[str], None] 
     if builtin is not None:
         builtin.stop()
     say("verifying candidates from the log")
-    diff = code_grader(kind, cfg.dataset, cfg.grading, {t.task_id for t in cfg.tasks})
-    with diff.sandbox:
-        rows = ladder.outcomes(diff.grade_many)
+    rows = ladder.outcomes(lambda items: executor.grade(kind, cfg.dataset, cfg.grading, items))
     write_jsonl(rows, cfg.out / "outcomes.jsonl")
     with Store.open(ladder.store, write=True) as store:  # the log holds its own grades: `nfanalyze log.lmdb`
         store.put_outcomes([r.to_json() for r in rows])

@@ -14,29 +14,23 @@ report.md, ladder.png.
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import signal
-import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.errors import StateError
+from noisefloor.ladder.agent_run import AgentRun, Attempt, session_name
+from noisefloor.ladder.executors import Executor, ExecutorError, LocalExecutor
 from noisefloor.outcome_rows import OutcomeRow
-from noisefloor.proxy import launch
 from noisefloor.verifier.grading import GradeOptions
 
 CONDITIONS = ("live", "t0", "replay")
 OVERRIDES = {"live": [], "t0": ["--set", "/temperature=0"]}  # how the proxy imposes each recorded condition
-STDERR_TAIL = 2000
 
 
 class LadderError(StateError):
@@ -59,40 +53,13 @@ class Config:
     bootstrap: int = DEFAULT_RESAMPLES
     grading: GradeOptions = field(default_factory=GradeOptions)
     replay_env: dict[str, str] = field(default_factory=dict)  # extra environment for replay runs only
-
-
-@dataclass
-class Attempt:
-    session: str
-    task_id: str
-    condition: str
-    replicate: int
-    returncode: int | None
-    timed_out: bool
-    seconds: float
-    stderr_tail: str = ""
-
-
-def session_name(condition: str, replicate: int, task_id: str) -> str:
-    return f"{condition}-r{replicate}-{task_id}"
-
-
-class Proxy:
-    """The nfproxy subprocess of one condition."""
-
-    def __init__(self, args: list[str]) -> None:
-        try:
-            self._running = launch.start(*args)
-        except launch.ProxyStartError as exc:
-            raise LadderError(str(exc)) from None
-        self.port = self._running.port
-
-    def stop(self) -> int:
-        return self._running.stop(timeout=60)
+    executor: str = "local"  # or "ray"
+    ray_address: str | None = None  # ray: the cluster to join (None: start or join a local Ray)
 
 
 class Ladder:
-    def __init__(self, config: Config, progress: Callable[[str], None] = lambda s: None) -> None:
+    def __init__(self, config: Config, progress: Callable[[str], None] = lambda s: None,
+                 executor: Executor | None = None) -> None:
         self.c = config
         self.progress = progress
         self.c.out.mkdir(parents=True, exist_ok=True)
@@ -109,8 +76,7 @@ class Ladder:
             kept = self._logged_sessions()
             self.done = {s: a for s, a in self.done.items() if a.condition == "replay" or s in kept}
         self._lock = threading.Lock()
-        self._taskdir = self.c.out / "tasks"  # beside the log, so nothing is left in /tmp
-        self._taskdir.mkdir(exist_ok=True)
+        self.executor = executor or LocalExecutor(self.c.jobs, self.c.out / "tasks")
 
     # -- running -----------------------------------------------------------------------------
 
@@ -120,25 +86,36 @@ class Ladder:
         if not todo:
             self.progress(f"[{condition}] all {self.c.replicates * len(self.c.tasks)} runs done earlier")
             return
-        args = ["--store", str(self.store), "--upstream", self.c.upstream, "--condition", condition, "-q"]
+        args = ["--upstream", self.c.upstream, "--condition", condition, "-q"]
+        replay_from = None
         if condition == "replay":
             # the requests must be keyed as the source condition keyed them: same overrides
             args += ["--mode", "replay", "--strict", *OVERRIDES[self.c.replay_source[0]]]
+            replay_from = self.c.replay_source
         else:
             args += ["--mode", "record", *OVERRIDES[condition]]
-        proxy = Proxy(args)
+        runs = [AgentRun(condition, r, t.task_id, t.prompt, t.entry_point, tuple(self.c.agent), self.c.agent_timeout,
+                         session_name(replay_from[0], replay_from[1], t.task_id) if replay_from else None,
+                         tuple(self.c.replay_env.items()) if condition == "replay" else ())
+                for r, t in todo]
+        per_rep: dict[int, int] = {}
+        total = {r: len(self.c.tasks) for r in range(self.c.replicates)}
+
+        def finished(attempt: Attempt) -> None:
+            with self._lock:
+                with self.attempts_file.open("a") as fh:
+                    fh.write(json.dumps(asdict(attempt)) + "\n")
+                self.done[attempt.session] = attempt
+                per_rep[attempt.replicate] = per_rep.get(attempt.replicate, 0) + 1
+                done = sum(per_rep.values())
+                if per_rep[attempt.replicate] == total[attempt.replicate] or done == len(todo):
+                    self.progress(f"[{condition}] replicate {attempt.replicate + 1}/{self.c.replicates}: "
+                                  f"{per_rep[attempt.replicate]} runs ({done}/{len(todo)} this condition)")
+
         try:
-            per_rep: dict[int, int] = {}
-            total = {r: len(self.c.tasks) for r in range(self.c.replicates)}
-            with ThreadPoolExecutor(self.c.jobs) as pool:
-                for attempt in pool.map(lambda rt: self._attempt(proxy.port, condition, *rt), todo):
-                    per_rep[attempt.replicate] = per_rep.get(attempt.replicate, 0) + 1
-                    done = sum(per_rep.values())
-                    if per_rep[attempt.replicate] == total[attempt.replicate] or done == len(todo):
-                        self.progress(f"[{condition}] replicate {attempt.replicate + 1}/{self.c.replicates}: "
-                                      f"{per_rep[attempt.replicate]} runs ({done}/{len(todo)} this condition)")
-        finally:
-            code = proxy.stop()
+            code = self.executor.run(runs, args, self.store, finished)
+        except ExecutorError as exc:
+            raise LadderError(str(exc)) from None
         self.proxy_exit[condition] = code
         if condition != "replay" and code != 0:
             raise LadderError(f"the {condition} proxy exited {code}: it could not record every exchange (its errors "
@@ -146,46 +123,6 @@ class Ladder:
                               f"full disk, a damaged store) and rerun the same command: the lost runs run again")
         if condition == "replay" and code == 3:
             self.progress("[replay] nfproxy reported replay misses, order violations or errors")
-
-    def _attempt(self, port: int, condition: str, replicate: int, task: Any) -> Attempt:
-        session = session_name(condition, replicate, task.task_id)
-        labels = {"session": session, "task": task.task_id, "replicate": str(replicate), "condition": condition}
-        if condition == "replay":
-            src_cond, src_rep = self.c.replay_source
-            labels["replay_from"] = session_name(src_cond, src_rep, task.task_id)
-        prefix = "/_nf/" + ",".join(f"{k}={quote(v, safe='')}" for k, v in labels.items())
-        base = f"http://127.0.0.1:{port}{prefix}"
-        task_file = self._taskdir / f"{session.replace('/', '_')}.json"
-        task_file.write_text(json.dumps({"task_id": task.task_id, "prompt": task.prompt,
-                                         "entry_point": task.entry_point}))
-        env = {**os.environ, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base,
-               "GOOGLE_GEMINI_BASE_URL": base, "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
-               "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder")}
-        if condition == "replay":
-            env.update(self.c.replay_env)
-        argv = [a.replace("{task_file}", str(task_file)) for a in self.c.agent]
-        start = time.monotonic()
-        timed_out, code, err = False, None, ""
-        try:
-            proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                    start_new_session=True)
-        except OSError as exc:
-            proc, code, err = None, 127, f"cannot start agent: {exc}"
-        if proc is not None:
-            try:
-                _, err = proc.communicate(timeout=self.c.agent_timeout)
-                code = proc.returncode
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGKILL)  # the agent and anything it started
-                _, err = proc.communicate()
-        attempt = Attempt(session, task.task_id, condition, replicate, code, timed_out,
-                          round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
-        with self._lock:
-            with self.attempts_file.open("a") as fh:
-                fh.write(json.dumps(asdict(attempt)) + "\n")
-            self.done[session] = attempt
-        return attempt
 
     # -- grading -----------------------------------------------------------------------------
 

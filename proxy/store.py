@@ -402,6 +402,11 @@ class Store:
         with self._reading(), self._env.begin(db=self._outcomes) as txn:
             return [json.loads(v) for _, v in txn.cursor()]
 
+    def copy_to(self, folder: Path) -> None:
+        """A compact copy of this store (a consistent snapshot) in an empty folder: a shard to ship."""
+        with self._reading():
+            self._env.copy(str(folder), compact=True)
+
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:
             return txn.stat(self._exchanges)["entries"]

@@ -1,0 +1,83 @@
+"""One agent run: the unchanged agent as a subprocess, pointed at a proxy by its environment.
+
+A plain function over plain data, so any executor can run it wherever the proxy is: a thread
+here, a Ray task on another machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+STDERR_TAIL = 2000
+
+
+@dataclass(frozen=True)
+class AgentRun:
+    condition: str
+    replicate: int
+    task_id: str
+    prompt: str
+    entry_point: str
+    agent: tuple[str, ...]  # argv with a `{task_file}` placeholder
+    timeout: float
+    replay_from: str | None = None  # replay: the recorded session that answers this one
+    env: tuple[tuple[str, str], ...] = field(default=())  # extra environment (replay-only settings)
+
+    @property
+    def session(self) -> str:
+        return session_name(self.condition, self.replicate, self.task_id)
+
+
+@dataclass
+class Attempt:
+    session: str
+    task_id: str
+    condition: str
+    replicate: int
+    returncode: int | None
+    timed_out: bool
+    seconds: float
+    stderr_tail: str = ""
+
+
+def session_name(condition: str, replicate: int, task_id: str) -> str:
+    return f"{condition}-r{replicate}-{task_id}"
+
+
+def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
+    """Run the agent once against the proxy on loopback `port`; the session is named in its base URL."""
+    labels = {"session": run.session, "task": run.task_id, "replicate": str(run.replicate), "condition": run.condition}
+    if run.replay_from:
+        labels["replay_from"] = run.replay_from
+    base = f"http://127.0.0.1:{port}/_nf/" + ",".join(f"{k}={quote(v, safe='')}" for k, v in labels.items())
+    taskdir.mkdir(parents=True, exist_ok=True)
+    task_file = taskdir / f"{run.session.replace('/', '_')}.json"
+    task_file.write_text(json.dumps({"task_id": run.task_id, "prompt": run.prompt, "entry_point": run.entry_point}))
+    env = {**os.environ, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base, "GOOGLE_GEMINI_BASE_URL": base,
+           "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
+           "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder"), **dict(run.env)}
+    argv = [a.replace("{task_file}", str(task_file)) for a in run.agent]
+    start = time.monotonic()
+    timed_out, code, err = False, None, ""
+    try:
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+    except OSError as exc:
+        proc, code, err = None, 127, f"cannot start agent: {exc}"
+    if proc is not None:
+        try:
+            _, err = proc.communicate(timeout=run.timeout)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            os.killpg(proc.pid, signal.SIGKILL)  # the agent and anything it started
+            _, err = proc.communicate()
+    return Attempt(run.session, run.task_id, run.condition, run.replicate, code, timed_out,
+                   round(time.monotonic() - start, 3), err[-STDERR_TAIL:])

@@ -1,0 +1,74 @@
+"""Where agent runs happen. The ladder hands an executor one condition at a time: the runs, the
+nfproxy arguments of that condition (without a store) and the study's log; the executor runs every
+agent behind a proxy of that condition, leaves their exchanges in the log, and reports each
+attempt as it finishes. Another engine (Slurm, Kubernetes jobs) is one more class like these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Protocol
+
+from noisefloor.errors import StateError
+from noisefloor.ladder.agent_run import AgentRun, Attempt, run_agent
+from noisefloor.proxy import launch
+from noisefloor.verifier.grading import GradeOptions, code_grader
+
+Items = Sequence[tuple[str, str]]  # (task id, answer text) pairs to grade
+
+
+class ExecutorError(StateError):
+    """An executor that cannot run the study (no cluster, a proxy that will not start)."""
+
+
+class Executor(Protocol):
+    def run(self, runs: Sequence[AgentRun], proxy_args: Sequence[str], store: Path,
+            on_done: Callable[[Attempt], None]) -> int:
+        """Run every agent; return the worst nfproxy exit status of the condition (0: all clean)."""
+        ...
+
+    def grade(self, kind: str, dataset: Path, options: GradeOptions, items: Items) -> list[Any]:
+        """Verdicts for the items, in order."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def start_proxy(args: Sequence[str]) -> launch.RunningProxy:
+    try:
+        return launch.start(*args)
+    except launch.ProxyStartError as exc:
+        raise ExecutorError(str(exc)) from None
+
+
+class LocalExecutor:
+    """This machine: one nfproxy for the condition, `jobs` agents at a time on threads."""
+
+    def __init__(self, jobs: int, taskdir: Path) -> None:
+        self.jobs = jobs
+        self.taskdir = taskdir
+
+    def run(self, runs: Sequence[AgentRun], proxy_args: Sequence[str], store: Path,
+            on_done: Callable[[Attempt], None]) -> int:
+        proxy = start_proxy(["--store", str(store), *proxy_args])
+        try:
+            with ThreadPoolExecutor(self.jobs) as pool:
+                for attempt in pool.map(lambda r: run_agent(r, proxy.port, self.taskdir), runs):
+                    on_done(attempt)
+        finally:
+            code = proxy.stop(timeout=60)
+        return code
+
+    def grade(self, kind: str, dataset: Path, options: GradeOptions, items: Items) -> list[Any]:
+        return grade_here(kind, dataset, options, items)
+
+    def close(self) -> None:
+        pass
+
+
+def grade_here(kind: str, dataset: Path, options: GradeOptions, items: Items) -> list[Any]:
+    diff = code_grader(kind, dataset, options, {tid for tid, _ in items})
+    with diff.sandbox:  # its fork servers and their root folder go with it
+        return diff.grade_many(items)

@@ -41,11 +41,11 @@ class EndpointAudit:
 
 
 def is_audit(rows: Sequence[Row]) -> bool:
-    return any(r.extra.get("endpoint") or r.extra.get("variant") for r in rows)
+    return any(r.endpoint or r.variant for r in rows)
 
 
 def main_arm(rows: Sequence[Row]) -> list[Row]:
-    return [r for r in rows if r.extra.get("variant", "").lower() in MAIN]
+    return [r for r in rows if (r.variant or "").lower() in MAIN]
 
 
 def check_study_set(audits: Sequence[EndpointAudit], expected: str | None) -> None:
@@ -72,14 +72,14 @@ def audit(rows: Sequence[Row], curve_resamples: int = floors.CURVE_RESAMPLES, se
     point of the SD-vs-n curve."""
     by_endpoint: dict[str, list[Row]] = defaultdict(list)
     for r in rows:
-        by_endpoint[r.extra.get("endpoint") or r.condition].append(r)
+        by_endpoint[r.endpoint or r.condition].append(r)
     return [_endpoint(name, rs, curve_resamples, seed, resamples) for name, rs in by_endpoint.items()]
 
 
 def _endpoint(name: str, rows: list[Row], curve_resamples: int, seed: int, resamples: int) -> EndpointAudit:
     cells: dict[tuple[str, int], dict[str, Row]] = defaultdict(dict)  # (variant, run) -> instance -> row
     for r in rows:  # a later row for the same cell replaces an earlier one: retries deduplicated
-        variant = r.extra.get("variant", "")
+        variant = r.variant or ""
         cells[("" if variant.lower() in MAIN else variant, r.replicate)][r.task_id] = r
     instances = sorted({r.task_id for r in rows})
     excluded = []
@@ -99,7 +99,7 @@ def _endpoint(name: str, rows: list[Row], curve_resamples: int, seed: int, resam
         runs = sorted(arms[variant])
         if attr == "outcome":
             return np.array([[cells[(variant, r)][i].outcome for r in runs] for i in kept], dtype=float)
-        return np.array([[cells[(variant, r)][i].extra.get("fingerprint", "") for r in runs] for i in kept],
+        return np.array([[cells[(variant, r)][i].fingerprint or "" for r in runs] for i in kept],
                         dtype=object)
 
     rerun = curve = fps = y = None
@@ -111,7 +111,7 @@ def _endpoint(name: str, rows: list[Row], curve_resamples: int, seed: int, resam
     variants = {v: matrix(v) for v in arms if v}
     pert = floors.perturbation_floor(variants, y, resamples, seed) if len(variants) >= 2 and kept else None
     main_rows = [cells[("", r)][i] for r in arms.get("", []) for i in kept]
-    models = tuple(sorted({r.extra["model"] for r in rows if r.extra.get("model")}))
+    models = tuple(sorted({r.model for r in rows if r.model}))
     return EndpointAudit(name, study_hash(kept), len(kept), tuple(excluded), rerun, pert, curve or (), fps,
                          floors.taxonomy([(r.outcome, r.failure) for r in main_rows]), models)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +19,16 @@ import numpy as np
 
 from noisefloor.outcome_rows import REQUIRED as REQUIRED
 from noisefloor.outcome_rows import OutcomeError as OutcomeError
+from noisefloor.outcome_rows import OutcomeRow
 from noisefloor.outcome_rows import read_rows as read_rows
+
+Row = OutcomeRow  # the analyzer reads the one row type the graders write
+_TEXT = ("failure", "detail", "endpoint", "variant", "fingerprint", "session", "model", "grader_version")
 
 _TRUE = {"1", "1.0", "true", "True", "TRUE", 1}  # 1 == 1.0 == True as set members
 _FALSE = {"0", "0.0", "false", "False", "FALSE", 0}
 # The ladder's rungs, in the order a reader expects them; other names keep file order after these.
 LADDER_ORDER = ("live", "L0", "t0", "L1", "replay", "L2")
-
-
-@dataclass(frozen=True)
-class Row:
-    task_id: str
-    condition: str
-    replicate: int
-    outcome: int
-    reference: int | None = None
-    confidence: float | None = None
-    failure: str | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -65,16 +57,19 @@ def parse_rows(raw: Iterable[tuple[int, Mapping[str, Any]]], source: str) -> lis
         missing = [c for c in REQUIRED if rec.get(c) in (None, "")]
         if missing:
             raise OutcomeError(f"{where}: missing {', '.join(missing)}; every row needs {', '.join(REQUIRED)}")
+        given = {k: v for k, v in rec.items() if v not in (None, "")}
         rows.append(
-            Row(
+            OutcomeRow(
                 task_id=str(rec["task_id"]),
                 condition=str(rec["condition"]),
                 replicate=_int(rec["replicate"], where, "replicate"),
                 outcome=_binary(rec["outcome"], where, "outcome"),
-                reference=None if rec.get("reference") in (None, "") else _binary(rec["reference"], where, "reference"),
-                confidence=None if rec.get("confidence") in (None, "") else _float(rec["confidence"], where),
-                failure=str(rec["failure"]) if rec.get("failure") not in (None, "") else None,
-                extra={k: str(v) for k, v in rec.items() if k not in REQUIRED and v not in (None, "")},
+                reference=_binary(given["reference"], where, "reference") if "reference" in given else None,
+                confidence=_float(given["confidence"], where, "confidence") if "confidence" in given else None,
+                temperature=_float(given["temperature"], where, "temperature") if "temperature" in given else None,
+                top_p=_float(given["top_p"], where, "top_p") if "top_p" in given else None,
+                seed=_int(given["seed"], where, "seed") if "seed" in given else None,
+                **{k: str(given[k]) for k in _TEXT if k in given},
             )
         )
     if not rows:
@@ -188,8 +183,8 @@ def _int(v: Any, where: str, col: str) -> int:
     return int(f)
 
 
-def _float(v: Any, where: str) -> float:
+def _float(v: Any, where: str, col: str) -> float:
     try:
         return float(v)
     except (TypeError, ValueError):
-        raise OutcomeError(f"{where}: confidence {v!r} is not a number") from None
+        raise OutcomeError(f"{where}: {col} {v!r} is not a number") from None

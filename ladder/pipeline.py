@@ -12,7 +12,7 @@ from typing import Any
 from noisefloor.analyzer import report
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.logstats import from_store
-from noisefloor.analyzer.outcomes import Row, build
+from noisefloor.analyzer.outcomes import build
 from noisefloor.errors import EXIT_REPLAY_FAILED
 from noisefloor.ladder.executors import Executor, LocalExecutor
 from noisefloor.ladder.runner import CONDITIONS, Config, Ladder
@@ -60,7 +60,7 @@ def _run(cfg: Config, kind: str, builtin: Any | None, executor: Executor, say: C
     with Store.open(ladder.store, write=True) as store:  # the log holds its own grades: `nfanalyze log.lmdb`
         store.put_outcomes([r.to_json() for r in rows])
     say("analyzing")
-    data = build([Row(r.task_id, r.condition, r.replicate, r.outcome, failure=r.failure) for r in rows])
+    data = build(rows)
     result = analyze(data, Settings(resamples=cfg.bootstrap, seed=cfg.seed))
     doc = result.to_json()
     doc["log"] = from_store(ladder.store)

@@ -147,7 +147,7 @@ def test_judge_disagreement_counts_and_interval():
     assert cols.false_reject.sum() == 1  # task 7
     assert cols.tie.sum() == 1  # task 8 counts as a disagreement
     assert cols.disagree.sum() == 5
-    rows = [Row(f"t{i}", "judge", r, int(verdicts[i, r]), int(reference[i]), 90.0) for i in range(10) for r in range(4)]
+    rows = [Row(f"t{i}", "judge", r, int(verdicts[i, r]), reference=int(reference[i]), confidence=90.0) for i in range(10) for r in range(4)]
     a = analyze(build(rows), Settings(resamples=2000))
     j = a.judge["judge"]
     assert (j.disagreements, j.false_accepts, j.false_rejects, j.mean_confidence) == (5, 3, 1, 90.0)
@@ -161,7 +161,7 @@ def test_judge_paper_scale_counts():
     majority[:29] = 0  # false rejects
     majority[150:168] = 1  # false accepts
     verdicts = np.repeat(majority[:, None], 20, axis=1)
-    rows = [Row(f"Mbpp/{i}", "judge_t0", r, int(verdicts[i, r]), int(ref[i])) for i in range(200) for r in range(20)]
+    rows = [Row(f"Mbpp/{i}", "judge_t0", r, int(verdicts[i, r]), reference=int(ref[i])) for i in range(200) for r in range(20)]
     a = analyze(build(rows), Settings(resamples=4000, seed=5))
     j = a.judge["judge_t0"]
     assert (j.disagreements, j.false_accepts, j.false_rejects) == (47, 18, 29)

@@ -169,7 +169,7 @@ def test_rerun_intervals_cover_the_truth_in_simulation():
 
 def rows_for(endpoint: str, y: np.ndarray, variant: str = "", model: str = "m1") -> list[Row]:
     return [Row(f"i{i}", endpoint, r, int(y[i, r]), failure="correct" if y[i, r] else "wrong_arguments",
-                extra={"endpoint": endpoint, "variant": variant, "model": model, "fingerprint": "fp1"})
+                endpoint=endpoint, variant=variant, model=model, fingerprint="fp1")
             for i in range(y.shape[0]) for r in range(y.shape[1])]
 
 
@@ -177,8 +177,8 @@ def test_matched_design_drops_unrecoverable_instances_everywhere_and_flags_drift
     rng = np.random.default_rng(4)
     y = simulate_reruns(20, 4, 0.2, 0.3, rng)
     rows = rows_for("e1", y) + rows_for("e1", y, "call_only_suffix") + rows_for("e1", y, "compact_user_request")
-    rows = [r for r in rows if not (r.task_id == "i3" and r.extra["variant"] == "call_only_suffix" and r.replicate == 2)]
-    rows.append(Row("i0", "e1", 0, 1, extra={"endpoint": "e1", "model": "m2"}))
+    rows = [r for r in rows if not (r.task_id == "i3" and r.variant == "call_only_suffix" and r.replicate == 2)]
+    rows.append(Row("i0", "e1", 0, 1, endpoint="e1", model="m2"))
     (a,) = audit(rows, curve_resamples=50)
     assert a.excluded == (("i3", "missing in call_only_suffix run 2"),)
     assert a.instances == 19 and a.study_set == study_hash([f"i{i}" for i in range(20) if i != 3])
@@ -198,7 +198,8 @@ def test_cli_floors_section_and_drift_abort(tmp_path):
         rows_for("groq-8b", 1 - y, "request_label_wrap")
     path = tmp_path / "audit.jsonl"
     path.write_text("".join(json.dumps({"task_id": r.task_id, "condition": r.condition, "replicate": r.replicate,
-                                        "outcome": r.outcome, "failure": r.failure, **r.extra}) + "\n" for r in rows))
+                                        "outcome": r.outcome, "failure": r.failure, "endpoint": r.endpoint, "variant": r.variant,
+                                        "model": r.model, "fingerprint": r.fingerprint}) + "\n" for r in rows))
     r = nfanalyze("--outcomes", str(path), "--json", "-", "--bootstrap", "200")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)

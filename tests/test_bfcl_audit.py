@@ -13,11 +13,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from noisefloor.ladder.provider import BuiltinProvider
 from noisefloor.ladder.suite import builtin_suite
 from noisefloor.proxy import perturb
 from noisefloor.proxy.store import Store
 from tests.conftest import SHARED_DATA, start_nfproxy
+from tests.tool_provider import ToolProvider
 
 pytestmark = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(), reason=f"no BFCL data at {SHARED_DATA}")
 SHARES = {"correct": 0.6, "wrong_arguments": 0.2, "malformed_output": 0.1, "wrong_function": 0.05, "other": 0.05}
@@ -43,7 +43,7 @@ def test_taxonomy_shares_and_floors_through_the_proxy(tmp_path, proxies):
     from noisefloor.verifier.datasets import load_bfcl
 
     tasks = load_bfcl("multiple")[:60] + load_bfcl("parallel")[:60]
-    provider = BuiltinProvider(builtin_suite(), seed=9, tool_tasks=tasks, tool_shares=SHARES).start()
+    provider = ToolProvider(builtin_suite(), seed=9, tool_tasks=tasks, tool_shares=SHARES).start()
     store = tmp_path / "log.lmdb"
     try:
         for arm in ("", "compact_user_request", "call_only_suffix"):

@@ -8,10 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.proxy import exchange_record
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.profiles import extract_meta
 from noisefloor.proxy.store import RecordedEntry, Store
-from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
+from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
 
 
 @dataclass(frozen=True)
@@ -37,7 +38,7 @@ class Recorder:
     def begin(self, request: RequestData, labels: Labels) -> Pending:
         """Key the request; call in arrival order (occurrence numbers follow it)."""
         p = prepare(request, labels, self.rules, self.counters)
-        record = base_record(p, "record", self.rules.id)
+        record = exchange_record.request_part(p, "record", self.rules.id)
         notes = record.pop("notes")
         return Pending(p, json.dumps(record), notes)
 
@@ -57,22 +58,17 @@ class Recorder:
                                   "notes": pending.notes + list(notes)}
         # a body already stored (a replicate asking the same again) is not compressed again
         bodies = {p.request.stored_digest: p.request.stored_body}
+        identity = None
         if response is not None:
             response = response.without(p.request.secret_values)
-            record["response"] = response.record()
             bodies[response.digest] = response.raw_body
             meta = extract_meta(response.decoded_body, response.header("content-type"))
-            record.update(
-                model=meta.model,
-                fingerprint=meta.fingerprint,
-                usage={"input": meta.input_tokens, "output": meta.output_tokens},
-                finish_reason=meta.finish_reason,
-                truncated=meta.truncated,
-            )
+            identity = {"model": meta.model, "fingerprint": meta.fingerprint,
+                        "usage": {"input": meta.input_tokens, "output": meta.output_tokens},
+                        "finish_reason": meta.finish_reason, "truncated": meta.truncated}
             if response.status >= 400:
                 self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
-        else:
-            record["response"] = None
+        record.update(exchange_record.answer_part(response, identity))
         if error is not None:
             self.stats.errors += 1
         entry = RecordedEntry(
@@ -85,7 +81,6 @@ class Recorder:
             start=p.started,
             end=end,
         )
-        text = pending.request_json[:-1] + "," + json.dumps(record)[1:]  # two JSON objects, disjoint keys
-        exchange_id = self.store.append(text, bodies, entry)
+        exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry)
         self.stats.exchanges += 1
         return exchange_id

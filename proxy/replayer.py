@@ -24,10 +24,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from noisefloor.proxy import diagnosis, replies
+from noisefloor.proxy import diagnosis, exchange_record, replies
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
-from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, base_record, prepare
+from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
 
 
 @dataclass(frozen=True)
@@ -173,19 +173,13 @@ class Replayer:
         source: Exchange | None = None,
     ) -> Answer:
         def build() -> tuple[dict[str, Any], dict[str, bytes]]:  # called by the log sink, maybe later
-            record = base_record(p, "replay", self.rules.id)
-            record["response"] = response.record()
+            record = exchange_record.request_part(p, "replay", self.rules.id)
+            # what was served carries the recorded answer's identity and usage
+            record.update(exchange_record.answer_part(response, None if source is None else source.to_json()))
             record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
             record["latency_ms"] = 0.0
-            if source is not None:  # what was served carries the recorded answer's identity and usage
-                record.update(
-                    model=source.model,
-                    fingerprint=source.fingerprint,
-                    usage=source.usage,
-                    finish_reason=source.finish_reason,
-                    truncated=source.truncated,
-                    error=source.error,
-                )
+            if source is not None:
+                record["error"] = source.error
             return record, {p.request.stored_digest: p.request.stored_body, response.digest: response.raw_body}
 
         self._log_sink(build)

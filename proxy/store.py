@@ -30,6 +30,7 @@ import lmdb
 import zstandard
 
 from noisefloor.errors import StateError
+from noisefloor.proxy import exchange_record
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import decode_body
 
@@ -359,8 +360,7 @@ class Store:
                 txn.put(digest, self._cctx.compress(data), db=self._bodies)
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
-        text = record if isinstance(record, str) else json.dumps(record)
-        doc = f'{{"id":{new_id},{text[1:]}'
+        doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id)
         txn.put(_U64.pack(new_id), self._cctx.compress(doc.encode()), db=self._exchanges)
         if recorded is not None:
             entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,

@@ -258,26 +258,6 @@ def prepare(request: RequestData, labels: Labels, rules: Rules, counters: Counte
     return Prepared(request, labels, canon, key, occurrence, seq, request.arrived)
 
 
-def base_record(p: Prepared, mode: str, rules_id: str) -> dict[str, Any]:
-    """The fields every exchange record has, whatever happened next."""
-    return {
-        "time": p.started,
-        "mode": mode,
-        "session": p.labels.session,
-        "task": p.labels.task,
-        "replicate": p.labels.replicate,
-        "condition": p.labels.condition,
-        "key": p.key,
-        "occurrence": p.occurrence,
-        "seq": p.seq,
-        "rules_id": rules_id,
-        "request": p.request.record(),
-        "overrides": p.request.stamp.get("overrides"),
-        "perturbation": p.request.stamp.get("perturbation"),
-        "notes": [*p.canonical.notes, *p.request.stamp.get("notes", ())],
-    }
-
-
 @dataclass
 class Stats:
     """Counts for the exit summary."""

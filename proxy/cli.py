@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import functools
 import json
 import secrets as _random
 import sys
@@ -19,7 +18,7 @@ from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.profiles import PROFILES
 from noisefloor.proxy.serve import ServeOptions, ca_environment, serve
-from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Labels
 
 DEFAULT_STORE = "recordings/log.lmdb"
@@ -134,23 +133,6 @@ def ca_cmd(confdir: Path, listen: str) -> None:
 # -- reading the log -------------------------------------------------------------------------
 
 
-def _open_reader(store_path: Path) -> Store:
-    return Store.open(store_path, write=False)
-
-
-def _store_errors(fn: Any) -> Any:
-    """A command that reads a store: a missing or damaged one is one line and exit 1, never a traceback."""
-
-    @functools.wraps(fn)
-    def run(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except StoreError as exc:
-            raise click.ClickException(str(exc)) from None
-
-    return run
-
-
 @main.command("log")
 @click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
 @click.option("--session", help="Only this session's exchanges.")
@@ -158,7 +140,6 @@ def _store_errors(fn: Any) -> Any:
 @click.option("--condition", help="Only exchanges labelled with this condition.")
 @click.option("--sessions-only", is_flag=True, help="List sessions, not exchanges.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per exchange (JSON Lines), for scripts.")
-@_store_errors
 def log_cmd(store_path: Path, session: str | None, task: str | None, condition: str | None, sessions_only: bool,
             as_json: bool) -> None:
     """List sessions and exchanges, a line each."""
@@ -167,7 +148,7 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
         return ((session is None or ex.session == session) and (task is None or ex.task == task)
                 and (condition is None or ex.condition == condition))
 
-    with _open_reader(store_path) as store:
+    with Store.open(store_path, write=False) as store:
         if as_json:
             for ex in store.exchanges():
                 if wanted(ex):
@@ -199,10 +180,9 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
 @main.command("show")
 @click.argument("exchange_id", type=int)
 @click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
-@_store_errors
 def show_cmd(exchange_id: int, store_path: Path) -> None:
     """Print one exchange: its record and both bodies, decompressed (secrets were never stored)."""
-    with _open_reader(store_path) as store:
+    with Store.open(store_path, write=False) as store:
         ex = store.exchange(exchange_id)
         if ex is None:
             raise click.ClickException(f"no exchange {exchange_id} in {store_path}; list them with `nfproxy log`")
@@ -235,7 +215,6 @@ if __name__ == "__main__":
 @main.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
-@_store_errors
 def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
     """Combine stores recorded by different processes or machines into OUT (created if new).
 

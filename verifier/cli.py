@@ -80,12 +80,9 @@ def _keep_in_log(log: Path, rows: list[OutcomeRow]) -> None:
 
 
 def _open_log(log: Path) -> Any:
-    from noisefloor.proxy.store import Store, StoreError
+    from noisefloor.proxy.store import Store
 
-    try:
-        return Store.open(log, write=False)
-    except StoreError as exc:
-        raise click.ClickException(str(exc)) from None
+    return Store.open(log, write=False)  # a StoreError is one line: the command's error handling
 
 
 def _log_attempts(logs: tuple[Path, ...], prompts: dict[str, str]) -> tuple[list[Any], dict[str, Path]]:

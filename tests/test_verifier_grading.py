@@ -179,6 +179,9 @@ def test_extraction_rules_without_data():
     assert assemble("return x", "f", "def f(x):\n", "") == "def f(x):\n    return x"
     assert assemble("def f(x):\n    return x", "f", "import os\ndef f(x):\n", "import os\n").startswith("import os")
     assert assemble("", "f", "def f(x):\n", "") is None
+    # a base model's continuation ends at its first unindented line: what it wrote after is not run
+    body = "    y = x  # keep\n\n    # still the body\n    return y\n\nf(0) / 0\nprint('junk')\n"
+    assert assemble(body, "f", "def f(x):\n", "") == "def f(x):\n    y = x  # keep\n\n    # still the body\n    return y\n\n"
 
 
 @needs_bfcl

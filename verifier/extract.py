@@ -3,7 +3,9 @@
 Rule (documented choice when there are several fenced blocks): take the last fenced block that
 defines the task's entry point; if none does, the last fenced block; with no fence at all, the
 whole text. A candidate that does not define the entry point is treated as a bare function body
-and appended to the task prompt (HumanEval style). A candidate that does define it gets the
+and appended to the task prompt (HumanEval style); an indented body (a base model continuing the
+prompt) ends at its first unindented line, as EvalPlus cuts base-model completions, so text the
+model went on to write after the function is not run as module code. A candidate that does define it gets the
 prompt's preamble (imports and helper functions before the entry point) put in front, because
 answers routinely omit `from typing import List`.
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import re
 
+_TOP_LEVEL = re.compile(r"\n(?=[^\s#])")  # a line that starts a new top-level statement
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 
 
@@ -39,6 +42,9 @@ def assemble(code: str, entry_point: str, prompt: str, preamble: str) -> str | N
     if _defines(code, entry_point):
         return preamble + "\n" + code if preamble.strip() else code
     if _defines(prompt, entry_point):  # a bare body: complete the prompt's signature with it
-        body = code if code.startswith((" ", "\t")) else "\n".join("    " + line for line in code.splitlines())
+        if code.startswith((" ", "\t")):  # a continuation: the function ends at the first unindented line
+            body = _TOP_LEVEL.split(code, maxsplit=1)[0] + "\n"
+        else:
+            body = "\n".join("    " + line for line in code.splitlines())
         return prompt + body
     return None

@@ -21,7 +21,7 @@ Steps (each prints its result; OUT keeps every run folder):
 `screen` runs every built-in and HumanEval+ task twice at the live temperature and keeps the
 tasks the model passed at least once (OUT/chosen.txt); `ladder` runs live, t0 and replay on
 those, with fresh draws; `slots` runs the t0 condition against llama-server with one slot and
-one agent at a time, then with four slots and four concurrent agents (`--all-tasks`: on all 202).
+one agent at a time, then with four slots and four concurrent agents (`--task-file F`: on other tasks).
 """
 
 from __future__ import annotations
@@ -133,10 +133,10 @@ def slots(a: argparse.Namespace) -> None:
         server = serve([a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--parallel", str(n),
                         "-c", str(2048 * n), "-t", "2", "--no-webui"], port)
         try:
-            chosen = ["--task-ids", f"@{a.out / 'chosen.txt'}"] if not a.all_tasks else []
-            nfladder("--suite", str(a.out / "combined.jsonl.gz"), *chosen, "--provider", f"http://127.0.0.1:{port}",
-                     "-R", str(a.R), "-j", str(n), "--conditions", "t0", "--out",
-                     str(a.out / f"slots-{n}{'-all' if a.all_tasks else ''}"), "--bootstrap", "10000")
+            tasks = a.task_file or a.out / "chosen.txt"
+            nfladder("--suite", str(a.out / "combined.jsonl.gz"), "--task-ids", f"@{tasks}", "--provider",
+                     f"http://127.0.0.1:{port}", "-R", str(a.R), "-j", str(n), "--conditions", "t0", "--out",
+                     str(a.out / f"slots-{n}{'-' + tasks.stem if a.task_file else ''}"), "--bootstrap", "10000")
         finally:
             server.terminate()
             server.wait(30)
@@ -148,7 +148,7 @@ def main() -> None:
     ap.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (for slots)")
     ap.add_argument("-R", type=int, default=5)
-    ap.add_argument("--all-tasks", action="store_true", help="slots: every task of the suite, not only the chosen")
+    ap.add_argument("--task-file", type=Path, help="slots: these tasks (one id per line), not the chosen ones")
     ap.add_argument("--out", type=Path, default=Path("/tmp/nf-real-model"))
     a = ap.parse_args()
     {"screen": screen, "ladder": ladder, "slots": slots}[a.step](a)

@@ -17,6 +17,7 @@ Steps (each prints its result; OUT keeps every run folder):
     python bench/real_model_ladder.py screen --llama-python /tmp/llamavenv/bin/python
     python bench/real_model_ladder.py ladder --llama-python /tmp/llamavenv/bin/python
     python bench/real_model_ladder.py slots --llama-server /path/to/build/bin/llama-server
+    python bench/real_model_ladder.py texts ladder slots-1 slots-4
 
 `screen` runs every built-in and HumanEval+ task twice at the live temperature and keeps the
 tasks the model passed at least once (OUT/chosen.txt); `ladder` runs live, t0 and replay on
@@ -142,16 +143,35 @@ def slots(a: argparse.Namespace) -> None:
             server.wait(30)
 
 
+def texts(a: argparse.Namespace) -> None:
+    """Below the outcome: how many distinct answer texts each task got across its replicates."""
+    from collections import defaultdict
+
+    from noisefloor.proxy.store import Store
+    from noisefloor.verifier.candidates import attempts, response_text
+
+    for run in a.runs:
+        seen: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
+        with Store.open(a.out / run / "log.lmdb", write=False) as store:
+            for att in attempts(store):
+                seen[att.condition][att.task_id or "?"].add(response_text(att.body))
+        for cond, per_task in seen.items():
+            counts = [len(v) for v in per_task.values()]
+            print(f"{run} {cond}: {sum(n > 1 for n in counts)} of {len(counts)} tasks got more than one answer text "
+                  f"(at most {max(counts)})")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("step", choices=["screen", "ladder", "slots"])
+    ap.add_argument("step", choices=["screen", "ladder", "slots", "texts"])
+    ap.add_argument("runs", nargs="*", help="texts: run folders under --out (ladder, slots-1, slots-4, ...)")
     ap.add_argument("--llama-python", default="/tmp/llamavenv/bin/python")
     ap.add_argument("--llama-server", help="llama.cpp's llama-server binary (for slots)")
     ap.add_argument("-R", type=int, default=5)
     ap.add_argument("--task-file", type=Path, help="slots: these tasks (one id per line), not the chosen ones")
     ap.add_argument("--out", type=Path, default=Path("/tmp/nf-real-model"))
-    a = ap.parse_args()
-    {"screen": screen, "ladder": ladder, "slots": slots}[a.step](a)
+    a = ap.parse_intermixed_args()
+    {"screen": screen, "ladder": ladder, "slots": slots, "texts": texts}[a.step](a)
 
 
 if __name__ == "__main__":

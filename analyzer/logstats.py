@@ -4,10 +4,11 @@ served model / fingerprint identities (a model that changed mid-study is a diffe
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from noisefloor.outcome_rows import new_rows
 from noisefloor.proxy.store import Exchange, Store
 
 UNLABELED = "(unlabeled)"
@@ -59,18 +60,12 @@ def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
     return doc
 
 
-def outcome_rows(paths: Sequence[Path]) -> list[dict[str, Any]]:
+def outcome_rows(paths: Sequence[Path]) -> list[Mapping[str, Any]]:
     """The graded rows kept in several stores; one (condition, task, replicate) graded differently
     in two of them is refused (a clash of shards, not something to average)."""
-    from noisefloor.errors import InputError
-
-    rows: dict[tuple[Any, ...], tuple[dict[str, Any], Path]] = {}
+    seen: dict[tuple[Any, Any, Any], tuple[Mapping[str, Any], str]] = {}
+    rows: list[Mapping[str, Any]] = []
     for p in paths:
         with Store.open(p, write=False) as store:
-            for r in store.outcome_rows():
-                key = (r.get("condition"), r.get("task_id"), r.get("replicate"))
-                if key in rows and rows[key][0] != r:
-                    raise InputError(f"outcome row {key} is in {rows[key][1]} and in {p} with different grades; "
-                                     "grade the stores again together (nfverify SUITE LOG...) or analyze them apart")
-                rows.setdefault(key, (r, p))
-    return [r for r, _ in rows.values()]
+            rows += new_rows(seen, store.outcome_rows(), str(p))
+    return rows

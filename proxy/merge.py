@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from noisefloor.outcome_rows import new_rows, row_key
 from noisefloor.proxy.store import RecordedEntry, Store, StoreError
 
 _BATCH = 2000  # exchanges per write transaction (whole sessions only)
@@ -45,6 +46,8 @@ def identity(doc: dict[str, Any]) -> str:
 class _Shard:
     path: Path
     sessions: dict[str, list[dict[str, Any]]]  # session -> its exchange documents, in write order
+    identities: dict[int, str]  # exchange id here -> its identity (computed once)
+    outcomes: list[dict[str, Any]]  # graded rows kept in the shard
     rules_id: str | None
     rules: Any
     meta: dict[str, Any]
@@ -73,7 +76,8 @@ def _read_shard(path: Path) -> _Shard:
             raise StoreError(f"shard {path} is damaged ({exc.__class__.__name__}); nothing was merged "
                              "(leave this shard out, or restore it)") from None
         meta = {k: s.meta(k) for k in ("upstream",)}
-        return _Shard(path, sessions, s.meta("rules_id"), s.meta("rules"), meta)
+        identities = {doc["id"]: identity(doc) for docs in sessions.values() for doc in docs}
+        return _Shard(path, sessions, identities, s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), meta)
 
 
 def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None] = lambda s: None) -> MergeResult:
@@ -85,40 +89,43 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
         shards.append(_read_shard(Path(p)))
     with Store.open(out, write=True, create=True) as dest:
         dest.lock_for_recording()  # no proxy records into OUT while it is merged
-        _check_rules(dest, shards)
+        rules = _rules(dest, shards)
         present = _sessions_of(dest)
         ids = {identity(doc): doc["id"] for docs in present.values() for doc in docs}
-        plan = _plan(present, shards)
+        plan = _plan(present, shards)  # every refusal comes before the first write
+        seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
+        rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]
+        if rules is not None and dest.meta("rules_id") is None:
+            dest.bind_rules(*rules)
         added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
         for shard in shards:
             todo = [name for name in shard.sessions if plan.get(name) is shard]
-            by_old = {doc["id"]: identity(doc) for docs in shard.sessions.values() for doc in docs}
             with Store.open(shard.path, write=False) as src:
                 entries = {e.id: e for e in src.recorded_entries()}
                 for batch in _batches(todo, shard.sessions):
-                    _write_batch(dest, src, shard, batch, entries, by_old, ids, added)
+                    _write_batch(dest, src, shard, batch, entries, ids, added)
                     progress(f"{shard.path}: {added['exchanges']} exchanges merged")
-                rows = src.outcome_rows()
-            _merge_outcomes(dest, rows, shard.path, added)
+        if rows:
+            dest.put_outcomes(rows)
         for name, value in shards[0].meta.items() if shards else ():
             if value is not None and dest.meta(name) is None:
                 dest.set_meta(name, value)
     return MergeResult(len(shards), added["sessions"], sum(1 for name in plan if plan[name] is None),
-                       added["exchanges"], added["bodies"], added["shared"], added.get("outcomes", 0))
+                       added["exchanges"], added["bodies"], added["shared"], len(rows))
 
 
-def _check_rules(dest: Store, shards: list[_Shard]) -> None:
-    have = dest.meta("rules_id")
+def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:
+    """The one rule set of OUT and every shard (id, description); different ones are refused."""
+    have = (dest.meta("rules_id"), dest.meta("rules")) if dest.meta("rules_id") is not None else None
     for shard in shards:
         if shard.rules_id is None:
             continue
-        if have is not None and shard.rules_id != have:
+        if have is not None and shard.rules_id != have[0]:
             raise StoreError(f"shard {shard.path} was recorded with normalization rules {shard.rules_id}, the others "
-                             f"with {have}: their keys do not match, so they cannot replay as one store; merge "
+                             f"with {have[0]}: their keys do not match, so they cannot replay as one store; merge "
                              "shards recorded with the same --ignore-field flags")
-        if have is None:
-            dest.bind_rules(shard.rules_id, shard.rules)
-            have = shard.rules_id
+        have = have or (shard.rules_id, shard.rules)
+    return have
 
 
 def _sessions_of(store: Store) -> dict[str, list[dict[str, Any]]]:
@@ -131,11 +138,11 @@ def _sessions_of(store: Store) -> dict[str, list[dict[str, Any]]]:
 def _plan(present: dict[str, list[dict[str, Any]]], shards: list[_Shard]) -> dict[str, _Shard | None]:
     """session -> the shard that brings it, or None when OUT holds it already; refuses clashes."""
     seen: dict[str, tuple[set[str], str]] = {n: ({identity(d) for d in docs}, "the output store")
-                                             for n, docs in present.items()}
+                                             for n, docs in present.items()}  # OUT's, computed here once
     plan: dict[str, _Shard | None] = {}
     for shard in shards:
         for name, docs in shard.sessions.items():
-            mine = {identity(d) for d in docs}
+            mine = {shard.identities[d["id"]] for d in docs}
             if name in seen:
                 theirs, where = seen[name]
                 if theirs != mine:
@@ -163,7 +170,7 @@ def _batches(names: list[str], sessions: dict[str, list[dict[str, Any]]]) -> Ite
 
 
 def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], entries: dict[int, RecordedEntry],
-                 by_old: dict[int, str], ids: dict[str, int], added: dict[str, int]) -> None:
+                 ids: dict[str, int], added: dict[str, int]) -> None:
     """Whole sessions in one transaction; a replay record's source id follows its source into OUT
     (sources are recorded before the replays that serve them, so they are merged first)."""
     items: list[tuple[dict[str, Any], RecordedEntry | None, str]] = []
@@ -173,9 +180,9 @@ def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], entri
             old = doc["id"]
             record = {k: v for k, v in doc.items() if k != "id"}
             if record.get("replay") and record["replay"].get("source_id") is not None:
-                source = by_old.get(record["replay"]["source_id"])
+                source = shard.identities.get(record["replay"]["source_id"])
                 record["replay"] = {**record["replay"], "source_id": ids.get(source) if source else None}
-            items.append((record, entries.get(old), identity(doc)))
+            items.append((record, entries.get(old), shard.identities[old]))
             for part in (doc["request"], doc.get("response") or {}):
                 if part.get("body"):
                     digests.add(part["body"])
@@ -187,23 +194,3 @@ def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], entri
     added["exchanges"] += len(items)
     added["bodies"] += fresh
     added["shared"] += len(raw) - fresh
-
-
-def _merge_outcomes(dest: Store, rows: list[dict[str, Any]], where: Path, added: dict[str, int]) -> None:
-    if not rows:
-        return
-    have = {_row_key(r): r for r in dest.outcome_rows()}
-    new = []
-    for r in rows:
-        old = have.get(_row_key(r))
-        if old is None:
-            new.append(r)
-        elif old != r:
-            raise StoreError(f"outcome row {_row_key(r)} in {where} differs from the one already merged: grade the "
-                             "merged store again with nfverify instead of merging grades")
-    dest.put_outcomes(new)
-    added["outcomes"] = added.get("outcomes", 0) + len(new)
-
-
-def _row_key(r: dict[str, Any]) -> tuple[Any, ...]:
-    return (r.get("condition"), r.get("task_id"), r.get("replicate"))

@@ -30,6 +30,7 @@ import lmdb
 import zstandard
 
 from noisefloor.errors import StateError
+from noisefloor.outcome_rows import row_key
 from noisefloor.proxy import exchange_record
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import decode_body
@@ -391,7 +392,7 @@ class Store:
         """Graded rows, one per (condition, task, replicate); grading again replaces a row."""
         def put(txn: lmdb.Transaction) -> None:
             for r in rows:
-                key = json.dumps([r.get("condition"), r["task_id"], r.get("replicate")]).encode()
+                key = json.dumps(row_key(r)).encode()
                 txn.put(key, json.dumps(dict(r)).encode(), db=self._outcomes)
 
         self._write(put)

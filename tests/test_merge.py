@@ -14,6 +14,7 @@ import httpx
 import lmdb
 import pytest
 
+from noisefloor.errors import NoisefloorError
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import RecordedEntry, Store, StoreError
 from tests.conftest import ProxyProcess, start_nfproxy
@@ -169,3 +170,19 @@ def test_shards_analyzed_and_graded_together_match_their_merge(tmp_path):
     regraded = sorted(key(json.loads(x)) for x in (tmp_path / "again.jsonl").read_text().splitlines())
     ladder = sorted(key(json.loads(x)) for d in ("a", "b") for x in (tmp_path / d / "outcomes.jsonl").read_text().splitlines())
     assert regraded == ladder and len(regraded) == 36
+
+
+def test_a_row_graded_differently_in_two_shards_is_refused_by_merge_and_by_nfanalyze(tmp_path):
+    paths = []
+    for name, outcome in (("x", 1), ("y", 0)):
+        path = tmp_path / f"{name}.lmdb"
+        with Store.open(path, write=True, create=True) as s:
+            s.put_outcomes([{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": outcome}])
+        paths.append(path)
+    with pytest.raises(NoisefloorError, match=r"\('live', 'T1', 0\) is in .* with different grades"):
+        merge(tmp_path / "m.lmdb", paths)
+    with Store.open(tmp_path / "m.lmdb", write=False) as s:
+        assert s.outcome_rows() == []  # refused before anything was written
+    nfanalyze = str(Path(sys.executable).with_name("nfanalyze"))
+    r = subprocess.run([nfanalyze, *map(str, paths)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "with different grades" in r.stderr

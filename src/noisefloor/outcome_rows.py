@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,27 @@ class OutcomeRow:
     def to_json(self) -> dict[str, Any]:
         """The row as written: absent optional fields are left out."""
         return {k: v for k, v in asdict(self).items() if v is not None or k in REQUIRED}
+
+
+def row_key(r: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """One graded attempt: a store keeps one row per (condition, task, replicate)."""
+    return (r.get("condition"), r.get("task_id"), r.get("replicate"))
+
+
+def new_rows(seen: dict[tuple[Any, Any, Any], tuple[Mapping[str, Any], str]], rows: Iterable[Mapping[str, Any]],
+             where: str) -> list[Mapping[str, Any]]:
+    """Combining graded rows from several places: the rows not `seen` yet (now recorded there, with
+    `where`); a key graded differently in two places is a clash, refused rather than averaged."""
+    fresh = []
+    for r in rows:
+        key = row_key(r)
+        if key not in seen:
+            seen[key] = (r, where)
+            fresh.append(r)
+        elif seen[key][0] != r:
+            raise OutcomeError(f"outcome row {key} is in {seen[key][1]} and in {where} with different grades; grade "
+                               "the stores again together (nfverify SUITE LOG...) or keep them apart")
+    return fresh
 
 
 def write_jsonl(rows: Iterable[OutcomeRow], path: Path) -> None:

@@ -65,13 +65,14 @@ class NodeProxies:
         self.root = Path(tempfile.mkdtemp(prefix="nfladder-ray-"))
         self.proxies: dict[str, Any] = {}
 
-    def port(self, key: str, args: list[str], shipped: list[Any]) -> int:
+    def port(self, key: str, args: list[str], shipped: list[Any]) -> tuple[int, str]:
+        """The condition's proxy port on this node (started on first use), and where task files go."""
         if key not in self.proxies:
             store = self.root / key / "log.lmdb"
             if shipped[0] is not None:  # replay: the merged recording, shipped through the object store
                 _unpack(_ray().get(shipped[0]), store)
             self.proxies[key] = (start_proxy(["--store", str(store), *args]), store)
-        return self.proxies[key][0].port
+        return self.proxies[key][0].port, str(self.root / "tasks")
 
     def finish(self, key: str) -> tuple[int, bytes | None]:
         """Stop this condition's proxy; its exit status and its shard."""
@@ -80,9 +81,6 @@ class NodeProxies:
         proxy, store = self.proxies.pop(key)
         code = proxy.stop(timeout=60)
         return code, _shard_bytes(store) if (store / "data.mdb").exists() else None
-
-    def taskdir(self) -> str:
-        return str(self.root / "tasks")
 
     def close(self) -> None:
         for proxy, _ in self.proxies.values():
@@ -114,8 +112,8 @@ def _agent_task(study: str, run: AgentRun, key: str, args: list[str], shipped: l
     ray = _ray()
     node = ray.get_runtime_context().get_node_id()
     actor = _actor_for(study, node)
-    port = ray.get(actor.port.remote(key, args, shipped))
-    return run_agent(run, port, Path(ray.get(actor.taskdir.remote()))), node
+    port, taskdir = ray.get(actor.port.remote(key, args, shipped))
+    return run_agent(run, port, Path(taskdir)), node
 
 
 def _grade_task(kind: str, dataset: bytes, suffix: str, options: GradeOptions, items: Items) -> list[Any]:

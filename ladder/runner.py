@@ -161,8 +161,8 @@ class Ladder:
 
         if not (self.store / "data.mdb").exists():
             return set()
-        with Store.open(self.store, write=False) as store:
-            return {ex.session for ex in store.exchanges()}
+        with Store.open(self.store, write=False) as store:  # the replay index: no record to decompress
+            return {e.session for e in store.recorded_entries()}
 
     def replay_failures(self) -> list[str]:
         """Replay sessions that saw a miss or an order violation: the recording was not reproduced."""

@@ -175,7 +175,8 @@ class Replayer:
         def build() -> tuple[dict[str, Any], dict[str, bytes]]:  # called by the log sink, maybe later
             record = exchange_record.request_part(p, "replay", self.rules.id)
             # what was served carries the recorded answer's identity and usage
-            record.update(exchange_record.answer_part(response, None if source is None else source.to_json()))
+            identity = None if source is None else {k: getattr(source, k) for k in exchange_record.ANSWER_FIELDS}
+            record.update(exchange_record.answer_part(response, identity))
             record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
             record["latency_ms"] = 0.0
             if source is not None:

@@ -90,7 +90,7 @@ class Ladder:
         replay_from = None
         if condition == "replay":
             # the requests must be keyed as the source condition keyed them: same overrides
-            args += ["--mode", "replay", "--strict", *OVERRIDES[self.c.replay_source[0]]]
+            args += ["--mode", "replay", "--strict", "--replay-log-in-store", *OVERRIDES[self.c.replay_source[0]]]
             replay_from = self.c.replay_source
         else:
             args += ["--mode", "record", *OVERRIDES[condition]]

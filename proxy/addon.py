@@ -371,7 +371,7 @@ class Replay:
             log.error("nfproxy: replay failed for %s: %s", _where(flow), _scrub(flow, repr(exc)))
             flow.response = to_mitmproxy(self.replayer.failure(exc))
             return
-        if answer.result != "hit":
+        if answer.result not in ("hit", "miss"):  # a miss has its own line, from the replayer
             log.warning("nfproxy: replay %s for %s", answer.result, _where(flow))
         resp = answer.response
         if resp.layout is None:

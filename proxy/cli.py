@@ -59,9 +59,17 @@ def main() -> None:
               help="Replay only answers recorded in this session; repeatable (default: all recorded sessions).")
 @click.option("--replay-timing", type=click.Choice(["none", "recorded"]), default="none", show_default=True,
               help="Replay streams at once, or with the recorded gaps between chunks.")
+@click.option("--replay-order", type=click.Choice(["content", "recorded"]), default="content", show_default=True,
+              help="Replay pairing: by content (a request waits for nothing; only one that carries an answer not "
+                   "served in its session is a call-order violation), or the recorded order, strictly.")
+@click.option("--replay-log", type=click.Path(path_type=Path), metavar="STORE",
+              help="Replay: write replay's own exchange records into this store (the --store path too: into the "
+                   "recording). Default: none written; the recording stays byte-identical.")
+@click.option("--replay-log-in-store", is_flag=True,
+              help="Replay: write replay's own exchange records into the recording (--store) itself, as nfladder does.")
 @click.option("--order-wait", default=5.0, show_default=True, type=click.FloatRange(min=0),
-              help="Replay: seconds a request waits for the requests that came before it in the recording "
-                   "(concurrent harnesses send them a moment apart); then it is a call-order violation.")
+              help="Replay with --replay-order recorded: seconds a request waits for the requests that came before "
+                   "it in the recording (concurrent harnesses send them a moment apart); then a call-order violation.")
 @click.option("--stream-timeout", default=120.0, show_default=True, type=click.FloatRange(min=0.1),
               help="Seconds a stream may stall before its upstream connection is closed and an error is logged.")
 @click.option("--confdir", type=click.Path(path_type=Path),
@@ -76,7 +84,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
         session: str | None, task: str | None, replicate: str | None, condition: str | None,
         ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], perturbation: str | None,
         perturb_file: Path | None, replay_sessions: tuple[str, ...],
-        replay_timing: str, order_wait: float, stream_timeout: float, confdir: Path | None, upstream_ca: str | None,
+        replay_timing: str, replay_order: str, replay_log: Path | None, replay_log_in_store: bool, order_wait: float, stream_timeout: float, confdir: Path | None, upstream_ca: str | None,
         max_body_mb: int,
         quiet: bool, command: tuple[str, ...]) -> None:
     """Run the proxy in the foreground until SIGINT or SIGTERM.
@@ -96,7 +104,8 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
         mode=mode, store_path=store_path, host=host, port=port, upstream=upstream, rules=rules,
         labels=Labels(session or _new_session_id(), task, replicate, condition), strict=strict,
         allow_reuse=allow_reuse, replay_sessions=replay_sessions, replay_timed=replay_timing == "recorded",
-        order_wait=order_wait, overrides=tuple(override_list), variant=variant, stream_timeout=stream_timeout,
+        order_wait=order_wait, replay_order=replay_order,
+        replay_log=store_path if replay_log_in_store else replay_log, overrides=tuple(override_list), variant=variant, stream_timeout=stream_timeout,
         max_body=max_body_mb << 20, confdir=confdir or store_path.parent / "mitmproxy-ca", upstream_ca=upstream_ca,
         quiet=quiet, command=tuple(command),
     )

@@ -1,44 +1,78 @@
-"""Why a replayed request missed: the recorded request most like it, with a diff of the two
-canonical forms (only a miss pays for this)."""
+"""Why a replayed request missed: the recorded request most like it, the first JSON path where
+the two differ, and a short diff of their canonical forms (only a miss pays for this)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from noisefloor.proxy.keys import Rules, short_diff, similarity
-from noisefloor.proxy.store import RecordedEntry, Store
+from noisefloor.proxy.keys import CanonicalRequest, Rules, short_diff, similarity
+from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Prepared, RequestData
 
-CANDIDATES = 64  # recorded requests compared at most
+_MISSING = object()
 
 
-def recorded_canonical(store: Store, rules: Rules, exchange_id: int) -> str | None:
+def recorded_request(store: Store, rules: Rules, exchange_id: int) -> CanonicalRequest | None:
     """A recorded request's canonical form, rebuilt from what the store holds."""
     source = store.exchange(exchange_id)
     if source is None:
         return None
-    request = RequestData.from_record(source.request, store.body(source.request.get("body")))
-    return request.canonical(rules).pretty()
+    return RequestData.from_record(source.request, store.body(source.request.get("body"))).canonical(rules)
 
 
-def nearest(store: Store, rules: Rules, entries: Sequence[RecordedEntry], p: Prepared) -> dict[str, Any] | None:
-    """The recorded request most like `p` (same route first), with the diff of their canonical forms."""
-    route = f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
-    latest: dict[str, RecordedEntry] = {}
-    for e in entries:
-        latest[e.key] = e
-    pool = ([e for e in latest.values() if e.route == route] or list(latest.values()))[-CANDIDATES:]
-    asked = p.canonical.pretty()
-    best, best_score, best_text = None, -1.0, ""
-    for e in pool:
-        pretty = recorded_canonical(store, rules, e.id)
-        if pretty is None:
-            continue
-        score = similarity(pretty, asked)
-        if score > best_score:
-            best, best_score, best_text = e, score, pretty
-    if best is None:
+def recorded_canonical(store: Store, rules: Rules, exchange_id: int) -> str | None:
+    canon = recorded_request(store, rules, exchange_id)
+    return None if canon is None else canon.pretty()
+
+
+def first_difference(a: Any, b: Any, path: str = "") -> str | None:
+    """The first JSON pointer (keys in sorted order) where `a` and `b` differ; None if equal."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            found = first_difference(a.get(k, _MISSING), b.get(k, _MISSING), f"{path}/{_escape(k)}")
+            if found is not None:
+                return found
         return None
-    return {"key": best.key, "exchange_id": best.id, "session": best.session, "similarity": round(best_score, 4),
-            "diff": short_diff(best_text, asked)}
+    if isinstance(a, list) and isinstance(b, list):
+        for i in range(max(len(a), len(b))):
+            found = first_difference(a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING, f"{path}/{i}")
+            if found is not None:
+                return found
+        return None
+    if a is b or (type(a) is type(b) and a == b):
+        return None
+    return path or "/"
+
+
+def _escape(k: str) -> str:
+    return str(k).replace("~", "~0").replace("/", "~1")
+
+
+def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, Any] | None:
+    """The recorded request most like `p`, found by the replay index, with where they differ."""
+    route = f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
+    found = index.near(p.canonical, route)
+    if not found:
+        return None
+    asked = p.canonical.pretty()
+    scored = [(i, s) for i, s in found if s is not None]
+    if scored:  # the index ranked them by content already: rebuild only the best
+        pool = scored[:1]
+    else:  # no ranking (a store without the index, or nothing alike): compare each
+        pool = found
+    best, best_score, best_canon = None, -1.0, None
+    for exchange_id, score in pool:
+        canon = recorded_request(store, rules, exchange_id)
+        if canon is None:
+            continue
+        if score is None:
+            score = similarity(canon.pretty(), asked)
+        if score > best_score:
+            best, best_score, best_canon = exchange_id, score, canon
+    if best is None or best_canon is None:
+        return None
+    entry = store.recorded_entry(best)
+    where = first_difference(best_canon.as_dict(), p.canonical.as_dict())
+    return {"key": best_canon.key, "exchange_id": best, "session": entry.session if entry else None,
+            "similarity": round(best_score, 4), "differs_at": where,
+            "diff": short_diff(best_canon.pretty(), asked)}

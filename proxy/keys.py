@@ -18,10 +18,17 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from noisefloor.errors import InputError
-from noisefloor.proxy import decoding, profiles, secrets
+from noisefloor.proxy import decoding, providers, secrets
 from noisefloor.proxy.decoding import DEFAULT_LIMIT, BodyTooLarge
 
-RULES_VERSION = 1
+RULES_VERSION = 2
+
+# What main keyed with before the providers package: its rules id is still accepted, since the
+# keys it produced are the keys produced now (KEYING_VERSION 1 is that keying).
+_V1_PROFILES = {"openai": ["/user", "/prompt_cache_key", "/safety_identifier"],
+                "openai-responses": ["/user", "/prompt_cache_key", "/safety_identifier"],
+                "anthropic": ["/metadata/user_id"], "gemini": [], "generic": []}
+_V1_SECRET_QUERY_PARAMS = ["access_token", "api-key", "api_key", "apikey", "key", "token"]
 
 # Headers that change what the provider does with an otherwise identical body.
 DEFAULT_HEADER_ALLOWLIST: tuple[str, ...] = ("anthropic-beta", "anthropic-version", "openai-beta")
@@ -42,24 +49,40 @@ class Rules:
     def __post_init__(self) -> None:
         for pointer in self.ignore_fields:
             parse_pointer(pointer)
-        if self.profile is not None and self.profile not in profiles.PROFILES:
-            raise RuleError(f"unknown profile {self.profile!r}; choose one of {', '.join(profiles.PROFILES)}")
+        if self.profile is not None and self.profile not in providers.PROVIDERS:
+            raise RuleError(f"unknown profile {self.profile!r}; choose one of {', '.join(providers.PROVIDERS)}")
         object.__setattr__(self, "header_allowlist", tuple(sorted({h.lower() for h in self.header_allowlist})))
         object.__setattr__(self, "ignore_fields", tuple(sorted(set(self.ignore_fields))))
 
-    def describe(self) -> dict[str, Any]:
+    def keyed_by(self) -> dict[str, Any]:
+        """Only what moves keys: the id is made of this. Providers' own keying is one version
+        number (`providers.KEYING_VERSION`), so adding a provider, or changing what metadata one
+        extracts, leaves every store's id as it was."""
         return {
             "version": RULES_VERSION,
             "header_allowlist": list(self.header_allowlist),
             "ignore_fields": list(self.ignore_fields),
             "secret_query_params": sorted(secrets.SECRET_QUERY_PARAMS),
             "profile": self.profile,
-            "profiles": {p.name: list(p.ignore_fields) for p in profiles.PROFILES.values()},
+            "keying": providers.KEYING_VERSION,
         }
+
+    def describe(self) -> dict[str, Any]:
+        """The id's parts, and for people the ignored fields of each provider (not hashed)."""
+        return {**self.keyed_by(), "providers": {p.name: list(p.ignore_fields) for p in providers.PROVIDERS.values()}}
 
     @cached_property
     def id(self) -> str:
-        return sha256_hex(canonical_json(self.describe()))[:16]
+        return sha256_hex(canonical_json(self.keyed_by()))[:16]
+
+    @cached_property
+    def legacy_ids(self) -> tuple[str, ...]:
+        """Ids of earlier rule-id schemes that produce the same keys (stores recorded by them replay)."""
+        if providers.KEYING_VERSION != 1 or self.profile not in (None, *_V1_PROFILES):
+            return ()
+        v1 = {"version": 1, "header_allowlist": list(self.header_allowlist), "ignore_fields": list(self.ignore_fields),
+              "secret_query_params": _V1_SECRET_QUERY_PARAMS, "profile": self.profile, "profiles": _V1_PROFILES}
+        return (sha256_hex(canonical_json(v1))[:16],)
 
 
 @dataclass(frozen=True)
@@ -180,7 +203,7 @@ def canonicalize(
     rules: Rules,
 ) -> CanonicalRequest:
     """Build the canonical request from an already decoded body."""
-    volatile = profiles.pick(rules.profile, host, path_and_query).ignore_fields
+    volatile = providers.pick(rules.profile, host, path_and_query).ignore_fields
     parts = urlsplit(path_and_query)
     query = tuple(
         sorted(

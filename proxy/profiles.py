@@ -10,6 +10,9 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from noisefloor.proxy import providers as _providers
+from noisefloor.proxy.providers import PROVIDERS, sse_events
+
 # finish reasons that mean "the model was cut off by the token limit"
 _TRUNCATION = {"length", "max_tokens", "MAX_TOKENS"}
 
@@ -41,21 +44,7 @@ def extract_meta(body: bytes, content_type: str | None = None) -> ResponseMeta:
     return _from_doc(doc)
 
 
-def sse_data(body: bytes) -> list[dict[str, Any]]:
-    """The JSON `data:` payloads of an event stream, in order (`[DONE]` and non-JSON skipped)."""
-    out = []
-    text = body.decode("utf-8", errors="replace").replace("\r\n", "\n")
-    for block in text.split("\n\n"):
-        data = "\n".join(line[5:].lstrip() for line in block.split("\n") if line.startswith("data:"))
-        if not data or data == "[DONE]":
-            continue
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            continue
-        if isinstance(doc, dict):
-            out.append(doc)
-    return out
+sse_data = sse_events
 
 
 def _from_events(events: list[dict[str, Any]]) -> ResponseMeta:
@@ -113,45 +102,7 @@ def _int(v: Any) -> int | None:
     return v if isinstance(v, int) and not isinstance(v, bool) else None
 
 
-@dataclass(frozen=True)
-class Profile:
-    """A provider API: how to recognize it and which body fields never change the answer."""
-
-    name: str
-    ignore_fields: tuple[str, ...] = ()
-
-
-# End-user identifiers and cache-routing hints: set per run by some agents, no effect on sampling.
-PROFILES: dict[str, Profile] = {
-    p.name: p
-    for p in (
-        Profile("openai", ("/user", "/prompt_cache_key", "/safety_identifier")),
-        Profile("openai-responses", ("/user", "/prompt_cache_key", "/safety_identifier")),
-        Profile("anthropic", ("/metadata/user_id",)),
-        Profile("gemini"),
-        Profile("generic"),
-    )
-}
-
-
-def detect(host: str, path: str) -> Profile:
-    """The profile for a request, from its host and path (any OpenAI-compatible server included)."""
-    route = path.split("?", 1)[0].rstrip("/")
-    host = host.lower()
-    if ":generatecontent" in route.lower() or ":streamgeneratecontent" in route.lower() or "generativelanguage" in host:
-        return PROFILES["gemini"]
-    if route.endswith("/messages") or "anthropic" in host:
-        return PROFILES["anthropic"]
-    if route.endswith("/responses"):
-        return PROFILES["openai-responses"]
-    if route.endswith(("/chat/completions", "/completions", "/embeddings")) or "openai" in host:
-        return PROFILES["openai"]
-    return PROFILES["generic"]
-
-
-def pick(forced: str | None, host: str, path: str) -> Profile:
-    if forced is not None:
-        if forced not in PROFILES:
-            raise ValueError(f"unknown profile {forced!r}; choose one of {', '.join(PROFILES)}")
-        return PROFILES[forced]
-    return detect(host, path)
+# Provider detection and keying moved to the providers package; these names stay for callers.
+PROFILES = PROVIDERS
+detect = _providers.detect
+pick = _providers.pick

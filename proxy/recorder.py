@@ -8,9 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisefloor.proxy import exchange_record
+from noisefloor.proxy import exchange_record, providers, replay_index
+from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.profiles import extract_meta
+from noisefloor.proxy.providers import Provider
 from noisefloor.proxy.store import RecordedEntry, Store
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
 
@@ -24,12 +26,16 @@ class Pending:
     prepared: Prepared
     request_json: str  # the request's record fields, a JSON object without "notes"
     notes: list[str]
+    provider: Provider | None = None
+    deps: tuple[int, ...] = ()  # seqs of this session's answers the request carries
+    near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # its nearest-request index entry
 
 
 class Recorder:
     def __init__(self, store: Store, rules: Rules) -> None:
-        store.bind_rules(rules.id, rules.describe())
+        store.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
         self.store = store
+        self.answers = Tracker()
         self.rules = rules
         self.stats = Stats()
         self.counters = Counters()
@@ -40,7 +46,14 @@ class Recorder:
         p = prepare(request, labels, self.rules, self.counters)
         record = exchange_record.request_part(p, "record", self.rules.id)
         notes = record.pop("notes")
-        return Pending(p, json.dumps(record), notes)
+        c = p.canonical
+        provider = providers.pick(self.rules.profile, c.host, c.path)
+        doc = c.body if c.body_kind == "json" else None
+        text = body_text(request.decoded if request.decoded is not None else request.raw_body) \
+            if provider.substring_deps else None
+        deps = self.answers.deps(labels.session, provider, doc, text)
+        near = replay_index.sketch(c, _route(p)) if c.body_kind == "json" else None
+        return Pending(p, json.dumps(record), notes, provider, deps, near)
 
     def finish(
         self,
@@ -68,6 +81,9 @@ class Recorder:
                         "finish_reason": meta.finish_reason, "truncated": meta.truncated}
             if response.status >= 400:
                 self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
+            elif 200 <= response.status < 300 and pending.provider is not None and error is None:
+                self.answers.answered(p.labels.session, p.seq, pending.provider, response.decoded_body,
+                                      response.header("content-type"))
         record.update(exchange_record.answer_part(response, identity))
         if error is not None:
             self.stats.errors += 1
@@ -77,10 +93,16 @@ class Recorder:
             session=p.labels.session,
             occurrence=p.occurrence,
             seq=p.seq,
-            route=f"{p.canonical.method} {p.canonical.host} {p.canonical.path}",
+            route=_route(p),
             start=p.started,
             end=end,
+            deps=pending.deps,
+            near=pending.near,
         )
         exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry)
         self.stats.exchanges += 1
         return exchange_id
+
+
+def _route(p: Prepared) -> str:
+    return f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"

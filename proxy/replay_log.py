@@ -33,6 +33,7 @@ class DeferredLog:
         self._pending: list[Callable[[], tuple[dict[str, Any], Mapping[str, bytes]]]] = []
         self._timer: asyncio.TimerHandle | None = None
         self._failure: BaseException | None = None
+        self.closes: Store | None = None  # a store of its own (--replay-log PATH), closed with it
 
     def submit(self, build: Callable[[], tuple[dict[str, Any], Mapping[str, bytes]]]) -> None:
         """Queue one exchange; `build` makes its record and bodies when the batch is written."""
@@ -82,6 +83,11 @@ class DeferredLog:
         self._on_error(exc)
 
     def close(self) -> None:
-        self.flush()
+        try:
+            self.flush()
+        finally:
+            if self.closes is not None:
+                self.closes.close()
+                self.closes = None
         if self._failure is not None:
             raise StoreError(f"writing the log failed: {self._failure}")

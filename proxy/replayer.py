@@ -1,33 +1,40 @@
 """Replay mode: answer every request from the recording, and say so loudly when it cannot.
 
-Matching rule (Appendix A.4 of the ladder paper asks for it to be explicit): the recorded answers
-for a key are ordered by recorded session (in the order sessions began) and then by occurrence
-within the session. The n-th request with that key in a replay session gets the n-th answer.
-A replay session never shares counters with another, so every replayed agent run sees the same
-answers.
+Which answer a request gets (DESIGN.md, "Which answer a replayed request gets"): the recorded
+answers for its key, in scope (the sessions asked for), ordered by recorded session (in the
+order sessions began) and then by occurrence. Pairing follows content, not time:
 
-Order is the recorded happens-before order, not a total order: requests that overlapped in time
-when recorded have no order between them (a harness sends them concurrently); only a request
-that arrived after another's answer was complete can depend on it. So an answer drawn from a
-recorded session may be given once every request of that session that had finished before it
-started has been asked in this replay session. The proxy waits for that (the predecessors are
-usually a concurrent request a moment behind); a predecessor still not asked when the wait runs
-out is a real departure: a call-order violation naming the request that should have come first.
+- a key with one recorded answer in scope is answered at once, whatever came before it;
+- identical requests (one key, several answers: sampling) take the answers occurrence by
+  occurrence, in recorded order, preferring an answer whose request carried only answers this
+  replay session has been served (its content dependencies); a replay session never shares
+  them with another, so every replayed agent run sees the same answers;
+- a call-order violation is a request that carries an answer this replay session has not been
+  served (it cannot have come from this replay);
+- any other departure from the recorded order (a request asked before one that had its answer
+  before it was recorded) changes no pairing: an order note, counted and shown, never refused.
+
+`order="recorded"` keeps the earlier, stricter rule for users who want it: the n-th request with
+a key gets the n-th answer, and may be given only once every request of its recorded session
+that had its answer before it was asked has been asked in this replay session (the proxy waits
+`--order-wait` for them; still missing, a call-order violation).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections import defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
-from noisefloor.proxy import diagnosis, exchange_record, replies
+from noisefloor.proxy import diagnosis, exchange_record, replay_index, replies
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
+
+ORDERS = ("content", "recorded")
+_SHOWN = 10  # misses and order notes listed in the summary
 
 
 @dataclass(frozen=True)
@@ -38,12 +45,27 @@ class Answer:
 
 @dataclass(frozen=True)
 class Matched:
-    """A request matched to its recorded answer, not answered yet: its recorded predecessors may
-    still have to be asked (see `blocker`)."""
+    """A request matched to its recorded answer, not answered yet (in `order="recorded"` its
+    recorded predecessors may still have to be asked: see `blocker`)."""
 
     prepared: Prepared
     entry: RecordedEntry
     session: str
+    violation: str | None = None  # why it is a call-order violation (content pairing)
+    carried: RecordedEntry | None = None  # the answer it carries that was not served
+    note: str | None = None  # an order note: recorded order departed from, no pairing changed
+
+
+@dataclass(frozen=True)
+class MissReport:
+    """One miss, for the summary: what it replaced and which recorded requests carry that answer."""
+
+    session: str
+    task: str | None
+    key: str
+    route: str
+    nearest: dict[str, Any] | None
+    affected: tuple[int, ...]  # recorded exchanges that carry the nearest request's answer
 
 
 @dataclass
@@ -53,6 +75,16 @@ class _Progress:
 
     asked: set[int]
     frontier: int = 0
+
+
+@dataclass
+class _Order:
+    """One recorded session's requests in order of completion, and for each how many of them had
+    completed before it arrived (its recorded predecessors are that prefix)."""
+
+    by_end: list[RecordedEntry]
+    needs: dict[int, int]
+    dependents: dict[int, list[int]] = field(default_factory=dict)  # seq -> seqs that carry its answer
 
 
 class Replayer:
@@ -65,28 +97,39 @@ class Replayer:
         allow_reuse: bool = False,
         sources: Iterable[str] = (),
         log: Callable[[LogEntry], None] | None = None,
+        order: str = "content",
+        say: Callable[[str], None] | None = None,
     ) -> None:
         """`log` receives, for each replayed request, a function that builds its exchange record and
-        bodies; calling it later keeps that work off the answer's path (default: written at once)."""
-        store.bind_rules(rules.id, rules.describe())
+        bodies; calling it later keeps that work off the answer's path (default: written at once).
+        `say` gets one line per miss (stderr in the proxy)."""
+        if order not in ORDERS:
+            raise ValueError(f"unknown replay order {order!r}; choose one of {', '.join(ORDERS)}")
+        store.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
         self.store = store
         self.rules = rules
         self._log_sink = log or (lambda build: store.append(*build(), None))
+        self._say = say
         self.strict = strict
         self.allow_reuse = allow_reuse
+        self.order = order
         self.stats = Stats()
         self.counters = Counters()
-        wanted = set(sources)
-        entries = [e for e in store.recorded_entries() if not wanted or e.session in wanted]
-        if wanted and not entries:
-            raise ValueError(f"no recorded session named {sorted(wanted)} in {store.path}; list them with `nfproxy log`")
-        self._by_key, self._session_keys, self._by_end, self._needs = _index(entries)
+        self.index = replay_index.open_index(store, rules)
+        self.sources = frozenset(sources)
+        if self.sources and all(self.index.first_id(s) is None for s in self.sources):
+            raise ValueError(f"no recorded session named {sorted(self.sources)} in {store.path}; "
+                             "list them with `nfproxy log`")
         self._progress: dict[tuple[str, str], _Progress] = {}
-        self._entries = entries
+        self._orders: dict[str, _Order] = {}
+        self._used: dict[str, set[int]] = {}  # replay session -> recorded ids it was served
+        self._served: dict[str, set[tuple[str, int]]] = {}  # ... as (recorded session, seq)
+        self.misses: list[MissReport] = []
+        self.order_notes: list[str] = []
 
     @property
     def recorded(self) -> int:
-        return len(self._entries)
+        return self.index.count()
 
     def answer(self, request: RequestData, labels: Labels) -> Answer:
         """Match and answer at once, without waiting for predecessors (a library caller)."""
@@ -97,47 +140,171 @@ class Replayer:
         """Key the request and pick its recorded answer (a miss is answered at once). The request
         counts as asked from here on, so requests waiting for it can go ahead."""
         p = prepare(request, labels, self.rules, self.counters)
-        index = self._by_key if labels.replay_from is None else self._session_keys.get(labels.replay_from, {})
-        candidates = index.get(p.key, [])
-        if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
-            entry = candidates[min(p.occurrence, len(candidates) - 1)]
-            self._ask(labels.session, entry)
-            return Matched(p, entry, labels.session)
-        near = None if candidates else diagnosis.nearest(self.store, self.rules, self._entries, p)
-        return self._log(p, "miss", replies.miss(p, len(candidates), near), None, None)
+        candidates = self._candidates(p.key, labels)
+        if self.order == "recorded":
+            if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
+                entry = candidates[min(p.occurrence, len(candidates) - 1)]
+                self._ask(labels.session, entry)
+                return Matched(p, entry, labels.session)
+            return self._miss(p, candidates)
+        used = self._used.setdefault(labels.session, set())
+        fresh = [e for e in candidates if e.id not in used]
+        if not fresh:
+            if candidates and self.allow_reuse:
+                return Matched(p, candidates[-1], labels.session)
+            return self._miss(p, candidates)
+        served = self._served.setdefault(labels.session, set())
+        entry = next((e for e in fresh if all((e.session, d) in served for d in e.deps)), None)
+        if entry is None:  # every recorded occurrence carries an answer this session was not served
+            entry = fresh[0]
+            seq = next(d for d in entry.deps if (entry.session, d) not in served)
+            carried = self._session(entry.session)[1].get(seq)
+            where = f"exchange {carried.id}, {carried.route}" if carried else f"seq {seq}"
+            why = (f"this request carries the answer of recorded session {entry.session!r}'s request ({where}), "
+                   "which this replay session has not been served")
+            self._take(labels.session, entry)
+            return Matched(p, entry, labels.session, violation=why, carried=carried)
+        self._take(labels.session, entry)
+        return Matched(p, entry, labels.session, note=self._order_note(labels.session, entry))
 
     def blocker(self, m: Matched) -> RecordedEntry | None:
-        """The first recorded predecessor of `m` (same recorded session, answered before `m` was
-        asked) that this replay session has not asked yet; None when `m` may be answered."""
-        prog = self._progress[(m.session, m.entry.session)]
-        need = self._needs[m.entry.id]
-        if prog.frontier >= need:
+        """`order="recorded"`: the first recorded predecessor of `m` (same recorded session, answered
+        before `m` was asked) that this replay session has not asked yet; None when `m` may be
+        answered. Content pairing never waits: always None."""
+        if self.order != "recorded":
             return None
-        return next(e for e in self._by_end[m.entry.session][:need] if e.id not in prog.asked)
+        return self._first_unasked(m.session, m.entry)
 
     def settle(self, m: Matched, waited: float = 0.0) -> Answer:
-        """Answer a matched request: a hit, or a call-order violation if a predecessor is still missing."""
-        first = self.blocker(m)
+        """Answer a matched request: a hit, or a call-order violation."""
+        if self.order == "recorded":
+            first = self.blocker(m)
+            if first is None:
+                return self._hit(m)
+            why = (f"recorded session {m.entry.session!r} asked {first.route} (exchange {first.id}, key "
+                   f"{first.key[:12]}) and had its answer before it asked this request; this replay session "
+                   f"has not asked it" + (f" (waited {waited:g} s)" if waited else ""))
+            return self._violation(m, why, first)
+        if m.violation is not None:
+            return self._violation(m, m.violation, m.carried)
+        return self._hit(m)
+
+    def summary_lines(self) -> list[str]:
+        """What the exit summary adds: each miss and what it affected, the order notes."""
+        lines = []
+        for r in self.misses[:_SHOWN]:
+            near = r.nearest
+            head = f"  miss {r.key[:12]} (session {r.session}" + (f", task {r.task})" if r.task else ")")
+            if near is None:
+                lines.append(head + ": no recorded request like it")
+                continue
+            total = len(self._session(near["session"])[0]) if near.get("session") else 0
+            if r.affected:
+                ids = ", ".join(str(i) for i in r.affected[:8]) + (" ..." if len(r.affected) > 8 else "")
+                lines.append(f"{head} replaced recorded exchange {near['exchange_id']}: {len(r.affected)} later "
+                             f"recorded requests carry its answer and are affected (exchanges {ids}); the other "
+                             f"{max(total - 1 - len(r.affected), 0)} of session {near['session']!r} are not")
+            else:
+                lines.append(f"{head} replaced recorded exchange {near['exchange_id']}: no recorded request carries "
+                             "its answer, the others are unaffected")
+        if len(self.misses) > _SHOWN:
+            lines.append(f"  ... {len(self.misses) - _SHOWN} more misses (see the replay log)")
+        if self.order_notes:
+            lines.append(f"  {len(self.order_notes)} order notes (recorded order departed from, no answer changed), "
+                         "e.g.: " + self.order_notes[0])
+        return lines
+
+    # -- pairing -------------------------------------------------------------------------------
+
+    def _candidates(self, key: str, labels: Labels) -> list[RecordedEntry]:
+        found = self.index.candidates(key)
+        scope = {labels.replay_from} if labels.replay_from is not None else self.sources
+        return [e for e in found if e.session in scope] if scope else found
+
+    def _take(self, session: str, entry: RecordedEntry) -> None:
+        self._used[session].add(entry.id)
+        self._served[session].add((entry.session, entry.seq))
+        self._ask(session, entry)
+
+    def _order_note(self, session: str, entry: RecordedEntry) -> str | None:
+        first = self._first_unasked(session, entry)
         if first is None:
-            source, response = self._source(m.entry.id)
-            return self._log(m.prepared, "hit", response, m.entry, None, source)
-        why = (f"recorded session {m.entry.session!r} asked {first.route} (exchange {first.id}, key "
-               f"{first.key[:12]}) and had its answer before it asked this request; this replay session "
-               f"has not asked it" + (f" (waited {waited:g} s)" if waited else ""))
+            return None
+        note = (f"exchange {entry.id} ({entry.route}) was asked before exchange {first.id}, which had its answer "
+                f"before it in recorded session {entry.session!r}")
+        self.order_notes.append(note)
+        return note
+
+    def _session(self, name: str) -> tuple[list[RecordedEntry], dict[int, RecordedEntry]]:
+        s = self.index.session(name)
+        return s.entries, s.by_seq
+
+    def _order(self, name: str) -> _Order:
+        if name not in self._orders:
+            entries = self._session(name)[0]
+            span = _spans(entries)
+            ordered = sorted(entries, key=lambda e: (span[e.id][1], e.seq))
+            ends = [span[e.id][1] for e in ordered]
+            needs = {e.id: bisect_right(ends, span[e.id][0]) for e in entries}
+            dependents: dict[int, list[int]] = {}
+            for e in entries:
+                for d in e.deps:
+                    dependents.setdefault(d, []).append(e.seq)
+            self._orders[name] = _Order(ordered, needs, dependents)
+        return self._orders[name]
+
+    def _ask(self, session: str, entry: RecordedEntry) -> None:
+        prog = self._progress.setdefault((session, entry.session), _Progress(set()))
+        prog.asked.add(entry.id)
+        order = self._order(entry.session).by_end
+        while prog.frontier < len(order) and order[prog.frontier].id in prog.asked:
+            prog.frontier += 1
+
+    def _first_unasked(self, session: str, entry: RecordedEntry) -> RecordedEntry | None:
+        prog = self._progress.get((session, entry.session))
+        order = self._order(entry.session)
+        need = order.needs.get(entry.id, 0)
+        if prog is None or prog.frontier >= need:
+            return None
+        return next((e for e in order.by_end[:need] if e.id not in prog.asked), None)
+
+    def _affected(self, session: str, exchange_id: int) -> tuple[int, ...]:
+        """Recorded requests that carry the answer of `exchange_id`, directly or through others."""
+        _, by_seq = self._session(session)
+        start = next((e for e in by_seq.values() if e.id == exchange_id), None)
+        if start is None:
+            return ()
+        dependents = self._order(session).dependents
+        seen: set[int] = set()
+        todo = [start.seq]
+        while todo:
+            for s in dependents.get(todo.pop(), ()):
+                if s not in seen:
+                    seen.add(s)
+                    todo.append(s)
+        return tuple(sorted(by_seq[s].id for s in seen if s in by_seq))
+
+    # -- answers -------------------------------------------------------------------------------
+
+    def _hit(self, m: Matched) -> Answer:
+        source, response = self._source(m.entry.id)
+        return self._log(m.prepared, "hit", response, m.entry, None, source, note=m.note)
+
+    def _violation(self, m: Matched, why: str, first: RecordedEntry | None) -> Answer:
         if self.strict:
             return self._log(m.prepared, "order_violation", replies.order_violation(m.prepared, m.entry, why, first),
                              m.entry, why)
         source, response = self._source(m.entry.id)
         return self._log(m.prepared, "order_violation", response, m.entry, why, source)
 
-    # -- helpers -------------------------------------------------------------------------------
-
-    def _ask(self, session: str, entry: RecordedEntry) -> None:
-        prog = self._progress.setdefault((session, entry.session), _Progress(set()))
-        prog.asked.add(entry.id)
-        order = self._by_end[entry.session]
-        while prog.frontier < len(order) and order[prog.frontier].id in prog.asked:
-            prog.frontier += 1
+    def _miss(self, p: Prepared, candidates: list[RecordedEntry]) -> Answer:
+        near = None if candidates else diagnosis.nearest(self.store, self.rules, self.index, p)
+        affected = self._affected(near["session"], near["exchange_id"]) if near and near.get("session") else ()
+        route = f"{p.canonical.method} {p.canonical.path}"
+        self.misses.append(MissReport(p.labels.session, p.labels.task, p.key, route, near, affected))
+        if self._say is not None:
+            self._say(_miss_line(p, route, len(candidates), near, affected))
+        return self._log(p, "miss", replies.miss(p, len(candidates), near, list(affected)), None, None)
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one replayer per process; replicates serve the same answers again
     def _source(self, exchange_id: int) -> tuple[Exchange, ResponseData]:
@@ -171,6 +338,7 @@ class Replayer:
         entry: RecordedEntry | None,
         why: str | None,
         source: Exchange | None = None,
+        note: str | None = None,
     ) -> Answer:
         def build() -> tuple[dict[str, Any], dict[str, bytes]]:  # called by the log sink, maybe later
             record = exchange_record.request_part(p, "replay", self.rules.id)
@@ -178,6 +346,8 @@ class Replayer:
             identity = None if source is None else {k: getattr(source, k) for k in exchange_record.ANSWER_FIELDS}
             record.update(exchange_record.answer_part(response, identity))
             record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
+            if note is not None:
+                record["replay"]["order_note"] = note
             record["latency_ms"] = 0.0
             if source is not None:
                 record["error"] = source.error
@@ -187,44 +357,28 @@ class Replayer:
         self.stats.exchanges += 1
         if result == "hit":
             self.stats.hits += 1
+            self.stats.order_notes += note is not None
         elif result == "miss":
             self.stats.misses += 1
         else:
             self.stats.order_violations += 1
         return Answer(result, response)
 
-Keyed = dict[str, list[RecordedEntry]]
+
 LogEntry = Callable[[], tuple[dict[str, Any], dict[str, bytes]]]
 
 
-def _index(entries: list[RecordedEntry]) -> tuple[Keyed, dict[str, Keyed], dict[str, list[RecordedEntry]],
-                                                  dict[int, int]]:
-    """Answers by key (sessions in the order they began, then occurrence), the same per recorded
-    session, each session's requests in order of completion, and for each request how many of
-    those had completed before it arrived (its recorded predecessors are that prefix)."""
-    first_id: dict[str, int] = {}
-    by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
-    for e in entries:
-        first_id.setdefault(e.session, e.id)
-        by_session[e.session].append(e)
-    by_key: Keyed = defaultdict(list)
-    for e in sorted(entries, key=lambda e: (first_id[e.session], e.occurrence)):
-        by_key[e.key].append(e)
-    per_session: dict[str, Keyed] = {}
-    by_end: dict[str, list[RecordedEntry]] = {}
-    needs: dict[int, int] = {}
-    for name, lst in by_session.items():
-        keyed: Keyed = defaultdict(list)
-        for e in sorted(lst, key=lambda e: e.occurrence):
-            keyed[e.key].append(e)
-        per_session[name] = keyed
-        span = _spans(lst)
-        ordered = sorted(lst, key=lambda e: (span[e.id][1], e.seq))
-        ends = [span[e.id][1] for e in ordered]
-        by_end[name] = ordered
-        for e in lst:
-            needs[e.id] = bisect_right(ends, span[e.id][0])
-    return by_key, per_session, by_end, needs
+def _miss_line(p: Prepared, route: str, recorded: int, near: dict[str, Any] | None, affected: tuple[int, ...]) -> str:
+    """One compact stderr line per miss."""
+    who = f"session {p.labels.session}" + (f" task {p.labels.task}" if p.labels.task else "")
+    head = f"nfproxy: miss {who} key {p.key[:12]} {route}"
+    if recorded:
+        return f"{head}: occurrence {p.occurrence}, the recording holds {recorded}"
+    if near is None:
+        return f"{head}: nothing like it was recorded"
+    tail = f"; {len(affected)} recorded requests carry its answer" if affected else ""
+    return (f"{head}: nearest recorded exchange {near['exchange_id']} (session {near['session']}, similarity "
+            f"{near['similarity']}) differs first at {near['differs_at']}{tail}")
 
 
 def _spans(session: list[RecordedEntry]) -> dict[int, tuple[float, float]]:

@@ -1,12 +1,14 @@
 """The answers replay gives itself instead of a recorded one: a miss, a call-order violation, a
 refused WebSocket, a replay that broke, a recorded connection failure. JSON error bodies in the
-shape the SDKs print, with the `x-nf-replay` header saying which."""
+error shape of the request's provider (its module says which), so its SDK prints the message,
+with the `x-nf-replay` header saying which."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from noisefloor.proxy import providers
 from noisefloor.proxy.store import RecordedEntry
 from noisefloor.proxy.traffic import Prepared, ResponseData
 
@@ -25,26 +27,35 @@ def _json(status: int, doc: dict[str, Any], headers: tuple[tuple[str, str], ...]
 
 
 def _keyed(status: int, doc: dict[str, Any], p: Prepared, result: str) -> ResponseData:
-    return _json(status, doc, (("x-nf-replay", result), ("x-nf-key", p.key), ("x-nf-occurrence", str(p.occurrence))),
-                 indent=1)
+    provider = providers.detect(p.canonical.host, p.canonical.path)
+    extra = {k: v for k, v in doc.items() if k not in ("type", "message")}
+    body = json.dumps(provider.error_body(status, doc["type"], doc["message"], extra), indent=1).encode()
+    return ResponseData(status, (("content-type", "application/json"), ("x-nf-replay", result), ("x-nf-key", p.key),
+                                 ("x-nf-occurrence", str(p.occurrence)), ("content-length", str(len(body)))), body)
 
 
-def miss(p: Prepared, recorded: int, nearest: dict[str, Any] | None) -> ResponseData:
+def miss(p: Prepared, recorded: int, nearest: dict[str, Any] | None, affected: list[int] | None = None
+         ) -> ResponseData:
     if recorded:
         message = (f"nfproxy replay miss: request key {p.key[:12]} asked for occurrence {p.occurrence} "
                    f"but the recording holds {recorded}; pass --allow-reuse to repeat the last answer")
     else:
         message = f"nfproxy replay miss: request key {p.key[:12]} was never recorded"
+        if nearest is not None:
+            message += (f"; the nearest recorded request (exchange {nearest['exchange_id']}) differs first at "
+                        f"{nearest['differs_at']}")
     return _keyed(MISS_STATUS, {"type": "nfproxy_replay_miss", "message": message, "key": p.key,
-                                "occurrence": p.occurrence, "recorded_occurrences": recorded, "nearest": nearest},
+                                "occurrence": p.occurrence, "recorded_occurrences": recorded, "nearest": nearest,
+                                "affected": affected or []},
                   p, "miss")
 
 
-def order_violation(p: Prepared, entry: RecordedEntry, why: str, first: RecordedEntry) -> ResponseData:
+def order_violation(p: Prepared, entry: RecordedEntry, why: str, first: RecordedEntry | None) -> ResponseData:
     return _keyed(ORDER_STATUS, {
         "type": "nfproxy_order_violation", "message": f"nfproxy call-order violation: {why}", "key": p.key,
         "occurrence": p.occurrence, "source_exchange": entry.id,
-        "should_come_first": {"exchange": first.id, "key": first.key, "route": first.route, "session": first.session},
+        "should_come_first": None if first is None else {"exchange": first.id, "key": first.key, "route": first.route,
+                                                         "session": first.session},
     }, p, "order_violation")
 
 

@@ -41,6 +41,8 @@ class ServeOptions:
     replay_sessions: tuple[str, ...] = ()
     replay_timed: bool = False  # replay streams with the recorded gaps
     order_wait: float = 5.0
+    replay_order: str = "content"  # how replayed requests are paired with recorded answers (replayer.py)
+    replay_log: Path | None = None  # where replay writes its own exchange records; None: nowhere
     overrides: tuple[Override, ...] = ()
     variant: tuple[str, Any] | None = None  # a prompt perturbation: (name, rewrite)
     stream_timeout: float = 120.0
@@ -54,7 +56,7 @@ class ServeOptions:
 def serve(o: ServeOptions) -> int:
     """Run until SIGINT / SIGTERM (or the wrapped command's end); the exit status."""
     store, engine, upstream, writer = _open_engine(o.mode, o.store_path, o.rules, o.upstream, o.strict,
-                                                   o.allow_reuse, o.replay_sessions)
+                                                   o.allow_reuse, o.replay_sessions, o.replay_order, o.replay_log)
     stats: Stats = engine.stats if engine is not None else Stats()
     run = _Serve(o.mode, o.host, o.port, upstream, o.confdir, o.store_path, o.quiet, list(o.command), o.upstream_ca)
     try:
@@ -69,6 +71,8 @@ def serve(o: ServeOptions) -> int:
                 store.close()
     if not o.quiet:
         click.echo(stats.summary(o.mode, str(o.store_path)), err=True)
+        for line in engine.summary_lines() if o.mode == "replay" and engine is not None else ():
+            click.echo(line, err=True)
         if stats.tls_failures:
             click.echo(f"nfproxy: {stats.tls_failures} client TLS handshakes failed: the client does not trust the "
                        f"nfproxy CA; run `nfproxy ca --confdir {o.confdir}` for the file and environment to set",
@@ -82,14 +86,22 @@ def serve(o: ServeOptions) -> int:
     return EXIT_OK
 
 
+def _same(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve()
+
+
 def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None, strict: bool, allow_reuse: bool,
-                 replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
+                 replay_sessions: tuple[str, ...], replay_order: str = "content", replay_log: Path | None = None,
+                 ) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
     if mode == "passthrough":
         return None, None, upstream, None
     from noisefloor.proxy.recorder import Recorder
     from noisefloor.proxy.replayer import Replayer
 
-    read_only = mode == "replay" and is_read_only(store_path)
+    # Replay writes into the recording only when asked (--replay-log STORE): a recording kept as a
+    # test fixture stays byte-identical through any number of replays.
+    into_source = mode == "replay" and replay_log is not None and _same(replay_log, store_path)
+    read_only = mode == "replay" and (not into_source or is_read_only(store_path))
     try:
         store = Store.open(store_path, write=not read_only, create=(mode == "record"))
         if mode == "record":
@@ -110,14 +122,21 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
                 click.echo(f"nfproxy: a replay log record could not be built ({exc.__class__.__name__}); "
                            "the answer was served, the record is missing", err=True)
 
-            if read_only:
+            if into_source and read_only:
                 click.echo(f"nfproxy: store {store_path} is read-only: replay answers from it but writes no log "
                            "records of its own (the summary still counts every request)", err=True)
                 sink = _discard
+            elif replay_log is None:
+                sink = _discard
             else:
-                writer = DeferredLog(store, on_error=lost)
+                target = store if into_source else Store.open(replay_log, write=True, create=True)
+                writer = DeferredLog(target, on_error=lost)
+                if not into_source:
+                    target.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
+                    writer.closes = target
                 sink = writer.submit
-            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions, log=sink)
+            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions, log=sink,
+                              order=replay_order, say=lambda line: click.echo(line, err=True))
             if engine.recorded == 0:
                 raise StoreError(f"store {store_path} holds no recorded exchanges; record with --mode record first")
             upstream = upstream or store.meta("upstream")

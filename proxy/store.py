@@ -7,6 +7,9 @@ Layout (named databases):
   recorded  u64 id -> JSON         the compact replay index of record-mode exchanges
   outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
                                    that the log is the one artifact a user keeps
+  rindex    prefixed keys -> small values: the replay index's lookups (see `replay_index.py`),
+                                   so that replay reads what a request needs instead of loading
+                                   the whole index (stores made before it have none)
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it. This module is the only way any
@@ -31,7 +34,7 @@ import zstandard
 
 from noisefloor.errors import StateError
 from noisefloor.outcome_rows import row_key
-from noisefloor.proxy import exchange_record
+from noisefloor.proxy import exchange_record, replay_index
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import decode_body
 
@@ -119,10 +122,18 @@ class RecordedEntry:
     route: str  # "METHOD host path": narrows the nearest-request search on a miss
     start: float | None = None  # when the request arrived and when its answer was complete: the
     end: float | None = None  # recorded happens-before order (None in stores recorded before it)
+    deps: tuple[int, ...] = ()  # seqs (same session) of the recorded answers this request carries
+    # the nearest-request index's entry, written with the exchange (not part of the JSON entry)
+    near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # (bucket, bands, signature)
 
 
 _ENTRY_FIELDS = tuple(RecordedEntry.__dataclass_fields__)
 _ENTRY_REQUIRED = ("id", "key", "session", "occurrence", "seq", "route")
+
+
+def _entry(doc: dict[str, Any]) -> RecordedEntry:
+    return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
+                         deps=tuple(doc.get("deps", ())))
 
 
 class Store:
@@ -143,6 +154,10 @@ class Store:
             self._outcomes: Any = env.open_db(b"outcomes", create=writable)
         except lmdb.NotFoundError:
             self._outcomes = None
+        try:  # nor those written before the replay index had its lookups
+            self._rindex: Any = env.open_db(b"rindex", create=writable)
+        except lmdb.NotFoundError:
+            self._rindex = None
         self._cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
         self._dctx = zstandard.ZstdDecompressor()
 
@@ -203,6 +218,7 @@ class Store:
         fmt = store.meta("format")
         if fmt is None and write:
             store.set_meta("format", FORMAT)
+            store.set_meta("replay_index", replay_index.VERSION)  # complete from the first exchange on
         elif fmt != FORMAT:
             store.close()
             raise StoreError(f"{p} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy")
@@ -268,8 +284,9 @@ class Store:
     def set_meta(self, name: str, value: Any) -> None:
         self._write(lambda txn: txn.put(name.encode(), json.dumps(value).encode(), db=self._meta))
 
-    def bind_rules(self, rules_id: str, described: dict[str, Any]) -> None:
-        """Store the rule set on first use; refuse a different one afterwards."""
+    def bind_rules(self, rules_id: str, described: dict[str, Any], also: tuple[str, ...] = ()) -> None:
+        """Store the rule set on first use; refuse a different one afterwards (`also`: earlier ids
+        of the same keying, which a store recorded before may carry)."""
         have = self.meta("rules_id")
         if have is None:
             if not self.writable:
@@ -277,7 +294,7 @@ class Store:
             self.set_meta("rules_id", rules_id)
             self.set_meta("rules", described)
             return
-        if have != rules_id:
+        if have != rules_id and have not in also:
             raise StoreError(
                 f"store {self.path} was recorded with normalization rules {have} "
                 f"({json.dumps(self.meta('rules'), sort_keys=True)}) but this run uses {rules_id}; "
@@ -366,7 +383,12 @@ class Store:
         if recorded is not None:
             entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,
                      "seq": recorded.seq, "route": recorded.route, "start": recorded.start, "end": recorded.end}
+            if recorded.deps:
+                entry["deps"] = list(recorded.deps)
             txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
+            if self._rindex is not None:
+                for k, v in replay_index.rows(new_id, recorded):
+                    txn.put(k, v, db=self._rindex)
         return new_id
 
     def exchange(self, exchange_id: int) -> Exchange | None:
@@ -383,8 +405,72 @@ class Store:
     def recorded_entries(self) -> Iterator[RecordedEntry]:
         with self._reading(), self._env.begin(db=self._recorded) as txn:
             for _, raw in txn.cursor():
-                doc = json.loads(raw)
-                yield RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"))
+                yield _entry(json.loads(raw))
+
+    # -- replay index lookups (replay_index.py owns their layout) ------------------------------
+
+    def has_replay_index(self) -> bool:
+        """Whether every recorded exchange has its lookup rows (stores made since they exist)."""
+        return self._rindex is not None and self.meta("replay_index") == replay_index.VERSION
+
+    def recorded_count(self) -> int:
+        with self._reading(), self._env.begin(db=self._recorded) as txn:
+            return txn.stat(self._recorded)["entries"]
+
+    def recorded_entry(self, exchange_id: int) -> RecordedEntry | None:
+        with self._reading(), self._env.begin(db=self._recorded) as txn:
+            raw = txn.get(_U64.pack(exchange_id))
+            return None if raw is None else _entry(json.loads(raw))
+
+    def index_scan(self, prefix: bytes, *, newest: int | None = None, oldest: int | None = None) -> list[bytes]:
+        """The index keys under `prefix` (their suffixes), oldest first; with `newest` (`oldest`),
+        only the last (first) that many."""
+        out: list[bytes] = []
+        with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn, txn.cursor() as cur:
+            if newest is None:
+                if cur.set_range(prefix):
+                    for k in cur.iternext(values=False):
+                        if not k.startswith(prefix) or (oldest is not None and len(out) >= oldest):
+                            break
+                        out.append(k[len(prefix):])
+                return out
+            end = replay_index.after(prefix)
+            found = cur.set_range(end) if end is not None else False
+            more = cur.prev() if found else cur.last()
+            while more and len(out) < newest:
+                k = cur.key()
+                if not k.startswith(prefix):
+                    break
+                out.append(k[len(prefix):])
+                more = cur.prev()
+        return out[::-1]
+
+    def index_get(self, key: bytes) -> bytes | None:
+        with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn:
+            return txn.get(key)
+
+    def index_get_many(self, keys: list[bytes]) -> list[bytes | None]:
+        with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn:
+            return [txn.get(k) for k in keys]
+
+    def latest_recorded_ids(self, n: int) -> list[int]:
+        """The ids of the last `n` recorded exchanges, newest first."""
+        out: list[int] = []
+        with self._reading(), self._env.begin(db=self._recorded) as txn, txn.cursor() as cur:
+            more = cur.last()
+            while more and len(out) < n:
+                out.append(_U64.unpack(cur.key())[0])
+                more = cur.prev()
+        return out
+
+    def recorded_entries_by_id(self, ids: list[int]) -> list[RecordedEntry]:
+        with self._reading(), self._env.begin(db=self._recorded) as txn:
+            out = []
+            for i in ids:
+                raw = txn.get(_U64.pack(i))
+                if raw is not None:
+                    out.append(_entry(json.loads(raw)))
+            return out
 
     # -- outcome rows --------------------------------------------------------------------------
 

@@ -266,6 +266,7 @@ class Stats:
     hits: int = 0
     misses: int = 0
     order_violations: int = 0
+    order_notes: int = 0  # replay: answered as recorded, asked in another order than recorded
     errors: int = 0
     unrecorded: int = 0  # record mode: exchanges the store does not hold (the recording is incomplete)
     tls_failures: int = 0
@@ -284,6 +285,7 @@ class Stats:
             parts.append(f"{self.unrecorded} exchanges NOT recorded")
         if mode == "replay":
             parts[1:1] = [f"{self.hits} hits", f"{self.misses} misses", f"{self.order_violations} order violations"]
+            parts.append(f"{self.order_notes} order notes")
         if self.upstream_errors:
             statuses = ", ".join(f"{n}x{s}" for s, n in sorted(self.upstream_errors.items()))
             parts.append(f"upstream error statuses: {statuses}")

@@ -389,14 +389,19 @@ def test_call_order_violation_is_reported_and_strict_fails(store, upstream, prox
     post(rec, one)
     post(rec, two)
     rec.stop()
-    rep = replay(store, proxies, "--order-wait", "0.5")
+    content = replay(store, proxies)  # two carries nothing of one's answer: asked first it is an order note
+    r = post(content, two)
+    assert r.status_code == 200 and r.headers["x-nf-replay"] == "hit"
+    assert content.stop() == 0 and "1 order notes" in content.output
+    rep = replay(store, proxies, "--replay-order", "recorded", "--order-wait", "0.5")
     r = post(rep, two)  # recorded after one's answer, asked first: the agent changed its order
     assert r.status_code == 412 and r.headers["x-nf-replay"] == "order_violation"
     err = r.json()["error"]
     assert "has not asked it (waited 0.5" in err["message"]
     assert err["should_come_first"]["exchange"] == 1  # names the request that had to come first
     assert rep.stop() == 3
-    lax = start_nfproxy("--mode", "replay", "--no-strict", "--store", str(store), "--order-wait", "0.5")
+    lax = start_nfproxy("--mode", "replay", "--no-strict", "--store", str(store), "--order-wait", "0.5",
+                        "--replay-order", "recorded")
     proxies.append(lax)
     assert post(lax, two).status_code == 200
     assert lax.stop() == 0

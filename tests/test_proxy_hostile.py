@@ -123,7 +123,7 @@ def test_a_byte_no_header_should_hold_does_not_change_how_the_next_request_is_tr
     proxies.append(rec)
     assert httpx.post(rec.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
     rec.stop()
-    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--allow-reuse")
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--allow-reuse", "--replay-log-in-store")
     proxies.append(rep)
     for key in (b"sk-\xff\xfe-not-utf8-PLANTED-0004", b"sk-plain-key-PLANTED-0005", b"sk-\x80-again-PLANTED-0006"):
         r = httpx.post(rep.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": key}, timeout=20)

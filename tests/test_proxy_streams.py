@@ -369,7 +369,7 @@ def test_websocket_upgrade_is_refused_loudly_in_replay(store, upstream, proxies)
     rec = record(store, upstream, proxies)
     httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
     rec.stop()
-    rep = replay(store, proxies)
+    rep = replay(store, proxies, "--replay-log-in-store")
     r = httpx.get(rep.url + "/v1/realtime", headers={"Upgrade": "websocket", "Connection": "Upgrade",
                                                       "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
                                                       "Sec-WebSocket-Version": "13"}, timeout=10)

@@ -1,0 +1,75 @@
+"""Anthropic messages: earlier assistant turns are text and `tool_use` blocks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+
+
+def matches(host: str, route: str) -> bool:
+    return route.endswith("/messages") or "anthropic" in host
+
+
+def _blocks(content: Any, marks: Marks) -> list[str]:
+    if isinstance(content, str):
+        return [content]
+    texts = []
+    for b in dicts(content):
+        if b.get("type") == "text" and isinstance(b.get("text"), str):
+            texts.append(b["text"])
+        add(marks, id_mark("c", b.get("id") if b.get("type") == "tool_use" else None))
+    return texts
+
+
+def carried(doc: Any) -> Marks:
+    marks: Marks = set()
+    for m in dicts(doc.get("messages") if isinstance(doc, dict) else None):
+        if m.get("role") == "assistant":
+            texts = _blocks(m.get("content"), marks)
+            add(marks, *(text_mark(t) for t in texts), text_mark("".join(texts)))
+        elif m.get("role") == "user":
+            for b in dicts(m.get("content")):
+                if b.get("type") == "tool_result":
+                    add(marks, id_mark("c", b.get("tool_use_id")))
+    return marks
+
+
+def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
+    marks: Marks = set()
+    if events is not None:
+        pieces: dict[int, list[str]] = {}
+        for ev in events:
+            kind = ev.get("type")
+            if kind == "content_block_start" and isinstance(ev.get("content_block"), dict):
+                block = ev["content_block"]
+                add(marks, id_mark("c", block.get("id") if block.get("type") == "tool_use" else None))
+                if isinstance(block.get("text"), str):
+                    pieces.setdefault(ev.get("index", 0), []).append(block["text"])
+            elif kind == "content_block_delta" and isinstance(ev.get("delta"), dict):
+                if isinstance(ev["delta"].get("text"), str):
+                    pieces.setdefault(ev.get("index", 0), []).append(ev["delta"]["text"])
+        texts = ["".join(p) for _, p in sorted(pieces.items())]
+    else:
+        texts = _blocks(doc.get("content") if isinstance(doc, dict) else None, marks)
+    if len(texts) > 1:
+        texts.append("".join(texts))
+    return answered_from(texts, marks)
+
+
+def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "error", "error": {"type": kind, "message": message, **extra}}
+
+
+PROVIDER = Provider(
+    name="anthropic",
+    matches=matches,
+    ignore_fields=("/metadata/user_id",),
+    credential_headers=("x-api-key", "authorization"),
+    version_headers=("anthropic-version", "anthropic-beta"),
+    base_url_env=(("ANTHROPIC_BASE_URL", ""),),
+    terminal_events=(b'"type":"message_stop"', b'"type": "message_stop"', b"event: message_stop"),
+    carried=carried,
+    answered=answered,
+    error_body=error_body,
+)

@@ -1,0 +1,67 @@
+"""Amazon Bedrock runtime: the Converse API and InvokeModel (an Anthropic body inside).
+
+Requests are signed (SigV4), so the signature and the session token are credentials and never
+part of the key; the body is keyed as it is (no ignored fields: the generic rules keyed this
+traffic before this module existed). Streams use AWS's binary event-stream framing, which
+nfproxy records and replays byte for byte but does not read.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noisefloor.proxy.providers import anthropic
+from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+
+
+def matches(host: str, route: str) -> bool:
+    return host.startswith("bedrock-runtime") or (route.startswith("/model/") and route.endswith(
+        ("/converse", "/converse-stream", "/invoke", "/invoke-with-response-stream")))
+
+
+def _content(content: Any, marks: Marks) -> list[str]:
+    texts = []
+    for b in dicts(content):
+        if isinstance(b.get("text"), str):
+            texts.append(b["text"])
+        for name in ("toolUse", "toolResult"):
+            if isinstance(b.get(name), dict):
+                add(marks, id_mark("c", b[name].get("toolUseId")))
+    return texts
+
+
+def carried(doc: Any) -> Marks:
+    if isinstance(doc, dict) and "anthropic_version" in doc:  # InvokeModel with an Anthropic body
+        return anthropic.carried(doc)
+    marks: Marks = set()
+    for m in dicts(doc.get("messages") if isinstance(doc, dict) else None):
+        texts = _content(m.get("content"), marks) if m.get("role") in ("assistant", "user") else []
+        if m.get("role") == "assistant":
+            add(marks, *(text_mark(t) for t in texts), text_mark("".join(texts)))
+    return marks
+
+
+def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
+    if isinstance(doc, dict) and isinstance(doc.get("content"), list):
+        return anthropic.answered(doc, None)
+    marks: Marks = set()
+    message = ((doc or {}).get("output") or {}).get("message") if isinstance(doc, dict) else None
+    texts = _content(message.get("content"), marks) if isinstance(message, dict) else []
+    if len(texts) > 1:
+        texts.append("".join(texts))
+    return answered_from(texts, marks)
+
+
+def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"message": message, "__type": kind, **extra}
+
+
+PROVIDER = Provider(
+    name="bedrock",
+    matches=matches,
+    credential_headers=("authorization", "x-amz-security-token", "x-amz-content-sha256"),
+    base_url_env=(("AWS_ENDPOINT_URL_BEDROCK_RUNTIME", ""),),
+    carried=carried,
+    answered=answered,
+    error_body=error_body,
+)

@@ -1,0 +1,61 @@
+"""Google Gemini generateContent: earlier answers come back as `model` turns in `contents`."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, text_mark
+
+
+def matches(host: str, route: str) -> bool:
+    low = route.lower()
+    return ":generatecontent" in low or ":streamgeneratecontent" in low or "generativelanguage" in host
+
+
+def _parts(parts: Any, marks: Marks) -> str:
+    texts = []
+    for p in dicts(parts):
+        if isinstance(p.get("text"), str) and not p.get("thought"):
+            texts.append(p["text"])
+        if isinstance(p.get("functionCall"), dict):
+            add(marks, "f:" + json.dumps(p["functionCall"], sort_keys=True))
+    return "".join(texts)
+
+
+def carried(doc: Any) -> Marks:
+    marks: Marks = set()
+    for turn in dicts(doc.get("contents") if isinstance(doc, dict) else None):
+        if turn.get("role") == "model":
+            add(marks, text_mark(_parts(turn.get("parts"), marks)))
+    return marks
+
+
+def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
+    marks: Marks = set()
+    pieces: dict[int, list[str]] = {}
+    for chunk in (events if events is not None else [doc] if isinstance(doc, dict) else []):
+        for i, cand in enumerate(dicts(chunk.get("candidates"))):
+            content = cand.get("content") if isinstance(cand.get("content"), dict) else {}
+            pieces.setdefault(cand.get("index", i), []).append(_parts(content.get("parts"), marks))
+    return answered_from(["".join(p) for _, p in sorted(pieces.items())], marks)
+
+
+_STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 412: "FAILED_PRECONDITION", 500: "INTERNAL",
+           501: "UNIMPLEMENTED", 502: "UNAVAILABLE"}
+
+
+def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"error": {"code": status, "message": message, "status": _STATUS.get(status, "UNKNOWN"),
+                      "details": [{"@type": kind, **extra}]}}
+
+
+PROVIDER = Provider(
+    name="gemini",
+    matches=matches,
+    credential_headers=("x-goog-api-key", "authorization"),
+    base_url_env=(("GOOGLE_GEMINI_BASE_URL", ""),),
+    carried=carried,
+    answered=answered,
+    error_body=error_body,
+)

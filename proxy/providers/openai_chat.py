@@ -1,0 +1,69 @@
+"""OpenAI chat completions (and the legacy completions and embeddings routes of the same API)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+
+IGNORE = ("/user", "/prompt_cache_key", "/safety_identifier")  # end-user ids and cache hints
+
+
+def matches(host: str, route: str) -> bool:
+    return route.endswith(("/chat/completions", "/completions", "/embeddings")) or "openai" in host
+
+
+def message_text(content: Any) -> str | None:
+    """A chat message's text: a string, or its text parts joined."""
+    if isinstance(content, str):
+        return content
+    parts = [p.get("text") for p in dicts(content) if p.get("type") in ("text", "output_text")]
+    return "".join(p for p in parts if isinstance(p, str)) if parts else None
+
+
+def carried(doc: Any) -> Marks:
+    """Assistant turns (text and tool calls) and tool results sent back in `messages`."""
+    marks: Marks = set()
+    for m in dicts(doc.get("messages") if isinstance(doc, dict) else None):
+        if m.get("role") == "assistant":
+            add(marks, text_mark(message_text(m.get("content"))))
+            for call in dicts(m.get("tool_calls")):
+                add(marks, id_mark("c", call.get("id")))
+        elif m.get("role") == "tool":
+            add(marks, id_mark("c", m.get("tool_call_id")))
+    return marks
+
+
+def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
+    marks: Marks = set()
+    texts: list[str] = []
+    if events is not None:  # deltas per choice index
+        pieces: dict[int, list[str]] = {}
+        for ev in events:
+            for ch in dicts(ev.get("choices")):
+                delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+                if isinstance(delta.get("content"), str):
+                    pieces.setdefault(ch.get("index", 0), []).append(delta["content"])
+                for call in dicts(delta.get("tool_calls")):
+                    add(marks, id_mark("c", call.get("id")))
+        texts = ["".join(p) for _, p in sorted(pieces.items())]
+    elif isinstance(doc, dict):
+        for ch in dicts(doc.get("choices")):
+            msg = ch.get("message") if isinstance(ch.get("message"), dict) else {}
+            texts.append(message_text(msg.get("content")) or ch.get("text") or "")
+            for call in dicts(msg.get("tool_calls")):
+                add(marks, id_mark("c", call.get("id")))
+    return answered_from(texts, marks)
+
+
+PROVIDER = Provider(
+    name="openai",
+    matches=matches,
+    ignore_fields=IGNORE,
+    credential_headers=("authorization", "openai-organization", "openai-project"),
+    version_headers=("openai-beta",),
+    base_url_env=(("OPENAI_BASE_URL", "/v1"),),
+    terminal_events=(b"data: [DONE]", b"data:[DONE]"),
+    carried=carried,
+    answered=answered,
+)

@@ -1,0 +1,238 @@
+"""The replay index: what replay looks up per request, read from LMDB on demand.
+
+Replay needs, for one request, the recorded answers with its key; for order notes, one recorded
+session's requests; for a miss, the few recorded requests most like it. None of that needs the
+whole index in memory, so start-up and memory do not grow with the store. Rows (one LMDB table,
+`rindex`, keys by prefix; values empty unless said):
+
+  k + key(32) + id(8)      recorded exchange `id` has request key `key`
+  s + session(12) + id(8)  ... belongs to recorded session (sha256 of its name, first 12 bytes)
+  b + bucket(8) + id(8)    ... was asked on this route and model (the miss search's fallback)
+  n + band(8) + id(8)      ... has this band of its request's MinHash sketch (locality-sensitive:
+                           requests that share most of their content share a band)
+  g + id(8) -> sketch      ... its sketch, 32 x uint32, to rank the candidates the bands found
+
+Stores recorded before these rows existed are indexed in memory instead (`MemoryIndex`), with
+the content dependencies recomputed from their exchanges, and nothing is written to them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import zlib
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:  # the store imports this module for its row layout
+    from noisefloor.proxy.keys import CanonicalRequest
+    from noisefloor.proxy.store import RecordedEntry, Store
+
+VERSION = 1
+_U64 = struct.Struct(">Q")
+KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
+
+_HASHES = 32  # MinHash values per sketch
+_ROWS = 2  # values per band: 16 bands; two requests with Jaccard J share a band with 1-(1-J^2)^16
+_PRIME = (1 << 31) - 1
+_rng = np.random.default_rng(20261201)  # fixed: sketches written by one process are read by another
+_A = _rng.integers(1, _PRIME, _HASHES, dtype=np.uint64)
+_B = _rng.integers(0, _PRIME, _HASHES, dtype=np.uint64)
+_MAX_FEATURES = 2048
+_SHINGLE = 3  # words per shingle of a long string
+BAND_READ = 32  # newest ids read per band
+RANKED = 64  # candidates whose sketches are compared
+
+
+def session_tag(session: str) -> bytes:
+    return hashlib.sha256(session.encode("utf-8", "surrogateescape")).digest()[:12]
+
+
+def after(prefix: bytes) -> bytes | None:
+    """The smallest key above every key that starts with `prefix`."""
+    p = bytearray(prefix)
+    while p:
+        if p[-1] < 0xFF:
+            p[-1] += 1
+            return bytes(p)
+        p.pop()
+    return None
+
+
+def rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
+    """The index rows of one recorded exchange, written in its transaction."""
+    idb = _U64.pack(exchange_id)
+    yield KEY + bytes.fromhex(entry.key) + idb, b""
+    yield SESSION + session_tag(entry.session) + idb, b""
+    if entry.near is not None:
+        bucket, bands, sketch_bytes = entry.near
+        yield BUCKET + bucket + idb, b""
+        for band in bands:
+            yield BAND + band + idb, b""
+        yield SKETCH + idb, sketch_bytes
+
+
+# -- the nearest-request sketch ------------------------------------------------------------------
+
+
+def bucket(route: str, body: Any) -> bytes:
+    model = body.get("model") if isinstance(body, dict) else None
+    return hashlib.sha256(f"{route}|{model if isinstance(model, str) else ''}".encode()).digest()[:8]
+
+
+def _features(value: Any, path: str, out: list[int]) -> None:
+    if len(out) >= _MAX_FEATURES:
+        return
+    if isinstance(value, dict):
+        for k in sorted(value):
+            _features(value[k], f"{path}/{k}", out)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _features(v, f"{path}/{i}", out)
+    else:
+        leaf = json.dumps(value, ensure_ascii=False)
+        out.append(zlib.crc32(f"{path}={leaf}".encode("utf-8", "surrogatepass")))
+        if isinstance(value, str) and len(value) > 40:  # long text: a changed word keeps most shingles
+            words = value.split()
+            room = _MAX_FEATURES - len(out)
+            for i in range(0, max(1, min(len(words) - _SHINGLE + 1, room))):
+                out.append(zlib.crc32(f"{path}~{' '.join(words[i:i + _SHINGLE])}".encode("utf-8", "surrogatepass")))
+
+
+def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:
+    """(bucket, bands, sketch bytes) of a request's canonical form."""
+    feats: list[int] = [zlib.crc32(route.encode())]
+    _features(canonical.body, "", feats)
+    x = np.fromiter(set(feats), dtype=np.uint64)
+    sig = ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1).astype("<u4")
+    buck = bucket(route, canonical.body)
+    bands = tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * _ROWS:(i + 1) * _ROWS].tobytes(), digest_size=8).digest()
+                  for i in range(_HASHES // _ROWS))
+    return buck, bands, sig.tobytes()
+
+
+def agreement(a: bytes, others: list[bytes]) -> np.ndarray:
+    """Estimated Jaccard similarity of sketch `a` with each of `others`."""
+    mine = np.frombuffer(a, dtype="<u4")
+    theirs = np.frombuffer(b"".join(others), dtype="<u4").reshape(len(others), _HASHES)
+    return (theirs == mine).mean(axis=1)
+
+
+# -- the two index kinds -------------------------------------------------------------------------
+
+
+@dataclass
+class _Session:
+    """One recorded session's requests, for order notes and for which requests a miss affects."""
+
+    entries: list[RecordedEntry]
+    by_seq: dict[int, RecordedEntry]
+
+
+class LmdbIndex:
+    """Lookups in the store's `rindex` rows: nothing loaded up front."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._sessions: dict[str, _Session] = {}
+        self._first: dict[str, int | None] = {}
+
+    def count(self) -> int:
+        return self.store.recorded_count()
+
+    def candidates(self, key: str) -> list[RecordedEntry]:
+        """Recorded answers for `key`, in the order their sessions began, then occurrence."""
+        ids = [_U64.unpack(s)[0] for s in self.store.index_scan(KEY + bytes.fromhex(key))]
+        found = self.store.recorded_entries_by_id(ids)
+        return sorted(found, key=lambda e: (self.first_id(e.session) or 0, e.occurrence))
+
+    def first_id(self, session: str) -> int | None:
+        """The session's first exchange id: sessions are ordered by when they began."""
+        if session not in self._first:
+            got = self.store.index_scan(SESSION + session_tag(session), oldest=1)
+            self._first[session] = _U64.unpack(got[0])[0] if got else None
+        return self._first[session]
+
+    def session(self, name: str) -> _Session:
+        if name not in self._sessions:
+            ids = [_U64.unpack(s)[0] for s in self.store.index_scan(SESSION + session_tag(name))]
+            entries = [e for e in self.store.recorded_entries_by_id(ids) if e.session == name]
+            self._sessions[name] = _Session(entries, {e.seq: e for e in entries})
+        return self._sessions[name]
+
+    def near(self, canonical: CanonicalRequest, route: str) -> list[tuple[int, float | None]]:
+        """The recorded requests most like this one, best first (a handful): (id, estimated
+        similarity of their content, None where unknown)."""
+        buck, bands, mine = sketch(canonical, route)
+        hits: Counter[int] = Counter()
+        for band in bands:
+            for s in self.store.index_scan(BAND + band, newest=BAND_READ):
+                hits[_U64.unpack(s)[0]] += 1
+        if not hits:  # nothing shares a band: the newest on the same route and model, then any
+            ids = [_U64.unpack(s)[0] for s in self.store.index_scan(BUCKET + buck, newest=4)][::-1]
+            return [(i, None) for i in ids or self.store.latest_recorded_ids(4)]
+        pool = [i for i, _ in hits.most_common(RANKED)]
+        sketches = self.store.index_get_many([SKETCH + _U64.pack(i) for i in pool])
+        kept = [(i, s) for i, s in zip(pool, sketches) if s]
+        if not kept:
+            return [(i, None) for i in pool[:4]]
+        scores = agreement(mine, [s for _, s in kept])
+        order = np.argsort(-scores, kind="stable")
+        return [(kept[j][0], round(float(scores[j]), 4)) for j in order[:4]]
+
+
+class MemoryIndex:
+    """A store without index rows (recorded before them): indexed in memory, dependencies
+    recomputed from its exchanges; the store is not written."""
+
+    def __init__(self, store: Store, rules: Any) -> None:
+        from noisefloor.proxy.dependencies import recompute
+
+        entries = list(store.recorded_entries())
+        deps = recompute(store, rules, entries) if not any(e.deps for e in entries) else {}
+        if deps:
+            from dataclasses import replace
+
+            entries = [replace(e, deps=deps.get(e.id, ())) for e in entries]
+        self._entries = entries
+        first: dict[str, int] = {}
+        by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
+        for e in entries:
+            first.setdefault(e.session, e.id)
+            by_session[e.session].append(e)
+        self._firsts = first
+        self._by_key: dict[str, list[RecordedEntry]] = defaultdict(list)
+        for e in sorted(entries, key=lambda e: (first[e.session], e.occurrence)):
+            self._by_key[e.key].append(e)
+        self._sessions = {n: _Session(lst, {e.seq: e for e in lst}) for n, lst in by_session.items()}
+
+    def count(self) -> int:
+        return len(self._entries)
+
+    def candidates(self, key: str) -> list[RecordedEntry]:
+        return self._by_key.get(key, [])
+
+    def first_id(self, session: str) -> int | None:
+        return self._firsts.get(session)
+
+    def session(self, name: str) -> _Session:
+        return self._sessions.get(name) or _Session([], {})
+
+    def near(self, canonical: CanonicalRequest, route: str) -> list[tuple[int, float | None]]:
+        """The newest distinct requests on the same route (or any): a scan, as before the index;
+        the caller compares each with the request."""
+        latest: dict[str, RecordedEntry] = {}
+        for e in self._entries:
+            latest[e.key] = e
+        pool = [e for e in latest.values() if e.route == route] or list(latest.values())
+        return [(e.id, None) for e in pool[-RANKED:]][::-1]
+
+
+def open_index(store: Store, rules: Any) -> LmdbIndex | MemoryIndex:
+    return LmdbIndex(store) if store.has_replay_index() else MemoryIndex(store, rules)
+

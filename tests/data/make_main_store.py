@@ -1,0 +1,55 @@
+"""How tests/data/store-main-1704f55 was made: run with main at 1704f55 on the import path
+(PYTHONPATH pointing at a checkout of that commit laid out as the `noisefloor` package).
+
+One session, "S": four independent questions, a two-turn conversation whose second turn carries
+the first answer, and one question asked twice (two different answers), all OpenAI chat."""
+
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.store import Store
+from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+
+
+def chat(messages):
+    body = json.dumps({"model": "gpt-4o-mini", "messages": messages}).encode()
+    return RequestData("POST", "http://127.0.0.1:9/v1/chat/completions", "127.0.0.1", "/v1/chat/completions",
+                       (("content-type", "application/json"),), body)
+
+
+def answer(text, n):
+    doc = {"id": f"chatcmpl-{n}", "object": "chat.completion", "model": "gpt-4o-mini-2024-07-18",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+           "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}}
+    return ResponseData(200, (("content-type", "application/json"),), json.dumps(doc).encode())
+
+
+def main(out: Path) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        with Store.open(Path(tmp) / "s", write=True, create=True) as s:
+            rec = Recorder(s, Rules())
+            n = 0
+            calls = [[{"role": "user", "content": f"Independent question {i}?"}] for i in range(4)]
+            first = [{"role": "user", "content": "Start a story."}]
+            calls.append(first)
+            for messages in calls:
+                n += 1
+                rec.finish(rec.begin(chat(messages), Labels("S")), answer(f"recorded answer {n}", n))
+                time.sleep(0.01)
+            second = first + [{"role": "assistant", "content": "recorded answer 5"}, {"role": "user", "content": "Go on."}]
+            for messages in (second, [{"role": "user", "content": "Pick a number."}],
+                             [{"role": "user", "content": "Pick a number."}]):
+                n += 1
+                rec.finish(rec.begin(chat(messages), Labels("S")), answer(f"recorded answer {n}", n))
+                time.sleep(0.01)
+            out.mkdir(parents=True)
+            s.copy_to(out)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

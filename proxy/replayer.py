@@ -162,8 +162,7 @@ class Replayer:
             where = f"exchange {carried.id}, {carried.route}" if carried else f"seq {seq}"
             why = (f"this request carries the answer of recorded session {entry.session!r}'s request ({where}), "
                    "which this replay session has not been served")
-            self._take(labels.session, entry)
-            return Matched(p, entry, labels.session, violation=why, carried=carried)
+            return Matched(p, entry, labels.session, violation=why, carried=carried)  # taken only if served
         self._take(labels.session, entry)
         return Matched(p, entry, labels.session, note=self._order_note(labels.session, entry))
 
@@ -294,6 +293,8 @@ class Replayer:
         if self.strict:
             return self._log(m.prepared, "order_violation", replies.order_violation(m.prepared, m.entry, why, first),
                              m.entry, why)
+        if self.order != "recorded":
+            self._take(m.session, m.entry)
         source, response = self._source(m.entry.id)
         return self._log(m.prepared, "order_violation", response, m.entry, why, source)
 

@@ -78,33 +78,28 @@ def body_text(raw: bytes | None) -> str | None:
 
 
 def recompute(store: Any, rules: Any, entries: list[Any]) -> dict[int, tuple[int, ...]]:
-    """Dependencies of a store recorded before they were kept: id -> seqs. Requests and answers
-    are replayed through a `Tracker` in recorded time order (arrival order where times are missing)."""
+    """Dependencies of a store recorded before they were kept: id -> seqs. Requests go through a
+    `Tracker` in arrival order, each answer registered after its request: a request can carry
+    only an answer to one that arrived before it."""
     from noisefloor.proxy.traffic import RequestData
 
-    events: list[tuple[float, int, Any]] = []
-    for e in entries:
-        start, end = (e.start, e.end) if e.start is not None and e.end is not None else (float(e.seq), e.seq + 0.5)
-        events += [(float(start), 0, e), (float(end), 1, e)]
-    events.sort(key=lambda ev: (ev[0], ev[1]))
     tracker = Tracker()
     out: dict[int, tuple[int, ...]] = {}
-    for _, kind, e in events:
+    for e in sorted(entries, key=lambda e: (e.session, e.seq)):
         ex = store.exchange(e.id)
         if ex is None:
             continue
         request = RequestData.from_record(ex.request, store.body(ex.request.get("body")))
         provider = providers.pick(rules.profile, request.host, request.path)
-        if kind == 0:
-            body = store.decoded_body(ex.request) or b""
-            try:
-                doc = json.loads(body) if body else None
-            except (ValueError, UnicodeDecodeError, RecursionError):
-                doc = None
-            deps = tracker.deps(e.session, provider, doc, body_text(body))
-            if deps:
-                out[e.id] = deps
-        elif ex.response is not None and 200 <= ex.response.get("status", 0) < 300:
+        body = store.decoded_body(ex.request) or b""
+        try:
+            doc = json.loads(body) if body else None
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            doc = None
+        deps = tracker.deps(e.session, provider, doc, body_text(body))
+        if deps:
+            out[e.id] = deps
+        if ex.response is not None and 200 <= ex.response.get("status", 0) < 300:
             ctype = next((v for k, v in ex.response["headers"] if k.lower() == "content-type"), None)
             tracker.answered(e.session, e.seq, provider, store.decoded_body(ex.response) or b"", ctype)
     return out

@@ -44,7 +44,7 @@ _rng = np.random.default_rng(20261201)  # fixed: sketches written by one process
 _A = _rng.integers(1, _PRIME, _HASHES, dtype=np.uint64)
 _B = _rng.integers(0, _PRIME, _HASHES, dtype=np.uint64)
 _MAX_FEATURES = 2048
-_SHINGLE = 3  # words per shingle of a long string
+_CHUNK = 4  # words per feature of a long string
 BAND_READ = 32  # newest ids read per band
 RANKED = 64  # candidates whose sketches are compared
 
@@ -86,22 +86,27 @@ def bucket(route: str, body: Any) -> bytes:
 
 
 def _features(value: Any, path: str, out: list[int]) -> None:
+    """Hashes of (path, leaf) for every leaf, and of each run of `_CHUNK` words of a long string,
+    so that a changed word keeps most of a long message's features."""
     if len(out) >= _MAX_FEATURES:
         return
     if isinstance(value, dict):
-        for k in sorted(value):
-            _features(value[k], f"{path}/{k}", out)
+        for k, v in value.items():
+            _features(v, f"{path}/{k}", out)
     elif isinstance(value, list):
         for i, v in enumerate(value):
             _features(v, f"{path}/{i}", out)
-    else:
-        leaf = json.dumps(value, ensure_ascii=False)
-        out.append(zlib.crc32(f"{path}={leaf}".encode("utf-8", "surrogatepass")))
-        if isinstance(value, str) and len(value) > 40:  # long text: a changed word keeps most shingles
+    elif isinstance(value, str):
+        data = f"{path}={value}".encode("utf-8", "surrogatepass")
+        out.append(zlib.crc32(data))
+        if len(value) > 40:
             words = value.split()
-            room = _MAX_FEATURES - len(out)
-            for i in range(0, max(1, min(len(words) - _SHINGLE + 1, room))):
-                out.append(zlib.crc32(f"{path}~{' '.join(words[i:i + _SHINGLE])}".encode("utf-8", "surrogatepass")))
+            seed = zlib.crc32(path.encode())
+            crc, join = zlib.crc32, " ".join
+            out.extend(crc(join(words[i:i + _CHUNK]).encode("utf-8", "surrogatepass"), seed)
+                       for i in range(0, min(len(words), _CHUNK * (_MAX_FEATURES - len(out))), _CHUNK))
+    else:
+        out.append(zlib.crc32(f"{path}={value!r}".encode()))
 
 
 def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:

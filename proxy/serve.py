@@ -214,9 +214,11 @@ class _Serve:
 
     def environment(self, port: int) -> dict[str, str]:
         url = f"http://{self.host}:{port}"
-        if self.upstream:
-            return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url,
-                    "GOOGLE_GEMINI_BASE_URL": url}  # read by the google-genai SDK
+        if self.upstream:  # each provider module names the variables its SDKs read
+            from noisefloor.proxy.providers import PROVIDERS
+
+            sdk = {var: url + tail for p in PROVIDERS.values() for var, tail in p.base_url_env}
+            return {"NFPROXY_URL": url, **sdk}
         ca = str(self.confdir / "mitmproxy-ca-cert.pem")
         return {"NFPROXY_URL": url, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
                 **ca_environment(ca)}

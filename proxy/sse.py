@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
+from noisefloor.proxy.providers import PROVIDERS
 from noisefloor.proxy.traffic import HOP_BY_HOP
 
 TICKET_HEADER = "x-nf-stream-ticket"
@@ -33,10 +34,8 @@ def is_stream(headers: Sequence[tuple[str, str]]) -> bool:
     return "chunked" in h.get("transfer-encoding", "") and "content-length" not in h
 
 
-# How the providers end a stream: OpenAI chat and completions, Anthropic messages, OpenAI responses.
-_TERMINAL = (b"data: [DONE]", b"data:[DONE]", b'"type":"message_stop"', b'"type": "message_stop"',
-             b"event: message_stop", b"event: response.completed", b'"type":"response.completed"',
-             b'"type": "response.completed"', b"event: response.incomplete", b"event: response.failed")
+# How the providers end a stream (each provider module declares its API's closing events).
+_TERMINAL = tuple(dict.fromkeys(m for p in PROVIDERS.values() for m in p.terminal_events))
 
 
 def delivered_terminal_event(body: bytes) -> bool:

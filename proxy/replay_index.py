@@ -19,7 +19,6 @@ the content dependencies recomputed from their exchanges, and nothing is written
 from __future__ import annotations
 
 import hashlib
-import json
 import struct
 import zlib
 from collections import Counter, defaultdict

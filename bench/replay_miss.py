@@ -4,7 +4,8 @@ does for stores recorded before them).
 
 Stores are written through the real recorder: sessions of four-turn conversations (each turn
 carries the earlier answers), a 0.8 kB system prompt, ~0.4 kB answers (~2.5 kB requests). A miss is a recorded request
-with one word of its last user message changed; "found" says how often the nearest recorded
+with one word of its last user message changed (CPU times are reported beside wall-clock ones:
+on a shared machine they move much less); "found" says how often the nearest recorded
 request named in the miss answer is the one that was changed. Each measurement runs in a fresh
 process, so its peak RSS is its own.
 
@@ -17,7 +18,6 @@ import argparse
 import json
 import random
 import resource
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -66,7 +66,7 @@ def build(path: Path, n: int) -> float:
     from noisefloor.proxy.store import Store
     from noisefloor.proxy.traffic import Labels, ResponseData
 
-    t = time.perf_counter()
+    t = time.process_time()
     with Store.open(path, write=True, create=True) as s:
         rec = Recorder(s, Rules())
         for i in range(n):
@@ -77,7 +77,7 @@ def build(path: Path, n: int) -> float:
                    "usage": {"prompt_tokens": 900, "completion_tokens": 200, "total_tokens": 1100}}
             resp = ResponseData(200, (("content-type", "application/json"),), json.dumps(doc).encode())
             rec.finish(rec.begin(chat(session, turn), Labels(f"s{session}")), resp)
-    return time.perf_counter() - t
+    return time.process_time() - t
 
 
 def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
@@ -97,19 +97,22 @@ def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
         rng = random.Random(7)
         picks = [divmod(rng.randrange(n), TURNS) for _ in range(queries)]
         hits, misses, found = [], [], 0
+        cpu_hits = cpu_misses = 0.0
         if memory:  # a scan per miss: a few are enough to see its cost
             picks = picks[:max(5, queries // 20)]
         for q, (session, turn) in enumerate(picks):
             req = chat(session, turn)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             a = rep.answer(req, Labels(f"h{q}", replay_from=f"s{session}") if turn == 0 else Labels(f"h{q}"))
             hits.append(time.perf_counter() - t)
+            cpu_hits += time.process_time() - c
             assert a.result in ("hit", "order_violation"), a.result
         for q, (session, turn) in enumerate(picks):
             req = chat(session, turn, changed=True)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             a = rep.answer(req, Labels(f"m{q}"))
             misses.append(time.perf_counter() - t)
+            cpu_misses += time.process_time() - c
             assert a.result == "miss"
             near = json.loads(a.response.raw_body)["error"]["nearest"]
             found += near is not None and near["exchange_id"] == session * TURNS + turn + 1
@@ -117,7 +120,8 @@ def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
     ms = lambda xs, p: round(sorted(xs)[int(p * (len(xs) - 1))] * 1000, 3)  # noqa: E731
     return {"start_s": round(start, 3), "rss_mb": round(rss / 1024, 1), "rss_before_mb": round(rss0 / 1024, 1),
             "hit_p50_ms": ms(hits, 0.5), "miss_p50_ms": ms(misses, 0.5), "miss_p95_ms": ms(misses, 0.95),
-            "found": round(found / queries, 3), "hit_mean_ms": round(statistics.mean(hits) * 1000, 3)}
+            "found": round(found / queries, 3), "hit_cpu_ms": round(cpu_hits / queries * 1000, 3),
+            "miss_cpu_ms": round(cpu_misses / queries * 1000, 3)}
 
 
 def main() -> None:
@@ -135,7 +139,7 @@ def main() -> None:
             path = Path(tmp) / "log.lmdb"
             took = build(path, n)
             size = (path / "data.mdb").stat().st_size >> 20
-            print(f"{n} exchanges: recorded in {took:.1f} s ({n / took:.0f}/s), file {size} MB", flush=True)
+            print(f"{n} exchanges: recorded in {took:.1f} CPU s ({n / took:.0f}/CPU s), file {size} MB", flush=True)
             for kind in ("lmdb", "memory"):
                 out = subprocess.run([sys.executable, __file__, "--queries", str(args.queries), "--child", str(path),
                                       str(n), kind], capture_output=True, text=True, check=True)

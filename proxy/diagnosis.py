@@ -3,6 +3,7 @@ the two differ, and a short diff of their canonical forms (only a miss pays for 
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from noisefloor.proxy.keys import CanonicalRequest, Rules, short_diff, similarity
@@ -44,6 +45,21 @@ def first_difference(a: Any, b: Any, path: str = "") -> str | None:
     return path or "/"
 
 
+def flat(doc: Any, path: str = "", out: list[str] | None = None) -> list[str]:
+    """A canonical form as `pointer = value` lines: what the miss diff shows (and cheap to make:
+    each leaf is encoded by the C JSON encoder)."""
+    out = [] if out is None else out
+    if isinstance(doc, dict) and doc:
+        for k in sorted(doc):
+            flat(doc[k], f"{path}/{_escape(k)}", out)
+    elif isinstance(doc, list) and doc:
+        for i, v in enumerate(doc):
+            flat(v, f"{path}/{i}", out)
+    else:
+        out.append(f"{path or '/'} = {json.dumps(doc, ensure_ascii=False)}")
+    return out
+
+
 def _escape(k: str) -> str:
     return str(k).replace("~", "~0").replace("/", "~1")
 
@@ -54,7 +70,6 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
     found = index.near(p.canonical, route)
     if not found:
         return None
-    asked = p.canonical.pretty()
     scored = [(i, s) for i, s in found if s is not None]
     if scored:  # the index ranked them by content already: rebuild only the best
         pool = scored[:1]
@@ -66,7 +81,7 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
         if canon is None:
             continue
         if score is None:
-            score = similarity(canon.pretty(), asked)
+            score = similarity(canon.pretty(), p.canonical.pretty())
         if score > best_score:
             best, best_score, best_canon = exchange_id, score, canon
     if best is None or best_canon is None:
@@ -75,4 +90,4 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
     where = first_difference(best_canon.as_dict(), p.canonical.as_dict())
     return {"key": best_canon.key, "exchange_id": best, "session": entry.session if entry else None,
             "similarity": round(best_score, 4), "differs_at": where,
-            "diff": short_diff(best_canon.pretty(), asked)}
+            "diff": short_diff("\n".join(flat(best_canon.as_dict())), "\n".join(flat(p.canonical.as_dict())))}

@@ -174,8 +174,8 @@ class LmdbIndex:
         similarity of their content, None where unknown)."""
         buck, bands, mine = sketch(canonical, route)
         hits: Counter[int] = Counter()
-        for band in bands:
-            for s in self.store.index_scan(BAND + band, newest=BAND_READ):
+        for found in self.store.index_scan_newest([BAND + band for band in bands], BAND_READ):
+            for s in found:
                 hits[_U64.unpack(s)[0]] += 1
         if not hits:  # nothing shares a band: the newest on the same route and model, then any
             ids = [_U64.unpack(s)[0] for s in self.store.index_scan(BUCKET + buck, newest=4)][::-1]

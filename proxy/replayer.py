@@ -372,7 +372,7 @@ LogEntry = Callable[[], tuple[dict[str, Any], dict[str, bytes]]]
 def _miss_line(p: Prepared, route: str, recorded: int, near: dict[str, Any] | None, affected: tuple[int, ...]) -> str:
     """One compact stderr line per miss."""
     who = f"session {p.labels.session}" + (f" task {p.labels.task}" if p.labels.task else "")
-    head = f"nfproxy: miss {who} key {p.key[:12]} {route}"
+    head = f"nfproxy: replay miss {who} key {p.key[:12]} {route}"
     if recorded:
         return f"{head}: occurrence {p.occurrence}, the recording holds {recorded}"
     if near is None:

@@ -445,6 +445,23 @@ class Store:
                 more = cur.prev()
         return out[::-1]
 
+    def index_scan_newest(self, prefixes: list[bytes], newest: int) -> list[list[bytes]]:
+        """`index_scan(prefix, newest=n)` for several prefixes in one read transaction."""
+        out = []
+        with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn, txn.cursor() as cur:
+            for prefix in prefixes:
+                found: list[bytes] = []
+                end = replay_index.after(prefix)
+                more = (cur.prev() if cur.set_range(end) else cur.last()) if end is not None else cur.last()
+                while more and len(found) < newest:
+                    k = cur.key()
+                    if not k.startswith(prefix):
+                        break
+                    found.append(k[len(prefix):])
+                    more = cur.prev()
+                out.append(found)
+        return out
+
     def index_get(self, key: bytes) -> bytes | None:
         with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn:
             return txn.get(key)

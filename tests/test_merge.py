@@ -72,7 +72,7 @@ def test_merged_shards_replay_strictly_with_shared_bodies_stored_once(tmp_path, 
             bodies += list(s.bodies())
     assert len(merged_bodies) == len(set(bodies)) == len(bodies) - 1  # the shared request body is stored once
     before = upstream.connections
-    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(out))
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(out), "--replay-log-in-store")
     proxies.append(rep)
     for prefix in ("b", "a"):
         for s in range(3):

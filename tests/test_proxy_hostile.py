@@ -283,7 +283,7 @@ def test_a_read_only_store_replays_strictly_and_stays_unchanged(store, upstream,
     for p in (ro, *ro.iterdir()):
         p.chmod(p.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
     before = {p.name: p.read_bytes() for p in ro.iterdir()}
-    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(ro))
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(ro), "--replay-log-in-store")
     proxies.append(rep)
     for i in range(3):
         body = {**CHAT, "messages": [{"role": "user", "content": f"question {i} " + "pad " * 400}]}

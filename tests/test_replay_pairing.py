@@ -103,7 +103,7 @@ def test_a_changed_request_costs_only_itself(recording, proxies):
     assert [a for a, _ in got[1:]] == rec["independent"][1:]
     assert max(t for _, t in got) < 5, got  # nobody waited for the miss (the order wait is 20 s)
     assert rep.stop() == 3
-    line = next(ln for ln in rep.output.splitlines() if ln.startswith("nfproxy: miss "))
+    line = next(ln for ln in rep.output.splitlines() if ln.startswith("nfproxy: replay miss "))
     assert "session S" in line and "differs first at /body/messages/0/content" in line, line
     assert "3 hits, 1 misses, 0 order violations" in rep.output
     assert "no recorded request carries its answer" in rep.output

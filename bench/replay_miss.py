@@ -9,7 +9,7 @@ on a shared machine they move much less); "found" says how often the nearest rec
 request named in the miss answer is the one that was changed. Each measurement runs in a fresh
 process, so its peak RSS is its own.
 
-    python bench/replay_miss.py [--sizes 10000,100000] [--queries 200]
+    python bench/replay_miss.py [--sizes 10000,100000] [--queries 200] [--kinds lmdb,memory]
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import resource
 import subprocess
 import sys
 import tempfile
@@ -80,20 +79,26 @@ def build(path: Path, n: int) -> float:
     return time.process_time() - t
 
 
+def _rss_mb() -> float:
+    """Resident memory now (ru_maxrss would carry the forking parent's peak across exec)."""
+    with open("/proc/self/status") as fh:
+        return round(next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024, 1)
+
+
 def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
     from noisefloor.proxy.keys import Rules
     from noisefloor.proxy.replayer import Replayer
     from noisefloor.proxy.store import Store
     from noisefloor.proxy.traffic import Labels
 
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    rss0 = _rss_mb()
     with Store.open(path, write=False) as s:
         if memory:
             s.has_replay_index = lambda: False  # type: ignore[method-assign]
         t = time.perf_counter()
         rep = Replayer(s, Rules(), log=lambda build: None)
         start = time.perf_counter() - t
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        rss = _rss_mb()
         rng = random.Random(7)
         picks = [divmod(rng.randrange(n), TURNS) for _ in range(queries)]
         hits, misses, found = [], [], 0
@@ -118,7 +123,7 @@ def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
             found += near is not None and near["exchange_id"] == session * TURNS + turn + 1
     queries = len(picks)
     ms = lambda xs, p: round(sorted(xs)[int(p * (len(xs) - 1))] * 1000, 3)  # noqa: E731
-    return {"start_s": round(start, 3), "rss_mb": round(rss / 1024, 1), "rss_before_mb": round(rss0 / 1024, 1),
+    return {"start_s": round(start, 3), "rss_mb": rss, "rss_before_mb": rss0,
             "hit_p50_ms": ms(hits, 0.5), "miss_p50_ms": ms(misses, 0.5), "miss_p95_ms": ms(misses, 0.95),
             "found": round(found / queries, 3), "hit_cpu_ms": round(cpu_hits / queries * 1000, 3),
             "miss_cpu_ms": round(cpu_misses / queries * 1000, 3)}
@@ -128,6 +133,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--kinds", default="lmdb,memory", help="lmdb (the lookup rows), memory (the whole index loaded)")
     ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -140,7 +146,7 @@ def main() -> None:
             took = build(path, n)
             size = (path / "data.mdb").stat().st_size >> 20
             print(f"{n} exchanges: recorded in {took:.1f} CPU s ({n / took:.0f}/CPU s), file {size} MB", flush=True)
-            for kind in ("lmdb", "memory"):
+            for kind in args.kinds.split(","):
                 out = subprocess.run([sys.executable, __file__, "--queries", str(args.queries), "--child", str(path),
                                       str(n), kind], capture_output=True, text=True, check=True)
                 print(f"  {kind:6s} {out.stdout.strip()}", flush=True)

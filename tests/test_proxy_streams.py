@@ -247,15 +247,15 @@ def test_wrapped_agent_records_then_replays_and_a_changed_prompt_fails(tmp_path,
     assert r.returncode == 0, r.stderr
     assert "ANSWER answer number 1" in r.stdout
     upstream.stop()
-    r = wrapped("--mode", "replay", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
+    r = wrapped("--mode", "replay", "--replay-log-in-store", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
                 "add two numbers", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "ANSWER answer number 1" in r.stdout
-    r = wrapped("--mode", "replay", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
+    r = wrapped("--mode", "replay", "--replay-log-in-store", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
                 "add three numbers", cwd=tmp_path)
     assert r.returncode != 0
     assert "agent error: 404 miss" in r.stdout and "replay miss" in r.stderr
-    r = wrapped("--mode", "replay", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
+    r = wrapped("--mode", "replay", "--replay-log-in-store", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
                 "add three numbers", "--swallow", cwd=tmp_path)
     assert r.returncode == 3, "a strict replay with a miss fails even when the agent exits 0"
     with Store.open(Path(store), write=False) as s:

@@ -229,3 +229,8 @@ def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
     click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
                f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
                f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")
+
+
+from noisefloor.proxy import transfer_cli  # noqa: E402 - export / import, kept in their own module
+
+transfer_cli.register(main)

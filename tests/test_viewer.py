@@ -319,6 +319,23 @@ def test_pages_follow_a_cursor_never_the_whole_store(folder, monkeypatch):
         assert only["items"] == [] and only["next"] == 3  # nothing in the first 3: go on from there
 
 
+def test_nfproxy_log_filters_by_status_miss_model_and_limit(folder):
+    exe = Path(sys.executable).with_name("nfproxy")
+
+    def listed(*args: str) -> list[dict]:
+        r = subprocess.run([str(exe), "log", "--store", str(folder / "log.lmdb"), "--json", *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return [json.loads(line) for line in r.stdout.splitlines()]
+
+    (miss,) = listed("--miss")
+    assert miss["replay"]["result"] == "miss" and listed("--status", "4xx") == [miss]
+    assert [x["id"] for x in listed("--limit", "3")] == [1, 2, 3]
+    assert len(listed("--model", "gpt-4o-mini-2024-07-18")) == 7  # six recorded and the replayed hit
+    assert [x["id"] for x in listed("--result", "hit")] == [7]
+    assert len(listed("--condition", "live", "--status", "200", "--limit", "10")) == 4
+
+
 def test_the_folder_is_byte_identical_afterwards(folder, before, viewer):
     # runs last in this module: every page above has been read
     assert _digest(folder) == before

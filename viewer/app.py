@@ -189,8 +189,9 @@ def serve_path(path: str | Path, host: str, port: int, ready: Callable[[str], No
         site = web.TCPSite(runner, host, port)
         await site.start()
         bound = runner.addresses[0][1]
-        runner.app[HOSTS_KEY].update({f"{host}:{bound}", f"localhost:{bound}"})
-        ready(f"http://{host}:{bound}/")
+        shown = f"[{host}]" if ":" in host else host  # an IPv6 literal in a URL and a Host header
+        runner.app[HOSTS_KEY].update({f"{shown}:{bound}", f"localhost:{bound}"})
+        ready(f"http://{shown}:{bound}/")
         try:
             await asyncio.Event().wait()
         finally:

@@ -15,6 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
+from noisefloor.errors import NoisefloorError
 from noisefloor.proxy.store import Store
 from noisefloor.viewer import pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
@@ -53,6 +54,8 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
             resp = await handler(request)
         except web.HTTPException as exc:
             resp = web.Response(status=exc.status, text=exc.text or exc.reason, content_type="text/plain")
+        except NoisefloorError as exc:  # a store damaged under the viewer: one line, the page says it
+            resp = web.Response(status=500, text=str(exc), content_type="text/plain")
     resp.headers.update(SECURITY_HEADERS)
     return resp
 

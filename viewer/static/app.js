@@ -67,8 +67,8 @@ function when(t) {
 }
 
 function table(id, head, rows) {
-  return el("table", {id: id}, el("thead", {}, el("tr", {}, head.map(h => el("th", {}, h)))),
-    el("tbody", {}, rows));
+  const body = rows instanceof Node && rows.tagName === "TBODY" ? rows : el("tbody", {}, rows);
+  return el("table", {id: id}, el("thead", {}, el("tr", {}, head.map(h => el("th", {}, h)))), body);
 }
 
 // A JSON value as nested lists and tables: for the sections with no page of their own.
@@ -299,7 +299,7 @@ async function exchangesPage(main, params) {
   more.addEventListener("click", () => { load().catch(fail); });
   main.replaceChildren(el("h1", {}, "Exchanges"), filterForm(params, EX_FILTERS, "exchanges"), info,
     table("exchange-list", ["id", "time", "mode", "session", "task", "condition", "rep", "request", "status", "replay",
-      "order note", "model", "ms"], [body]), more);
+      "order note", "model", "ms"], body), more);
   await load();
 }
 
@@ -344,7 +344,7 @@ async function sessionsPage(main, params) {
   more.addEventListener("click", () => { load().catch(fail); });
   main.replaceChildren(el("h1", {}, "Sessions"), filterForm(params, SESSION_FILTERS, "sessions"), info,
     table("session-list", ["session", "condition", "task", "rep", "exchanges", "hits", "misses", "order notes",
-      "errors", "models", "first"], [body]), more);
+      "errors", "models", "first"], body), more);
   await load();
 }
 
@@ -420,7 +420,7 @@ async function outcomesPage(main, params) {
   };
   more.addEventListener("click", () => { load().catch(fail); });
   main.replaceChildren(el("h1", {}, "Outcome rows"), filterForm(params, ["condition", "task"], "outcomes"),
-    table("outcome-list", ["task", "condition", "rep", "outcome", "failure", "detail", "model", "session"], [body]), more);
+    table("outcome-list", ["task", "condition", "rep", "outcome", "failure", "detail", "model", "session"], body), more);
   await load();
 }
 

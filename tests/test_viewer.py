@@ -339,3 +339,21 @@ def test_nfproxy_log_filters_by_status_miss_model_and_limit(folder):
 def test_the_folder_is_byte_identical_afterwards(folder, before, viewer):
     # runs last in this module: every page above has been read
     assert _digest(folder) == before
+
+
+def test_a_folder_is_read_by_what_its_files_hold(tmp_path):
+    from noisefloor.viewer.source import SourceError, locate
+
+    (tmp_path / "mine.json").write_text(json.dumps({"conditions": {"live": {}}}))  # nfanalyze --json mine.json
+    (tmp_path / "verdicts.json").write_text(json.dumps({"verdicts": []}))  # nfanalyze gate --json verdicts.json
+    (tmp_path / "other.json").write_text("{broken")
+    src = locate(tmp_path)
+    assert src.report.name == "mine.json" and src.gate.name == "verdicts.json" and src.store is None
+    assert src.plot("mine.json") is None  # only listed plots are ever served
+    with pytest.raises(SourceError, match="holds no nfproxy store"):
+        locate(_empty(tmp_path))
+
+
+def _empty(root: Path) -> Path:
+    (root / "empty").mkdir()
+    return root / "empty"

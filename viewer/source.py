@@ -57,8 +57,10 @@ def locate(path: str | os.PathLike[str]) -> Source:
         raise SourceError(f"{p} is a file; give an nfproxy store (a folder with data.mdb) or an output folder")
     stores = sorted(c for c in p.iterdir() if is_store(c))
     store = next((c for c in stores if c.name == "log.lmdb"), stores[0] if stores else None)
-    report = next((p / n for n in REPORT_NAMES if (p / n).is_file()), None)
-    gate = next((c for c in sorted(p.glob("*.json")) if c != report and _is_gate(c)), None)
+    documents = sorted(c for c in p.glob("*.json") if c.is_file())
+    report = next((p / n for n in REPORT_NAMES if (p / n).is_file()), None) or next(
+        (c for c in documents if _has_list_or_dict(c, "conditions", dict)), None)  # nfanalyze --json NAME
+    gate = next((c for c in documents if c != report and _has_list_or_dict(c, "verdicts", list)), None)
     outcomes = next((p / n for n in OUTCOME_NAMES if (p / n).is_file()), None)
     plots = tuple(sorted(c for c in p.glob("*.png") if c.is_file()))
     if not any((store, report, gate, outcomes)):
@@ -67,12 +69,13 @@ def locate(path: str | os.PathLike[str]) -> Source:
     return Source(p, store, report, gate, outcomes, plots)
 
 
-def _is_gate(path: Path) -> bool:
+def _has_list_or_dict(path: Path, key: str, kind: type) -> bool:
+    """A JSON document with `key` of `kind`: how a report (conditions) and gate verdicts are told apart."""
     try:
         doc = read_json(path)
-    except SourceError:
+    except (SourceError, OSError):
         return False
-    return isinstance(doc, dict) and isinstance(doc.get("verdicts"), list)
+    return isinstance(doc, dict) and isinstance(doc.get(key), kind)
 
 
 def read_json(path: Path) -> Any:

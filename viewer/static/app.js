@@ -437,7 +437,8 @@ async function render() {
   const hash = location.hash || "#/report";
   const [path, query] = hash.slice(2).split("?");
   const params = new URLSearchParams(query || "");
-  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("here", a.getAttribute("href") === "#/" + path.split("/")[0]);
+  const tab = path.startsWith("exchange/") ? "exchanges" : (path.split("/")[0] || "report");
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("here", a.getAttribute("href") === "#/" + tab);
   try {
     const s = await summary();
     document.getElementById("source").textContent = s.source.path;

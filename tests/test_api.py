@@ -98,3 +98,14 @@ def test_gate_outputs_for_ci(tmp_path):
     again = subprocess.run([str(exe), "gate", *runs[:2], runs[0], "--markdown", str(md)], capture_output=True,
                            text=True, timeout=120)
     assert again.returncode == 0 and md.read_text().count("## nfanalyze gate") == 2  # a step summary collects
+
+
+def test_analyze_takes_the_cli_options_as_keywords(tmp_path):
+    rows = [{"task_id": f"t{t}", "condition": "live", "replicate": r, "outcome": int((t + r) % 2 == 0)}
+            for t in range(6) for r in range(4)]
+    path = tmp_path / "o.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    loose = noisefloor.analyze(path, resamples=200, delta=0.2)
+    strict = noisefloor.analyze(str(path), noisefloor.Settings(resamples=200, plan=noisefloor.Planning(delta=0.2)))
+    assert loose.condition("live").stats.budget == strict.condition("live").stats.budget
+    assert loose.condition("live").stats.budget < noisefloor.analyze(path, resamples=200).condition("live").stats.budget

@@ -24,6 +24,7 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 _SURFACE = {
     "Analysis": "noisefloor.analyzer.analysis",
     "Settings": "noisefloor.analyzer.analysis",
+    "Planning": "noisefloor.analyzer.ladder",
     "analyze": "noisefloor.api",
     "CaseCounts": "noisefloor.analyzer.gate",
     "CaseVerdict": "noisefloor.analyzer.gate",
@@ -50,7 +51,7 @@ _SURFACE = {
 
 __all__ = [  # written out so that tools see the names the lazy loader serves
     "Analysis", "CanonicalRequest", "CaseCounts", "CaseVerdict", "Exchange", "GateResult", "GateSettings",
-    "GradeOptions", "OutcomeError", "OutcomeSet", "Row", "Rules", "Sandbox", "SandboxError", "Settings", "StampError",
+    "GradeOptions", "OutcomeError", "OutcomeSet", "Planning", "Row", "Rules", "Sandbox", "SandboxError", "Settings", "StampError",
     "Store", "StoreError", "__version__", "analyze", "build_outcomes", "canonicalize", "code_grader", "gate",
     "load_outcomes",
 ]
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
     from noisefloor.analyzer.analysis import Analysis, Settings
     from noisefloor.analyzer.gate import CaseCounts, CaseVerdict, GateSettings
     from noisefloor.analyzer.gate_run import GateResult, StampError
+    from noisefloor.analyzer.ladder import Planning
     from noisefloor.analyzer.outcomes import OutcomeError, OutcomeSet, Row
     from noisefloor.analyzer.outcomes import build as build_outcomes
     from noisefloor.api import analyze, gate, load_outcomes

@@ -58,10 +58,12 @@ def load_outcomes(source: PathLike | Store | Sequence[PathLike], *, missing_task
 
 def analyze(source: OutcomeSet | PathLike | Store | Sequence[PathLike], settings: Settings | None = None,
             progress: Callable[[int, int], None] | None = None, *, resamples: int | None = None,
-            seed: int | None = None, contrasts: Sequence[tuple[str, str]] = (), missing_tasks: str = "intersect",
+            seed: int | None = None, contrasts: Sequence[tuple[str, str]] = (), delta: float | None = None,
+            alpha: float | None = None, power: float | None = None, missing_tasks: str = "intersect",
             unbalanced: str = "trim") -> Analysis:
     """The determinism ladder of `source` (an outcome file, a store, a `Store`, several stores, or
-    an `OutcomeSet`), as `nfanalyze` computes it. Returns an `Analysis`: `conditions` (each with
+    an `OutcomeSet`), as `nfanalyze` computes it; keywords as its options (`resamples` is
+    --bootstrap). Returns an `Analysis`: `conditions` (each with
     `name`, `stats` (tasks, replicates, score, w, variable_tasks, budget, mde), `w_ci`, `score_ci`,
     `budget_ci`), `contrasts`, `judge`, `warnings`; `condition(name)`; `to_json()`."""
     from dataclasses import replace
@@ -79,6 +81,9 @@ def analyze(source: OutcomeSet | PathLike | Store | Sequence[PathLike], settings
         s = replace(s, seed=seed)
     if contrasts:
         s = replace(s, contrasts=tuple((a, b) for a, b in contrasts))
+    planned = {k: v for k, v in (("delta", delta), ("alpha", alpha), ("power", power)) if v is not None}
+    if planned:  # the rerun budget's effect size and error rates, as --delta / --alpha / --power
+        s = replace(s, plan=replace(s.plan, **planned))
     return run(data, s, progress)
 
 

@@ -83,13 +83,17 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                     assert r.status_code == 200 and "[DONE]" in r.text
         finally:
             assert rec.stop() == 0, rec.output
-        rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
+        rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--order-wait", "0.2")
         try:
             labels = {"x-nf-session": "replay-r0-0", "x-nf-task": TASK, "x-nf-condition": "replay", **auth}
             with httpx.Client(base_url=rep.url, timeout=20) as c:
                 assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 0"), headers=labels).status_code == 200
                 assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 0, changed"),
                               headers=labels).status_code == 404
+                # the second request of a recorded session asked before its first: a call-order violation
+                early = {**labels, "x-nf-session": "replay-r0-1", "x-nf-task": "T2"}
+                assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 1", stream=True),
+                              headers=early).status_code == 412
         finally:
             assert rep.stop() == 3, rep.output  # the strict replay saw its miss
     finally:
@@ -225,7 +229,7 @@ def test_a_report_row_links_to_the_sessions_behind_it(browser, viewer):
 def test_exchange_filters_and_search(browser, viewer):
     d = visit(browser, viewer + "/#/exchanges", "exchanges")
     every = rows(d, "exchange-list")
-    assert len(every) == 8  # six recorded, a replay hit and its miss
+    assert len(every) == 9  # six recorded, a replay hit, a miss and a call-order violation
 
     def apply(**fields: str) -> list[list[str]]:
         form = d.find_element("id", "filters")
@@ -247,11 +251,14 @@ def test_exchange_filters_and_search(browser, viewer):
     assert {r[5] for r in apply(condition="t0")} == {"t0"}
     missed = apply(condition="", result="miss")
     assert len(missed) == 1 and missed[0][8] == "404" and missed[0][4] == TASK
-    assert len(apply(result="", status="4xx")) == 1
+    assert len(apply(result="", status="4xx")) == 2
+    (late,) = apply(status="", order="1")
+    assert late[9] == "order_violation" and "exchange 3" in late[10]  # the request that should have come first
+    apply(order="0")
     assert {r[4] for r in apply(status="", task=TASK)} == {TASK}
     assert len(apply(task="", q="CHANGED")) == 1  # case-insensitive, in the request body
     assert apply(q="", model="no-such-model") == []
-    assert len(apply(model="")) == 8
+    assert len(apply(model="")) == 9
 
 
 @needs_browser
@@ -314,7 +321,7 @@ def test_pages_follow_a_cursor_never_the_whole_store(folder, monkeypatch):
             assert page["scanned"] <= 3
             seen += [x["id"] for x in page["items"]]
             cursor, calls = page["next"], calls + 1
-        assert seen == list(range(1, 9)) and calls >= 4
+        assert seen == list(range(1, 10)) and calls >= 5
         only = pages.exchange_page(store, 0, 50, pages.Filters(condition="replay"))
         assert only["items"] == [] and only["next"] == 3  # nothing in the first 3: go on from there
 
@@ -329,7 +336,8 @@ def test_nfproxy_log_filters_by_status_miss_model_and_limit(folder):
         return [json.loads(line) for line in r.stdout.splitlines()]
 
     (miss,) = listed("--miss")
-    assert miss["replay"]["result"] == "miss" and listed("--status", "4xx") == [miss]
+    assert miss["replay"]["result"] == "miss" and miss in listed("--status", "4xx")
+    assert len(listed("--status", "4xx")) == 2 and listed("--result", "order_violation")[0]["id"] == 9
     assert [x["id"] for x in listed("--limit", "3")] == [1, 2, 3]
     assert len(listed("--model", "gpt-4o-mini-2024-07-18")) == 7  # six recorded and the replayed hit
     assert [x["id"] for x in listed("--result", "hit")] == [7]

@@ -209,7 +209,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
                 extra += f" ({v.more_repeats} more repeats at its rate would put it clearly below)"
         r = risk[v.case_id]
         adj = f", adjusted p {v.adjusted_p:.3g}" if v.adjusted_p is not None else ""
-        click.echo(f"{v.case_id}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
+        click.echo(f"{gate_run.printable(v.case_id)}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
                    f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}{adj}{extra}; "
                    f"if unchanged: P(regressed) {r.false_regressed:.3f}, P(quarantine) {r.false_quarantine:.3f})",
                    err=to_err)

@@ -154,7 +154,8 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
 @click.option("--flake-band", default=0.25, show_default=True, type=float,
               help="Baseline-vs-baseline gap above which a case is quarantined.")
 @click.option("--confidence", default=0.95, show_default=True, type=click.FloatRange(0.5, 0.9999),
-              help="One-sided level of the Wilson bounds.")
+              help="One-sided level of the Wilson bounds (at 0.95, z = 1.645 as seed 004 writes it).")
+@click.option("--exact-z", is_flag=True, help="Use the exact normal quantile (1.6448536 at 0.95) instead of 1.645.")
 @click.option("--escalate-at", default=16, show_default=True, type=click.IntRange(min=1),
               help="Repeats at which a candidate still below the floor is a regression (seed 004: k=16).")
 @click.option("--multiplicity", type=click.Choice(["none", "holm", "bh"]), default="none", show_default=True,
@@ -169,16 +170,14 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
               help="Compare runs without model / sampling / grader stamps (seed 004 refuses: exit 2).")
 @click.option("--json", "json_path", metavar="PATH", help="Write the verdicts as JSON ('-' for stdout).")
 def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_band: float, confidence: float,
-             escalate_at: int, multiplicity: str, alpha: float, target_false_block: float, condition: str | None,
-             allow_unstamped: bool, json_path: str | None) -> None:
+             exact_z: bool, escalate_at: int, multiplicity: str, alpha: float, target_false_block: float,
+             condition: str | None, allow_unstamped: bool, json_path: str | None) -> None:
     """Per-case verdicts for a candidate run against two baseline runs of the same stamp.
 
     Each file holds outcome rows (task_id, replicate, outcome; condition optional; the stamp
     fields model, temperature / top_p / seed and grader_version). Exit status: 1 when a case
     regressed, 2 when the stamps differ or are missing.
     """
-    from scipy import special
-
     from noisefloor.analyzer import gate as g
 
     try:
@@ -196,7 +195,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
         click.echo("Error: refusing to compare runs with different stamps (model, sampling, grader, cases): "
                    + "; ".join(parts), err=True)
         sys.exit(EXIT_USAGE)
-    settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band,
+    settings = g.GateSettings(z=g.z_for(confidence, exact_z), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
     verdicts = g.gate(runs[0].counts, runs[1].counts, runs[2].counts, settings)
     oc = g.operating_characteristics(runs[0].counts, runs[1].counts, runs[2].counts, settings, target_false_block)
@@ -219,11 +218,11 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     plan = (f"{oc.repeats_for_target} repeats per run bring it under {oc.target:.0%}" if oc.repeats_for_target
             else f"no repeats count up to 1024 brings it under {oc.target:.0%}")
     click.echo(f"operating characteristics (an unchanged model at each case's pooled baseline rate, cases "
-               f"independent, one-sided {confidence:.0%} Wilson, slack {slack}, flake band {flake_band}, "
+               f"independent, one-sided {confidence:.0%} Wilson with z = {settings.z:.7g}, slack {slack}, flake band {flake_band}, "
                f"multiplicity {multiplicity}): the suite blocks with probability {oc.suite_false_block:.3f} "
                f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run at k={escalate_at}); {plan}")
     if json_path:
-        report.write_json({"stamp": runs[0].stamp, "verdicts": [asdict(v) for v in verdicts], "counts": counts,
+        report.write_json({"stamp": runs[0].stamp, "z": settings.z, "verdicts": [asdict(v) for v in verdicts], "counts": counts,
                            "operating_characteristics": asdict(oc)}, json_path)
     sys.exit(EXIT_ERROR if counts["regressed"] else EXIT_OK)
 

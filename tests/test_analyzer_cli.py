@@ -68,7 +68,13 @@ def test_csv_input_settings_and_batches(tmp_path):
                   "--contrast", "live:replay", "--delta", "0.05")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["batches"]["estimate"] == 0.0 and doc["batches"]["ci"] == [0.0, 0.0]
+    b, live = doc["batches"], doc["conditions"]["live"]
+    assert b["estimate"] == 0.0 and b["bootstrap_ci"] == [0.0, 0.0]  # identical batches: every resample agrees
+    # but only 8 of 30 live tasks varied, so each batch's w may hide up to its exact bound: the
+    # contrast reaches the differences of the two (equal) w intervals, and says so
+    assert live["w_ci_method"] == "task_bootstrap+exact_bound" and b["ci_method"] == "task_bootstrap+condition_bounds"
+    lo, hi = live["w_ci"]
+    assert b["ci"] == [pytest.approx(lo - hi), pytest.approx(hi - lo)]
     assert [(c["a"], c["b"]) for c in doc["contrasts"]] == [("live", "replay")]
     assert doc["settings"]["delta"] == 0.05
 

@@ -98,6 +98,7 @@ class Analysis:
                 "w_ci": ci_json(c.w_ci),
                 "w_ci_method": c.w_interval.method,
                 "w_ci_note": c.w_interval.note,
+                "w_ci_flag": c.w_interval.flag or None,
                 "w_exact_upper": c.w_interval.exact_upper,
                 "w_bootstrap_ci": ci_json(c.w_interval.bootstrap),
                 "variable_tasks": s.variable_tasks,

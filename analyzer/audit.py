@@ -46,8 +46,19 @@ def is_audit(rows: Sequence[Row]) -> bool:
     return any(r.endpoint or r.variant for r in rows)
 
 
-def main_arm(rows: Sequence[Row]) -> list[Row]:
-    return [r for r in rows if (r.variant or "").lower() in MAIN]
+def main_arm(rows: Sequence[Row], audits: Sequence[EndpointAudit] = ()) -> list[Row]:
+    """The rerun arm's rows for the ladder section, without the instances the matched design
+    excluded from an endpoint: one dropped-instance rule for the floors and the ladder, so a single
+    missing row removes the same instance from both (rather than the ladder trimming a replicate
+    from every task while the floors drop the instance)."""
+    excluded = {(a.endpoint, inst) for a in audits for inst, _ in a.excluded}
+    return [r for r in rows if (r.variant or "").lower() in MAIN and (r.endpoint or r.condition, r.task_id) not in excluded]
+
+
+def excluded_messages(audits: Sequence[EndpointAudit]) -> list[str]:
+    return [f"endpoint {a.endpoint!r}: {len(a.excluded)} instance(s) excluded from the matched design and from the "
+            f"ladder section alike ({', '.join(f'{i}: {why}' for i, why in a.excluded[:5])}"
+            f"{', ...' if len(a.excluded) > 5 else ''})" for a in audits if a.excluded]
 
 
 def check_study_set(audits: Sequence[EndpointAudit], expected: str | None) -> None:

@@ -107,7 +107,7 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
                 rows += parse_rows(inspect_logs.rows(spec, inspect_pass_at), spec)
         if floors_flag or (floors_flag is None and audit_mod.is_audit(rows)):
             audits = audit_mod.audit(rows, seed=seed)
-            rows = audit_mod.main_arm(rows)
+            rows = audit_mod.main_arm(rows, audits)
             _check_study(audits, study_set, abort_on_drift)
         data = build(rows, missing_tasks=missing_tasks, unbalanced=unbalanced)
         settings = Settings(resamples, seed, plan, tuple(_pair(c) for c in contrasts),
@@ -116,8 +116,8 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
     except NoisefloorError as exc:
         raise click.ClickException(str(exc)) from None
     doc = result.to_json()
-    drift = audit_mod.drift_messages(audits or [])
-    doc["warnings"] = [*doc["warnings"], *drift]
+    notes = audit_mod.drift_messages(audits or []) + audit_mod.excluded_messages(audits or [])
+    doc["warnings"] = [*doc["warnings"], *notes]
     if log_doc is not None:
         doc["log"] = log_doc
     if audits is not None:
@@ -126,7 +126,7 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         click.echo(report.table(result, log_doc))
         if audits is not None:
             click.echo("\n" + audit_mod.table(audits))
-        for w in drift:
+        for w in notes:
             click.echo(f"warning: {w}")
     if json_path:
         report.write_json(doc, json_path)

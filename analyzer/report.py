@@ -17,13 +17,14 @@ def _ci(ci: tuple[float, float] | list[float], digits: int = 5) -> str:
 
 def _mark(method: str) -> str:
     """A w interval not made by the task bootstrap alone is marked; its note says how."""
-    return "" if method == TASK_BOOTSTRAP else " *"
+    return "" if method == TASK_BOOTSTRAP else " *"  # "!" lines below the table flag known coverage shortfalls
 
 
 def _method_lines(a: Analysis) -> list[str]:
     """How every interval not from the plain task bootstrap was made (the * in the table)."""
     out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
     out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method != TASK_BOOTSTRAP]
+    out += [f"! {c.name}: {c.w_interval.flag}" for c in a.conditions if c.w_interval.flag]
     return out
 
 
@@ -114,7 +115,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     out = ["# Determinism ladder", "", head, sep, *body, ""]
     notes = _method_lines(a)
     if notes:
-        out += [f"- {line[2:]}" for line in notes] + [""]
+        out += [f"- {line[2:]}" if line.startswith("* ") else f"- coverage warning: {line[2:]}" for line in notes] + [""]
     if a.contrasts:
         out += ["## Contrasts", "", "| A - B | estimate | 95% CI |", "|---|---|---|"]
         out += [f"| {c.a} - {c.b} | {c.estimate:+.5f} | {_ci(c.ci)}{_mark(c.method)} |" for c in a.contrasts]

@@ -238,3 +238,18 @@ def test_contrast_leave_one_out_is_ordered_by_how_much_each_task_moves_it():
     assert shifts == sorted(shifts, reverse=True)
     assert [t for t, _ in loo][:1] == ["t0"]  # |d - dbar| = 0.3167, the largest
     assert loo[0][1] == pytest.approx((d.sum() - d[0]) / 5)
+
+
+def test_one_missing_row_drops_the_same_instance_from_floors_and_ladder():
+    rng = np.random.default_rng(4)
+    y = (rng.random((20, 4)) < 0.6).astype(int)
+    rows = [Row(f"i{i}", "e1", r, int(y[i, r]), endpoint="e1", variant=v)
+            for v in ("", "call_only_suffix") for i in range(20) for r in range(4)]
+    rows = [r for r in rows if not (r.task_id == "i3" and r.variant == "" and r.replicate == 2)]
+    audits = audit_mod.audit(rows, curve_resamples=20, resamples=50)
+    assert audits[0].excluded == (("i3", "missing in main run 2"),)
+    data = build(audit_mod.main_arm(rows, audits))
+    cond = data.conditions["e1"]
+    assert "i3" not in data.tasks and len(data.tasks) == 19 and cond.outcomes.shape == (19, 4)  # not trimmed to 3
+    assert cond.trimmed_from is None
+    assert "i3: missing in main run 2" in audit_mod.excluded_messages(audits)[0]

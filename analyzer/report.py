@@ -20,6 +20,10 @@ def _mark(method: str) -> str:
     return "" if method == TASK_BOOTSTRAP else " *"  # "!" lines below the table flag known coverage shortfalls
 
 
+def _exact(j: object) -> str:
+    return " exact binomial: the bootstrap is degenerate" if getattr(j, "disagreement_ci_method", "") == "clopper_pearson" else ""
+
+
 def _method_lines(a: Analysis) -> list[str]:
     """How every interval not from the plain task bootstrap was made (the * in the table)."""
     out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
@@ -78,7 +82,7 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
         out += [
             "",
             f"Judge {name}: majority disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
-            f"({j.disagreement:.1%} {_ci(j.disagreement_ci, 3)}): {j.false_accepts} false accepts, "
+            f"({j.disagreement:.1%} {_ci(j.disagreement_ci, 3)}{_exact(j)}): {j.false_accepts} false accepts, "
             f"{j.false_rejects} false rejects, {j.ties} ties{conf}",
         ]
     if log:
@@ -128,7 +132,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     for name, j in a.judge.items():
         out += [f"## Judge `{name}`", "",
                 f"Majority verdict disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
-                f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}); {j.false_accepts} false accepts, "
+                f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}{_exact(j)}); {j.false_accepts} false accepts, "
                 f"{j.false_rejects} false rejects.", ""]
     if log:
         out += ["## Proxy log per condition", "", *(f"- {line}" for line in _log_lines(log)), ""]

@@ -253,3 +253,12 @@ def test_one_missing_row_drops_the_same_instance_from_floors_and_ladder():
     assert "i3" not in data.tasks and len(data.tasks) == 19 and cond.outcomes.shape == (19, 4)  # not trimmed to 3
     assert cond.trimmed_from is None
     assert "i3: missing in main run 2" in audit_mod.excluded_messages(audits)[0]
+
+
+def test_judge_with_no_disagreement_gets_an_exact_interval():
+    from noisefloor.analyzer.intervals import clopper_pearson
+
+    rows = [Row(f"t{i}", "judge", r, 1, reference=1) for i in range(40) for r in range(3)]
+    j = analyze(build(rows), Settings(resamples=200)).judge["judge"]
+    assert j.disagreements == 0 and j.disagreement_ci_method == "clopper_pearson"
+    assert j.disagreement_ci == clopper_pearson(0, 40) and j.disagreement_ci[1] == pytest.approx(1 - 0.025 ** (1 / 40))

@@ -185,14 +185,14 @@ def analyze(
         wa, wb = by_name[a].w_interval, by_name[b].w_interval
         if wa.method == TASK_BOOTSTRAP and wb.method == TASK_BOOTSTRAP:
             return Contrast(a, b, est, boot, loo)
-        # a side whose bootstrap cannot see what its replicates missed: the contrast may be as large
-        # as that side's exact bound, so the interval reaches the differences of the two w intervals
-        ci = Interval(min(boot.lo, wa.ci.lo - wb.ci.hi), max(boot.hi, wa.ci.hi - wb.ci.lo))
+        # a side whose bootstrap cannot see what its replicates missed: what the exact bound added
+        # to A's upper end may raise the contrast, what it added to B's may lower it
+        ci = contrast_bounds(boot, wa, wb)
         few = ", ".join(f"{x.name} ({x.w_interval.method})" for x in (by_name[a], by_name[b])
                         if x.w_interval.method != TASK_BOOTSTRAP)
         return Contrast(a, b, est, ci, loo, CONTRAST_WIDENED,
-                        f"few tasks varied in {few}: the joint task bootstrap widened to the differences of the "
-                        f"two conditions' w intervals", boot)
+                        f"few tasks varied in {few}: the joint task-bootstrap interval widened by what the exact "
+                        f"bound added to each side's upper end", boot)
 
     judge = {
         c: judge_stats(j, draws.ci(f"judge:{c}", alpha), data.conditions[c].confidence) for c, j in judged.items()
@@ -207,6 +207,12 @@ def analyze(
         warnings=data.warnings,
         dropped_tasks=dict(data.dropped_tasks),
     )
+
+
+def contrast_bounds(boot: tuple[float, float], wa: WInterval, wb: WInterval) -> Interval:
+    """The joint bootstrap interval of w_A - w_B, its upper end raised by what A's exact bound
+    added above A's bootstrap interval and its lower end lowered by what B's added."""
+    return Interval(boot[0] - (wb.ci.hi - wb.bootstrap.hi), boot[1] + (wa.ci.hi - wa.bootstrap.hi))
 
 
 def _pairs(names: Sequence[str], settings: Settings, judged: Sequence[str] = ()) -> list[tuple[str, str]]:

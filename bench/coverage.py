@@ -9,7 +9,7 @@ Methods: the joint task bootstrap alone (percentile, as seed 000 App. A.2), and 
 interval (`ladder.w_interval`: the bootstrap, its upper end raised to the exact flip-rate bound
 when fewer than 10 tasks varied). The contrast column is A (the regime) minus B (a replay-like
 condition on the same tasks that never varies), whose truth is A's w; it uses the analysis'
-rule for contrasts with a degenerate side. Budget intervals are budgets of the w interval's ends
+rule for contrasts with a degenerate side (`analysis.contrast_bounds`). Budget intervals are budgets of the w interval's ends
 (monotone in w), so their coverage is the w column's.
 
     python bench/coverage.py [--studies 1000] [--resamples 2000] [--seed 0] [--dependence 200]
@@ -32,8 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from noisefloor.analyzer.analysis import contrast_bounds  # noqa: E402
 from noisefloor.analyzer.bootstrap import task_bootstrap  # noqa: E402
-from noisefloor.analyzer.intervals import FEW_VARYING, Interval, percentile  # noqa: E402
+from noisefloor.analyzer.intervals import FEW_VARYING, percentile  # noqa: E402
 from noisefloor.analyzer.ladder import TASK_BOOTSTRAP, task_variances, w_interval  # noqa: E402
 
 # (N, R, share of flipping tasks, their pass probability): the four regimes of issue 26, then
@@ -67,7 +68,7 @@ def run(regime: tuple[int, int, float, float], studies: int, resamples: int, see
         if wi.method == TASK_BOOTSTRAP and wb.method == TASK_BOOTSTRAP:
             cnf = cboot
         else:
-            cnf = Interval(min(cboot.lo, wi.ci.lo - wb.ci.hi), max(cboot.hi, wi.ci.hi - wb.ci.lo))
+            cnf = contrast_bounds(cboot, wi, wb)
         for name, ci, truth in (("boot_pop", boot, pop), ("boot_fixed", boot, fixed), ("nf_pop", wi.ci, pop),
                                 ("nf_fixed", wi.ci, fixed), ("boot_contrast", cboot, pop), ("nf_contrast", cnf, pop)):
             hits[name] += ci.lo <= truth <= ci.hi

@@ -37,8 +37,15 @@ def _summary(rows: list[OutcomeRow], out: Path) -> str:
 @click.option("-j", "--jobs", default=os.cpu_count() or 1, show_default=True, type=click.IntRange(min=1))
 @grade_options
 @click.option("--condition", default="samples", show_default=True, help="Condition label for --samples rows.")
+@click.option("--function-names", type=click.Choice(["underscore", "declared"]), default="underscore", show_default=True,
+              help="bfcl: the spelling a call must use, as BFCL's model config implies: underscore (API models: "
+                   "math.factorial is called math_factorial) or declared (configs that keep dots).")
+@click.option("--parallel-matching", type=click.Choice(["first-fit", "bipartite"]), default="first-fit",
+              show_default=True, help="bfcl: first-fit is BFCL's order-dependent rule; bipartite accepts any "
+                                      "assignment of calls to answers (departs from BFCL).")
 def main(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path | None, out: Path, jobs: int,
-         max_inputs: int, timeout: int, memory_mb: int, isolation: str | None, condition: str) -> None:
+         max_inputs: int, timeout: int, memory_mb: int, isolation: str | None, condition: str, function_names: str,
+         parallel_matching: str) -> None:
     """Grade SUITE candidates from nfproxy LOGs (one per session; several stores are shards of one
     study) or from --samples."""
     from noisefloor.proxy.store import StoreError
@@ -53,7 +60,7 @@ def main(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path
     if suite == "bfcl" and samples is not None:
         raise click.UsageError("bfcl grades tool calls from a LOG; --samples is for humaneval+ and mbpp+")
     try:
-        rows, where = (_bfcl(logs, dataset) if suite == "bfcl"
+        rows, where = (_bfcl(logs, dataset, function_names, parallel_matching) if suite == "bfcl"
                        else _code(suite, logs, samples, dataset, options, condition))
     except (DatasetError, SandboxError, StoreError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -168,17 +175,21 @@ def _read_samples(path: Path, tasks: dict[str, Any], condition: str) -> tuple[li
     return items, meta
 
 
-def _bfcl(logs: tuple[Path, ...], dataset: Path | None) -> tuple[list[OutcomeRow], dict[str, Path]]:
-    from noisefloor.verifier.bfcl import grade_response
+def _bfcl(logs: tuple[Path, ...], dataset: Path | None, names: str = "underscore",
+          parallel: str = "first-fit") -> tuple[list[OutcomeRow], dict[str, Path]]:
+    from noisefloor.verifier.bfcl import Rules, grade_response
     from noisefloor.verifier.datasets import load_bfcl
 
+    rules = Rules(names=names, parallel=parallel)  # type: ignore[arg-type]
+    if rules.departs():
+        click.echo(f"nfverify: {rules.departs()}", err=True)
     tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
     prompts = {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()}
     found, where = _log_attempts(logs, prompts)
     found = [a for a in found if a.task_id in tasks]
     rows = []
     for a in found:
-        v = grade_response(tasks[a.task_id], a.body)
+        v = grade_response(tasks[a.task_id], a.body, rules)
         ex = a.exchange
         rows.append(OutcomeRow(task_id=a.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail,
                                endpoint=a.condition, variant=ex.perturbation if ex else None, **_attempt_meta(a)))

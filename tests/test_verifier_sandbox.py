@@ -18,7 +18,7 @@ import noisefloor
 from noisefloor.verifier import sandbox as sandbox_mod
 from noisefloor.verifier.datasets import CodeTask
 from noisefloor.verifier.differential import verdict
-from noisefloor.verifier.sandbox import BASE_UID, UID_RANGE, Limits, Sandbox, SandboxError, kill_uid, live_pids
+from noisefloor.verifier.sandbox import Limits, Sandbox, SandboxError, kill_uid, live_pids
 from noisefloor.verifier.values import encode
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uid, network and mount isolation need root")
@@ -291,7 +291,17 @@ def test_concurrent_sandboxes_never_share_a_uid(sandbox):
 
 @ROOT_ONLY
 def test_kill_uid_sweeps_a_straggler():
-    uid = BASE_UID + UID_RANGE - 1
+    """The uid is claimed the way a sandbox claims a slot's (its lock held): another suite's
+    sandbox on this machine never runs candidates under it while this test kills its processes."""
+    uid, lock = sandbox_mod._claim_uid()
+    try:
+        _sweep_a_straggler(uid)
+    finally:
+        lock.close()
+
+
+def _sweep_a_straggler(uid: int) -> None:
+    assert live_pids(uid) == []  # nobody else's: the lock says so
     pid = os.fork()
     if pid == 0:  # a straggler of that uid, as a candidate's daemon would be
         os.setgid(uid)

@@ -32,7 +32,7 @@ REFERENCE_CPU_S = 600  # CPU allowed to a canonical solution over all its inputs
 class Verdict:
     task_id: str
     outcome: int
-    failure: str  # pass, wrong_output, exception, timeout, syntax_error, no_code
+    failure: str  # pass, wrong_output, exception, timeout, syntax_error, no_code, sandbox_violation
     detail: str = ""
     inputs_run: int = 0
 
@@ -107,6 +107,8 @@ def _safe(check: Callable[[], bool]) -> bool:
 
 def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
     """Turn one sandbox run into pass / a failure category (the first failing input decides)."""
+    if run.violation is not None:
+        return Verdict(task.task_id, 0, "sandbox_violation", run.violation)
     if run.load is not None and not run.load.get("ok"):
         kind = run.load.get("kind", "exception")
         return Verdict(task.task_id, 0, kind, run.load.get("exc", ""))
@@ -127,8 +129,8 @@ def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
 
 def _expected_for(task: CodeTask, run: RunResult) -> list[Any]:
     by_index = {r["i"]: r for r in run.results}
-    if (run.load is not None and not run.load.get("ok")) or len(by_index) < len(task.inputs):
-        why = (run.load or {}).get("exc") or ("timed out" if run.timed_out else "incomplete")
+    if run.violation or (run.load is not None and not run.load.get("ok")) or len(by_index) < len(task.inputs):
+        why = run.violation or (run.load or {}).get("exc") or ("timed out" if run.timed_out else "incomplete")
         raise ExpectedError(f"canonical solution of {task.task_id} did not run cleanly: {why}")
     out = []
     for i in range(len(task.inputs)):

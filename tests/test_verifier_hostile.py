@@ -10,8 +10,10 @@ candidates run in the sandbox's namespaces under its unprivileged slot uid."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -149,3 +151,47 @@ def test_a_mixed_run_finishes_good_candidates_pass_hostile_fail_alone(tmp_path):
         assert row["failure"] == want, (sample.get("name"), row)
     # a 3M-line flood does not grow the parent: its peak stays within 60 MiB of a run without it
     assert rss0 and rss - rss0 < 60 * 1024, (rss0, rss)
+
+
+def _run_nfverify(*args: str, **kw) -> subprocess.Popen:
+    exe = Path(sys.executable).with_name("nfverify")
+    return subprocess.Popen([str(exe), "humaneval+", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, **kw)
+
+
+def test_ctrl_c_keeps_the_graded_rows_and_the_same_command_grades_only_the_rest(tmp_path):
+    dataset = _dataset(tmp_path / "tiny.jsonl")
+    slow = "import time\ndef add(a, b):\n    time.sleep(0.3)\n    return a + b\n"
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps({"task_id": "T/0", "solution": slow}) + "\n" for _ in range(12)))
+    out = tmp_path / "out.jsonl"
+    partial = tmp_path / "out.jsonl.partial"
+    args = ("--samples", str(samples), "--dataset", str(dataset), "--outcomes", str(out), "-j", "1")
+    p = _run_nfverify(*args)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not partial.is_file() or len(partial.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "Aborted!" not in err and "interrupted" in err, err
+    assert not out.exists()
+    kept = len(partial.read_text().splitlines()) - 1  # the first line says which command made the file
+    assert 3 <= kept < 12
+    again = _run_nfverify(*args)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert f"resuming: {kept} rows" in err and f"{12 - kept}/{12 - kept}" in err, err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["failure"] for r in rows] == ["pass"] * 12 and [r["replicate"] for r in rows] == list(range(12))
+    assert not partial.exists()
+
+
+def test_a_missing_output_folder_is_one_line_before_any_work(tmp_path):
+    dataset = _dataset(tmp_path / "tiny.jsonl")
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text(json.dumps({"task_id": "T/0", "solution": "def add(a, b):\n    return a + b\n"}) + "\n")
+    p = _run_nfverify("--samples", str(samples), "--dataset", str(dataset), "--outcomes", str(tmp_path / "nodir" / "o.jsonl"))
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 1 and "does not exist" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and "reference outputs" not in err and "grading" not in err

@@ -13,7 +13,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,20 +213,29 @@ class Differential:
         return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s)
 
     def grade_many(self, items: Sequence[tuple[str, str]], progress: Callable[[int, int], None] | None = None,
-                   programs: bool = False) -> list[Verdict]:
+                   programs: bool = False, on_verdict: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:
         """(task_id, response text) pairs -- or (task_id, program) with `programs` -- graded in
-        parallel across the sandbox's slots."""
+        parallel across the sandbox's slots; `on_verdict(index, verdict)` as each one is done."""
         self.expected()
         grade = self.grade_program if programs else self.grade
-        return self._map(lambda it: grade(*it), items, progress)
+        return self._map(lambda it: grade(*it), items, progress, on_verdict)
 
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-             progress: Callable[[int, int], None] | None) -> list[Any]:
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Callable[[int, int], None] | None,
+             on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
+        """fn over items on the sandbox's slots. An interrupt (or any error) cancels what has not
+        started; what is running finishes (each bounded by its limits) and the error goes on."""
         out: list[Any] = [None] * len(items)
         with ThreadPoolExecutor(max_workers=self.sandbox.workers) as pool:
             futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
-            for n, fut in enumerate(futures, 1):
-                out[futures[fut]] = fut.result()
-                if progress:
-                    progress(n, len(items))
+            try:
+                for n, fut in enumerate(as_completed(futures), 1):
+                    i = futures[fut]
+                    out[i] = fut.result()
+                    if on_result:
+                        on_result(i, out[i])
+                    if progress:
+                        progress(n, len(items))
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
         return out

@@ -195,3 +195,20 @@ def test_a_missing_output_folder_is_one_line_before_any_work(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 1 and "does not exist" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and "reference outputs" not in err and "grading" not in err
+
+
+def test_sigterm_ends_with_143_and_keeps_the_rows(tmp_path):
+    dataset = _dataset(tmp_path / "tiny.jsonl")
+    slow = "import time\ndef add(a, b):\n    time.sleep(0.3)\n    return a + b\n"
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps({"task_id": "T/0", "solution": slow}) + "\n" for _ in range(8)))
+    partial = tmp_path / "out.jsonl.partial"
+    p = _run_nfverify("--samples", str(samples), "--dataset", str(dataset), "--outcomes", str(tmp_path / "out.jsonl"),
+                      "-j", "1")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not partial.is_file() or len(partial.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    p.terminate()
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 143 and "Traceback" not in err and "interrupted" in err, err
+    assert len(partial.read_text().splitlines()) >= 2

@@ -82,9 +82,11 @@ def main(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path
         raise click.ClickException(str(exc)) from None
     except _Interrupted as stop:
         progress.close()
-        kept = len(progress.done)
-        click.echo(f"nfverify: interrupted; {kept} graded rows kept in {progress.path}; run the same command "
-                   "again to grade only the rest", err=True)
+        graded = list(progress.done.values())
+        for log in logs:  # the log keeps what is graded too, as it does after a whole run
+            _keep_in_log(log, [r for r in graded if progress.where.get(r.session or "") == log])
+        click.echo(f"nfverify: interrupted; {len(graded)} graded rows kept in {progress.path}; run the same "
+                   "command again to grade only the rest", err=True)
         raise SystemExit(stop.code) from None
     write_jsonl(rows, out)
     progress.finish()
@@ -183,6 +185,7 @@ def _code(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Pat
             from noisefloor.verifier.candidates import response_text
 
             found, where = _log_attempts(logs, {t.task_id: t.prompt for t in tasks})
+            progress.where = where
             unknown = [a.session for a in found if a.task_id not in diff.tasks]
             if unknown:
                 click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped "
@@ -251,6 +254,7 @@ def _bfcl(logs: tuple[Path, ...], dataset: Path | None, progress: Progress, name
     tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
     prompts = {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()}
     found, where = _log_attempts(logs, prompts)
+    progress.where = where
     found = [a for a in found if a.task_id in tasks]
     keys = []
     for a in found:

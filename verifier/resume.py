@@ -29,6 +29,7 @@ class Progress:
         self.identity = {"nfverify_partial": dict(identity)}
         self.done: dict[tuple[Any, ...], OutcomeRow] = {}
         self.stale = False
+        self.where: dict[str, Path] = {}  # graded from LOGs: which store each session is in
         self._fh: IO[str] | None = None
         if self.path.is_file():
             self._load()

@@ -186,6 +186,8 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     from noisefloor.analyzer import gate as g
     from noisefloor.analyzer import gate_run
 
+    if json_path == "-" and md_path == "-":
+        raise click.UsageError("--json - and --markdown - would both write stdout; send one of them to a file")
     settings = g.GateSettings(z=g.z_for(confidence, exact_z), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
     try:

@@ -46,12 +46,16 @@ _DECODED = "nf_decoded"
 
 def _where(flow: http.HTTPFlow) -> str:
     """The request for a message on stderr: secret query values and userinfo redacted."""
-    return f"{flow.request.method} {secrets.scrub_url(flow.request.url)}"
+    return f"{flow.request.method} {secrets.scrub_url(flow.request.url, _secrets(flow))}"
+
+
+def _secrets(flow: http.HTTPFlow) -> list[str]:
+    return secrets.secret_values(flow.request.url, flow.request.headers.items(multi=True))
 
 
 def _scrub(flow: http.HTTPFlow, what: object) -> str:
     """An error message with the request's secrets (any form) erased."""
-    return secrets.erase_text(str(what), secrets.secret_values(flow.request.url, flow.request.headers.items(multi=True)))
+    return secrets.erase_text(str(what), _secrets(flow))
 
 
 def _field(f: tuple[bytes, bytes]) -> tuple[str, str]:

@@ -12,6 +12,7 @@ from typing import Any
 
 import click
 
+from noisefloor.display import visible
 from noisefloor.errors import NoisefloorError
 
 VERSION = {"package_name": "noisefloor", "message": "%(prog)s (noisefloor) %(version)s"}
@@ -24,7 +25,7 @@ class OneLineErrors:
         try:
             return super().invoke(ctx)  # type: ignore[misc]
         except NoisefloorError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(visible(str(exc))) from None
 
 
 class Command(OneLineErrors, click.Command):

@@ -42,4 +42,4 @@ def loads(data: bytes | str, where: str, error: type[InputError] = InputError) -
         raise error(f"{where}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as "
                     "UTF-8") from None
     except ValueError as exc:
-        raise error(f"{where}: not valid JSON ({exc})") from None
+        raise error(f"{where}: not valid JSON ({exc}); the file is damaged or not the kind expected") from None

@@ -9,10 +9,11 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
-from noisefloor._cli import default_group
+from noisefloor._cli import WrapsAfterDashes, default_group
 from noisefloor.proxy import perturb
 from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
@@ -32,7 +33,7 @@ def main() -> None:
     """
 
 
-@main.command("run", context_settings={"ignore_unknown_options": False})
+@main.command("run", cls=WrapsAfterDashes, context_settings={"ignore_unknown_options": False})
 @click.option("--mode", type=click.Choice(["record", "replay", "passthrough"]), default="record", show_default=True)
 @click.option("--strict/--no-strict", default=True, show_default=True,
               help="Replay: answer a miss or a call-order violation with an error, exit non-zero at the end.")
@@ -86,6 +87,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     variables), stop when it exits and return its status (3 if a strict replay missed instead).
     """
     host, port = _parse_listen(listen)
+    _check_upstream(upstream)
     try:
         rules = Rules(ignore_fields=ignore_fields, profile=profile)
         override_list = [Override.parse(x) for x in sets]
@@ -97,7 +99,8 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
         labels=Labels(session or _new_session_id(), task, replicate, condition), strict=strict,
         allow_reuse=allow_reuse, replay_sessions=replay_sessions, replay_timed=replay_timing == "recorded",
         order_wait=order_wait, overrides=tuple(override_list), variant=variant, stream_timeout=stream_timeout,
-        max_body=max_body_mb << 20, confdir=confdir or store_path.parent / "mitmproxy-ca", upstream_ca=upstream_ca,
+        max_body=max_body_mb << 20, confdir=(confdir or store_path.parent / "mitmproxy-ca").absolute(),
+        upstream_ca=upstream_ca,
         quiet=quiet, command=tuple(command),
     )
     sys.exit(serve(options))
@@ -107,6 +110,16 @@ def _parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)", param_hint="--listen")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _check_upstream(upstream: str | None) -> None:
+    """An origin with a scheme and a host; `127.0.0.1:9100` would be read as https and fail on every request."""
+    if upstream is None:
+        return
+    parts = urlsplit(upstream)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise click.BadParameter(f"{upstream!r} is not an origin with a scheme; write http://{upstream} (or "
+                                 f"https://{upstream})", param_hint="--upstream")
 
 
 def _new_session_id() -> str:
@@ -208,9 +221,6 @@ def _render(store: Store, part: dict[str, Any]) -> Any:
         return text
 
 
-if __name__ == "__main__":
-    main()
-
 
 @main.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
@@ -229,3 +239,7 @@ def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
     click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
                f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
                f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")
+
+
+if __name__ == "__main__":  # last: every subcommand is defined by now (launch.py's fallback form runs this)
+    main()

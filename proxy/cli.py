@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import click
 
 from noisefloor._cli import WrapsAfterDashes, default_group
+from noisefloor.display import json_text, visible
 from noisefloor.proxy import perturb
 from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
@@ -165,7 +166,7 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
         if as_json:
             for ex in store.exchanges():
                 if wanted(ex):
-                    click.echo(json.dumps(ex.to_json(), ensure_ascii=False))
+                    click.echo(json_text(json.dumps(ex.to_json(), ensure_ascii=False)))
             return
         per_session: dict[str, dict[str, Any]] = {}
         lines = []
@@ -177,15 +178,15 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
             s["modes"].add(ex.mode)
             status = ex.response["status"] if ex.response else "ERR"
             result = ex.replay_result or ("error" if ex.error else "")
-            lines.append(
+            lines.append(  # labels and URLs came from clients: shown with control characters visible
                 f"{ex.id:>6} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ex.time))} {ex.mode:<7} "
-                f"{ex.session} {ex.request['method']} {ex.request['url']} {status} {result} key={ex.key[:12]} "
-                f"occ={ex.occurrence}"
+                f"{visible(ex.session)} {visible(ex.request['method'])} {visible(ex.request['url'])} {status} "
+                f"{result} key={ex.key[:12]} occ={ex.occurrence}"
             )
         click.echo(f"{len(per_session)} sessions in {store_path}")
         for name, s in per_session.items():
-            cond = f" condition={s['condition']}" if s["condition"] else ""
-            click.echo(f"  {name}: {s['n']} exchanges ({', '.join(sorted(s['modes']))}){cond}")
+            cond = f" condition={visible(s['condition'])}" if s["condition"] else ""
+            click.echo(f"  {visible(name)}: {s['n']} exchanges ({', '.join(sorted(s['modes']))}){cond}")
         if not sessions_only:
             click.echo("\n".join(lines))
 
@@ -203,7 +204,7 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
         for part in ("request", "response"):
             if doc[part]:
                 doc[part]["body_text"] = _render(store, doc[part])
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        click.echo(json_text(json.dumps(doc, indent=2, ensure_ascii=False)))
 
 
 def _render(store: Store, part: dict[str, Any]) -> Any:

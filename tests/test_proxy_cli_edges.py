@@ -12,10 +12,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
 from noisefloor.proxy.store import Store
-from tests.conftest import nfproxy_argv
+from tests.conftest import nfproxy_argv, start_nfproxy
 
 AGENT = """
 import json, os, signal, sys, urllib.request
@@ -143,3 +144,27 @@ def test_relative_store_gives_clients_absolute_ca_paths_and_the_module_form_runs
     r = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "merge", "--help"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "Combine stores" in r.stdout, r.stdout + r.stderr
+
+
+def test_log_shows_client_labels_with_escapes_visible(tmp_path, upstream, proxies):
+    store = tmp_path / "s.lmdb"
+    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
+    proxies.append(rec)
+    label = "s1\x1b]0;pwned\x07\x9b31m\u202e"
+    r = httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=20,
+                   headers={"x-nf-session": label.encode("utf-8"), "x-nf-condition": "c\x1b[2J"})
+    assert r.status_code == 200
+    assert rec.stop() == 0
+    for args in (("log",), ("log", "--json"), ("show", "1")):
+        out = _run(*args, "--store", str(store)).stdout
+        assert "s1" in out and not any(c in out for c in "\x1b\x07\x9b\u202e"), (args, out)
+
+
+def test_a_hostile_perturbation_file_is_one_line(tmp_path):
+    for name, text in (("deep.json", "[" * 200_000), ("types.json", '{"v": {"prefix": [1]}}'),
+                       ("latin1.json", b'{"v": {"prefix": "caf\xe9"}}')):
+        f = tmp_path / name
+        f.write_bytes(text if isinstance(text, bytes) else text.encode())
+        r = _run("run", "--perturb-file", str(f), "--perturb", "v", "--store", str(tmp_path / "x.lmdb"))
+        assert r.returncode == 2 and "Traceback" not in r.stderr and str(f) in r.stderr, r.stderr
+    assert not (tmp_path / "x.lmdb").exists()

@@ -39,3 +39,9 @@ def visible(value: object) -> str:
 def md(value: object) -> str:
     """`value` as Markdown text: `visible`, then Markdown's punctuation escaped."""
     return _MD.sub(r"\\\1", visible(value))
+
+
+def json_text(text: str) -> str:
+    """JSON text (`json.dumps(..., ensure_ascii=False)`) safe to print: the characters JSON leaves
+    raw but a terminal obeys (DEL, C1, bidi overrides) written as `\\u` escapes, so it stays JSON."""
+    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

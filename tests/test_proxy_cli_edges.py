@@ -4,6 +4,7 @@ Ctrl-C of a wrapped command, SIGTERM, -q, an upstream without a scheme, a busy p
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -158,6 +159,9 @@ def test_log_shows_client_labels_with_escapes_visible(tmp_path, upstream, proxie
     for args in (("log",), ("log", "--json"), ("show", "1")):
         out = _run(*args, "--store", str(store)).stdout
         assert "s1" in out and not any(c in out for c in "\x1b\x07\x9b\u202e"), (args, out)
+        if args != ("log",):  # still JSON, and the label read back is the one sent
+            docs = [json.loads(line) for line in out.splitlines()] if args[1] == "--json" else [json.loads(out)]
+            assert docs[0]["session"] == label
 
 
 def test_a_hostile_perturbation_file_is_one_line(tmp_path):

@@ -16,6 +16,7 @@ import re
 from noisefloor.proxy import erasure, secrets
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # JSON escapes C0
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _MD = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
 
@@ -44,4 +45,4 @@ def md(value: object) -> str:
 def json_text(text: str) -> str:
     """JSON text (`json.dumps(..., ensure_ascii=False)`) safe to print: the characters JSON leaves
     raw but a terminal obeys (DEL, C1, bidi overrides) written as `\\u` escapes, so it stays JSON."""
-    return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

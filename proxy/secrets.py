@@ -23,7 +23,6 @@ import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
-from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
 from noisefloor.proxy import erasure
@@ -85,19 +84,6 @@ def scrub_url(url: str, values: Sequence[str] = ()) -> str:
         ]
         url = urlunsplit(parts._replace(query=urlencode(pairs) if pairs else parts.query))
     return erasure.erase(url, values) if values else url
-
-
-def scrub_doc(doc: Any, values: Sequence[str]) -> Any:
-    """A JSON-like document with the secret values erased from every string in it."""
-    if not values:
-        return doc
-    if isinstance(doc, str):
-        return erasure.erase(doc, values)
-    if isinstance(doc, dict):
-        return {k: scrub_doc(v, values) for k, v in doc.items()}
-    if isinstance(doc, (list, tuple)):
-        return [scrub_doc(v, values) for v in doc]
-    return doc
 
 
 _QUOTED = re.compile(r'([A-Za-z0-9_-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,]+)')

@@ -93,7 +93,8 @@ class RequestData:
 
     @cached_property
     def secret_values(self) -> list[str]:
-        return secrets.secret_values(self.url, self.headers, self.raw_body if self.header("content-type") else b"")
+        body = self.decoded if self.decoded is not None else self.raw_body  # form fields named like a secret
+        return secrets.secret_values(self.url, self.headers, body if self.header("content-type") else b"")
 
     @cached_property
     def _stored(self) -> tuple[bytes, bool]:

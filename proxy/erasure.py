@@ -121,6 +121,47 @@ def _runs(data: AnyStr, plan: _Plan, w0: int, w1: int, first: bool) -> list[tupl
     return found
 
 
+_LONG = 4096  # a stretch this long (a base64 image) is searched by 8-byte grams, vectorized
+_GRAM = 8
+
+
+def _runs_long(data: bytes, plan: _Plan, w0: int, w1: int, first: bool) -> list[tuple[int, int]]:
+    """`_runs` for a long stretch: every run of RUN holds an 8-byte block aligned to the stretch
+    (a multiple of 8 lies within any 13 consecutive offsets), so the stretch is read as 8-byte
+    integers, those equal to some 8-gram of a secret are found at once (numpy), and only they are
+    extended; the stretch's last bytes, which fill no whole block, are searched as before."""
+    import numpy as np
+
+    grams = _grams(plan.runs)
+    count = (w1 - w0) // _GRAM
+    blocks = np.frombuffer(data, dtype="<u8", count=count, offset=w0)
+    found: list[tuple[int, int]] = []
+    for i in np.flatnonzero(np.isin(blocks, np.fromiter(grams, dtype="<u8", count=len(grams)))):
+        p = w0 + int(i) * _GRAM
+        for s, off in grams[int(blocks[i])]:
+            lo, hi, a, b = p, p + _GRAM, off, off + _GRAM
+            while lo > w0 and a > 0 and data[lo - 1] == s[a - 1]:
+                lo, a = lo - 1, a - 1
+            while hi < w1 and b < len(s) and data[hi] == s[b]:
+                hi, b = hi + 1, b + 1
+            if hi - lo >= RUN:
+                found.append((lo, hi))
+                if first:
+                    return found
+    tail = w0 + count * _GRAM
+    return found + _runs(data, plan, max(w0, tail - 2 * RUN), w1, first)
+
+
+@lru_cache(maxsize=64)
+def _grams(runs: tuple[bytes, ...]) -> dict[int, list[tuple[bytes, int]]]:
+    """Each 8-byte substring of the secrets, as a little-endian integer, and where it occurs."""
+    out: dict[int, list[tuple[bytes, int]]] = {}
+    for s in runs:
+        for off in range(len(s) - _GRAM + 1):
+            out.setdefault(int.from_bytes(s[off:off + _GRAM], "little"), []).append((s, off))
+    return out
+
+
 def _unescape(data: AnyStr, plan: _Plan) -> tuple[AnyStr, list[int], list[int], list[int]] | None:
     """`data` with its escapes undone, and for each piece (a literal stretch or one escape) where it
     starts in the result and in `data`, and its length in `data` (-1 for a literal)."""
@@ -189,7 +230,7 @@ def spans(data: AnyStr, values: Iterable[str], first: bool = False) -> list[tupl
     if found and first:
         return found
     for w0, w1 in _windows(data, plan):
-        found += _runs(data, plan, w0, w1, first)
+        found += (_runs_long if isinstance(data, bytes) and w1 - w0 >= _LONG else _runs)(data, plan, w0, w1, first)
         if found and first:
             return found
         undone = _unescape(data[w0:w1], plan)

@@ -221,3 +221,23 @@ def test_the_rule_in_isolation_runs_escapes_and_the_limit():
     events = "".join(f'data: {json.dumps({"d": BEARER[i:i + 7]})}\n\n' for i in range(0, 28, 7)).encode()
     cleaned = secrets.erase_events(events, values)
     assert cleaned is not None and BEARER[:7].encode() not in cleaned
+
+
+def test_runs_inside_a_long_base64_stretch_are_found_exactly():
+    """The vectorized search of long stretches (a base64 image) finds every run of 20 or more and
+    nothing shorter, wherever it lies, the stretch's first and last bytes included."""
+    import random
+
+    rng = random.Random(7)
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}")])
+    blob = base64.urlsafe_b64encode(bytes(rng.getrandbits(8) for _ in range(30_000)))
+    for _ in range(200):
+        n = rng.randint(15, len(BEARER))
+        start = rng.randint(0, len(BEARER) - n)
+        at = rng.choice([0, len(blob), rng.randint(0, len(blob))])
+        data = blob[:at] + BEARER[start:start + n].encode() + blob[at:]
+        hit = [(a, b) for a, b in erasure.spans(data, values) if a < at + n and at < b]
+        if n >= erasure.RUN:
+            assert hit and hit[0][0] <= at and at + n <= hit[0][1], (n, start, at)
+        else:
+            assert not hit, (n, start, at)

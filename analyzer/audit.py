@@ -20,6 +20,7 @@ import numpy as np
 from noisefloor.analyzer import floors
 from noisefloor.analyzer.intervals import fmt_ci, fmt_num, jsonable
 from noisefloor.analyzer.outcomes import OutcomeError, Row
+from noisefloor.display import visible
 
 MAIN = ("", "none", "original", "main")
 
@@ -189,8 +190,9 @@ def lines(audits: Sequence[EndpointAudit], bullet: str = "  ") -> list[str]:
     """The floors, a line per quantity with its 95% interval; shared by the terminal and Markdown."""
     out = []
     for a in audits:
-        out.append(f"{a.endpoint}: {a.instances} matched instances (study set {a.study_set[:12]}), "
-                   f"{len(a.excluded)} excluded" + (f"; DRIFT: served models {', '.join(a.models)}" if a.drift else ""))
+        out.append(f"{visible(a.endpoint)}: {a.instances} matched instances (study set {a.study_set[:12]}), "
+                   f"{len(a.excluded)} excluded" + (f"; DRIFT: served models {', '.join(map(visible, a.models))}"
+                                                    if a.drift else ""))
         if a.rerun:
             r, ci = a.rerun, a.rerun.ci
             rn = partial(_field, r)
@@ -222,7 +224,7 @@ def lines(audits: Sequence[EndpointAudit], bullet: str = "  ") -> list[str]:
                        f"aggregate; as seed 003 publishes it (per-unit over aggregate, grows like sqrt(N)) "
                        f"{pn('multiple_as_published', '.1f')}x")
             for q in p.pairs:
-                out.append(f"{bullet}  {q.left} vs {q.right}: accuracy {q.left_accuracy:.3f} / {q.right_accuracy:.3f}, "
+                out.append(f"{bullet}  {visible(q.left)} vs {visible(q.right)}: accuracy {q.left_accuracy:.3f} / {q.right_accuracy:.3f}, "
                            f"{q.matched} matched units, paired SD {_num(q.paired_sd, q.ci.get('paired_sd'))}")
         if a.curve:
             pts = ", ".join(f"n={c.n}: {c.mean:.4f} [{c.ci.lo:.4f}, {c.ci.hi:.4f}]" for c in a.curve)

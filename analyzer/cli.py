@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from noisefloor import outputs
 from noisefloor._cli import default_group, progress_bar
 from noisefloor.analyzer import audit as audit_mod
 from noisefloor.analyzer import report
@@ -14,6 +15,7 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
+from noisefloor.display import visible
 from noisefloor.errors import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, NoisefloorError
 
 
@@ -76,6 +78,8 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
     """
     if not outcomes and not example and not logs and not inspect_specs:
         raise click.UsageError("give --outcomes FILE (or a LOG, --inspect-logs PATH, or --example)")
+    for path, option in ((json_path, "--json"), (md_path, "--markdown"), (plot_path, "--plot")):
+        outputs.check_writable(path, option)  # before any work: a result that cannot be written is lost
     log_doc = None
     logged: list[dict] = []
     log = ", ".join(map(str, logs))
@@ -113,7 +117,7 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
                             tuple(compare_batches) if compare_batches else None, top)
         result: Analysis = analyze(data, settings, progress_bar("bootstrap", progress, final=False))
     except NoisefloorError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(visible(str(exc))) from None
     doc = result.to_json()
     notes = audit_mod.drift_messages(audits or []) + audit_mod.excluded_messages(audits or [])
     doc["warnings"] = [*doc["warnings"], *notes]
@@ -126,11 +130,11 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         if audits is not None:
             click.echo("\n" + audit_mod.table(audits))
         for w in notes:
-            click.echo(f"warning: {w}")
+            click.echo(f"warning: {visible(w)}")
     if json_path:
         report.write_json(doc, json_path)
     if md_path:
-        md_path.write_text(report.markdown(result, log_doc, audit_mod.lines(audits) if audits else None))
+        outputs.write_text(md_path, report.markdown(result, log_doc, audit_mod.lines(audits) if audits else None))
     if plot_path:
         report.plot(result, plot_path)
         if not quiet:
@@ -141,7 +145,7 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
     audit_mod.check_study_set(audits, expected)
     drifted = audit_mod.drift_messages(audits)
     if drifted and abort_on_drift:
-        click.echo(f"Error: {drifted[0]}; rerun on one model or split the endpoint (or pass --allow-drift)", err=True)
+        click.echo(f"Error: {visible(drifted[0])}; rerun on one model or split the endpoint (or pass --allow-drift)", err=True)
         sys.exit(EXIT_DRIFT)
 
 
@@ -188,16 +192,18 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
 
     if json_path == "-" and md_path == "-":
         raise click.UsageError("--json - and --markdown - would both write stdout; send one of them to a file")
+    for path, option in ((json_path, "--json"), (junit_path, "--junit-xml"), (md_path, "--markdown")):
+        outputs.check_writable(path, option)  # before any work
     settings = g.GateSettings(z=g.z_for(confidence, exact_z), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
     try:
         result = gate_run.run_files(base_a, base_b, candidate, settings, condition=condition,
                                     allow_unstamped=allow_unstamped, target_false_block=target_false_block)
     except gate_run.StampError as exc:
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {visible(str(exc))}", err=True)
         sys.exit(EXIT_USAGE)
     except OutcomeError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(visible(str(exc))) from None
     to_err = json_path == "-" or md_path == "-"  # stdout holds only the machine-readable document
     oc = result.operating_characteristics
     risk = {r.case_id: r for r in oc.cases}
@@ -211,7 +217,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
                 extra += f" ({v.more_repeats} more repeats at its rate would put it clearly below)"
         r = risk[v.case_id]
         adj = f", adjusted p {v.adjusted_p:.3g}" if v.adjusted_p is not None else ""
-        click.echo(f"{gate_run.printable(v.case_id)}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
+        click.echo(f"{visible(v.case_id)}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
                    f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}{adj}{extra}; "
                    f"if unchanged: P(regressed) {r.false_regressed:.3f}, P(quarantine) {r.false_quarantine:.3f})",
                    err=to_err)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisefloor.proxy import exchange_record, providers, replay_index
+from noisefloor.proxy import exchange_record, providers, replay_index, secrets
 from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.profiles import extract_meta
@@ -63,10 +63,15 @@ class Recorder:
         error: str | None = None,
         latency_ms: float | None = None,
         notes: Sequence[str] = (),
+        end: float | None = None,
     ) -> int:
         """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
         p = pending.prepared
-        end = time.time()  # the answer is complete: a request arriving after this may depend on it
+        if error is not None:  # an upstream's status line or message may carry the key it was sent
+            error = secrets.erase_text(error, p.request.secret_values)
+        # the answer is complete: a request arriving after this may depend on it (an import gives the
+        # recorded time)
+        end = time.time() if end is None else end
         record: dict[str, Any] = {"end": end, "latency_ms": latency_ms, "error": error,
                                   "notes": pending.notes + list(notes)}
         # a body already stored (a replicate asking the same again) is not compressed again

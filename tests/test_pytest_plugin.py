@@ -91,7 +91,7 @@ def test_record_replay_miss_and_new_episodes(pytester: pytest.Pytester, upstream
     changed.assert_outcomes(failed=1)
     out = changed.stdout.str()
     assert "nfproxy strict replay missed (1; " in out and "nearest recorded request: exchange" in out
-    assert '-    "content": "write a haiku",' in out and '+    "content": "write a limerick",' in out
+    assert '-/body/messages/0/content = "write a haiku"' in out and '+/body/messages/0/content = "write a limerick"' in out
     assert len(upstream.requests) == 3 and _digest(recordings) == recorded
 
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "--nf-record-mode=new_episodes").assert_outcomes(passed=2)

@@ -157,7 +157,7 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     try:
         if replaying:
             shutil.copytree(recording, work / "replay.lmdb")  # replay's own log goes to the copy
-            run.replay = start("--mode", "replay", "--strict", "--store", str(work / "replay.lmdb"),
+            run.replay = start("--mode", "replay", "--strict", "--replay-log-in-store", "--store", str(work / "replay.lmdb"),
                               "--confdir", str(ca), *extra)
         if recording_too:
             run.record = start("--mode", "record", "--upstream", str(upstream), "--store", str(work / "record.lmdb"),

@@ -15,7 +15,7 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
-from noisefloor.errors import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, NoisefloorError
+from noisefloor.errors import EXIT_DRIFT, EXIT_OK, EXIT_REGRESSED, EXIT_STAMPS, NoisefloorError
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -190,12 +190,12 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
         click.echo("Error: refusing to compare unstamped runs: " + "; ".join(unstamped) + ". A score without "
                    "its stamp (model, sampling, grader_version) is not comparable to anything; add the fields "
                    "to the rows, or pass --allow-unstamped", err=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(EXIT_STAMPS)
     if len({r.stamp for r in runs}) != 1:
         parts = [f"{p.name}: {r.description}" for p, r in zip((base_a, base_b, candidate), runs)]
         click.echo("Error: refusing to compare runs with different stamps (model, sampling, grader, cases): "
                    + "; ".join(parts), err=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(EXIT_STAMPS)
     settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
     verdicts = g.gate(runs[0].counts, runs[1].counts, runs[2].counts, settings)
@@ -225,7 +225,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     if json_path:
         report.write_json({"stamp": runs[0].stamp, "verdicts": [asdict(v) for v in verdicts], "counts": counts,
                            "operating_characteristics": asdict(oc)}, json_path)
-    sys.exit(EXIT_ERROR if counts["regressed"] else EXIT_OK)
+    sys.exit(EXIT_REGRESSED if counts["regressed"] else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ class AgentRun:
     timeout: float
     replay_from: str | None = None  # replay: the recorded session that answers this one
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment (replay-only settings)
+    extra: str = ""  # a JSON object merged into the task file (a tool-calling task's tools)
 
     @property
     def session(self) -> str:
@@ -59,7 +60,8 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     base = f"http://127.0.0.1:{port}/_nf/" + ",".join(f"{k}={quote(v, safe='')}" for k, v in labels.items())
     taskdir.mkdir(parents=True, exist_ok=True)
     task_file = taskdir / f"{run.session.replace('/', '_')}.json"
-    task_file.write_text(json.dumps({"task_id": run.task_id, "prompt": run.prompt, "entry_point": run.entry_point}))
+    task_file.write_text(json.dumps({**(json.loads(run.extra) if run.extra else {}), "task_id": run.task_id,
+                                     "prompt": run.prompt, "entry_point": run.entry_point}))
     env = {**os.environ, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base, "GOOGLE_GEMINI_BASE_URL": base,
            "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
            "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder"), **dict(run.env)}

@@ -122,10 +122,16 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         doc["log"] = log_doc
     if audits is not None:
         doc["floors"] = audit_mod.to_json(audits)
+    gate_sec = _gate_section(rows)
+    if gate_sec is not None:
+        doc["gate"] = gate_sec.to_json()
     if not quiet and json_path != "-":
         click.echo(report.table(result, log_doc))
         if audits is not None:
             click.echo("\n" + audit_mod.table(audits))
+        if gate_sec is not None:
+            click.echo("\ngate: " + (f"refused ({gate_sec.refused})" if gate_sec.refused else ", ".join(
+                f"{n} {k}" for k, n in gate_sec.counts().items()) + f"; re-run to k>8: {', '.join(gate_sec.escalated) or 'none'}"))
         for w in drift:
             click.echo(f"warning: {w}")
     if json_path:
@@ -136,6 +142,17 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         report.plot(result, plot_path)
         if not quiet:
             click.echo(f"plot written to {plot_path}", err=True)
+
+
+def _gate_section(rows: list) -> object | None:
+    """The gate of nfladder's gate design, when the rows hold its three collections."""
+    from noisefloor.analyzer import gate as g
+
+    names = {r.condition for r in rows}
+    if not set(g.GATE_CONDITIONS) <= names:
+        return None
+    runs = [g.run_of([r for r in rows if r.condition == n]) for n in g.GATE_CONDITIONS]
+    return g.section(runs)
 
 
 def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, abort_on_drift: bool) -> None:

@@ -30,6 +30,7 @@ from scipy import stats
 
 from noisefloor.analyzer.outcomes import OutcomeError, parse_rows, read_rows
 from noisefloor.errors import InputError
+from noisefloor.outcome_rows import OutcomeRow
 
 Z_ONE_SIDED_95 = 1.6448536269514722
 MAX_REPEATS = 10_000
@@ -279,12 +280,17 @@ def load_run(path: Path, condition: str | None = None) -> GateRun:
             raise OutcomeError(f"{path}:{line}: case {r.task_id!r} replicate {r.replicate} appears twice "
                                f"(first at line {seen[(r.task_id, r.replicate)]}); keep one row per repeat")
         seen[(r.task_id, r.replicate)] = line
+    return run_of(rows, [rec for _, rec in raw])
+
+
+def run_of(rows: Sequence[OutcomeRow], recs: Sequence[Mapping[str, object]] | None = None) -> GateRun:
+    """Per-case counts and the stamp of one run's rows (model as requested, sampling, grader, cases)."""
     counts: dict[str, list[int]] = {}
     for r in rows:
         c = counts.setdefault(r.task_id, [0, 0])
         c[0] += r.outcome
         c[1] += 1
-    recs = [rec for _, rec in raw]
+    recs = recs if recs is not None else [r.to_json() for r in rows]
     model = ",".join(sorted({str(x["model"]) for x in recs if x.get("model")})) or None
     sampling = {k: sorted({str(x[k]) for x in recs if x.get(k) not in (None, "")}) for k in ("temperature", "top_p", "seed")}
     sampling = {k: v for k, v in sampling.items() if v}
@@ -294,3 +300,53 @@ def load_run(path: Path, condition: str | None = None) -> GateRun:
     run_stamp = stamp(model, sampling, grader, list(counts))
     desc = f"model={model} sampling={sampling} grader={grader} cases={len(counts)} -> {run_stamp}"
     return GateRun({k: CaseCounts(p, n) for k, (p, n) in counts.items()}, run_stamp, desc, missing)
+
+
+GATE_CONDITIONS = ("base_a", "base_b", "candidate")  # the names nfladder's gate design gives its collections
+
+
+@dataclass(frozen=True)
+class GateSection:
+    """The gate's part of a report, from three runs: refused (with why) or verdicts and risks."""
+
+    names: tuple[str, str, str]
+    runs: tuple[GateRun, GateRun, GateRun]
+    settings: GateSettings
+    refused: str | None
+    verdicts: tuple[CaseVerdict, ...]
+    oc: OperatingCharacteristics | None
+
+    @property
+    def escalated(self) -> list[str]:
+        """Cases whose candidate ran more repeats than baseline A: re-run after an inconclusive call."""
+        a, c = self.runs[0].counts, self.runs[2].counts
+        return sorted(k for k in c if k in a and c[k].n > a[k].n)
+
+    def counts(self) -> dict[str, int]:
+        return {k: sum(v.verdict == k for v in self.verdicts) for k in ("within_noise", "inconclusive", "regressed",
+                                                                         "quarantine")}
+
+    def to_json(self) -> dict[str, object]:
+        from dataclasses import asdict
+
+        return {"conditions": list(self.names), "stamps": {n: r.description for n, r in zip(self.names, self.runs)},
+                "refused": self.refused, "escalated": self.escalated, "counts": self.counts(),
+                "verdicts": [asdict(v) for v in self.verdicts],
+                "operating_characteristics": asdict(self.oc) if self.oc else None, "settings": asdict(self.settings)}
+
+
+def section(runs: Sequence[GateRun], names: Sequence[str] = GATE_CONDITIONS, s: GateSettings = GateSettings(),
+            target: float = 0.05) -> GateSection:
+    """Refuse unstamped runs or differing stamps (seed 004), else the verdicts and operating characteristics."""
+    runs3 = (runs[0], runs[1], runs[2])
+    names3 = (names[0], names[1], names[2])
+    missing = [f"{n} ({r.missing})" for n, r in zip(names3, runs3) if r.missing]
+    refused = None
+    if missing:
+        refused = "unstamped runs: " + "; ".join(missing)
+    elif len({r.stamp for r in runs3}) != 1:
+        refused = "runs with different stamps: " + "; ".join(f"{n}: {r.description}" for n, r in zip(names3, runs3))
+    if refused:
+        return GateSection(names3, runs3, s, refused, (), None)
+    a, b, c = (r.counts for r in runs3)
+    return GateSection(names3, runs3, s, None, tuple(gate(a, b, c, s)), operating_characteristics(a, b, c, s, target))

@@ -10,12 +10,27 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 STDERR_TAIL = 2000
+_RUNNING: set[subprocess.Popen[str]] = set()  # agents started here and not finished: killed on an interrupt
+_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    """Kill every agent this process started that is still running (and what each started)."""
+    with _LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+INLINE = "nf-inline:"  # an agent argv of one word `nf-inline:MODULE`: a built-in client run in this thread
 
 
 @dataclass(frozen=True)
@@ -67,6 +82,13 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
            "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder"), **dict(run.env)}
     argv = [a.replace("{task_file}", str(task_file)) for a in run.agent]
     start = time.monotonic()
+    if argv and argv[0].startswith(INLINE):  # no interpreter per run (the judge's many short calls)
+        import importlib
+
+        client = importlib.import_module(f"noisefloor.ladder.{argv[0][len(INLINE):]}")
+        code, _, err = client.run(json.loads(task_file.read_text()), env)
+        return Attempt(run.session, run.task_id, run.condition, run.replicate, code, False,
+                       round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
     timed_out, code, err = False, None, ""
     try:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -74,6 +96,8 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     except OSError as exc:
         proc, code, err = None, 127, f"cannot start agent: {exc}"
     if proc is not None:
+        with _LOCK:
+            _RUNNING.add(proc)
         try:
             _, err = proc.communicate(timeout=run.timeout)
             code = proc.returncode
@@ -81,5 +105,8 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
             timed_out = True
             os.killpg(proc.pid, signal.SIGKILL)  # the agent and anything it started
             _, err = proc.communicate()
+        finally:
+            with _LOCK:
+                _RUNNING.discard(proc)
     return Attempt(run.session, run.task_id, run.condition, run.replicate, code, timed_out,
                    round(time.monotonic() - start, 3), err[-STDERR_TAIL:])

@@ -308,8 +308,7 @@ def _run(p: dict[str, Any]) -> int:
             builtin.stop()
 
 
-DEMO_SIZES = {"ladder": {}, "judge": {"limit": 16, "judge_repeats": 20}, "audit": {"per_category": 8},
-              "gate": {"limit": 16}}
+DEMO_SIZES = {"ladder": {}, "judge": {"limit": 10}, "audit": {"per_category": 6}, "gate": {"limit": 12}}
 
 
 @main.command("demo")

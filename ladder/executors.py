@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from noisefloor.errors import StateError
-from noisefloor.ladder.agent_run import AgentRun, Attempt, run_agent
+from noisefloor.ladder.agent_run import AgentRun, Attempt, kill_running, run_agent
 from noisefloor.proxy import launch
 from noisefloor.verifier.grading import GradeOptions, code_grader
 
@@ -54,11 +54,16 @@ class LocalExecutor:
     def run(self, runs: Sequence[AgentRun], proxy_args: Sequence[str], store: Path,
             on_done: Callable[[Attempt], None], replay: bool = False) -> int:
         proxy = start_proxy(["--store", str(store), *proxy_args])
+        pool = ThreadPoolExecutor(self.jobs)
         try:
-            with ThreadPoolExecutor(self.jobs) as pool:
-                for attempt in pool.map(lambda r: run_agent(r, proxy.port, self.taskdir), runs):
-                    on_done(attempt)
+            for attempt in pool.map(lambda r: run_agent(r, proxy.port, self.taskdir), runs):
+                on_done(attempt)
+        except BaseException:  # an interrupt (SIGINT, SIGTERM): stop the agents now, not when they finish
+            pool.shutdown(wait=False, cancel_futures=True)
+            kill_running()
+            raise
         finally:
+            pool.shutdown(wait=True)
             code = proxy.stop(timeout=60)
         return code
 

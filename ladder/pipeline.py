@@ -76,13 +76,9 @@ def keep_rows(ladder: Ladder, rows: Sequence[OutcomeRow]) -> None:
         store.put_outcomes([r.to_json() for r in rows])
 
 
-def drift(rows: Sequence[OutcomeRow]) -> dict[str, list[str]]:
+def drift(served: dict[tuple[str, str], set[str]]) -> dict[str, list[str]]:
     """Served models per (condition, requested model): an agent that asks for two models is not
     drift; one requested model answered by two served ones is."""
-    served: dict[tuple[str, str], set[str]] = {}
-    for r in rows:
-        if r.served_model:
-            served.setdefault((r.condition, r.model or "?"), set()).add(r.served_model)
     return {f"{c} / {m}": sorted(s) for (c, m), s in sorted(served.items()) if len(s) > 1}
 
 
@@ -95,7 +91,7 @@ def analysis_doc(cfg: Config, design: Design, ladder: Ladder, rows: Sequence[Out
     doc["design"] = design.name
     doc["settings"] |= {"replicates": cfg.replicates, **design.settings, "agent": cfg.agent, "upstream": cfg.upstream,
                         "conditions": cfg.conditions.to_json()}
-    drifted = drift(rows)
+    drifted = drift(ladder.served_models())
     doc["warnings"] = [*doc["warnings"], *(f"{c}: the served model changed within the study ({', '.join(m)})"
                                            for c, m in drifted.items())]
     return result, doc, drifted
@@ -105,12 +101,13 @@ def write_reports(cfg: Config, result: Analysis, doc: dict[str, Any], rows: Sequ
                   sections: Sequence[str] = (), md_sections: Sequence[str] | None = None, plot: bool = True) -> None:
     doc["provenance"] = provenance.manifest(cfg, rows, doc)
     (cfg.out / "report.json").write_text(json.dumps(doc, indent=2))
-    md = report.markdown(result, doc["log"], truth=doc.get("truth"))
+    truth = doc.get("truth") if "w" in doc.get("truth", {}) else None  # the ladder's truth; designs print their own
+    md = report.markdown(result, doc["log"], truth=truth)
     extra = list(md_sections if md_sections is not None else sections)
     md += "".join(f"\n{s}\n" for s in extra) + "\n" + provenance.markdown(doc["provenance"]) + "\n"
     (cfg.out / "report.md").write_text(md)
     if plot:
-        report.plot(result, cfg.out / "ladder.png", doc.get("truth"))
+        report.plot(result, cfg.out / "ladder.png", truth)
 
 
 # -- the ladder --------------------------------------------------------------------------------
@@ -194,7 +191,7 @@ def _run_gate(cfg: Config, design: Design, kind: str, builtin: Any | None, execu
         by_id = {t.task_id: t for t in cfg.tasks}
         ladder.run_condition(cand, range(escalate_at), [by_id[c] for c in again])
         rows = [r for r in rows if r.condition != cand.name] + ladder.outcomes(grade, {cand.name})
-        verdicts = gate_study.verdicts(cfg, rows, escalate_at, escalated=again)
+        verdicts = gate_study.verdicts(cfg, rows, escalate_at)
     if builtin is not None:
         builtin.stop()
     keep_rows(ladder, rows)

@@ -106,17 +106,20 @@ JUDGE_UNPARSEABLE = 0.08  # share of T>0 judge replies cut off before the verdic
 
 
 def judge_models(tasks: list[SuiteTask], seed: int) -> dict[str, JudgeModel]:
-    """Mostly a good judge; some tasks where it leans the wrong way on right or wrong candidates."""
+    """Mostly a good judge; on some tasks it leans the wrong way whatever the candidate (the known
+    disagreement set: at T=0 it always disagrees there), on some it is unsure but leans right."""
     rng = random.Random(seed * 7919 + 13)
     out = {}
     for t in tasks:
         u = rng.random()
         if u < 0.6:
             out[t.task_id] = JudgeModel(0.92, 0.08)
-        elif u < 0.8:
-            out[t.task_id] = JudgeModel(round(rng.uniform(0.2, 0.45), 3), 0.1)  # rejects right code
+        elif u < 0.85:
+            out[t.task_id] = JudgeModel(round(rng.uniform(0.2, 0.4), 3), round(rng.uniform(0.6, 0.8), 3))
         else:
-            out[t.task_id] = JudgeModel(0.9, round(rng.uniform(0.55, 0.8), 3))  # accepts wrong code
+            out[t.task_id] = JudgeModel(0.68, 0.32)
+    if tasks and not any(m.accept_right < 0.5 for m in out.values()):  # keep the set non-empty
+        out[tasks[-1].task_id] = JudgeModel(0.3, 0.7)
     return out
 
 
@@ -136,7 +139,7 @@ def tool_models(task_ids: list[str], seed: int) -> dict[str, ToolModel]:
     for tid in task_ids:
         right = rng.random() < 0.75
         flip = round(rng.uniform(0.05, 0.25), 3) if rng.random() < 0.35 else 0.0
-        switch = round(rng.uniform(0.2, 0.6), 3) if rng.random() < 0.6 else 0.05
+        switch = round(rng.uniform(0.3, 0.7), 3) if rng.random() < 0.7 else 0.05
         out[tid] = ToolModel(right, flip, switch)
     return out
 
@@ -229,6 +232,16 @@ class BuiltinProvider:
                  if task.program(b) in prompt]
         return max(found)[1] if found else None
 
+    def tool_right_probability(self, tool_task: Any, prompt: str, temperature: float) -> float:
+        """P(a call answering `prompt` for this task is correct): the known truth of the audit."""
+        m = self.tool_models[tool_task.task_id]
+        original = prompt.strip() == tool_task.question[-1][-1]["content"].strip()
+        wording = "" if original else hashlib.sha256(prompt.encode()).hexdigest()[:16]
+        greedy = m.greedy_right if original else (
+            m.greedy_right != (self._u("switch", tool_task.task_id, wording) < m.reword_switch))
+        flip = m.rerun_flip if temperature <= 0 else max(m.rerun_flip, 0.3)
+        return 1 - flip if greedy else flip
+
     def tool_answer(self, prompt: str, temperature: float) -> tuple[str, list[dict[str, Any]]] | None:
         """(drawn outcome, tool calls) for a BFCL question, or None when the prompt holds none."""
         squashed = _squash(prompt)
@@ -314,7 +327,9 @@ class BuiltinProvider:
             self.requests += 1
             return web.json_response({"id": f"chatcmpl-nf{self.requests}", "object": "chat.completion",
                                       "created": 1_700_000_000, "model": "nf-builtin-1",
-                                      "system_fingerprint": "fp_nf_builtin", "choices": [
+                                      "system_fingerprint": "fp_nf_builtin",
+                                      "usage": {"prompt_tokens": 200, "completion_tokens": len(judged) // 4,
+                                                "total_tokens": 200 + len(judged) // 4}, "choices": [
                                           {"index": 0, "message": {"role": "assistant", "content": judged},
                                            "finish_reason": "stop"}]})
         doc, text, fault = await self._common(request, doc)

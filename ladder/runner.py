@@ -202,6 +202,21 @@ class Ladder:
         with Store.open(self.store, write=False) as store:  # the replay index: no record to decompress
             return {e.session for e in store.recorded_entries()}
 
+    def served_models(self) -> dict[tuple[str, str], set[str]]:
+        """(condition, model as requested) -> the models that answered, over every recorded exchange
+        of this study's conditions (an agent's every call, not only its final one)."""
+        from noisefloor.proxy.store import Store
+
+        names = set(self.c.conditions.names)
+        out: dict[tuple[str, str], set[str]] = {}
+        with Store.open(self.store, write=False) as store:
+            for ex in store.exchanges():
+                if ex.mode != "record" or ex.condition not in names or not ex.model:
+                    continue
+                asked = _str(_request_doc(store, ex).get("model")) or "?"
+                out.setdefault((ex.condition, asked), set()).add(ex.model)
+        return out
+
     def replay_failures(self) -> list[str]:
         """Replay sessions that saw a miss or an order violation: the recording was not reproduced."""
         from noisefloor.proxy.store import Store
@@ -249,14 +264,18 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-BUILTIN_AGENTS = {"builtin": ("agent", []), "completions": ("agent", ["--completions"]),
-                  "tools": ("agent_tools", []), "judge": ("agent_judge", [])}
+BUILTIN_AGENTS = {"builtin": ("agent", []), "completions": ("agent", ["--completions"])}
+INLINE_AGENTS = {"tools": "agent_tools", "judge": "agent_judge"}  # built-in clients run in the executor's thread
 
 
 def parse_agent(command: str) -> list[str]:
     if command in BUILTIN_AGENTS:
         module, flags = BUILTIN_AGENTS[command]
         return [sys.executable, "-m", f"noisefloor.ladder.{module}", *flags, "{task_file}"]
+    if command in INLINE_AGENTS:
+        from noisefloor.ladder.agent_run import INLINE
+
+        return [f"{INLINE}{INLINE_AGENTS[command]}"]
     argv = shlex.split(command)
     if not argv:
         raise LadderError("--agent is empty; give a command such as 'python agent.py {task_file}'")

@@ -46,7 +46,8 @@ def judge_prompt(task_prompt: str, code: str, examples: Sequence[str]) -> str:
 
 
 def parse_verdict(text: str) -> tuple[int | None, float | None]:
-    """(1 pass / 0 fail / None unparseable, confidence in [0, 1] or None)."""
+    """(1 pass / 0 fail / None unparseable, confidence in [0, 1] or None). The verdict is the word
+    after "verdict", else the reply's first word; a confidence above 1 is read as a percentage."""
     word = None
     m = _VERDICT.search(text or "")
     if m:

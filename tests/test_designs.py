@@ -98,10 +98,6 @@ def test_gate_demo_reruns_inconclusive_cases_to_16_and_exits_1_on_the_known_regr
     # the collections are stamped alike: nfanalyze gate compares them as they are (exit 1: regressed)
     g = tool("nfanalyze", "gate", *(str(out / "gate" / f"{n}.jsonl") for n in ("base_a", "base_b", "candidate")))
     assert g.returncode == exit_codes.REGRESSED, g.stderr
-    # a rerun resumes: nothing runs again, the same verdicts
-    rerun = tool("nfladder", "demo", "--design", "gate", "--out", str(out), "-j", "2", "--bootstrap", BOOT)
-    assert rerun.returncode == exit_codes.REGRESSED and "runs done earlier" in rerun.stderr
-    assert json.loads((out / "report.json").read_text())["gate"] == gate
 
 
 def test_audit_demo_perturbation_multiple_above_one_as_the_truth_says(audit_demo):
@@ -168,7 +164,8 @@ def test_registry_refuses_bad_conditions_and_keys_replay_as_its_source():
 @pytest.mark.parametrize("text,verdict,conf", [
     ("VERDICT: PASS\nCONFIDENCE: 0.9", 1, 0.9), ("**Verdict:** fail\nConfidence: 85%", 0, 0.85),
     ("Correct. The function handles every case.", 1, None), ("Looking at the candidate carefully, the", None, None),
-    ("", None, None), ("verdict = FAIL (confidence 7)", 0, None)])
+    ("", None, None), ("verdict = FAIL (confidence 70)", 0, 0.7),
+    ("yes\nconfidence: 150", 1, None)])
 def test_judge_replies_are_parsed_leniently_and_unparseable_ones_are_none(text, verdict, conf):
     got = parse_verdict(text)
     assert got[0] == verdict and (got[1] == pytest.approx(conf) if conf is not None else got[1] is None)

@@ -200,3 +200,14 @@ def test_sigterm_exits_143_and_stops_the_proxy(tmp_path):
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == exit_codes.TERMINATED, err[-2000:]
+
+
+def test_a_study_file_with_an_unknown_key_is_refused_in_one_line(tmp_path):
+    study = tmp_path / "bad.toml"
+    study.write_text('design = "gate"\ncandidate_agnet = "x"\n')
+    r = tool("nfladder", "run", str(study))
+    assert r.returncode == exit_codes.INPUT and "unknown key 'candidate_agnet'" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
+    study.write_text('design = "judge"\n[[condition]]\nname = "x"\n')
+    r = tool("nfladder", "run", str(study), "--out", str(tmp_path / "o"))
+    assert r.returncode == exit_codes.INPUT and "declare a ladder's conditions" in r.stderr

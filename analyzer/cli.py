@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -122,6 +123,9 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         doc["log"] = log_doc
     if audits is not None:
         doc["floors"] = audit_mod.to_json(audits)
+    kept = logstats_study(logs)
+    if kept:
+        doc.update({k: v for k, v in kept.items() if k in ("design", "provenance", "judge_parse", "truth")})
     gate_sec = _gate_section(rows)
     if gate_sec is not None:
         doc["gate"] = gate_sec.to_json()
@@ -129,6 +133,15 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         click.echo(report.table(result, log_doc))
         if audits is not None:
             click.echo("\n" + audit_mod.table(audits))
+        if kept and kept.get("judge_parse"):
+            click.echo("\njudge replies: " + "; ".join(f"{c}: {', '.join(f'{k} {n}' for k, n in sorted(v.items()))}"
+                                                     for c, v in kept["judge_parse"].items()))
+        if kept and kept.get("provenance"):
+            pv = kept["provenance"]
+            click.echo(f"\nprovenance (kept by nfladder): design {kept.get('design')}, recording {pv.get('recording_id')}, "
+                       f"task set sha256 {str((pv.get('task_set') or {}).get('sha256'))[:16]}..., models requested "
+                       f"{', '.join((pv.get('models') or {}).get('requested') or []) or '-'}, served "
+                       f"{', '.join((pv.get('models') or {}).get('served') or []) or '-'}")
         if gate_sec is not None:
             click.echo("\ngate: " + (f"refused ({gate_sec.refused})" if gate_sec.refused else ", ".join(
                 f"{n} {k}" for k, n in gate_sec.counts().items()) + f"; re-run to k>8: {', '.join(gate_sec.escalated) or 'none'}"))
@@ -144,7 +157,15 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
             click.echo(f"plot written to {plot_path}", err=True)
 
 
-def _gate_section(rows: list) -> object | None:
+def logstats_study(logs: tuple[Path, ...]) -> dict | None:
+    if not logs:
+        return None
+    from noisefloor.analyzer import logstats
+
+    return logstats.study(list(logs))
+
+
+def _gate_section(rows: list) -> Any:
     """The gate of nfladder's gate design, when the rows hold its three collections."""
     from noisefloor.analyzer import gate as g
 

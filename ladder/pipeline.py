@@ -22,6 +22,8 @@ from noisefloor.ladder.runner import Config, Ladder
 from noisefloor.outcome_rows import OutcomeRow, write_jsonl
 from noisefloor.proxy.store import Store
 
+STUDY_META = "nfladder_study"  # the store's meta entry holding the design, provenance and truth (logstats reads it)
+
 
 @dataclass(frozen=True)
 class LadderResult:
@@ -100,6 +102,8 @@ def analysis_doc(cfg: Config, design: Design, ladder: Ladder, rows: Sequence[Out
 def write_reports(cfg: Config, result: Analysis, doc: dict[str, Any], rows: Sequence[OutcomeRow],
                   sections: Sequence[str] = (), md_sections: Sequence[str] | None = None, plot: bool = True) -> None:
     doc["provenance"] = provenance.manifest(cfg, rows, doc)
+    with Store.open(cfg.out / "log.lmdb", write=True) as store:  # `nfanalyze LOG` shows what the report showed
+        store.set_meta(STUDY_META, {k: doc[k] for k in ("design", "provenance", "judge_parse", "truth") if k in doc})
     (cfg.out / "report.json").write_text(json.dumps(doc, indent=2))
     truth = doc.get("truth") if "w" in doc.get("truth", {}) else None  # the ladder's truth; designs print their own
     md = report.markdown(result, doc["log"], truth=truth)

@@ -79,6 +79,7 @@ def test_judge_demo_t0_has_no_verdict_variance_and_the_disagreement_interval_hol
     assert "known truth" in r.stdout and "Provenance" in r.stdout
     again = alone(out)
     assert again["judge"] == doc["judge"] and again["conditions"] == doc["conditions"]
+    assert again["provenance"] == doc["provenance"] and again["judge_parse"] == doc["judge_parse"]
 
 
 def test_gate_demo_reruns_inconclusive_cases_to_16_and_exits_1_on_the_known_regressions(gate_demo):

@@ -93,7 +93,9 @@ def analysis_doc(cfg: Config, design: Design, ladder: Ladder, rows: Sequence[Out
     doc["design"] = design.name
     doc["settings"] |= {"replicates": cfg.replicates, **design.settings, "agent": cfg.agent, "upstream": cfg.upstream,
                         "conditions": cfg.conditions.to_json()}
-    drifted = drift(ladder.served_models())
+    served = ladder.served_models()
+    doc["served_by_requested"] = {f"{c} / {m}": sorted(v) for (c, m), v in sorted(served.items())}
+    drifted = drift(served)
     doc["warnings"] = [*doc["warnings"], *(f"{c}: the served model changed within the study ({', '.join(m)})"
                                            for c, m in drifted.items())]
     return result, doc, drifted

@@ -71,8 +71,9 @@ def _version(name: str) -> str | None:
 
 def manifest(cfg: Any, rows: Sequence[OutcomeRow], doc: dict[str, Any]) -> dict[str, Any]:
     ids = sorted({t.task_id for t in cfg.tasks})
-    requested = sorted({r.model for r in rows if r.model})
-    served = sorted({r.served_model for r in rows if r.served_model})
+    by_requested = doc.get("served_by_requested") or {}  # every call of every agent, not only its last
+    requested = sorted({r.model for r in rows if r.model} | {k.split(" / ", 1)[1] for k in by_requested})
+    served = sorted({r.served_model for r in rows if r.served_model} | {m for v in by_requested.values() for m in v})
     sampling = sorted({json.dumps({"condition": r.condition, "temperature": r.temperature, "top_p": r.top_p,
                                    "seed": r.seed}) for r in rows})
     graders = sorted({r.grader_version for r in rows if r.grader_version})
@@ -83,7 +84,8 @@ def manifest(cfg: Any, rows: Sequence[OutcomeRow], doc: dict[str, Any]) -> dict[
         "task_set": {"tasks": len(ids), "sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest()},
         "dataset": {"path": str(cfg.dataset) if cfg.dataset else None,
                     "sha256": sha256_file(Path(cfg.dataset)) if cfg.dataset else None},
-        "models": {"requested": requested, "served": served, "provider_lists": getattr(cfg, "provider_listing", None)},
+        "models": {"requested": requested, "served": served, "served_by_requested": by_requested,
+                   "provider_lists": getattr(cfg, "provider_listing", None)},
         "sampling": [json.loads(s) for s in sampling],
         "grader": graders,
         **rec,

@@ -212,3 +212,49 @@ def test_a_study_file_with_an_unknown_key_is_refused_in_one_line(tmp_path):
     study.write_text('design = "judge"\n[[condition]]\nname = "x"\n')
     r = tool("nfladder", "run", str(study), "--out", str(tmp_path / "o"))
     assert r.returncode == exit_codes.INPUT and "declare a ladder's conditions" in r.stderr
+
+
+TWO_MODEL_AGENT = '''
+import json, os, sys, urllib.request
+task = json.load(open(sys.argv[-1]))
+def ask(model, text):
+    body = {"model": model, "temperature": 0.7, "messages": [{"role": "user", "content": text}]}
+    req = urllib.request.Request(os.environ["OPENAI_BASE_URL"] + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=30))["choices"][0]["message"]["content"]
+plan = ask("planner-gpt", "plan: " + task["prompt"])
+print(ask("coder-claude", task["prompt"] + "\\n" + plan))
+'''
+
+
+def test_an_agent_calling_two_models_is_not_drift_and_its_rows_carry_both_names(tmp_path):
+    """A fake OpenAI-compatible upstream that names each answer after the requested model."""
+    from noisefloor.ladder.suite import builtin_suite
+    from tests.fake_upstream import FakeUpstream
+
+    tasks = {t.entry_point: t for t in builtin_suite()[:2]}
+
+    def respond(doc: dict, n: int) -> str:
+        text = doc["messages"][-1]["content"]
+        task = next(t for name, t in tasks.items() if f"def {name}(" in text)
+        return "a plan" if text.startswith("plan: ") else f"```python\n{task.program(task.right[0])}```"
+
+    agent = tmp_path / "two_models.py"
+    agent.write_text(TWO_MODEL_AGENT)
+    upstream = FakeUpstream(responder=respond).start()
+    try:
+        r = tool("nfladder", "run", "--agent", f"{sys.executable} {agent} {{task_file}}", "--provider", upstream.url,
+                 "--tasks", "2", "-R", "2", "--conditions", "live,t0", "-j", "2", "--bootstrap", "200",
+                 "--out", str(tmp_path / "o"))
+    finally:
+        upstream.stop()
+    assert r.returncode == 0, r.stderr[-3000:]  # two requested models, each served by one: no drift (was exit 4)
+    rows = [json.loads(line) for line in (tmp_path / "o" / "outcomes.jsonl").read_text().splitlines()]
+    assert {(x["model"], x["served_model"]) for x in rows} == {("coder-claude", "coder-claude-2024-07-18")}
+    assert {x["temperature"] for x in rows if x["condition"] == "t0"} == {0.0}
+    assert all(x["outcome"] == 1 and x["grader_version"].startswith("nfverify-") for x in rows)
+    doc = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert doc["provenance"]["models"]["requested"] == ["coder-claude", "planner-gpt"]
+    assert doc["provenance"]["models"]["served_by_requested"]["live / planner-gpt"] == ["planner-gpt-2024-07-18"]
+    assert "error" in doc["provenance"]["models"]["provider_lists"]  # the fake lists nothing: said so, not guessed
+    assert doc["log"]["conditions"]["live"]["models"] == ["coder-claude-2024-07-18", "planner-gpt-2024-07-18"]

@@ -13,7 +13,8 @@ underscores); a ladder study may declare its own conditions as `[[condition]]` t
     proxy = "replay"
     replay_from = ["t0-seeded", 0]
 
-Options given on the command line win over the file's.
+Options given on the command line win over the file's. Paths in the file (out, samples,
+perturb-file, bfcl) are relative to the file's own folder, so a study folder can move whole.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import json
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -94,10 +95,17 @@ class Ladder:
         tasks = tasks if tasks is not None else self.c.tasks
         for t in tasks:
             self.planned[(name, t.task_id)] = max(self.planned.get((name, t.task_id), 0), reps.stop)
-        todo = [(r, t) for r in reps for t in tasks if session_name(name, r, t.task_id) not in self.done]
+        wanted = [(r, t) for r in reps for t in tasks]
+        todo = [(r, t) for r, t in wanted if session_name(name, r, t.task_id) not in self.done]
+        planned = len(wanted)
         if not todo:
-            self.progress(f"[{name}] all {len(reps) * len(tasks)} runs done earlier")
+            self.progress(f"[{name}] all {planned} runs done earlier")
             return
+        if len(todo) < planned:  # a resume: say what an earlier run of this command already did
+            earlier = [self.done[s] for s in (session_name(name, r, t.task_id) for r, t in wanted) if s in self.done]
+            failed = sum(a.returncode != 0 for a in earlier)
+            self.progress(f"[{name}] resuming: {planned - len(todo)} of {planned} runs done earlier"
+                          f"{f' ({failed} of them failed)' if failed else ''}; {len(todo)} to run")
         args = self.c.conditions.proxy_args(cond, self.c.upstream, str(self.c.perturb_file) if self.c.perturb_file else None)
         src = cond.replay_from
         env = tuple(cond.env) + (tuple(self.c.replay_env.items()) if cond.replays else ())
@@ -107,7 +115,8 @@ class Ladder:
                          (extra or {}).get(t.task_id, ""))
                 for r, t in todo]
         per_rep: dict[int, int] = {}
-        total = {r: len(tasks) for r in reps}
+        total = {r: sum(1 for rr, _ in todo if rr == r) for r in reps}
+        clock = _Progress(len(todo))
 
         def finished(attempt: Attempt) -> None:
             with self._lock:
@@ -115,10 +124,11 @@ class Ladder:
                     fh.write(json.dumps(asdict(attempt)) + "\n")
                 self.done[attempt.session] = attempt
                 per_rep[attempt.replicate] = per_rep.get(attempt.replicate, 0) + 1
-                done = sum(per_rep.values())
-                if per_rep[attempt.replicate] == total[attempt.replicate] or done == len(todo):
-                    self.progress(f"[{name}] replicate {attempt.replicate + 1}/{reps.stop}: "
-                                  f"{per_rep[attempt.replicate]} runs ({done}/{len(todo)} this condition)")
+                line = clock.step(attempt.returncode != 0)
+                if per_rep[attempt.replicate] == total[attempt.replicate] or clock.done == len(todo):
+                    self.progress(f"[{name}] replicate {attempt.replicate + 1}/{reps.stop} done: {line}")
+                elif clock.due():
+                    self.progress(f"[{name}] {line}")
 
         try:
             code = self.executor.run(runs, args, self.store, finished, replay=cond.replays)
@@ -266,6 +276,37 @@ def _str(value: Any) -> str | None:
 
 BUILTIN_AGENTS = {"builtin": ("agent", []), "completions": ("agent", ["--completions"])}
 INLINE_AGENTS = {"tools": "agent_tools", "judge": "agent_judge"}  # built-in clients run in the executor's thread
+
+
+class _Progress:
+    """Counts, rate and ETA of one condition's runs, for a line at most every `every` seconds."""
+
+    def __init__(self, total: int, every: float = 10.0) -> None:
+        self.total, self.every = total, every
+        self.done = self.failed = 0
+        self.start = self.last = time.monotonic()
+
+    def step(self, failed: bool) -> str:
+        self.done += 1
+        self.failed += failed
+        elapsed = time.monotonic() - self.start
+        left = (self.total - self.done) * elapsed / self.done
+        eta = "" if self.done == self.total else f", ETA {_duration(left)}"
+        fails = f", {self.failed} failed" if self.failed else ""
+        return (f"{self.done}/{self.total} runs ({self.done / self.total:.0%}){fails}, "
+                f"{self.done / max(elapsed, 1e-9):.2f} runs/s, {_duration(elapsed)} so far{eta}")
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return False
+        self.last = now
+        return True
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
 def parse_agent(command: str) -> list[str]:

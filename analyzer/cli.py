@@ -167,12 +167,13 @@ def logstats_study(logs: tuple[Path, ...]) -> dict | None:
 def _gate_section(rows: list) -> Any:
     """The gate of nfladder's gate design, when the rows hold its three collections."""
     from noisefloor.analyzer import gate as g
+    from noisefloor.analyzer import gate_run
 
     names = {r.condition for r in rows}
     if not set(g.GATE_CONDITIONS) <= names:
         return None
     runs = [g.run_of([r for r in rows if r.condition == n]) for n in g.GATE_CONDITIONS]
-    return g.section(runs)
+    return gate_run.section(runs)
 
 
 def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, abort_on_drift: bool) -> None:

@@ -1,5 +1,6 @@
-"""The gate design's verdicts (seed 004), through nfanalyze's own gate section (`analyzer.gate.
-section`), so `nfanalyze LOG` and the design give the same table. Each collection is also written
+"""The gate design's verdicts (seed 004), through nfanalyze's own gate section
+(`analyzer.gate_run.section`: the stamp checks, then the `GateResult` that `nfanalyze gate`
+gives), so `nfanalyze LOG` and the design give the same table. Each collection is also written
 as the run file `nfanalyze gate A B C` reads (OUT/gate/NAME.jsonl)."""
 
 from __future__ import annotations
@@ -8,22 +9,23 @@ from collections.abc import Sequence
 from typing import Any
 
 from noisefloor.analyzer import gate as g
+from noisefloor.analyzer import gate_run
 from noisefloor.ladder.runner import Config
 from noisefloor.outcome_rows import OutcomeRow, write_jsonl
 
 COLLECTIONS = g.GATE_CONDITIONS
 
 
-def verdicts(cfg: Config, rows: Sequence[OutcomeRow], escalate_at: int) -> g.GateSection:
+def verdicts(cfg: Config, rows: Sequence[OutcomeRow], escalate_at: int) -> gate_run.GateSection:
     folder = cfg.out / "gate"
     folder.mkdir(parents=True, exist_ok=True)
     for name in COLLECTIONS:
         write_jsonl([r for r in rows if r.condition == name], folder / f"{name}.jsonl")
     runs = [g.run_of([r for r in rows if r.condition == name]) for name in COLLECTIONS]
-    return g.section(runs, COLLECTIONS, g.GateSettings(escalate_at=escalate_at))
+    return gate_run.section(runs, COLLECTIONS, g.GateSettings(escalate_at=escalate_at))
 
 
-def truth(builtin: Any, cfg: Config, out: g.GateSection) -> dict[str, Any]:
+def truth(builtin: Any, cfg: Config, out: gate_run.GateSection) -> dict[str, Any]:
     """The built-in provider's true pass rates for the baseline and the candidate, per case."""
     from noisefloor.ladder.provider import LIVE_T
 
@@ -41,7 +43,7 @@ def truth(builtin: Any, cfg: Config, out: g.GateSection) -> dict[str, Any]:
             "false_blocks": sorted(c for c, v in called.items() if v == "regressed" and c not in real)}
 
 
-def table(out: g.GateSection, truth_doc: dict[str, Any] | None = None) -> str:
+def table(out: gate_run.GateSection, truth_doc: dict[str, Any] | None = None) -> str:
     if out.refused:
         return f"Gate: REFUSED ({out.refused})"
     cases = (truth_doc or {}).get("cases", {})

@@ -107,7 +107,7 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
                 rows += parse_rows(inspect_logs.rows(spec, inspect_pass_at), spec)
         if floors_flag or (floors_flag is None and audit_mod.is_audit(rows)):
             audits = audit_mod.audit(rows, seed=seed)
-            rows = audit_mod.main_arm(rows)
+            rows = audit_mod.main_arm(rows, audits)
             _check_study(audits, study_set, abort_on_drift)
         data = build(rows, missing_tasks=missing_tasks, unbalanced=unbalanced)
         settings = Settings(resamples, seed, plan, tuple(_pair(c) for c in contrasts),
@@ -116,8 +116,8 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
     except NoisefloorError as exc:
         raise click.ClickException(str(exc)) from None
     doc = result.to_json()
-    drift = audit_mod.drift_messages(audits or [])
-    doc["warnings"] = [*doc["warnings"], *drift]
+    notes = audit_mod.drift_messages(audits or []) + audit_mod.excluded_messages(audits or [])
+    doc["warnings"] = [*doc["warnings"], *notes]
     if log_doc is not None:
         doc["log"] = log_doc
     if audits is not None:
@@ -144,7 +144,7 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         if gate_sec is not None:
             click.echo("\ngate: " + (f"refused ({gate_sec.refused})" if gate_sec.refused else ", ".join(
                 f"{n} {k}" for k, n in gate_sec.counts().items()) + f"; re-run to k>8: {', '.join(gate_sec.escalated) or 'none'}"))
-        for w in drift:
+        for w in notes:
             click.echo(f"warning: {w}")
     if json_path:
         report.write_json(doc, json_path)
@@ -192,7 +192,8 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
 @click.option("--flake-band", default=0.25, show_default=True, type=float,
               help="Baseline-vs-baseline gap above which a case is quarantined.")
 @click.option("--confidence", default=0.95, show_default=True, type=click.FloatRange(0.5, 0.9999),
-              help="One-sided level of the Wilson bounds.")
+              help="One-sided level of the Wilson bounds (at 0.95, z = 1.645 as seed 004 writes it).")
+@click.option("--exact-z", is_flag=True, help="Use the exact normal quantile (1.6448536 at 0.95) instead of 1.645.")
 @click.option("--escalate-at", default=16, show_default=True, type=click.IntRange(min=1),
               help="Repeats at which a candidate still below the floor is a regression (seed 004: k=16).")
 @click.option("--multiplicity", type=click.Choice(["none", "holm", "bh"]), default="none", show_default=True,
@@ -212,20 +213,19 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
 @click.option("--markdown", "md_path", metavar="PATH",
               help="Write a Markdown summary for a CI step (e.g. $GITHUB_STEP_SUMMARY; '-' for stdout).")
 def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_band: float, confidence: float,
-             escalate_at: int, multiplicity: str, alpha: float, target_false_block: float, condition: str | None,
-             allow_unstamped: bool, json_path: str | None, junit_path: Path | None, md_path: str | None) -> None:
+             exact_z: bool, escalate_at: int, multiplicity: str, alpha: float, target_false_block: float,
+             condition: str | None, allow_unstamped: bool, json_path: str | None, junit_path: Path | None,
+             md_path: str | None) -> None:
     """Per-case verdicts for a candidate run against two baseline runs of the same stamp.
 
     Each file holds outcome rows (task_id, replicate, outcome; condition optional; the stamp
     fields model, temperature / top_p / seed and grader_version). Exit status: 1 when a case
     regressed, 2 when the stamps differ or are missing.
     """
-    from scipy import special
-
     from noisefloor.analyzer import gate as g
     from noisefloor.analyzer import gate_run
 
-    settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band,
+    settings = g.GateSettings(z=g.z_for(confidence, exact_z), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
     try:
         result = gate_run.run_files(base_a, base_b, candidate, settings, condition=condition,
@@ -257,13 +257,14 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     plan = (f"{oc.repeats_for_target} repeats per run bring it under {oc.target:.0%}" if oc.repeats_for_target
             else f"no repeats count up to 1024 brings it under {oc.target:.0%}")
     click.echo(f"operating characteristics (an unchanged model at each case's pooled baseline rate, cases "
-               f"independent, one-sided {confidence:.0%} Wilson, slack {slack}, flake band {flake_band}, "
+               f"independent, one-sided {confidence:.0%} Wilson with z = {settings.z:.7g}, slack {slack}, flake band {flake_band}, "
                f"multiplicity {multiplicity}): the suite blocks with probability {oc.suite_false_block:.3f} "
                f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run at k={escalate_at}); {plan}",
                err=to_err)
     if json_path:
         doc = result.to_json()
         doc.pop("settings")
+        doc["z"] = settings.z
         report.write_json(doc, json_path)
     if junit_path:
         junit_path.write_bytes(gate_run.junit_xml(result))

@@ -7,10 +7,29 @@ from pathlib import Path
 from typing import Any
 
 from noisefloor.analyzer.analysis import Analysis
+from noisefloor.analyzer.intervals import fmt_ci
+from noisefloor.analyzer.ladder import TASK_BOOTSTRAP
 
 
 def _ci(ci: tuple[float, float] | list[float], digits: int = 5) -> str:
-    return f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    return fmt_ci((float(ci[0]), float(ci[1])), f".{digits}f")
+
+
+def _mark(method: str) -> str:
+    """A w interval not made by the task bootstrap alone is marked; its note says how."""
+    return "" if method == TASK_BOOTSTRAP else " *"  # "!" lines below the table flag known coverage shortfalls
+
+
+def _exact(j: object) -> str:
+    return " exact binomial: the bootstrap is degenerate" if getattr(j, "disagreement_ci_method", "") == "clopper_pearson" else ""
+
+
+def _method_lines(a: Analysis) -> list[str]:
+    """How every interval not from the plain task bootstrap was made (the * in the table)."""
+    out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
+    out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method != TASK_BOOTSTRAP]
+    out += [f"! {c.name}: {c.w_interval.flag}" for c in a.conditions if c.w_interval.flag]
+    return out
 
 
 def _rows(a: Analysis) -> list[list[str]]:
@@ -22,7 +41,7 @@ def _rows(a: Analysis) -> list[list[str]]:
                 c.name,
                 f"{s.tasks}x{s.replicates}",
                 f"{s.score:.4f}",
-                f"{s.w:.5f} {_ci(c.w_ci)}",
+                f"{s.w:.5f} {_ci(c.w_ci)}{_mark(c.w_interval.method)}",
                 f"{s.variable_tasks}/{s.tasks} {_ci(s.variable_tasks_ci, 3)}",
                 f"{s.budget} [{c.budget_ci[0]}, {c.budget_ci[1]}]",
                 f"{s.mde:.4f}",
@@ -31,7 +50,7 @@ def _rows(a: Analysis) -> list[list[str]]:
     return rows
 
 
-HEADER = ["condition", "N x R", "score", "w [95% CI]", "variable tasks [CP 95%]", "budget R* [CI]", "MDE"]
+HEADER = ["condition", "N x R", "score", "w [95% CI; * not bootstrap alone]", "variable tasks [CP 95%]", "budget R* [CI]", "MDE"]
 
 
 def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
@@ -48,9 +67,10 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
         fmt(["-" * w for w in widths]),
         *(fmt(r) for r in rows[1:]),
     ]
+    out += [f"  {line}" for line in _method_lines(a)]
     if a.contrasts:
         out += ["", "Contrasts of w (A - B, not truncated):"]
-        out += [f"  {c.a} - {c.b}: {c.estimate:+.5f} {_ci(c.ci)}" for c in a.contrasts]
+        out += [f"  {c.a} - {c.b}: {c.estimate:+.5f} {_ci(c.ci)}{_mark(c.method)}" for c in a.contrasts]
     if a.batches:
         b = a.batches
         out += ["", f"Batches {b.a} - {b.b}: {b.estimate:+.5f} {_ci(b.ci)}"]
@@ -62,7 +82,7 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
         out += [
             "",
             f"Judge {name}: majority disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
-            f"({j.disagreement:.1%} {_ci(j.disagreement_ci, 3)}): {j.false_accepts} false accepts, "
+            f"({j.disagreement:.1%} {_ci(j.disagreement_ci, 3)}{_exact(j)}): {j.false_accepts} false accepts, "
             f"{j.false_rejects} false rejects, {j.ties} ties{conf}",
         ]
     if log:
@@ -97,9 +117,12 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a)]
     out = ["# Determinism ladder", "", head, sep, *body, ""]
+    notes = _method_lines(a)
+    if notes:
+        out += [f"- {line[2:]}" if line.startswith("* ") else f"- coverage warning: {line[2:]}" for line in notes] + [""]
     if a.contrasts:
         out += ["## Contrasts", "", "| A - B | estimate | 95% CI |", "|---|---|---|"]
-        out += [f"| {c.a} - {c.b} | {c.estimate:+.5f} | {_ci(c.ci)} |" for c in a.contrasts]
+        out += [f"| {c.a} - {c.b} | {c.estimate:+.5f} | {_ci(c.ci)}{_mark(c.method)} |" for c in a.contrasts]
         out.append("")
     if truth:
         out += ["## Known truth", "", truth_line(truth), ""]
@@ -109,7 +132,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     for name, j in a.judge.items():
         out += [f"## Judge `{name}`", "",
                 f"Majority verdict disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
-                f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}); {j.false_accepts} false accepts, "
+                f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}{_exact(j)}); {j.false_accepts} false accepts, "
                 f"{j.false_rejects} false rejects.", ""]
     if log:
         out += ["## Proxy log per condition", "", *(f"- {line}" for line in _log_lines(log)), ""]
@@ -163,7 +186,7 @@ def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
                     label="known truth")
         ax1.legend(loc="upper right", fontsize=8)
     ax1.set_ylabel("within-task variance w")
-    ax1.set_title("Noise floor per condition (95% task bootstrap)")
+    ax1.set_title("Noise floor per condition (95%; exact bound where few tasks varied)")
     ax1.set_ylim(bottom=0)
     ax2.bar(names, budgets, yerr=[b_lo, b_hi], capsize=6, color=colors)
     for i, v in enumerate(budgets):

@@ -69,3 +69,16 @@ def outcome_rows(paths: Sequence[Path]) -> list[Mapping[str, Any]]:
         with Store.open(p, write=False) as store:
             rows += new_rows(seen, store.outcome_rows(), str(p))
     return rows
+
+
+STUDY_META = "nfladder_study"  # written by nfladder: its design, provenance manifest, judge parse counts, truth
+
+
+def study(paths: Sequence[Path]) -> dict[str, Any] | None:
+    """What nfladder kept about its study in the (first) store, None when it kept nothing."""
+    for p in paths:
+        with Store.open(p, write=False) as store:
+            doc = store.meta(STUDY_META)
+        if isinstance(doc, dict):
+            return doc
+    return None

@@ -136,27 +136,34 @@ def ca_cmd(confdir: Path, listen: str) -> None:
 @click.option("--session", help="Only this session's exchanges.")
 @click.option("--task", help="Only exchanges labelled with this task.")
 @click.option("--condition", help="Only exchanges labelled with this condition.")
+@click.option("--status", help="Only this response status: 200, 4xx, 5xx, or error (no response).")
+@click.option("--result", type=click.Choice(["recorded", "hit", "miss", "order_violation", "error"]),
+              help="Only this replay result (miss: the requests a replay could not answer).")
+@click.option("--miss", is_flag=True, help="Same as --result miss.")
+@click.option("--model", help="Only exchanges the provider answered with this model.")
+@click.option("--limit", type=click.IntRange(min=1), help="Stop after this many exchanges.")
 @click.option("--sessions-only", is_flag=True, help="List sessions, not exchanges.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per exchange (JSON Lines), for scripts.")
-def log_cmd(store_path: Path, session: str | None, task: str | None, condition: str | None, sessions_only: bool,
+def log_cmd(store_path: Path, session: str | None, task: str | None, condition: str | None, status: str | None,
+            result: str | None, miss: bool, model: str | None, limit: int | None, sessions_only: bool,
             as_json: bool) -> None:
     """List sessions and exchanges, a line each."""
+    from itertools import islice
 
-    def wanted(ex: Any) -> bool:
-        return ((session is None or ex.session == session) and (task is None or ex.task == task)
-                and (condition is None or ex.condition == condition))
+    from noisefloor.proxy.listing import Filters
+
+    filters = Filters(condition=condition, task=task, session=session, status=status,
+                      result="miss" if miss else result, model=model)
 
     with Store.open(store_path, write=False) as store:
+        chosen = islice((ex for ex in store.exchanges() if filters.wanted(ex, store)), limit)
         if as_json:
-            for ex in store.exchanges():
-                if wanted(ex):
-                    click.echo(json.dumps(ex.to_json(), ensure_ascii=False))
+            for ex in chosen:
+                click.echo(json.dumps(ex.to_json(), ensure_ascii=False))
             return
         per_session: dict[str, dict[str, Any]] = {}
         lines = []
-        for ex in store.exchanges():
-            if not wanted(ex):
-                continue
+        for ex in chosen:
             s = per_session.setdefault(ex.session, {"n": 0, "modes": set(), "first": ex.time, "condition": ex.condition})
             s["n"] += 1
             s["modes"].add(ex.mode)
@@ -227,3 +234,8 @@ def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
     click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
                f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
                f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")
+
+
+from noisefloor.proxy import transfer_cli  # noqa: E402 - export / import, kept in their own module
+
+transfer_cli.register(main)

@@ -3,7 +3,7 @@
 nfproxy runs on mitmproxy 11.0 (Python 3.11) and 12.3 (Python 3.12+). The flow API addons see
 (`flow.request`, `flow.response`, `flow.metadata`) is mitmproxy's public contract; what is not —
 the master built by hand, the connection table a stalled stream is cut through, the direct
-`Response` constructor, `CertStore` and the CA's file name — lives here and nowhere else, so an
+`Response` constructor, `CertStore` and the CA's file name, the flow-file reader — lives here and nowhere else, so an
 upgrade that moves one of them breaks one module, and `probe()` (run by the tests) names which.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import inspect
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -78,6 +78,23 @@ def close_server_connection(flow: http.HTTPFlow, reason: str) -> bool:
                 io.handler.cancel(reason)
             return True
     return False
+
+
+class FlowFileError(Exception):
+    """A file that is not a readable mitmproxy flow file (`mitmdump -w`)."""
+
+
+def read_http_flows(fh: IO[bytes]) -> Iterator[http.HTTPFlow]:
+    """The HTTP flows of a mitmproxy flow file, in order (other flow types skipped)."""
+    from mitmproxy import io
+    from mitmproxy.exceptions import FlowReadException
+
+    try:
+        for flow in io.FlowReader(fh).stream():
+            if isinstance(flow, http.HTTPFlow):
+                yield flow
+    except FlowReadException as exc:
+        raise FlowFileError(str(exc)) from None
 
 
 def listen_addrs() -> list[tuple[Any, ...]]:
@@ -200,6 +217,8 @@ INTERNALS: dict[str, Callable[[], None]] = {
     "mitmproxy.net.http.status_codes.RESPONSES": _exists("mitmproxy.net.http.status_codes.RESPONSES"),
     "mitmproxy.proxy.server_hooks.ServerConnectionHookData(server, client)": _fields(
         "mitmproxy.proxy.server_hooks.ServerConnectionHookData", ("server", "client")),
+    "mitmproxy.io.FlowReader(fo).stream(), mitmproxy.exceptions.FlowReadException": _exists(
+        "mitmproxy.io.FlowReader.stream", "mitmproxy.exceptions.FlowReadException"),
     "mitmproxy.certs.CertStore.from_store(path, basename, key_size)": _params(
         "mitmproxy.certs.CertStore.from_store", ("path", "basename", "key_size")),
 }

@@ -380,6 +380,16 @@ class Store:
             for _, raw in txn.cursor():
                 yield Exchange.from_json(json.loads(self._dctx.decompress(raw)))
 
+    def exchanges_after(self, after: int = 0) -> Iterator[Exchange]:
+        """Exchanges with an id above `after`, in id order: a cursor, so a reader takes one page of
+        a large store without touching the rest (nfview). Stop iterating to end the read."""
+        with self._reading(), self._env.begin(db=self._exchanges, buffers=False) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(_U64.pack(after + 1)):
+                return
+            for _, raw in cur:
+                yield Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+
     def recorded_entries(self) -> Iterator[RecordedEntry]:
         with self._reading(), self._env.begin(db=self._recorded) as txn:
             for _, raw in txn.cursor():

@@ -9,10 +9,12 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
-from noisefloor._cli import default_group
+from noisefloor._cli import WrapsAfterDashes, default_group
+from noisefloor.display import json_text, visible
 from noisefloor.proxy import perturb
 from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
@@ -32,7 +34,7 @@ def main() -> None:
     """
 
 
-@main.command("run", context_settings={"ignore_unknown_options": False})
+@main.command("run", cls=WrapsAfterDashes, context_settings={"ignore_unknown_options": False})
 @click.option("--mode", type=click.Choice(["record", "replay", "passthrough"]), default="record", show_default=True)
 @click.option("--strict/--no-strict", default=True, show_default=True,
               help="Replay: answer a miss or a call-order violation with an error, exit non-zero at the end.")
@@ -86,6 +88,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     variables), stop when it exits and return its status (3 if a strict replay missed instead).
     """
     host, port = _parse_listen(listen)
+    _check_upstream(upstream)
     try:
         rules = Rules(ignore_fields=ignore_fields, profile=profile)
         override_list = [Override.parse(x) for x in sets]
@@ -97,7 +100,8 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
         labels=Labels(session or _new_session_id(), task, replicate, condition), strict=strict,
         allow_reuse=allow_reuse, replay_sessions=replay_sessions, replay_timed=replay_timing == "recorded",
         order_wait=order_wait, overrides=tuple(override_list), variant=variant, stream_timeout=stream_timeout,
-        max_body=max_body_mb << 20, confdir=confdir or store_path.parent / "mitmproxy-ca", upstream_ca=upstream_ca,
+        max_body=max_body_mb << 20, confdir=(confdir or store_path.parent / "mitmproxy-ca").absolute(),
+        upstream_ca=upstream_ca,
         quiet=quiet, command=tuple(command),
     )
     sys.exit(serve(options))
@@ -107,6 +111,16 @@ def _parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)", param_hint="--listen")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _check_upstream(upstream: str | None) -> None:
+    """An origin with a scheme and a host; `127.0.0.1:9100` would be read as https and fail on every request."""
+    if upstream is None:
+        return
+    parts = urlsplit(upstream)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise click.BadParameter(f"{upstream!r} is not an origin with a scheme; write http://{upstream} (or "
+                                 f"https://{upstream})", param_hint="--upstream")
 
 
 def _new_session_id() -> str:
@@ -159,7 +173,7 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
         chosen = islice((ex for ex in store.exchanges() if filters.wanted(ex, store)), limit)
         if as_json:
             for ex in chosen:
-                click.echo(json.dumps(ex.to_json(), ensure_ascii=False))
+                click.echo(json_text(json.dumps(ex.to_json(), ensure_ascii=False)))
             return
         per_session: dict[str, dict[str, Any]] = {}
         lines = []
@@ -169,15 +183,15 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
             s["modes"].add(ex.mode)
             status = ex.response["status"] if ex.response else "ERR"
             result = ex.replay_result or ("error" if ex.error else "")
-            lines.append(
+            lines.append(  # labels and URLs came from clients: shown with control characters visible
                 f"{ex.id:>6} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ex.time))} {ex.mode:<7} "
-                f"{ex.session} {ex.request['method']} {ex.request['url']} {status} {result} key={ex.key[:12]} "
-                f"occ={ex.occurrence}"
+                f"{visible(ex.session)} {visible(ex.request['method'])} {visible(ex.request['url'])} {status} "
+                f"{result} key={ex.key[:12]} occ={ex.occurrence}"
             )
         click.echo(f"{len(per_session)} sessions in {store_path}")
         for name, s in per_session.items():
-            cond = f" condition={s['condition']}" if s["condition"] else ""
-            click.echo(f"  {name}: {s['n']} exchanges ({', '.join(sorted(s['modes']))}){cond}")
+            cond = f" condition={visible(s['condition'])}" if s["condition"] else ""
+            click.echo(f"  {visible(name)}: {s['n']} exchanges ({', '.join(sorted(s['modes']))}){cond}")
         if not sessions_only:
             click.echo("\n".join(lines))
 
@@ -195,7 +209,7 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
         for part in ("request", "response"):
             if doc[part]:
                 doc[part]["body_text"] = _render(store, doc[part])
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        click.echo(json_text(json.dumps(doc, indent=2, ensure_ascii=False)))
 
 
 def _render(store: Store, part: dict[str, Any]) -> Any:
@@ -212,9 +226,6 @@ def _render(store: Store, part: dict[str, Any]) -> Any:
     except ValueError:
         return text
 
-
-if __name__ == "__main__":
-    main()
 
 
 @main.command("merge")
@@ -239,3 +250,7 @@ def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
 from noisefloor.proxy import transfer_cli  # noqa: E402 - export / import, kept in their own module
 
 transfer_cli.register(main)
+
+
+if __name__ == "__main__":  # last: every subcommand is defined by now (launch.py's fallback form runs this)
+    main()

@@ -133,11 +133,9 @@ def _new_session_id() -> str:
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, help="Where the proxy listens (for HTTPS_PROXY).")
 def ca_cmd(confdir: Path, listen: str) -> None:
     """Print the CA certificate path and the environment a client needs to trust it (forward mode)."""
-    from mitmproxy.certs import CertStore
+    from noisefloor.proxy.mitm_compat import ensure_ca
 
-    confdir.mkdir(parents=True, exist_ok=True)
-    CertStore.from_store(confdir, "mitmproxy", 2048)  # creates the CA on first use
-    ca = confdir.resolve() / "mitmproxy-ca-cert.pem"
+    ca = ensure_ca(confdir.resolve())  # creates the CA on first use
     click.echo(f"# nfproxy CA certificate: {ca}")
     click.echo(f"# for a client using nfproxy (listening on {listen}) as its HTTPS proxy:")
     for k, v in {"HTTPS_PROXY": f"http://{listen}", **ca_environment(str(ca))}.items():

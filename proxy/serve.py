@@ -167,6 +167,7 @@ class _Serve:
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
                   timed: bool, stream_timeout: float, stats: Stats, max_body: int, order_wait: float) -> None:
+        from noisefloor.proxy import mitm_compat
         from noisefloor.proxy.addon import (
             BodyLimit,
             BodyRewrites,
@@ -180,7 +181,7 @@ class _Serve:
         )
         from noisefloor.proxy.sse import StreamServer
 
-        master = _lean_master()
+        master = mitm_compat.lean_master(sys.stderr)
         master.options.update(
             listen_host=self.host,
             listen_port=self.port,
@@ -229,7 +230,9 @@ class _Serve:
         if self.upstream:
             return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url,
                     "GOOGLE_GEMINI_BASE_URL": url}  # read by the google-genai SDK
-        ca = os.path.abspath(self.confdir / "mitmproxy-ca-cert.pem")  # a command may change directory
+        from noisefloor.proxy.mitm_compat import ca_cert_path
+
+        ca = os.path.abspath(ca_cert_path(self.confdir))  # a command may change directory
         return {"NFPROXY_URL": url, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
                 **ca_environment(ca)}
 
@@ -284,43 +287,6 @@ def check_port(host: str, port: int) -> None:
                              "for any free one (the ready line names it)") from None
 
 
-def _lean_master() -> Any:
-    """A mitmproxy master with only the addons a recording proxy needs.
-
-    mitmdump's master carries some thirty more (playback, scripts, cookie and header rewriting,
-    saving flows), and mitmproxy offers every flow event to each of them: measured, that dispatch
-    cost a replayed answer more than nfproxy's own lookup. Block stays, so a proxy listening on a
-    public address still refuses clients from the internet.
-    """
-    from mitmproxy.addons import (
-        block,
-        core,
-        disable_h2c,
-        errorcheck,
-        next_layer,
-        proxyserver,
-        tlsconfig,
-        update_alt_svc,
-    )
-    from mitmproxy.addons.termlog import TermLog
-    from mitmproxy.master import Master
-    from mitmproxy.options import Options
-
-    master = Master(Options())
-    master.addons.add(
-        core.Core(),
-        block.Block(),
-        disable_h2c.DisableH2C(),
-        proxyserver.Proxyserver(),
-        next_layer.NextLayer(),
-        tlsconfig.TlsConfig(),
-        update_alt_svc.UpdateAltSvc(),
-        errorcheck.ErrorCheck(),
-        TermLog(out=sys.stderr),  # stdout belongs to a wrapped command
-    )
-    return master
-
-
 def ca_environment(ca: str) -> dict[str, str]:
     return {"SSL_CERT_FILE": ca, "REQUESTS_CA_BUNDLE": ca, "NODE_EXTRA_CA_CERTS": ca, "CURL_CA_BUNDLE": ca}
 
@@ -334,9 +300,9 @@ class _Ready:
         self._task: asyncio.Task[None] | None = None
 
     def running(self) -> None:
-        from mitmproxy import ctx
+        from noisefloor.proxy.mitm_compat import listen_addrs
 
-        addrs = ctx.master.addons.get("proxyserver").listen_addrs()
+        addrs = listen_addrs()
         if not addrs:
             return
         host, port = addrs[0][:2]

@@ -186,7 +186,7 @@ class Ladder:
             for ex in store.exchanges():
                 if ex.mode != "record" or not ex.task:
                     continue
-                body = store.body(ex.request.get("body"))
+                body = store.part_body(ex.request, ex.id, "request")
                 try:
                     temp = float(json.loads(body or b"{}").get("temperature", 1.0))
                 except (ValueError, AttributeError):

@@ -14,7 +14,8 @@ import click
 
 from noisefloor._cli import default_group
 from noisefloor.proxy import perturb
-from noisefloor.proxy.keys import RuleError, Rules
+from noisefloor.proxy.headers import header
+from noisefloor.proxy.keys import RuleError, Rules, decode_body
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.profiles import PROFILES
 from noisefloor.proxy.serve import ServeOptions, ca_environment, serve
@@ -189,13 +190,14 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
         doc = ex.to_json()
         for part in ("request", "response"):
             if doc[part]:
-                doc[part]["body_text"] = _render(store, doc[part])
+                doc[part]["body_text"] = _render(store, doc[part], exchange_id, part)
         click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
 
-def _render(store: Store, part: dict[str, Any]) -> Any:
-    """A stored body for reading: decoded, parsed as JSON when it is JSON."""
-    data = store.decoded_body(part)
+def _render(store: Store, part: dict[str, Any], exchange_id: int, name: str) -> Any:
+    """A stored body for reading: verified, decoded, parsed as JSON when it is JSON."""
+    raw = store.part_body(part, exchange_id, name)
+    data = None if raw is None else decode_body(raw, header(part["headers"], "content-encoding"))[0]
     if data is None:
         return None
     try:

@@ -1,21 +1,29 @@
 """The log: one LMDB environment holding exchanges, bodies and the replay index.
 
-Layout (named databases):
-  meta      name -> JSON           format version, normalization rules and their id
-  bodies    sha256 -> zstd(bytes)  every request/response body, stored once
-  exchanges u64 id -> zstd(JSON)   one record per request the proxy saw, in write order
+Layout (named databases; values encoded as `codec` says: tagged, zstd with a trained dictionary):
+  meta      name -> JSON           format version, normalization rules and their id, dictionaries
+  bodies    sha256 -> value        every request/response body, stored once
+  exchanges u64 id -> value(JSON)  one record per request the proxy saw, in write order
+  dicts     key -> bytes           zstd dictionaries trained on this store's bodies and records
   recorded  u64 id -> JSON         the compact replay index of record-mode exchanges
   outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
                                    that the log is the one artifact a user keeps
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it. This module is the only way any
-part of noisefloor reads the log.
+part of noisefloor reads the log, and every read is verified: a body must hash to the digest it is
+stored under and decompress within its recorded size (and the --max-body-mb bound), a record must
+parse as the exchange record; anything else is a StoreError naming the store and the exchange.
+
+Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
+dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2, whose readers
+read both encodings. `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's encoding.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import stat
@@ -31,14 +39,20 @@ import zstandard
 
 from noisefloor.errors import StateError
 from noisefloor.outcome_rows import row_key
-from noisefloor.proxy import exchange_record
+from noisefloor.proxy import codec, exchange_record
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import decode_body
 
-FORMAT = "noisefloor-log/1"
-_INITIAL_MAP = 32 << 20  # doubled when full; with writemap the whole map is reserved on disk
-_ZSTD_LEVEL = 3
+FORMAT = "noisefloor-log/2"
+LEGACY_FORMATS = ("noisefloor-log/1",)  # read as they are; marked FORMAT when opened for writing
+_INITIAL_MAP = 32 << 20  # with writemap the whole map is reserved on disk
+_GROWTH = 8  # a full map grows by 1/8 (at least _MIN_STEP): the file stays close to what is used
+_MIN_STEP = 64 << 20
+DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
+TRAIN_AFTER = 1000  # values of a kind (body, record) seen before its dictionary is trained
+_SAMPLE_MAX = 64 << 10  # longer values are not sampled for training
 _U64 = struct.Struct(">Q")
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 
 
 def _read_only(path: Path) -> bool:
@@ -57,7 +71,8 @@ def is_read_only(path: str | os.PathLike[str]) -> bool:
 
 
 # What reading a damaged store raises, from LMDB, zstd, JSON or the record types.
-_DAMAGE = (lmdb.Error, zstandard.ZstdError, ValueError, TypeError, KeyError, UnicodeDecodeError, struct.error)
+_DAMAGE = (lmdb.Error, zstandard.ZstdError, ValueError, TypeError, KeyError, UnicodeDecodeError, struct.error,
+           IndexError, AttributeError)
 _MIN_FILE = 2 * 4096  # LMDB's two meta pages
 
 class StoreError(StateError):
@@ -99,12 +114,52 @@ class Exchange:
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Exchange:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in doc.items() if k in known})
+        """The record, or TypeError naming the first field that is not what the record type says."""
+        if not isinstance(doc, dict):
+            raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+        _check(doc, _RECORD_TYPES, "")
+        for name in ("request", "response"):
+            if doc.get(name) is not None:
+                _check(doc[name], _PART_TYPES[name], name + ".")
+        return cls(**{k: v for k, v in doc.items() if k in _KNOWN})
 
     @property
     def replay_result(self) -> str | None:
         return (self.replay or {}).get("result")
+
+
+_KNOWN = frozenset(Exchange.__dataclass_fields__)
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+_RECORD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {  # field -> (types, required)
+    "id": ((int,), True), "time": (_NUM, True), "mode": ((str,), True), "session": ((str,), True),
+    "key": ((str,), True), "occurrence": ((int,), True), "seq": ((int,), True), "rules_id": ((str,), True),
+    "request": ((dict,), True), "response": ((dict, type(None)), True), "task": (_OPT_STR, False),
+    "replicate": (_OPT_STR, False), "condition": (_OPT_STR, False), "latency_ms": ((*_NUM, type(None)), False),
+    "model": (_OPT_STR, False), "fingerprint": (_OPT_STR, False), "usage": ((dict, type(None)), False),
+    "finish_reason": (_OPT_STR, False), "truncated": ((bool, type(None)), False), "replay": ((dict, type(None)), False),
+    "overrides": ((dict, type(None)), False), "perturbation": (_OPT_STR, False), "error": (_OPT_STR, False),
+    "notes": ((list,), False), "end": ((*_NUM, type(None)), False),
+}
+_PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "request": {"method": ((str,), True), "url": ((str,), True), "headers": ((list,), True),
+                "body": (_OPT_STR, False), "body_size": ((int, type(None)), False)},
+    "response": {"status": ((int,), True), "headers": ((list,), True), "body": (_OPT_STR, False),
+                 "body_size": ((int, type(None)), False), "chunks": ((list, type(None)), False)},
+}
+
+
+def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
+    if not isinstance(doc, dict):
+        raise TypeError(f"{where[:-1]} is a JSON {type(doc).__name__}, not an object")
+    for name, (allowed, required) in types.items():
+        if name not in doc:
+            if required:
+                raise TypeError(f"field {where}{name} is missing")
+            continue
+        value = doc[name]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"field {where}{name} is a {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -128,10 +183,12 @@ _ENTRY_REQUIRED = ("id", "key", "session", "occurrence", "seq", "route")
 class Store:
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
-    def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0) -> None:
+    def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
+                 max_body: int = DEFAULT_MAX_BODY) -> None:
         self._env = env
         self.path = path
         self.writable = writable
+        self.max_body = max_body  # no stored body decompresses to more (a bomb costs what it would on the wire)
         self._fd = os.open(path / "data.mdb", os.O_RDONLY)
         self._needed = needed  # bytes the data file must keep: reading past its end is a SIGBUS
         self._record_lock: Any = None
@@ -139,17 +196,23 @@ class Store:
         self._bodies = env.open_db(b"bodies", create=writable)
         self._exchanges = env.open_db(b"exchanges", create=writable)
         self._recorded = env.open_db(b"recorded", create=writable)
-        try:  # stores written before outcome rows were kept have no such table
-            self._outcomes: Any = env.open_db(b"outcomes", create=writable)
+        self._outcomes: Any = self._optional_db(b"outcomes")  # stores written before outcome rows were kept
+        self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
+        self._codec = codec.Codec(self._load_dict)
+        self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
+        self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
+
+    def _optional_db(self, name: bytes) -> Any:
+        try:
+            return self._env.open_db(name, create=self.writable)
         except lmdb.NotFoundError:
-            self._outcomes = None
-        self._cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-        self._dctx = zstandard.ZstdDecompressor()
+            return None
 
     # -- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False) -> Store:
+    def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False,
+             max_body: int = DEFAULT_MAX_BODY) -> Store:
         p = Path(path)
         if p.exists() and not p.is_dir():
             raise StoreError(f"{p} is a file, not an nfproxy store; give a directory path such as recordings/log.lmdb")
@@ -169,7 +232,7 @@ class Store:
                 p.mkdir(parents=True, exist_ok=True)
             env = lmdb.open(
                 str(p),
-                map_size=_INITIAL_MAP,
+                map_size=max(_INITIAL_MAP, data.stat().st_size if data.exists() else 0),
                 max_dbs=8,
                 subdir=True,
                 readonly=not write,
@@ -181,6 +244,7 @@ class Store:
                 # writes go straight into the shared map: no pwrite per dirty page on the request path
                 writemap=write,
                 create=write,
+                readahead=False,  # a reader touches what it reads, not the pages around it
             )
         except lmdb.Error as exc:
             raise StoreError(f"{p} is not a readable LMDB store ({exc}); point --store at an nfproxy store") from exc
@@ -196,17 +260,31 @@ class Store:
             raise StoreError(f"store {p} is damaged: {data} is truncated ({data.stat().st_size} of {needed} bytes); "
                              "restore it from a copy or record it again")
         try:
-            store = cls(env, p, write, needed)
+            store = cls(env, p, write, needed, max_body)
         except lmdb.Error as exc:
             env.close()
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
-        fmt = store.meta("format")
-        if fmt is None and write:
-            store.set_meta("format", FORMAT)
-        elif fmt != FORMAT:
+        try:
+            fmt = store.meta("format")
+            if fmt is None and write:
+                store.set_meta("format", FORMAT)
+            elif fmt in LEGACY_FORMATS and write:  # its values stay readable as they are: only the mark changes
+                store.set_meta("format", FORMAT)
+                store.set_meta("migrated_from", fmt)
+            elif fmt != FORMAT and fmt not in LEGACY_FORMATS:
+                newer = isinstance(fmt, str) and fmt.startswith("noisefloor-log/")
+                raise StoreError(f"{p} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy"
+                                 if not newer else f"{p} is a store of format {fmt}, newer than this nfproxy reads "
+                                 f"({FORMAT}); upgrade noisefloor")
+            store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
+        except BaseException:
             store.close()
-            raise StoreError(f"{p} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy")
+            raise
         return store
+
+    @property
+    def format(self) -> str | None:
+        return self.meta("format")
 
     def lock_for_recording(self) -> None:
         """One recording proxy per store: two would number the same sessions twice and make the
@@ -240,17 +318,17 @@ class Store:
                              "restore it from a copy or record it again")
 
     @contextmanager
-    def _reading(self) -> Iterator[None]:
+    def _reading(self, what: str = "") -> Iterator[None]:
         """Every read: refuse a file cut short under us (reading past its end would be a SIGBUS),
-        and turn damage into one StoreError that names the store and what to do."""
+        and turn damage into one StoreError that names the store, what was read, and what to do."""
         self._check_intact()
         try:
             yield
         except StoreError:
             raise
         except _DAMAGE as exc:
-            raise StoreError(f"store {self.path} is damaged ({exc.__class__.__name__}: {exc}); "
-                             "restore it from a copy or record it again") from None
+            raise StoreError(f"store {self.path} is damaged{' (' + what + ')' if what else ''}: "
+                             f"{exc.__class__.__name__}: {exc}; restore it from a copy or record it again") from None
 
     def __enter__(self) -> Store:
         return self
@@ -286,31 +364,108 @@ class Store:
 
     # -- bodies --------------------------------------------------------------------------------
 
-    def body(self, digest: str | None) -> bytes | None:
+    def body(self, digest: str | None, *, size: int | None = None, exchange_id: int | None = None,
+             part: str = "") -> bytes | None:
+        """A stored body, verified: present, within its recorded `size` and the store's max_body,
+        and hashing to `digest`. Anything else is a StoreError naming the store and the exchange."""
         if digest is None:
             return None
-        with self._reading(), self._env.begin(db=self._bodies) as txn:
+        where = " ".join(x for x in (f"exchange {exchange_id}" if exchange_id is not None else "",
+                                     f"{part} body" if part else "body", digest[:16]) if x)
+        limit = self.max_body if size is None else min(size, self.max_body)
+        with self._reading(where), self._env.begin(db=self._bodies) as txn:
             raw = txn.get(bytes.fromhex(digest))
-            return None if raw is None else self._dctx.decompress(raw)
+            if raw is None:
+                if digest == _EMPTY_SHA256:
+                    return b""
+                raise StoreError(f"store {self.path}: {where} is missing; restore the store from a copy or "
+                                 "record it again")
+            try:
+                data = self._codec.decode(raw, limit)
+            except codec.TooLarge as exc:
+                bound = ("its recorded size" if size is not None and size <= self.max_body
+                         else f"--max-body-mb {self.max_body >> 20}")
+                raise StoreError(f"store {self.path}: {where} decompresses past {bound} ({exc}): damaged or "
+                                 "planted; restore the store from a copy") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise StoreError(f"store {self.path}: {where} does not match its sha256 (tampered or damaged); "
+                             "restore the store from a copy or record it again")
+        return data
+
+    def part_body(self, part: Mapping[str, Any] | None, exchange_id: int | None = None, name: str = "") -> bytes | None:
+        """The verified body of a stored request or response (its digest and recorded size)."""
+        if not part:
+            return None
+        return self.body(part.get("body"), size=part.get("body_size"), exchange_id=exchange_id, part=name)
 
     def bodies(self) -> Iterator[bytes]:
-        """Every stored body, decompressed (for audits: what exactly is on disk)."""
-        with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
-            for _, raw in txn.cursor():
-                yield self._dctx.decompress(raw)
+        """Every stored body, decompressed and verified (for audits: what exactly is on disk)."""
+        with self._reading("bodies"), self._env.begin(db=self._bodies, buffers=False) as txn:
+            for digest, raw in txn.cursor():
+                data = self._codec.decode(raw, self.max_body)
+                if hashlib.sha256(data).digest() != digest:
+                    raise StoreError(f"store {self.path}: body {digest.hex()[:16]} does not match its sha256 "
+                                     "(tampered or damaged); restore the store from a copy")
+                yield data
 
     def raw_body(self, digest: str) -> bytes | None:
-        """A body as stored (compressed): merging copies it without recompressing."""
+        """A body as stored (encoded): merging copies it without recompressing (with `dictionary_of`)."""
         with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
             return txn.get(bytes.fromhex(digest))
 
-    def decoded_body(self, part: Mapping[str, Any]) -> bytes | None:
-        """A stored request or response body with its Content-Encoding undone."""
-        raw = self.body(part.get("body"))
+    def decoded_body(self, part: Mapping[str, Any], exchange_id: int | None = None) -> bytes | None:
+        """A stored request or response body, verified, with its Content-Encoding undone."""
+        raw = self.part_body(part, exchange_id)
         if raw is None:
             return None
         encoding = header(part["headers"], "content-encoding")
         return decode_body(raw, encoding)[0]
+
+    # -- dictionaries --------------------------------------------------------------------------
+
+    def _load_dict(self, key: bytes) -> bytes | None:
+        if self._dicts is None:
+            return None
+        with self._env.begin(db=self._dicts, buffers=False) as txn:
+            data = txn.get(key)
+        if data is not None and codec.dict_key(data) != key:
+            raise ValueError(f"compression dictionary {key.hex()} does not match its hash")
+        return data
+
+    def dictionary(self, key: bytes) -> bytes | None:
+        with self._reading("dictionaries"):
+            return self._load_dict(key)
+
+    def add_dictionary(self, data: bytes, kind: str | None = None) -> bytes:
+        """Store a dictionary (content-addressed); with `kind`, new values of that kind use it."""
+        key = codec.dict_key(data)
+
+        def put(txn: lmdb.Transaction) -> None:
+            txn.put(key, data, db=self._dicts, overwrite=False)
+            if kind is not None:
+                chosen = {**{k: v.hex() for k, v in self._keys.items()}, kind: key.hex()}
+                txn.put(b"dicts", json.dumps(chosen).encode(), db=self._meta)
+
+        self._write(put)
+        if kind is not None:
+            self._keys[kind] = key
+        return key
+
+    def _sample(self, kind: str, data: bytes) -> None:
+        """Keep the first values of a kind; once there are enough, train its dictionary (once:
+        milliseconds, on one request; `nfproxy compact` retrains on the whole store)."""
+        samples = self._samples[kind]
+        if kind in self._keys or not self.writable or len(data) > _SAMPLE_MAX or not data:
+            return
+        samples.append(bytes(data))
+        if len(samples) >= TRAIN_AFTER:
+            trained = codec.train(samples)
+            samples.clear()
+            if trained is None:
+                self._samples[kind] = []
+                self._keys.setdefault(kind, b"")  # untrainable: plain zstd from here on
+                return
+            self.add_dictionary(trained, kind)
 
     # -- exchanges -----------------------------------------------------------------------------
 
@@ -325,24 +480,50 @@ class Store:
         `record` is a dict or its JSON text (a non-empty object, without "id"); `bodies` maps sha256
         hex to bytes.
         """
-        return self._write(lambda txn: self._append(txn, record, bodies, recorded))
+        text = record if isinstance(record, str) else json.dumps(record)
+        self._learn(text, bodies)
+        return self._write(lambda txn: self._append(txn, text, bodies, recorded))
 
     def append_many(self, items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]]) -> None:
         """Several exchanges in one transaction."""
-        self._write(lambda txn: [self._append(txn, *item) for item in items])
+        texts = [(r if isinstance(r, str) else json.dumps(r), b, e) for r, b, e in items]
+        for text, bodies, _ in texts:
+            self._learn(text, bodies)
+        self._write(lambda txn: [self._append(txn, *item) for item in texts])
 
-    def absorb(self, raw_bodies: Mapping[str, bytes | None], items: list[tuple[dict[str, Any], RecordedEntry | None]],
-               ) -> tuple[list[int], int]:
-        """Merge: exchanges from another store with its compressed bodies, in one transaction.
-        Returns the new ids and how many bodies were new here."""
+    def _learn(self, text: str, bodies: Mapping[str, bytes]) -> None:
+        if len(self._keys) < 2 and self.writable:
+            self._sample("record", text.encode())
+            for data in bodies.values():
+                self._sample("body", data)
+
+    def absorb(self, raw_bodies: Mapping[str, bytes | None],
+               items: list[tuple[dict[str, Any] | str, RecordedEntry | None]],
+               source: Store | None = None) -> tuple[list[int], int]:
+        """Merge: exchanges from another store with its encoded bodies (and the dictionaries they
+        need, from `source`), in one transaction. Returns the new ids and how many bodies were new here."""
+        needed = {k for raw in raw_bodies.values() if raw and (k := self._codec.dictionary_of(raw))}
+        dicts = {}
+        for key in needed:
+            data = source.dictionary(key) if source is not None else None
+            if data is None:
+                raise StoreError(f"store {source.path if source else '?'}: compression dictionary {key.hex()} "
+                                 "is missing; restore the store from a copy")
+            dicts[key] = data
+        texts = [(record if isinstance(record, str) else json.dumps(record), entry) for record, entry in items]
+        for text, _ in texts:
+            self._learn(text, {})
+
         def write(txn: lmdb.Transaction) -> tuple[list[int], int]:
+            for key, data in dicts.items():
+                txn.put(key, data, db=self._dicts, overwrite=False)
             fresh = 0
             for hexdigest, raw in raw_bodies.items():
                 digest = bytes.fromhex(hexdigest)
                 if raw and txn.get(digest, db=self._bodies) is None:
                     txn.put(digest, raw, db=self._bodies)
                     fresh += 1
-            return [self._append(txn, record, {}, entry) for record, entry in items], fresh
+            return [self._append(txn, text, {}, entry) for text, entry in texts], fresh
 
         return self._write(write)
 
@@ -353,35 +534,73 @@ class Store:
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
     ) -> int:
+        body_key = self._keys.get("body") or None
         for hexdigest, data in bodies.items():
             if not data:
                 continue
             digest = bytes.fromhex(hexdigest)
             if txn.get(digest, db=self._bodies) is None:  # stored once: skip compressing a known body
-                txn.put(digest, self._cctx.compress(data), db=self._bodies)
+                txn.put(digest, self._codec.encode(data, body_key), db=self._bodies)
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id)
-        txn.put(_U64.pack(new_id), self._cctx.compress(doc.encode()), db=self._exchanges)
+        txn.put(_U64.pack(new_id), self._codec.encode(doc.encode(), self._keys.get("record") or None),
+                db=self._exchanges)
         if recorded is not None:
             entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,
                      "seq": recorded.seq, "route": recorded.route, "start": recorded.start, "end": recorded.end}
             txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
         return new_id
 
-    def exchange(self, exchange_id: int) -> Exchange | None:
-        with self._reading(), self._env.begin(db=self._exchanges) as txn:
-            raw = txn.get(_U64.pack(exchange_id))
-            return None if raw is None else Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+    def _decode_record(self, exchange_id: int, raw: bytes) -> Exchange:
+        """A stored record, or StoreError naming the store and the exchange: a record that does not
+        decode or does not have the record type's fields and types is never used."""
+        try:
+            doc = json.loads(self._codec.decode(raw, self.max_body))
+            ex = Exchange.from_json(doc)
+        except StoreError:
+            raise
+        except _DAMAGE as exc:
+            raise StoreError(f"store {self.path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: "
+                             f"{exc}); restore the store from a copy or record it again") from None
+        if ex.id != exchange_id:
+            raise StoreError(f"store {self.path}: exchange {exchange_id} is damaged (its record says id {ex.id}); "
+                             "restore the store from a copy or record it again")
+        return ex
 
-    def exchanges(self) -> Iterator[Exchange]:
-        """Every exchange in write order (a consistent snapshot)."""
-        with self._reading(), self._env.begin(db=self._exchanges, buffers=False) as txn:
-            for _, raw in txn.cursor():
-                yield Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+    def exchange(self, exchange_id: int) -> Exchange | None:
+        with self._reading(f"exchange {exchange_id}"), self._env.begin(db=self._exchanges) as txn:
+            raw = txn.get(_U64.pack(exchange_id))
+            return None if raw is None else self._decode_record(exchange_id, raw)
+
+    def exchanges(self, start: int = 1) -> Iterator[Exchange]:
+        """Every exchange in write order (a consistent snapshot), from id `start` on."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(_U64.pack(start)):
+                return
+            for k, raw in cur:
+                yield self._decode_record(_U64.unpack(k)[0], raw)
+
+    def record_text(self, exchange_id: int) -> bytes:
+        """One stored record's JSON bytes, decoded but not parsed (merge passes it through)."""
+        with self._reading(f"exchange {exchange_id}"), self._env.begin(db=self._exchanges) as txn:
+            raw = txn.get(_U64.pack(exchange_id))
+            if raw is None:
+                raise StoreError(f"store {self.path}: exchange {exchange_id} is missing; restore it from a copy")
+            return self._codec.decode(raw, self.max_body)
+
+    def record_texts(self, start: int = 1) -> Iterator[tuple[int, bytes]]:
+        """(id, the stored record's JSON bytes) in write order, decoded but not parsed: for copying."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(_U64.pack(start)):
+                return
+            for k, raw in cur:
+                yield _U64.unpack(k)[0], self._codec.decode(raw, self.max_body)
 
     def recorded_entries(self) -> Iterator[RecordedEntry]:
-        with self._reading(), self._env.begin(db=self._recorded) as txn:
+        with self._reading("replay index"), self._env.begin(db=self._recorded) as txn:
             for _, raw in txn.cursor():
                 doc = json.loads(raw)
                 yield RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"))
@@ -400,7 +619,7 @@ class Store:
     def outcome_rows(self) -> list[dict[str, Any]]:
         if self._outcomes is None:
             return []
-        with self._reading(), self._env.begin(db=self._outcomes) as txn:
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
             return [json.loads(v) for _, v in txn.cursor()]
 
     def copy_to(self, folder: Path) -> None:
@@ -411,6 +630,16 @@ class Store:
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:
             return txn.stat(self._exchanges)["entries"]
+
+    def last_id(self) -> int:
+        with self._reading(), self._env.begin(db=self._exchanges) as txn, txn.cursor() as cur:
+            return _U64.unpack(cur.key())[0] if cur.last() else 0
+
+    def usage(self) -> dict[str, int]:
+        """Bytes: `used` by pages holding data, `file` on disk (the reserved map)."""
+        info, st = self._env.info(), self._env.stat()
+        return {"used": (info["last_pgno"] + 1) * st["psize"], "file": os.fstat(self._fd).st_size,
+                "map": info["map_size"]}
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -423,7 +652,8 @@ class Store:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                size = self._env.info()["map_size"] * 2
+                size = self._env.info()["map_size"]
+                size += max(_MIN_STEP, size // _GROWTH)
                 _reserve(self.path / "data.mdb", size)  # first: the map may only cover reserved disk
                 self._env.set_mapsize(size)
             except lmdb.Error as exc:

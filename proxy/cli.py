@@ -150,32 +150,52 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                 and (condition is None or ex.condition == condition))
 
     with Store.open(store_path, write=False) as store:
-        if as_json:
+        if as_json:  # streamed: one record in memory at a time
+            write = sys.stdout.write
             for ex in store.exchanges():
                 if wanted(ex):
-                    click.echo(json.dumps(ex.to_json(), ensure_ascii=False))
+                    write(json.dumps(ex.to_json(), ensure_ascii=False) + "\n")
             return
+        # two passes over the records, so that memory holds sessions, never exchanges or lines
         per_session: dict[str, dict[str, Any]] = {}
-        lines = []
         for ex in store.exchanges():
             if not wanted(ex):
                 continue
-            s = per_session.setdefault(ex.session, {"n": 0, "modes": set(), "first": ex.time, "condition": ex.condition})
+            s = per_session.get(ex.session)
+            if s is None:
+                s = per_session[ex.session] = {"n": 0, "modes": set(), "condition": ex.condition}
             s["n"] += 1
             s["modes"].add(ex.mode)
-            status = ex.response["status"] if ex.response else "ERR"
-            result = ex.replay_result or ("error" if ex.error else "")
-            lines.append(
-                f"{ex.id:>6} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ex.time))} {ex.mode:<7} "
-                f"{ex.session} {ex.request['method']} {ex.request['url']} {status} {result} key={ex.key[:12]} "
-                f"occ={ex.occurrence}"
-            )
         click.echo(f"{len(per_session)} sessions in {store_path}")
         for name, s in per_session.items():
             cond = f" condition={s['condition']}" if s["condition"] else ""
             click.echo(f"  {name}: {s['n']} exchanges ({', '.join(sorted(s['modes']))}){cond}")
-        if not sessions_only:
-            click.echo("\n".join(lines))
+        if sessions_only:
+            return
+        del per_session
+        write = sys.stdout.write
+        stamp = _Stamps()
+        for ex in store.exchanges():
+            if not wanted(ex):
+                continue
+            status = ex.response["status"] if ex.response else "ERR"
+            result = ex.replay_result or ("error" if ex.error else "")
+            write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {ex.session} {ex.request['method']} "
+                  f"{ex.request['url']} {status} {result} key={ex.key[:12]} occ={ex.occurrence}\n")
+
+
+class _Stamps:
+    """Local time to the second, formatted once per second rather than once per exchange."""
+
+    def __init__(self) -> None:
+        self._second: int | None = None
+        self._text = ""
+
+    def __call__(self, t: float) -> str:
+        second = int(t)
+        if second != self._second:
+            self._second, self._text = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return self._text
 
 
 @main.command("show")
@@ -190,6 +210,7 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
         doc = ex.to_json()
         for part in ("request", "response"):
             if doc[part]:
+                doc[part] = dict(doc[part])  # to_json is shallow: the exchange's own objects stay as read
                 doc[part]["body_text"] = _render(store, doc[part], exchange_id, part)
         click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
 
@@ -231,3 +252,28 @@ def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
     click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
                f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
                f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")
+
+
+@main.command("compact")
+@click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
+def compact_cmd(store_path: Path) -> None:
+    """Rewrite a store in place: every value verified, compression dictionaries trained on all of it,
+    the data file cut to the pages it uses. Run it on a finished recording (not while a proxy records)."""
+    _rewrite(store_path, "compacted")
+
+
+@main.command("migrate")
+@click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
+def migrate_cmd(store_path: Path) -> None:
+    """Rewrite a store made by an older nfproxy in today's format (older stores are also read as they are)."""
+    _rewrite(store_path, "migrated")
+
+
+def _rewrite(store_path: Path, verb: str) -> None:
+    from noisefloor.proxy.compact import rewrite
+    from noisefloor.proxy.store import FORMAT
+
+    r = rewrite(store_path, lambda s: click.echo(f"nfproxy: {s}", err=True))
+    was = f" from {r.from_format}" if r.from_format and r.from_format != FORMAT else ""
+    click.echo(f"{verb} {store_path}{was} to {FORMAT}: {r.exchanges} exchanges, {r.bodies} bodies; data file "
+               f"{r.before_bytes / 1e6:.1f} MB -> {r.after_bytes / 1e6:.1f} MB")

@@ -30,7 +30,7 @@ import stat
 import struct
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +110,9 @@ class Exchange:
     end: float | None = None  # the answer was complete (recorded exchanges)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as a JSON object. Shallow: the nested request / response / usage objects are
+        the exchange's own (dataclasses.asdict deep-copied them, and dominated listing a store)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Exchange:
@@ -128,7 +130,8 @@ class Exchange:
         return (self.replay or {}).get("result")
 
 
-_KNOWN = frozenset(Exchange.__dataclass_fields__)
+_FIELD_NAMES = tuple(Exchange.__dataclass_fields__)
+_KNOWN = frozenset(_FIELD_NAMES)
 _NUM = (int, float)
 _OPT_STR = (str, type(None))
 _RECORD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {  # field -> (types, required)
@@ -400,13 +403,30 @@ class Store:
 
     def bodies(self) -> Iterator[bytes]:
         """Every stored body, decompressed and verified (for audits: what exactly is on disk)."""
+        for _, data in self.stored_bodies():
+            yield data
+
+    def stored_bodies(self) -> Iterator[tuple[bytes, bytes]]:
+        """(sha256, bytes) of every stored body, verified (compact rewrites them)."""
         with self._reading("bodies"), self._env.begin(db=self._bodies, buffers=False) as txn:
             for digest, raw in txn.cursor():
                 data = self._codec.decode(raw, self.max_body)
                 if hashlib.sha256(data).digest() != digest:
                     raise StoreError(f"store {self.path}: body {digest.hex()[:16]} does not match its sha256 "
                                      "(tampered or damaged); restore the store from a copy")
-                yield data
+                yield digest, data
+
+    def body_count(self) -> int:
+        with self._reading(), self._env.begin(db=self._bodies) as txn:
+            return txn.stat(self._bodies)["entries"]
+
+    def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
+        """A table's keys and values as stored (meta, recorded, outcomes: compact copies them)."""
+        db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes}[name]
+        if db is None:
+            return
+        with self._reading(name), self._env.begin(db=db, buffers=False) as txn:
+            yield from txn.cursor()
 
     def raw_body(self, digest: str) -> bytes | None:
         """A body as stored (encoded): merging copies it without recompressing (with `dictionary_of`)."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import secrets as _random
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -151,37 +153,38 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
 
     with Store.open(store_path, write=False) as store:
         if as_json:  # streamed: one record in memory at a time
-            write = sys.stdout.write
+            write = sys.stdout.buffer.write
             for ex in store.exchanges():
                 if wanted(ex):
-                    write(json.dumps(ex.to_json(), ensure_ascii=False) + "\n")
+                    write(ex.json_bytes() + b"\n")
+            sys.stdout.flush()
             return
-        # two passes over the records, so that memory holds sessions, never exchanges or lines
-        per_session: dict[str, dict[str, Any]] = {}
-        for ex in store.exchanges():
-            if not wanted(ex):
-                continue
-            s = per_session.get(ex.session)
-            if s is None:
-                s = per_session[ex.session] = {"n": 0, "modes": set(), "condition": ex.condition}
-            s["n"] += 1
-            s["modes"].add(ex.mode)
-        click.echo(f"{len(per_session)} sessions in {store_path}")
-        for name, s in per_session.items():
-            cond = f" condition={s['condition']}" if s["condition"] else ""
-            click.echo(f"  {name}: {s['n']} exchanges ({', '.join(sorted(s['modes']))}){cond}")
-        if sessions_only:
-            return
-        del per_session
-        write = sys.stdout.write
+        # one pass over the records' heads: lines go to a spool file while sessions are counted, so
+        # memory holds sessions, never exchanges or lines
+        per_session: dict[str, list[Any]] = {}  # name -> [exchanges, modes, condition]
         stamp = _Stamps()
-        for ex in store.exchanges():
-            if not wanted(ex):
-                continue
-            status = ex.response["status"] if ex.response else "ERR"
-            result = ex.replay_result or ("error" if ex.error else "")
-            write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {ex.session} {ex.request['method']} "
-                  f"{ex.request['url']} {status} {result} key={ex.key[:12]} occ={ex.occurrence}\n")
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as spool:
+            write = spool.write
+            for ex in store.heads():
+                if not wanted(ex):
+                    continue
+                s = per_session.get(ex.session)
+                if s is None:
+                    s = per_session[ex.session] = [0, set(), ex.condition]
+                s[0] += 1
+                s[1].add(ex.mode)
+                if sessions_only:
+                    continue
+                status = ex.response.status if ex.response is not None else "ERR"
+                result = ex.replay_result or ("error" if ex.error else "")
+                write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {ex.session} {ex.request.method} "
+                      f"{ex.request.url} {status} {result} key={ex.key[:12]} occ={ex.occurrence}\n")
+            click.echo(f"{len(per_session)} sessions in {store_path}")
+            for name, (n, modes, cond) in per_session.items():
+                click.echo(f"  {name}: {n} exchanges ({', '.join(sorted(modes))}){f' condition={cond}' if cond else ''}")
+            sys.stdout.flush()
+            spool.seek(0)
+            shutil.copyfileobj(spool, sys.stdout, 1 << 20)
 
 
 class _Stamps:

@@ -9,6 +9,9 @@ exchanges gives every frame that shared start. The stored value says how it was 
   0x00 + bytes                    stored as is (tiny, or incompressible)
   0x01 + zstd frame               compressed without a dictionary
   0x02 + 8-byte dict key + frame  compressed with the dictionary stored under that key
+  0x03 + n + n sha256 + frame     compressed against other stored bodies (their bytes, in order,
+                                  as a raw-content dictionary): a request against the previous
+                                  request and answer of its session, which it mostly repeats
   zstd frame (magic 28 b5 2f fd)  format noisefloor-log/1: every value before the tags
 
 A dictionary's key is the start of its sha256, so a value copied to another store (merge) stays
@@ -24,7 +27,7 @@ from collections.abc import Callable
 
 import zstandard
 
-RAW, PLAIN, DICT = 0, 1, 2
+RAW, PLAIN, DICT, REF = 0, 1, 2, 3
 LEGACY_MAGIC = b"\x28\xb5\x2f\xfd"
 KEY_SIZE = 8
 LEVEL = 3
@@ -79,9 +82,32 @@ class Codec:
             return bytes([RAW]) + data
         return head + frame
 
-    def decode(self, value: bytes, limit: int) -> bytes:
-        """The stored bytes, at most `limit` of them (TooLarge beyond; zstd errors on damage)."""
+    def encode_against(self, data: bytes, refs: list[tuple[bytes, bytes]]) -> bytes:
+        """`data` compressed against the bytes of stored bodies `refs` ((sha256, bytes), at most 255)."""
+        prefix = b"".join(b for _, b in refs)
+        # level 1: what the references leave is short; loading them into a level-3 matcher costs more
+        frame = zstandard.ZstdCompressor(level=1, dict_data=_raw_dict(prefix)).compress(data)
+        return bytes([REF, len(refs)]) + b"".join(d for d, _ in refs) + frame
+
+    @staticmethod
+    def refs_of(value: bytes) -> list[bytes]:
+        """The sha256 digests of the bodies a stored value is compressed against (none for most)."""
+        if value[:1] != bytes([REF]):
+            return []
+        n = value[1]
+        return [bytes(value[2 + 32 * i:34 + 32 * i]) for i in range(n)]
+
+    def decode(self, value: bytes, limit: int, resolve: Callable[[bytes], bytes] | None = None) -> bytes:
+        """The stored bytes, at most `limit` of them (TooLarge beyond; zstd errors on damage).
+        `resolve` gives a referenced body's bytes, verified, for values compressed against others."""
         tag = value[0] if value else None
+        if tag == REF:
+            if resolve is None:
+                raise ValueError("a value compressed against other bodies, read without them")
+            refs = self.refs_of(value)
+            prefix = b"".join(resolve(d) for d in refs)
+            dctx = zstandard.ZstdDecompressor(dict_data=_raw_dict(prefix))
+            return _bounded(dctx, value[2 + 32 * len(refs):], limit)
         if value[:4] == LEGACY_MAGIC:
             return _bounded(self._plain_d, value, limit)
         if tag == RAW:
@@ -116,6 +142,10 @@ class Codec:
         if d is None:
             d = self._d[key] = zstandard.ZstdDecompressor(dict_data=self._dict(key))
         return d
+
+
+def _raw_dict(prefix: bytes) -> zstandard.ZstdCompressionDict:
+    return zstandard.ZstdCompressionDict(prefix, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
 
 
 def _bounded(dctx: zstandard.ZstdDecompressor, frame: bytes, limit: int) -> bytes:

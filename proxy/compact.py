@@ -99,13 +99,15 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
 
 def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
                  progress: Callable[[str], None]) -> None:
-    it = src.stored_bodies()
+    it = src.stored_bodies(encoded=True)
     done = 0
     while True:
-        with env.begin(write=True) as txn:
+        with env.begin(write=True) as txn:  # in digest order, appended: pages filled whole
             n = 0
-            for digest, data in it:
-                txn.put(digest, out.encode(data, key), db=db)
+            for digest, data, stored in it:
+                # compressed against other bodies: kept as it is (they are all copied); else encoded again
+                value = stored if codec.Codec.refs_of(stored) else out.encode(data, key)
+                txn.put(digest, value, db=db, append=True)
                 n += 1
                 if n >= _BATCH:
                     break

@@ -26,15 +26,18 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgspec
 import zstandard
 
 from noisefloor.errors import StateError
@@ -53,6 +56,10 @@ TRAIN_AFTER = 1000  # values of a kind (body, record) seen before its dictionary
 _SAMPLE_MAX = 64 << 10  # longer values are not sampled for training
 _U64 = struct.Struct(">Q")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_MAX_REF_DEPTH = 32  # a body compressed against others is refused past this many levels (a cycle)
+CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
+_CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
+_FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
 def _read_only(path: Path) -> bool:
@@ -72,7 +79,7 @@ def is_read_only(path: str | os.PathLike[str]) -> bool:
 
 # What reading a damaged store raises, from LMDB, zstd, JSON or the record types.
 _DAMAGE = (lmdb.Error, zstandard.ZstdError, ValueError, TypeError, KeyError, UnicodeDecodeError, struct.error,
-           IndexError, AttributeError)
+           IndexError, AttributeError, msgspec.MsgspecError)
 _MIN_FILE = 2 * 4096  # LMDB's two meta pages
 
 class StoreError(StateError):
@@ -99,9 +106,9 @@ class Exchange:
     latency_ms: float | None = None
     model: str | None = None
     fingerprint: str | None = None
-    usage: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] | None = field(default_factory=dict)
     finish_reason: str | None = None
-    truncated: bool = False
+    truncated: bool | None = False
     replay: dict[str, Any] | None = None
     overrides: dict[str, Any] | None = None
     perturbation: str | None = None
@@ -113,6 +120,13 @@ class Exchange:
         """The record as a JSON object. Shallow: the nested request / response / usage objects are
         the exchange's own (dataclasses.asdict deep-copied them, and dominated listing a store)."""
         return {name: getattr(self, name) for name in _FIELD_NAMES}
+
+    def json_bytes(self) -> bytes:
+        """The record as compact JSON (UTF-8, every field): what `nfproxy log --json` prints."""
+        try:
+            return _ENCODER.encode(self.to_json())  # a dict: every field, in order
+        except (UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate (bytes no header should hold)
+            return json.dumps(self.to_json(), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Exchange:
@@ -150,6 +164,68 @@ _PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
     "response": {"status": ((int,), True), "headers": ((list,), True), "body": (_OPT_STR, False),
                  "body_size": ((int, type(None)), False), "chunks": ((list, type(None)), False)},
 }
+
+
+class _RequestHead(msgspec.Struct):
+    method: str
+    url: str
+
+
+class _ResponseHead(msgspec.Struct):
+    status: int
+
+
+class Head(msgspec.Struct):
+    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
+    status and identity, decoded and type-checked without the headers and the rest."""
+
+    id: int
+    time: float
+    mode: str
+    session: str
+    key: str
+    occurrence: int
+    request: _RequestHead
+    response: _ResponseHead | None
+    task: str | None = None
+    replicate: str | None = None
+    condition: str | None = None
+    model: str | None = None
+    fingerprint: str | None = None
+    usage: dict[str, Any] | None = None
+    truncated: bool | None = False
+    replay: dict[str, Any] | None = None
+    error: str | None = None
+
+    @property
+    def status(self) -> int | None:
+        return None if self.response is None else self.response.status
+
+    @property
+    def replay_result(self) -> str | None:
+        return (self.replay or {}).get("result")
+
+
+_DECODER = msgspec.json.Decoder(Exchange)
+_HEAD_DECODER = msgspec.json.Decoder(Head)
+_ENCODER = msgspec.json.Encoder()
+
+
+def parse_record(data: bytes) -> Exchange:
+    """One stored record, typed: msgspec checks every field against Exchange's annotations in C
+    (json.loads plus checks in Python cost five times as much and dominated listing a store);
+    TypeError / ValueError name what is wrong."""
+    try:
+        ex = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise TypeError(str(exc)) from None
+    except msgspec.DecodeError:  # JSON that msgspec refuses and json reads (a lone surrogate): the slow path
+        return Exchange.from_json(json.loads(data))
+    for name in ("request", "response"):
+        part = getattr(ex, name)
+        if part is not None:
+            _check(part, _PART_TYPES[name], name + ".")
+    return ex
 
 
 def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
@@ -204,6 +280,9 @@ class Store:
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
         self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
+        # session -> (request sha256, request, response sha256, response, depth) of its last exchange
+        self._chains: OrderedDict[str, tuple[bytes, bytes, bytes, bytes, int]] = OrderedDict()
+        self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
 
     def _optional_db(self, name: bytes) -> Any:
         try:
@@ -368,11 +447,14 @@ class Store:
     # -- bodies --------------------------------------------------------------------------------
 
     def body(self, digest: str | None, *, size: int | None = None, exchange_id: int | None = None,
-             part: str = "") -> bytes | None:
+             part: str = "", _depth: int = 0) -> bytes | None:
         """A stored body, verified: present, within its recorded `size` and the store's max_body,
         and hashing to `digest`. Anything else is a StoreError naming the store and the exchange."""
         if digest is None:
             return None
+        if _depth > _MAX_REF_DEPTH:
+            raise StoreError(f"store {self.path}: body {digest[:16]} is compressed against a chain of more than "
+                             f"{_MAX_REF_DEPTH} bodies (damaged: a cycle?); restore the store from a copy")
         where = " ".join(x for x in (f"exchange {exchange_id}" if exchange_id is not None else "",
                                      f"{part} body" if part else "body", digest[:16]) if x)
         limit = self.max_body if size is None else min(size, self.max_body)
@@ -384,7 +466,7 @@ class Store:
                 raise StoreError(f"store {self.path}: {where} is missing; restore the store from a copy or "
                                  "record it again")
             try:
-                data = self._codec.decode(raw, limit)
+                data = self._codec.decode(raw, limit, self._resolver(_depth, exchange_id))
             except codec.TooLarge as exc:
                 bound = ("its recorded size" if size is not None and size <= self.max_body
                          else f"--max-body-mb {self.max_body >> 20}")
@@ -394,6 +476,14 @@ class Store:
             raise StoreError(f"store {self.path}: {where} does not match its sha256 (tampered or damaged); "
                              "restore the store from a copy or record it again")
         return data
+
+    def _resolver(self, depth: int, exchange_id: int | None) -> Callable[[bytes], bytes]:
+        def resolve(digest: bytes) -> bytes:
+            data = self.body(digest.hex(), exchange_id=exchange_id, part="referenced", _depth=depth + 1)
+            assert data is not None
+            return data
+
+        return resolve
 
     def part_body(self, part: Mapping[str, Any] | None, exchange_id: int | None = None, name: str = "") -> bytes | None:
         """The verified body of a stored request or response (its digest and recorded size)."""
@@ -406,15 +496,16 @@ class Store:
         for _, data in self.stored_bodies():
             yield data
 
-    def stored_bodies(self) -> Iterator[tuple[bytes, bytes]]:
-        """(sha256, bytes) of every stored body, verified (compact rewrites them)."""
+    def stored_bodies(self, encoded: bool = False) -> Iterator[Any]:
+        """(sha256, bytes) of every stored body in digest order, verified; with `encoded`, also the
+        value as stored (compact rewrites them)."""
         with self._reading("bodies"), self._env.begin(db=self._bodies, buffers=False) as txn:
             for digest, raw in txn.cursor():
-                data = self._codec.decode(raw, self.max_body)
+                data = self._codec.decode(raw, self.max_body, self._resolver(0, None))
                 if hashlib.sha256(data).digest() != digest:
                     raise StoreError(f"store {self.path}: body {digest.hex()[:16]} does not match its sha256 "
                                      "(tampered or damaged); restore the store from a copy")
-                yield digest, data
+                yield (digest, data, raw) if encoded else (digest, data)
 
     def body_count(self) -> int:
         with self._reading(), self._env.begin(db=self._bodies) as txn:
@@ -502,7 +593,15 @@ class Store:
         """
         text = record if isinstance(record, str) else json.dumps(record)
         self._learn(text, bodies)
-        return self._write(lambda txn: self._append(txn, text, bodies, recorded))
+        self._chain_next = None
+        new_id = self._write(lambda txn: self._append(txn, text, bodies, recorded, chain=True))
+        if self._chain_next is not None:  # committed: the next request of this session may refer to these
+            session, link = self._chain_next
+            self._chains[session] = link
+            self._chains.move_to_end(session)
+            if len(self._chains) > _CHAINS:
+                self._chains.popitem(last=False)
+        return new_id
 
     def append_many(self, items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]]) -> None:
         """Several exchanges in one transaction."""
@@ -538,11 +637,22 @@ class Store:
             for key, data in dicts.items():
                 txn.put(key, data, db=self._dicts, overwrite=False)
             fresh = 0
-            for hexdigest, raw in raw_bodies.items():
-                digest = bytes.fromhex(hexdigest)
+            todo = [(bytes.fromhex(h), raw) for h, raw in raw_bodies.items()]
+            while todo:
+                digest, raw = todo.pop()
                 if raw and txn.get(digest, db=self._bodies) is None:
                     txn.put(digest, raw, db=self._bodies)
                     fresh += 1
+                    # a body compressed against others needs them here too (another session's, maybe)
+                    for ref in codec.Codec.refs_of(raw):
+                        if txn.get(ref, db=self._bodies) is None and ref.hex() not in raw_bodies:
+                            if source is None or (ref_raw := source.raw_body(ref.hex())) is None:
+                                raise StoreError(f"store {source.path if source else '?'}: body {ref.hex()[:16]}, "
+                                                 "which another body is compressed against, is missing")
+                            for key in filter(None, [self._codec.dictionary_of(ref_raw)]):
+                                if txn.get(key, db=self._dicts) is None and source.dictionary(key):
+                                    txn.put(key, source.dictionary(key), db=self._dicts)
+                            todo.append((ref, ref_raw))
             return [self._append(txn, text, {}, entry) for text, entry in texts], fresh
 
         return self._write(write)
@@ -553,31 +663,51 @@ class Store:
         record: dict[str, Any] | str,
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
+        chain: bool = False,
     ) -> int:
         body_key = self._keys.get("body") or None
+        request = None
+        if chain and recorded is not None and bodies:
+            m = _FIRST_BODY.search(record if isinstance(record, str) else json.dumps(record))
+            request = m.group(1) if m else None
+        link = self._chains.get(recorded.session) if request is not None and recorded is not None else None
+        depth = -1  # the request's depth in its chain; -1: already stored, depth unknown
         for hexdigest, data in bodies.items():
             if not data:
                 continue
             digest = bytes.fromhex(hexdigest)
-            if txn.get(digest, db=self._bodies) is None:  # stored once: skip compressing a known body
-                txn.put(digest, self._codec.encode(data, body_key), db=self._bodies)
+            if txn.get(digest, db=self._bodies) is not None:  # stored once: skip compressing a known body
+                continue
+            if hexdigest == request and link is not None and link[4] < CHAIN_DEPTH:
+                # most of a request is the previous request and answer of its session
+                value = self._codec.encode_against(data, [(link[0], link[1]), (link[2], link[3])])
+                depth = link[4] + 1
+            else:
+                value = self._codec.encode(data, body_key)
+                depth = 0 if hexdigest == request else depth
+            txn.put(digest, value, db=self._bodies)
+        if request is not None and recorded is not None:
+            response = next((h for h in bodies if h != request), None)
+            if response is not None and bodies[response]:
+                self._chain_next = (recorded.session, (bytes.fromhex(request), bytes(bodies[request]),
+                                                       bytes.fromhex(response), bytes(bodies[response]),
+                                                       depth if depth >= 0 else CHAIN_DEPTH))
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id)
         txn.put(_U64.pack(new_id), self._codec.encode(doc.encode(), self._keys.get("record") or None),
-                db=self._exchanges)
+                db=self._exchanges, append=True)
         if recorded is not None:
             entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,
                      "seq": recorded.seq, "route": recorded.route, "start": recorded.start, "end": recorded.end}
-            txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
+            txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded, append=True)
         return new_id
 
     def _decode_record(self, exchange_id: int, raw: bytes) -> Exchange:
         """A stored record, or StoreError naming the store and the exchange: a record that does not
         decode or does not have the record type's fields and types is never used."""
         try:
-            doc = json.loads(self._codec.decode(raw, self.max_body))
-            ex = Exchange.from_json(doc)
+            ex = parse_record(self._codec.decode(raw, self.max_body))
         except StoreError:
             raise
         except _DAMAGE as exc:
@@ -601,6 +731,22 @@ class Store:
                 return
             for k, raw in cur:
                 yield self._decode_record(_U64.unpack(k)[0], raw)
+
+    def heads(self) -> Iterator[Head]:
+        """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, at a
+        fraction of the cost of whole records (still checked: a record whose head does not have
+        the record type's fields is a StoreError naming the exchange)."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            for k, raw in txn.cursor():
+                try:
+                    yield _HEAD_DECODER.decode(self._codec.decode(raw, self.max_body))
+                except msgspec.DecodeError:  # JSON msgspec refuses and json reads (a lone surrogate)
+                    ex = self._decode_record(_U64.unpack(k)[0], raw)
+                    yield msgspec.convert(ex.to_json(), Head)
+                except (msgspec.ValidationError, *_DAMAGE) as exc:
+                    raise StoreError(f"store {self.path}: exchange {_U64.unpack(k)[0]} is damaged "
+                                     f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
+                                     "it again") from None
 
     def record_text(self, exchange_id: int) -> bytes:
         """One stored record's JSON bytes, decoded but not parsed (merge passes it through)."""

@@ -58,6 +58,7 @@ _U64 = struct.Struct(">Q")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _MAX_REF_DEPTH = 32  # a body compressed against others is refused past this many levels (a cycle)
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
+_REF_CACHE = 256  # referenced bodies kept decoded
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
@@ -283,6 +284,7 @@ class Store:
         # session -> (request sha256, request, response sha256, response, depth) of its last exchange
         self._chains: OrderedDict[str, tuple[bytes, bytes, bytes, bytes, int]] = OrderedDict()
         self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
+        self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
 
     def _optional_db(self, name: bytes) -> Any:
         try:
@@ -326,7 +328,6 @@ class Store:
                 # writes go straight into the shared map: no pwrite per dirty page on the request path
                 writemap=write,
                 create=write,
-                readahead=False,  # a reader touches what it reads, not the pages around it
             )
         except lmdb.Error as exc:
             raise StoreError(f"{p} is not a readable LMDB store ({exc}); point --store at an nfproxy store") from exc
@@ -478,9 +479,18 @@ class Store:
         return data
 
     def _resolver(self, depth: int, exchange_id: int | None) -> Callable[[bytes], bytes]:
+        """Referenced bodies, verified; the last few are kept, since a session's next request
+        refers to what its previous one did (a chain is then decoded once, not once per link)."""
         def resolve(digest: bytes) -> bytes:
+            data = self._refs.get(digest)
+            if data is not None:
+                self._refs.move_to_end(digest)
+                return data
             data = self.body(digest.hex(), exchange_id=exchange_id, part="referenced", _depth=depth + 1)
             assert data is not None
+            self._refs[digest] = data
+            if len(self._refs) > _REF_CACHE:
+                self._refs.popitem(last=False)
             return data
 
         return resolve

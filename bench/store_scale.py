@@ -38,19 +38,40 @@ from noisefloor.proxy import codec  # noqa: E402
 from noisefloor.proxy.store import Store  # noqa: E402
 
 BIN = Path(sys.executable).parent
-_PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL); "
-         "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+
+
+PRIVATE: dict[str, float] = {}  # command -> the most private (anonymous) memory seen, MB
+CPU: dict[str, float] = {}  # command -> user + system CPU seconds (moves less than wall time on a busy machine)
 
 
 def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one process, its stdout discarded."""
+    """Wall seconds and peak RSS (MB) of one process, its stdout discarded. Peak RSS counts the
+    store's pages the process mapped; its private memory (RssAnon, sampled every 50 ms) is kept
+    in PRIVATE under the command's first argument."""
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", _PEAK, *argv], capture_output=True, text=True, cwd=cwd, check=True)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
+    anon = peak = 0
+    status = Path(f"/proc/{proc.pid}/status")
+    while proc.poll() is None:
+        try:
+            for line in status.read_text().splitlines():
+                if line.startswith("RssAnon:"):
+                    anon = max(anon, int(line.split()[1]))
+                elif line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except (FileNotFoundError, ProcessLookupError, ValueError):
+            pass
+        time.sleep(0.05)
     wall = time.perf_counter() - start
-    code, peak = out.stdout.split()
-    if code != "0":
-        raise RuntimeError(f"{argv} exited {code}: {out.stderr[-500:]}")
-    return wall, int(peak) / 1024
+    err = proc.stderr.read() if proc.stderr else ""
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv} exited {proc.returncode}: {err[-500:]}")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    name = " ".join(Path(a).name for a in argv[:3] if not a.startswith("/tmp"))
+    PRIVATE[name] = anon / 1024
+    CPU[name] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return wall, peak / 1024
 
 
 def limits(n: int = 20000) -> dict[str, float]:
@@ -119,22 +140,25 @@ def replay_start(store: Path) -> tuple[float, float]:
     return wall, rss
 
 
-def measure(n: int, where: Path) -> dict[str, object]:
+def measure(n: int, where: Path, reuse: bool = False) -> dict[str, object]:
     store = where / f"s{n}.lmdb"
-    shutil.rmtree(store, ignore_errors=True)
     res: dict[str, object] = {"exchanges": n}
-    t = time.perf_counter()
-    with Store.open(store, write=True, create=True) as s:
-        raw = record(s, n)
-        live = s.usage()
-    res["build_s"] = time.perf_counter() - t
-    res["build_per_s"] = n / res["build_s"]
-    with Store.open(store, write=False) as s:
-        records = sum(len(text) for _, text in s.record_texts())
-    res["raw_bytes"] = raw_bytes = raw["bodies"] + records
-    res["raw_per_exchange"] = raw_bytes / n
-    res["live_used_x"] = live["used"] / raw_bytes
-    res["live_file_x"] = live["file"] / raw_bytes
+    if not reuse:
+        shutil.rmtree(store, ignore_errors=True)
+        t = time.perf_counter()
+        with Store.open(store, write=True, create=True) as s:
+            raw = record(s, n)
+            live = s.usage()
+        res["build_s"] = time.perf_counter() - t
+        res["build_per_s"] = n / res["build_s"]
+        with Store.open(store, write=False) as s:
+            records = sum(len(text) for _, text in s.record_texts())
+        res["raw_bytes"] = raw_bytes = raw["bodies"] + records
+        res["raw_per_exchange"] = raw_bytes / n
+        res["live_used_x"] = live["used"] / raw_bytes
+        res["live_file_x"] = live["file"] / raw_bytes
+    else:  # the readers again, on a store kept from an earlier run (--keep)
+        raw_bytes = None
     nf = [str(BIN / "nfproxy")]
     res["log_s"], res["log_rss_mb"] = timed([*nf, "log", "--store", str(store)])
     res["log_json_s"], res["log_json_rss_mb"] = timed([*nf, "log", "--json", "--store", str(store)])
@@ -149,11 +173,13 @@ def measure(n: int, where: Path) -> dict[str, object]:
     wall, peak = timed([*nf, "merge", str(out), str(store)])
     res["merge_s"], res["merge_rss_mb"], res["merge_per_s"] = wall, peak, n / wall
     shutil.rmtree(out, ignore_errors=True)
-    res["compact_s"], res["compact_rss_mb"] = timed([*nf, "compact", "--store", str(store)])
-    with Store.open(store, write=False) as s:
-        after = s.usage()
-    res["compacted_used_x"] = after["used"] / raw_bytes
-    res["compacted_file_x"] = after["file"] / raw_bytes
+    if raw_bytes is not None:
+        res["compact_s"], res["compact_rss_mb"] = timed([*nf, "compact", "--store", str(store)])
+        with Store.open(store, write=False) as s:
+            after = s.usage()
+        res["compacted_used_x"] = after["used"] / raw_bytes
+        res["compacted_file_x"] = after["file"] / raw_bytes
+    res["private_mb"], res["cpu_s"] = dict(PRIVATE), dict(CPU)
     return res
 
 
@@ -163,6 +189,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="build the stores here and keep them (default: a temp folder)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--no-limits", action="store_true")
+    ap.add_argument("--reuse", action="store_true", help="measure the readers on the stores kept in --keep, unbuilt")
     a = ap.parse_args()
     where = a.keep or Path(tempfile.mkdtemp(prefix="nf-store-scale-"))
     where.mkdir(parents=True, exist_ok=True)
@@ -172,7 +199,7 @@ def main() -> None:
             results["limits"] = limits()
             print(json.dumps({"limits": results["limits"]}), flush=True)
         for n in map(int, a.sizes.split(",")):
-            r = measure(n, where)
+            r = measure(n, where, a.reuse)
             results[str(n)] = r
             print(json.dumps(r), flush=True)
             if a.keep is None:

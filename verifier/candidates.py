@@ -29,7 +29,7 @@ class Attempt:
     replicate: int | None
     exchange: Exchange | None  # the final answered exchange, None if the session got no answer
     body: dict[str, Any] | None  # its response as one JSON document (streams assembled)
-    request_text: str
+    request_text: str  # the first request's body text, kept only when the task was found in it (no task label)
 
 
 def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -131,9 +131,10 @@ def attempts(store: Store, prompts: Mapping[str, str] | None = None, modes: Iter
     counters: dict[tuple[str | None, str], int] = defaultdict(int)
     for name, first in firsts.items():
         final = finals.get(name)
-        req_text = (store.decoded_body(first.request, first.id) or b"").decode("utf-8", errors="replace")
         task = first.task or labelled.get(name)
+        req_text = ""  # read only when needed: held for every session, it was most of nfverify's memory
         if task is None:
+            req_text = (store.decoded_body(first.request, first.id) or b"").decode("utf-8", errors="replace")
             task = next((tid for tid, p in ranked if p.strip() and _json_text(p) in req_text), None)
         condition = first.condition or "unlabeled"
         if first.replicate is not None and str(first.replicate).lstrip("-").isdigit():

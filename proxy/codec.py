@@ -134,7 +134,9 @@ class Codec:
     def _compressor(self, key: bytes) -> zstandard.ZstdCompressor:
         c = self._c.get(key)
         if c is None:
-            c = self._c[key] = zstandard.ZstdCompressor(level=LEVEL, dict_data=self._dict(key))
+            d = self._dict(key)
+            d.precompute_compress(level=LEVEL)  # else every frame loads the 64 kB dictionary again
+            c = self._c[key] = zstandard.ZstdCompressor(level=LEVEL, dict_data=d)
         return c
 
     def _decompressor(self, key: bytes) -> zstandard.ZstdDecompressor:

@@ -29,6 +29,7 @@ import os
 import re
 import stat
 import struct
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -285,6 +286,7 @@ class Store:
         self._chains: OrderedDict[str, tuple[bytes, bytes, bytes, bytes, int]] = OrderedDict()
         self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
         self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
+        self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
 
     def _optional_db(self, name: bytes) -> Any:
         try:
@@ -387,6 +389,11 @@ class Store:
         self._record_lock = fh
 
     def close(self) -> None:
+        if self._training:  # a dictionary trained on this run's traffic is kept for the next one
+            try:
+                self._trained(wait=True)
+            except StoreError:
+                pass  # a store that cannot take it now is reported by the writes that follow
         if self.writable:
             self._env.sync(True)
         self._env.close()
@@ -573,20 +580,34 @@ class Store:
         return key
 
     def _sample(self, kind: str, data: bytes) -> None:
-        """Keep the first values of a kind; once there are enough, train its dictionary (once:
-        milliseconds, on one request; `nfproxy compact` retrains on the whole store)."""
+        """Keep the first values of a kind; once there are enough, train its dictionary in a thread
+        (zstd releases the GIL: the requests going on meanwhile are not held up; `nfproxy compact`
+        retrains on the whole store). It is used from the first write after it is ready."""
         samples = self._samples[kind]
-        if kind in self._keys or not self.writable or len(data) > _SAMPLE_MAX or not data:
+        if kind in self._keys or kind in self._training or not self.writable or len(data) > _SAMPLE_MAX or not data:
             return
         samples.append(bytes(data))
         if len(samples) >= TRAIN_AFTER:
-            trained = codec.train(samples)
-            samples.clear()
+            self._samples[kind] = []
+            result: list[bytes | None] = []
+            thread = threading.Thread(target=lambda: result.append(codec.train(samples)), daemon=True,
+                                      name=f"nfproxy-train-{kind}")
+            self._training[kind] = (thread, result)
+            thread.start()
+
+    def _trained(self, wait: bool = False) -> None:
+        """Install the dictionaries whose training has finished (all of them, with `wait`)."""
+        for kind, (thread, result) in list(self._training.items()):
+            if wait:
+                thread.join()
+            if thread.is_alive():
+                continue
+            del self._training[kind]
+            trained = result[0] if result else None
             if trained is None:
-                self._samples[kind] = []
                 self._keys.setdefault(kind, b"")  # untrainable: plain zstd from here on
-                return
-            self.add_dictionary(trained, kind)
+            else:
+                self.add_dictionary(trained, kind)
 
     # -- exchanges -----------------------------------------------------------------------------
 
@@ -621,6 +642,8 @@ class Store:
         self._write(lambda txn: [self._append(txn, *item) for item in texts])
 
     def _learn(self, text: str, bodies: Mapping[str, bytes]) -> None:
+        if self._training:
+            self._trained()
         if len(self._keys) < 2 and self.writable:
             self._sample("record", text.encode())
             for data in bodies.values():

@@ -142,7 +142,7 @@ def test_every_other_command_says_it_in_one_line_naming_store_and_exchange(recor
         _one_line(run(_bin("nfverify"), "bfcl", str(final), "--outcomes", str(tmp_path / "o.jsonl")), final, QUESTIONS)
     if how == "wrong-type":  # the listing readers read records, not bodies
         line = _one_line(run(*nfproxy_argv(), "log", "--store", str(store)), store)
-        assert "field request is a str" in line, line
+        assert "got `str` - at `$.request`" in line, line
         _one_line(run(*nfproxy_argv(), "log", "--json", "--store", str(store)), store)
         _one_line(run(_bin("nfanalyze"), str(store)), store)
 

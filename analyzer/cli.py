@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import click
@@ -167,10 +166,15 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
 @click.option("--condition", help="Use only rows of this condition (a file holding several must name one).")
 @click.option("--allow-unstamped", is_flag=True,
               help="Compare runs without model / sampling / grader stamps (seed 004 refuses: exit 2).")
-@click.option("--json", "json_path", metavar="PATH", help="Write the verdicts as JSON ('-' for stdout).")
+@click.option("--json", "json_path", metavar="PATH", help="Write the verdicts as JSON ('-': stdout, which then holds "
+              "only the JSON; the text goes to stderr).")
+@click.option("--junit-xml", "junit_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write JUnit XML for CI: one test case per case, a regression as a failure.")
+@click.option("--markdown", "md_path", metavar="PATH",
+              help="Write a Markdown summary for a CI step (e.g. $GITHUB_STEP_SUMMARY; '-' for stdout).")
 def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_band: float, confidence: float,
              escalate_at: int, multiplicity: str, alpha: float, target_false_block: float, condition: str | None,
-             allow_unstamped: bool, json_path: str | None) -> None:
+             allow_unstamped: bool, json_path: str | None, junit_path: Path | None, md_path: str | None) -> None:
     """Per-case verdicts for a candidate run against two baseline runs of the same stamp.
 
     Each file holds outcome rows (task_id, replicate, outcome; condition optional; the stamp
@@ -180,28 +184,22 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     from scipy import special
 
     from noisefloor.analyzer import gate as g
+    from noisefloor.analyzer import gate_run
 
-    try:
-        runs = [g.load_run(p, condition) for p in (base_a, base_b, candidate)]
-    except OutcomeError as exc:
-        raise click.ClickException(str(exc)) from None
-    unstamped = [f"{p.name} ({r.missing})" for p, r in zip((base_a, base_b, candidate), runs) if r.missing]
-    if unstamped and not allow_unstamped:
-        click.echo("Error: refusing to compare unstamped runs: " + "; ".join(unstamped) + ". A score without "
-                   "its stamp (model, sampling, grader_version) is not comparable to anything; add the fields "
-                   "to the rows, or pass --allow-unstamped", err=True)
-        sys.exit(EXIT_USAGE)
-    if len({r.stamp for r in runs}) != 1:
-        parts = [f"{p.name}: {r.description}" for p, r in zip((base_a, base_b, candidate), runs)]
-        click.echo("Error: refusing to compare runs with different stamps (model, sampling, grader, cases): "
-                   + "; ".join(parts), err=True)
-        sys.exit(EXIT_USAGE)
     settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
-    verdicts = g.gate(runs[0].counts, runs[1].counts, runs[2].counts, settings)
-    oc = g.operating_characteristics(runs[0].counts, runs[1].counts, runs[2].counts, settings, target_false_block)
+    try:
+        result = gate_run.run_files(base_a, base_b, candidate, settings, condition=condition,
+                                    allow_unstamped=allow_unstamped, target_false_block=target_false_block)
+    except gate_run.StampError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except OutcomeError as exc:
+        raise click.ClickException(str(exc)) from None
+    to_err = json_path == "-" or md_path == "-"  # stdout holds only the machine-readable document
+    oc = result.operating_characteristics
     risk = {r.case_id: r for r in oc.cases}
-    for v in verdicts:
+    for v in result.verdicts:
         extra = ""
         if v.verdict == "inconclusive":
             extra = f"; re-run it at k={escalate_at}"
@@ -213,19 +211,31 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
         adj = f", adjusted p {v.adjusted_p:.3g}" if v.adjusted_p is not None else ""
         click.echo(f"{v.case_id}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
                    f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}{adj}{extra}; "
-                   f"if unchanged: P(regressed) {r.false_regressed:.3f}, P(quarantine) {r.false_quarantine:.3f})")
-    counts = {k: sum(v.verdict == k for v in verdicts) for k in ("within_noise", "inconclusive", "regressed", "quarantine")}
-    click.echo("gate: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+                   f"if unchanged: P(regressed) {r.false_regressed:.3f}, P(quarantine) {r.false_quarantine:.3f})",
+                   err=to_err)
+    counts = result.counts
+    click.echo("gate: " + ", ".join(f"{n} {k}" for k, n in counts.items()), err=to_err)
     plan = (f"{oc.repeats_for_target} repeats per run bring it under {oc.target:.0%}" if oc.repeats_for_target
             else f"no repeats count up to 1024 brings it under {oc.target:.0%}")
     click.echo(f"operating characteristics (an unchanged model at each case's pooled baseline rate, cases "
                f"independent, one-sided {confidence:.0%} Wilson, slack {slack}, flake band {flake_band}, "
                f"multiplicity {multiplicity}): the suite blocks with probability {oc.suite_false_block:.3f} "
-               f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run at k={escalate_at}); {plan}")
+               f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run at k={escalate_at}); {plan}",
+               err=to_err)
     if json_path:
-        report.write_json({"stamp": runs[0].stamp, "verdicts": [asdict(v) for v in verdicts], "counts": counts,
-                           "operating_characteristics": asdict(oc)}, json_path)
-    sys.exit(EXIT_ERROR if counts["regressed"] else EXIT_OK)
+        doc = result.to_json()
+        doc.pop("settings")
+        report.write_json(doc, json_path)
+    if junit_path:
+        junit_path.write_bytes(gate_run.junit_xml(result))
+    if md_path:
+        text = gate_run.markdown(result)
+        if md_path == "-":
+            click.echo(text, nl=False)
+        else:
+            with open(md_path, "a", encoding="utf-8") as fh:  # a step summary file collects several steps
+                fh.write(text)
+    sys.exit(EXIT_ERROR if result.regressed else EXIT_OK)
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ import json
 import shlex
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -83,9 +84,15 @@ class Ladder:
     def run_condition(self, condition: str) -> None:
         todo = [(r, t) for r in range(self.c.replicates) for t in self.c.tasks
                 if session_name(condition, r, t.task_id) not in self.done]
+        planned = self.c.replicates * len(self.c.tasks)
         if not todo:
-            self.progress(f"[{condition}] all {self.c.replicates * len(self.c.tasks)} runs done earlier")
+            self.progress(f"[{condition}] all {planned} runs done earlier")
             return
+        if len(todo) < planned:  # a resume: say what an earlier run of this command already did
+            earlier = [a for a in self.done.values() if a.condition == condition]
+            failed = sum(a.returncode != 0 for a in earlier)
+            self.progress(f"[{condition}] resuming: {planned - len(todo)} of {planned} runs done earlier"
+                          f"{f' ({failed} of them failed)' if failed else ''}; {len(todo)} to run")
         args = ["--upstream", self.c.upstream, "--condition", condition, "-q"]
         replay_from = None
         if condition == "replay":
@@ -99,7 +106,8 @@ class Ladder:
                          tuple(self.c.replay_env.items()) if condition == "replay" else ())
                 for r, t in todo]
         per_rep: dict[int, int] = {}
-        total = {r: len(self.c.tasks) for r in range(self.c.replicates)}
+        total = {r: sum(1 for rr, _ in todo if rr == r) for r in range(self.c.replicates)}
+        clock = _Progress(len(todo))
 
         def finished(attempt: Attempt) -> None:
             with self._lock:
@@ -107,10 +115,11 @@ class Ladder:
                     fh.write(json.dumps(asdict(attempt)) + "\n")
                 self.done[attempt.session] = attempt
                 per_rep[attempt.replicate] = per_rep.get(attempt.replicate, 0) + 1
-                done = sum(per_rep.values())
-                if per_rep[attempt.replicate] == total[attempt.replicate] or done == len(todo):
-                    self.progress(f"[{condition}] replicate {attempt.replicate + 1}/{self.c.replicates}: "
-                                  f"{per_rep[attempt.replicate]} runs ({done}/{len(todo)} this condition)")
+                line = clock.step(attempt.returncode != 0)
+                if per_rep[attempt.replicate] == total[attempt.replicate] or clock.done == len(todo):
+                    self.progress(f"[{condition}] replicate {attempt.replicate + 1}/{self.c.replicates} done: {line}")
+                elif clock.due():
+                    self.progress(f"[{condition}] {line}")
 
         try:
             code = self.executor.run(runs, args, self.store, finished)
@@ -196,6 +205,37 @@ class Ladder:
 
 
 BUILTIN_AGENTS = {"builtin": [], "completions": ["--completions"]}
+
+
+class _Progress:
+    """Counts, rate and ETA of one condition's runs, for a line at most every `every` seconds."""
+
+    def __init__(self, total: int, every: float = 10.0) -> None:
+        self.total, self.every = total, every
+        self.done = self.failed = 0
+        self.start = self.last = time.monotonic()
+
+    def step(self, failed: bool) -> str:
+        self.done += 1
+        self.failed += failed
+        elapsed = time.monotonic() - self.start
+        left = (self.total - self.done) * elapsed / self.done
+        eta = "" if self.done == self.total else f", ETA {_duration(left)}"
+        fails = f", {self.failed} failed" if self.failed else ""
+        return (f"{self.done}/{self.total} runs ({self.done / self.total:.0%}){fails}, "
+                f"{self.done / max(elapsed, 1e-9):.2f} runs/s, {_duration(elapsed)} so far{eta}")
+
+    def due(self) -> bool:
+        now = time.monotonic()
+        if now - self.last < self.every:
+            return False
+        self.last = now
+        return True
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else (f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s")
 
 
 def parse_agent(command: str) -> list[str]:

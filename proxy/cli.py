@@ -141,33 +141,40 @@ def ca_cmd(confdir: Path, listen: str) -> None:
 @click.option("--session", help="Only this session's exchanges.")
 @click.option("--task", help="Only exchanges labelled with this task.")
 @click.option("--condition", help="Only exchanges labelled with this condition.")
+@click.option("--status", help="Only this response status: 200, 4xx, 5xx, or error (no response).")
+@click.option("--result", type=click.Choice(["recorded", "hit", "miss", "order_violation", "error"]),
+              help="Only this replay result (miss: the requests a replay could not answer).")
+@click.option("--miss", is_flag=True, help="Same as --result miss.")
+@click.option("--model", help="Only exchanges the provider answered with this model.")
+@click.option("--limit", type=click.IntRange(min=1), help="Stop after this many exchanges.")
 @click.option("--sessions-only", is_flag=True, help="List sessions, not exchanges.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per exchange (JSON Lines), for scripts.")
-def log_cmd(store_path: Path, session: str | None, task: str | None, condition: str | None, sessions_only: bool,
+def log_cmd(store_path: Path, session: str | None, task: str | None, condition: str | None, status: str | None,
+            result: str | None, miss: bool, model: str | None, limit: int | None, sessions_only: bool,
             as_json: bool) -> None:
     """List sessions and exchanges, a line each."""
+    from itertools import islice
 
-    def wanted(ex: Any) -> bool:
-        return ((session is None or ex.session == session) and (task is None or ex.task == task)
-                and (condition is None or ex.condition == condition))
+    from noisefloor.proxy.listing import Filters
+
+    filters = Filters(condition=condition, task=task, session=session, status=status,
+                      result="miss" if miss else result, model=model)
 
     with Store.open(store_path, write=False) as store:
         if as_json:  # streamed: one record in memory at a time
             write = sys.stdout.buffer.write
-            for ex in store.exchanges():
-                if wanted(ex):
-                    write(ex.json_bytes() + b"\n")
+            for ex in islice((ex for ex in store.exchanges() if filters.wanted(ex, store)), limit):
+                write(ex.json_bytes() + b"\n")
             sys.stdout.flush()
             return
-        # one pass over the records' heads: lines go to a spool file while sessions are counted, so
-        # memory holds sessions, never exchanges or lines
+        # one pass over the records' heads (whole records only for filters that read more): lines
+        # go to a spool file while sessions are counted, so memory holds sessions, never exchanges
+        source = store.exchanges() if filters.q or filters.order else store.heads()
         per_session: dict[str, list[Any]] = {}  # name -> [exchanges, modes, condition]
         stamp = _Stamps()
         with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as spool:
             write = spool.write
-            for ex in store.heads():
-                if not wanted(ex):
-                    continue
+            for ex in islice((ex for ex in source if filters.wanted(ex, store)), limit):
                 s = per_session.get(ex.session)
                 if s is None:
                     s = per_session[ex.session] = [0, set(), ex.condition]
@@ -175,10 +182,10 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                 s[1].add(ex.mode)
                 if sessions_only:
                     continue
-                status = ex.response.status if ex.response is not None else "ERR"
-                result = ex.replay_result or ("error" if ex.error else "")
-                write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {ex.session} {ex.request.method} "
-                      f"{ex.request.url} {status} {result} key={ex.key[:12]} occ={ex.occurrence}\n")
+                code = ex.status if ex.response is not None else "ERR"
+                res = ex.replay_result or ("error" if ex.error else "")
+                write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {ex.session} {ex.request['method']} "
+                      f"{ex.request['url']} {code} {res} key={ex.key[:12]} occ={ex.occurrence}\n")
             click.echo(f"{len(per_session)} sessions in {store_path}")
             for name, (n, modes, cond) in per_session.items():
                 click.echo(f"  {name}: {n} exchanges ({', '.join(sorted(modes))}){f' condition={cond}' if cond else ''}")
@@ -280,3 +287,8 @@ def _rewrite(store_path: Path, verb: str) -> None:
     was = f" from {r.from_format}" if r.from_format and r.from_format != FORMAT else ""
     click.echo(f"{verb} {store_path}{was} to {FORMAT}: {r.exchanges} exchanges, {r.bodies} bodies; data file "
                f"{r.before_bytes / 1e6:.1f} MB -> {r.after_bytes / 1e6:.1f} MB")
+
+
+from noisefloor.proxy import transfer_cli  # noqa: E402 - export / import, kept in their own module
+
+transfer_cli.register(main)

@@ -50,10 +50,13 @@ class Recorder:
         error: str | None = None,
         latency_ms: float | None = None,
         notes: Sequence[str] = (),
+        end: float | None = None,
     ) -> int:
         """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
         p = pending.prepared
-        end = time.time()  # the answer is complete: a request arriving after this may depend on it
+        # the answer is complete: a request arriving after this may depend on it (an import gives the
+        # recorded time)
+        end = time.time() if end is None else end
         record: dict[str, Any] = {"end": end, "latency_ms": latency_ms, "error": error,
                                   "notes": pending.notes + list(notes)}
         # a body already stored (a replicate asking the same again) is not compressed again

@@ -168,12 +168,22 @@ _PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 }
 
 
-class _RequestHead(msgspec.Struct):
+class _Part(msgspec.Struct):
+    """A part of a head, read like the record's dict (`part["status"]`, `part.get("url")`)."""
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+
+class _RequestHead(_Part):
     method: str
     url: str
 
 
-class _ResponseHead(msgspec.Struct):
+class _ResponseHead(_Part):
     status: int
 
 
@@ -198,6 +208,7 @@ class Head(msgspec.Struct):
     truncated: bool | None = False
     replay: dict[str, Any] | None = None
     error: str | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
 
     @property
     def status(self) -> int | None:
@@ -797,6 +808,11 @@ class Store:
                 return
             for k, raw in cur:
                 yield _U64.unpack(k)[0], self._codec.decode(raw, self.max_body)
+
+    def exchanges_after(self, after: int = 0) -> Iterator[Exchange]:
+        """Exchanges with an id above `after`, in id order: a cursor, so a reader takes one page of
+        a large store without touching the rest (nfview). Stop iterating to end the read."""
+        yield from self.exchanges(start=after + 1)
 
     def recorded_entries(self) -> Iterator[RecordedEntry]:
         with self._reading("replay index"), self._env.begin(db=self._recorded) as txn:

@@ -9,7 +9,8 @@ per input to a pipe. If any of those steps fails the candidate never runs: the c
 `sandbox_error` instead. This server relays the child's lines framed so that a candidate cannot
 forge the server's own lines, and reports how the child ended.
 
-Frames on stdout, one per line: `R {ready}`, `S {started: pid}`, `C <candidate line>`, `E {end}`.
+Frames on stdout, one per line: `R {ready}`, `S {started: pid}`, `I {isolated}` (from the child
+before the candidate's code, on a pipe it closes first), `C <candidate line>`, `E {end}`.
 The server never sees expected outputs: it cannot compare, so a candidate cannot forge a pass.
 Standard library only.
 """
@@ -37,6 +38,7 @@ MAX_LINE = 32 << 20  # one encoded output larger than this is reported as too la
 MAX_OUTPUT = 512 << 20  # bytes relayed per candidate at most
 _POLL_S = 0.05
 _DRAIN_S = 1.0  # after the child exits, how long its descendants' writes are still relayed
+_ISOLATE_S = 60.0  # how long the isolation steps may take before the candidate counts as not isolated
 
 # Imported once here, so a candidate pays nothing for them (and numpy is the slow one).
 PRELOAD = (
@@ -101,13 +103,13 @@ def _describe(exc: BaseException) -> str:
         return type(exc).__name__
 
 
-def _isolate(job: dict, out_fd: int, view: dict | None) -> None:
+def _isolate(job: dict, out_fd: int, ctl_fd: int, view: dict | None) -> None:
     """Every containment step, in order; raises SandboxStepFailed if one cannot be taken."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    keep = sorted({0, 1, 2, out_fd})
+    keep = sorted({0, 1, 2, out_fd, ctl_fd})
     for lo, hi in zip(keep, keep[1:] + [resource.getrlimit(resource.RLIMIT_NOFILE)[0]]):
         os.closerange(lo + 1, hi)  # the server's job and frame pipes above all
     uid = job.get("uid")
@@ -157,12 +159,16 @@ def _candidate(job: dict, out_fd: int) -> None:
             _emit(out_fd, {"i": i, "ok": False, "exc": "unencodable output: " + _describe(exc)})
 
 
-def _child(job: dict, out_fd: int, view: dict | None) -> None:
+def _child(job: dict, out_fd: int, ctl_fd: int, view: dict | None) -> None:
+    """Isolation, then its verdict on the control pipe, which is closed before the candidate's code
+    runs: the candidate holds no descriptor on which a word of it would be believed."""
     try:
-        _isolate(job, out_fd, view)
+        _isolate(job, out_fd, ctl_fd, view)
     except SandboxStepFailed as exc:
-        _emit(out_fd, {"phase": "load", "ok": False, "kind": "sandbox_error", "exc": str(exc)[:500]})
+        _emit(ctl_fd, {"isolated": False, "exc": str(exc)[:500]})
         return
+    _emit(ctl_fd, {"isolated": True})
+    os.close(ctl_fd)
     _candidate(job, out_fd)
 
 
@@ -171,8 +177,9 @@ def _frame(tag: bytes, payload: bytes) -> None:
 
 
 def _relay(pid: int, read_fd: int) -> tuple[int, resource.struct_rusage]:
-    """Forward the child's lines until it exits and its pipe is drained; a descendant that keeps
-    the pipe open after the child is gone is not waited for."""
+    """Forward the child's lines until it exits and its pipe is at EOF; a descendant that keeps the
+    pipe open after the child is gone is read for _DRAIN_S more (what it writes then is a late line,
+    which fails the candidate) and then no longer."""
     pending, sent, status, drain_until = b"", 0, None, None
     while drain_until is None or time.monotonic() < drain_until:
         ready, _, _ = select.select([read_fd], [], [], _POLL_S)
@@ -193,12 +200,25 @@ def _relay(pid: int, read_fd: int) -> tuple[int, resource.struct_rusage]:
             if done:
                 status = (st, usage)
                 drain_until = time.monotonic() + _DRAIN_S
-        if status is not None and not ready:
-            break
     if status is None:
         _, st, usage = os.wait4(pid, 0)
         status = (st, usage)
     return status
+
+
+def _isolation(ctl_fd: int) -> bytes:
+    """The child's isolation verdict (one line, written before any candidate code ran)."""
+    got, deadline = b"", time.monotonic() + _ISOLATE_S
+    while b"\n" not in got and len(got) < 4096:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([ctl_fd], [], [], left)[0]:
+            break
+        chunk = os.read(ctl_fd, 4096)
+        if not chunk:
+            break
+        got += chunk
+    line = got.split(b"\n", 1)[0]
+    return line or json.dumps({"isolated": False, "exc": "the candidate process reported no isolation"}).encode()
 
 
 def _reap() -> None:
@@ -222,15 +242,20 @@ def serve() -> None:
         job = json.loads(raw)
         _reap()
         read_fd, write_fd = os.pipe()
+        ctl_read, ctl_write = os.pipe()
         pid = os.fork()
         if pid == 0:
             os.close(read_fd)
+            os.close(ctl_read)
             try:
-                _child(job, write_fd, view)
+                _child(job, write_fd, ctl_write, view)
             finally:
                 os._exit(0)
         os.close(write_fd)
+        os.close(ctl_write)
         _frame(b"S", json.dumps({"pid": pid}).encode())
+        _frame(b"I", _isolation(ctl_read))
+        os.close(ctl_read)
         st, usage = _relay(pid, read_fd)
         os.close(read_fd)
         sig = os.WTERMSIG(st) if os.WIFSIGNALED(st) else None

@@ -1,11 +1,24 @@
-"""BFCL-style AST grading of native tool calls, with the audit's failure taxonomy.
+"""BFCL AST grading of native tool calls, equal to the official checker, with the audit's taxonomy.
 
-A call matches a ground-truth entry when the function names agree (dots and underscores are the
-same: OpenAI tool names cannot contain dots), every argument given is a declared parameter,
-every required parameter is present, and every value is among the allowed ones. Values are
-compared as BFCL does: strings after removing spaces and `,./-_*^` and case folding, an int is
-accepted where a float is expected, lists and dicts element by element, and `""` in an allowed
-list marks the parameter optional. `parallel` tasks match calls to entries in any order.
+By default a candidate gets the verdict gorilla's `bfcl_eval` AST checker gives a function-calling
+(FC) model's tool calls (tests/data/bfcl_official_verdicts.jsonl.gz holds the official verdicts this
+module must reproduce, and how they were made). The rules, in the checker's order:
+
+- **Names**: the spelling the model config implies. API models (OpenAI, Anthropic, Gemini, Mistral
+  and others whose tool names cannot hold dots) must call `math_factorial` for a declared
+  `math.factorial`; `names="declared"` is the rule for configs that keep dots.
+- **Per call**: every required parameter present first; then each argument given must be declared
+  and in the answer; its type must be the declared one (an int passes for a float parameter; a value
+  of the answer's own type passes as a "variable" and is then compared by plain equality); strings
+  compare after removing spaces and `,./-_*^`, case folded (so "..." equals the optional marker "");
+  lists compare with top-level strings cleaned; dicts key by key, one level of cleaning; deeper
+  values by Python equality (1 == 1.0, case kept). An answer parameter not given must allow "".
+- **Parallel**: each expected call, in order, takes the first unmatched candidate call that
+  matches (first-fit, order-dependent, as BFCL does); `parallel="bipartite"` finds a matching
+  whenever one exists (departs from BFCL). Both are at most n^2 call checks.
+
+Bounds: tool-call arguments over MAX_ARGUMENT_CHARS, or nested past what the JSON parser takes,
+are malformed (no BFCL answer is near either).
 
 Taxonomy: malformed_output (no calls, unparseable or truncated arguments), wrong_function (a
 call names no expected function), wrong_arguments (right functions, wrong values), other (the
@@ -18,13 +31,31 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import permutations
-from typing import Any
+from typing import Any, Literal
 
 from noisefloor.verifier.datasets import ToolTask
 
 TAXONOMY = ("correct", "wrong_function", "wrong_arguments", "malformed_output", "other")
+MAX_ARGUMENT_CHARS = 1 << 16
 _STRIP = re.compile(r"[ ,./\-_*^]")
+_TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
+                           "tuple": list, "dict": dict, "any": str}
+
+
+@dataclass(frozen=True)
+class Rules:
+    """How calls are matched. The defaults are the official checker's for FC API models."""
+    names: Literal["underscore", "declared"] = "underscore"
+    parallel: Literal["first-fit", "bipartite"] = "first-fit"
+
+    def departs(self) -> str | None:
+        """A line saying how these rules differ from BFCL's, or None."""
+        if self.parallel == "bipartite":
+            return "parallel calls matched order-free (bipartite): departs from BFCL's first-fit matching"
+        return None
+
+
+BFCL = Rules()
 
 
 @dataclass(frozen=True)
@@ -50,146 +81,251 @@ def calls_from_response(body: dict[str, Any]) -> list[Call]:
     out: list[Call] = []
     if isinstance(body.get("choices"), list):  # OpenAI
         choice = body["choices"][0] if body["choices"] else {}
+        if not isinstance(choice, dict):
+            raise Malformed("choices[0] is not an object")
         if choice.get("finish_reason") == "length":
             raise Malformed("the response was truncated at the token limit")
-        for tc in (choice.get("message") or {}).get("tool_calls") or []:
+        for tc in _objects((choice.get("message") or {}).get("tool_calls")):
             fn = tc.get("function") or {}
             out.append(Call(str(fn.get("name", "")), _arguments(fn.get("arguments"))))
         return out
     if body.get("type") == "message" or isinstance(body.get("content"), list):  # Anthropic
         if body.get("stop_reason") == "max_tokens":
             raise Malformed("the response was truncated at the token limit")
-        for block in body.get("content") or []:
-            if isinstance(block, dict) and block.get("type") == "tool_use":
+        for block in _objects(body.get("content")):
+            if block.get("type") == "tool_use":
                 out.append(Call(str(block.get("name", "")), _arguments(block.get("input"))))
         return out
-    for cand in body.get("candidates") or []:  # Gemini
-        for part in (cand.get("content") or {}).get("parts") or []:
-            if isinstance(part, dict) and "functionCall" in part:
+    for cand in _objects(body.get("candidates")):  # Gemini
+        for part in _objects((cand.get("content") or {}).get("parts")):
+            if "functionCall" in part and isinstance(part["functionCall"], dict):
                 fc = part["functionCall"]
                 out.append(Call(str(fc.get("name", "")), _arguments(fc.get("args"))))
         break
     return out
 
 
+def _objects(raw: Any) -> list[dict[str, Any]]:
+    return [x for x in raw if isinstance(x, dict)] if isinstance(raw, list) else []
+
+
 def _arguments(raw: Any) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
-    if raw is None or raw == "":
+    """A call's arguments as the checker decodes them: a JSON object (a string is parsed), else malformed."""
+    if raw is None:  # Anthropic and Gemini omit the arguments of a parameterless call
         return {}
-    try:
-        parsed = json.loads(raw)
-    except (TypeError, ValueError):
-        raise Malformed(f"tool-call arguments are not JSON: {str(raw)[:80]!r}") from None
+    if isinstance(raw, dict):
+        text = None
+        parsed: Any = raw
+    else:
+        text = raw if isinstance(raw, str) else None
+        if text is None:
+            raise Malformed("tool-call arguments are not a JSON object")
+        if len(text) > MAX_ARGUMENT_CHARS:
+            raise Malformed(f"tool-call arguments longer than {MAX_ARGUMENT_CHARS} characters")
+        try:
+            parsed = json.loads(text)
+        except RecursionError:
+            raise Malformed("tool-call arguments nested too deep") from None
+        except ValueError:
+            raise Malformed(f"tool-call arguments are not JSON: {text[:80]!r}") from None
     if not isinstance(parsed, dict):
         raise Malformed("tool-call arguments are not a JSON object")
+    if text is None:
+        try:
+            size = len(json.dumps(parsed))
+        except (TypeError, ValueError, RecursionError):
+            raise Malformed("tool-call arguments are not JSON") from None
+        if size > MAX_ARGUMENT_CHARS:
+            raise Malformed(f"tool-call arguments longer than {MAX_ARGUMENT_CHARS} characters")
     return parsed
 
 
-def _name(n: str) -> str:
-    return n.replace(".", "_")
+def spelled(declared: str, rules: Rules = BFCL) -> str:
+    """The name a model under these rules must call a declared function by."""
+    return declared.replace(".", "_") if rules.names == "underscore" else declared
 
 
-def _norm(v: Any) -> Any:
-    return _STRIP.sub("", v).lower().replace("'", '"') if isinstance(v, str) else v
+def _clean(s: str) -> str:
+    return _STRIP.sub("", s).lower().replace("'", '"')
 
 
-def _value_ok(value: Any, allowed: Sequence[Any], declared: str | None) -> bool:
+def _cleaned(v: Any) -> Any:
+    return _clean(v) if type(v) is str else v
+
+
+def _items(a: Any) -> list[Any]:
+    """The elements of an answer by index (a string gives its characters, as the checker's indexing does)."""
+    return [a[j] for j in range(len(a))]
+
+
+def _answer_type(allowed: Sequence[Any]) -> type | None:
+    return next((type(a) for a in allowed if a != ""), None)
+
+
+def _typed(value: Any, allowed: Sequence[Any], expected: type, inner: type | None) -> tuple[bool, bool]:
+    """(type accepted, value is a "variable": compared by equality) for one argument."""
+    atype = _answer_type(allowed)
+    variable = atype is not None and atype is not expected
+    if type(value) is expected:
+        if inner is None:
+            return True, variable
+        for option in allowed:  # one level deep: each element the inner type (or the answer's)
+            if type(option) is not list or all(_typed(v, option, inner, None)[0] for v in value):
+                return True, variable
+        return False, variable
+    if atype is not None and type(value) is atype:
+        return True, True
+    return False, False
+
+
+def _dict_ok(value: dict[str, Any], allowed: Sequence[Any]) -> bool:
     for option in allowed:
-        if option == "" and value == "":
-            return True
         if option == "":
             continue
-        if _same(value, option, declared):
+        if all(k in option and _cleaned(v) in [_cleaned(x) for x in _items(option[k])] for k, v in value.items()) \
+                and all(k in value or "" in opts for k, opts in option.items()):
             return True
     return False
 
 
-def _same(value: Any, option: Any, declared: str | None) -> bool:
-    if isinstance(option, bool) or isinstance(value, bool):
-        return type(value) is type(option) and value == option
-    if isinstance(option, float) and isinstance(value, int):  # an int where a float is expected
-        return float(value) == option
-    if declared == "float" and isinstance(value, int) and isinstance(option, int):
-        return value == option
-    if isinstance(option, str):
-        return isinstance(value, str) and _norm(value) == _norm(option)
-    if isinstance(option, list):
-        return isinstance(value, list) and len(value) == len(option) and all(
-            _same(v, o, None) for v, o in zip(value, option))
-    if isinstance(option, dict):
-        return isinstance(value, dict) and set(value) <= set(option) and all(
-            _value_ok(value[k], option[k] if isinstance(option[k], list) else [option[k]], None) for k in value) and all(
-            k in value for k, opts in option.items() if not (isinstance(opts, list) and "" in opts))
-    return type(value) is type(option) and value == option
+def _dict_list_ok(value: list[Any], allowed: Sequence[Any]) -> bool:
+    return any(len(value) == len(option) and all(_dict_ok(value[i], [option[i]]) for i in range(len(value)))
+               for option in allowed)
 
 
-def _schema(task: ToolTask, name: str) -> dict[str, Any] | None:
-    return next((f for f in task.functions if _name(f["name"]) == _name(name)), None)
+def _list_ok(value: list[Any], allowed: Sequence[Any]) -> bool:
+    return [_cleaned(v) for v in value] in [[_cleaned(x) for x in _items(option)] for option in allowed]
 
 
-def match(call: Call, expected_name: str, expected_args: dict[str, list[Any]], task: ToolTask) -> str | None:
-    """None when the call matches this ground-truth entry, else why not ("function" or "arguments")."""
-    if _name(call.name) != _name(expected_name):
-        return "function"
-    schema = _schema(task, expected_name) or {}
-    params = (schema.get("parameters") or {}).get("properties") or {}
-    required = set((schema.get("parameters") or {}).get("required") or [])
-    if any(arg not in params and arg not in expected_args for arg in call.arguments):
-        return "arguments"
-    for p in required | set(expected_args):
-        allowed = expected_args.get(p)
-        if p not in call.arguments:
-            optional = "" in allowed if allowed is not None else p not in required
-            if optional:
-                continue
-            return "arguments"
-        if allowed is None:
-            continue
-        declared = (params.get(p) or {}).get("type")
-        if not _value_ok(call.arguments[p], allowed, declared):
-            return "arguments"
+def _argument_ok(value: Any, allowed: Sequence[Any], schema: dict[str, Any]) -> bool:
+    declared = schema["type"]
+    expected = _TYPES[declared]
+    inner = _TYPES[schema["items"]["type"]] if declared in ("array", "tuple") else None
+    if declared == "float" and type(value) is int:
+        value = float(value)
+    ok, variable = _typed(value, allowed, expected, inner)
+    if not ok:
+        return False
+    if not variable:
+        if expected is dict:
+            return _dict_ok(value, allowed)
+        if expected is list and inner is dict:
+            return _dict_list_ok(value, allowed)
+        if expected is str:
+            return _clean(value) in [_clean(a) for a in allowed if type(a) is str]
+        if expected is list:
+            return _list_ok(value, allowed)
+    return value in allowed
+
+
+def check(call: Call, schema: dict[str, Any] | None, answer: dict[str, Any], rules: Rules = BFCL) -> str | None:
+    """None when the call matches this expected call, else why not (starting "function" when the name
+    is wrong). `answer` is {name: {param: allowed values}}, `schema` the declared function."""
+    if schema is None:
+        return "function: no declared function for the expected call"
+    try:
+        if call.name != spelled(schema["name"], rules):
+            return f"function: {call.name} is not {spelled(schema['name'], rules)}"
+        allowed = next(iter(answer.values()))
+        params = schema["parameters"]["properties"]
+        for p in schema["parameters"]["required"]:
+            if p not in call.arguments:
+                return f"missing required argument {p!r}"
+        for p, value in call.arguments.items():
+            if p not in params or p not in allowed:
+                return f"unexpected argument {p!r}"
+            if not _argument_ok(value, allowed[p], params[p]):
+                return f"value of {p!r} not allowed"
+        for p, options in allowed.items():
+            if p not in call.arguments and "" not in options:
+                return f"argument {p!r} missing"
+    except (KeyError, TypeError, AttributeError, IndexError, OverflowError, RecursionError, StopIteration):
+        return "arguments of a shape the answer cannot be compared with"
     return None
 
 
-def grade(task: ToolTask, calls: Sequence[Call]) -> ToolVerdict:
-    expected = [(name, args) for entry in task.ground_truth for name, args in entry.items()]
+def _schema(task: ToolTask, declared: str) -> dict[str, Any] | None:
+    return next((f for f in task.functions if isinstance(f, dict) and f.get("name") == declared), None)
+
+
+def _pair(task: ToolTask, call: Call, answer: dict[str, Any], rules: Rules) -> str | None:
+    return check(call, _schema(task, next(iter(answer))), answer, rules)
+
+
+def _first_fit(task: ToolTask, calls: Sequence[Call], rules: Rules) -> tuple[bool, list[str]]:
+    """BFCL's parallel rule: each expected call takes the first unmatched call that matches it."""
+    free = list(range(len(calls)))
+    for answer in task.ground_truth:
+        why = [(i, _pair(task, calls[i], answer, rules)) for i in free]
+        hit = next((i for i, w in why if w is None), None)
+        if hit is None:
+            return False, [w for _, w in why if w]
+        free.remove(hit)
+    return True, []
+
+
+def _bipartite(task: ToolTask, calls: Sequence[Call], rules: Rules) -> tuple[bool, list[str]]:
+    """A perfect matching of calls to expected calls if any exists (augmenting paths: n^2 checks, n^3 steps)."""
+    why = [[_pair(task, c, answer, rules) for c in calls] for answer in task.ground_truth]
+    owner: dict[int, int] = {}  # call index -> expected index
+
+    def augment(k: int, seen: set[int]) -> bool:
+        for i in range(len(calls)):
+            if why[k][i] is None and i not in seen:
+                seen.add(i)
+                if i not in owner or augment(owner[i], seen):
+                    owner[i] = k
+                    return True
+        return False
+
+    for k in range(len(why)):
+        if not augment(k, set()):
+            return False, [w for w in why[k] if w]
+    return True, []
+
+
+def grade(task: ToolTask, calls: Sequence[Call], rules: Rules = BFCL) -> ToolVerdict:
+    expected = task.ground_truth
     if not calls:
         return ToolVerdict(task.task_id, 0, "malformed_output", "no tool call in the response")
-    names = {_name(n) for n, _ in expected}
-    if any(_name(c.name) not in names for c in calls):
-        bad = next(c.name for c in calls if _name(c.name) not in names)
-        return ToolVerdict(task.task_id, 0, "wrong_function", f"unexpected function {bad}")
+    names = {spelled(n, rules) for entry in expected for n in entry}
+    bad = next((c.name for c in calls if c.name not in names), None)
+    if bad is not None:
+        return ToolVerdict(task.task_id, 0, "wrong_function", f"unexpected function {bad[:80]}")
     if len(calls) != len(expected):
         return ToolVerdict(task.task_id, 0, "other", f"{len(calls)} calls, expected {len(expected)}")
-    orders = permutations(range(len(calls))) if task.category == "parallel" else [tuple(range(len(calls)))]
-    reasons = set()
-    for order in orders:  # BFCL's parallel sets are small (<= 4 calls): trying every pairing is fine
-        why = [match(calls[i], *expected[k], task) for k, i in enumerate(order)]
-        if not any(why):
-            return ToolVerdict(task.task_id, 1, "correct")
-        reasons.update(w for w in why if w)
-    failure = "wrong_function" if reasons == {"function"} else "wrong_arguments"
-    return ToolVerdict(task.task_id, 0, failure, "no pairing of calls to expected calls matches")
+    if "parallel" in task.category:
+        ok, reasons = (_bipartite if rules.parallel == "bipartite" else _first_fit)(task, calls, rules)
+    else:  # multiple (and simple): the one call against the one expected call
+        why = _pair(task, calls[0], expected[0], rules)
+        ok, reasons = why is None, [why] if why else []
+    if ok:
+        return ToolVerdict(task.task_id, 1, "correct")
+    if reasons and all(r.startswith("function") for r in reasons):
+        return ToolVerdict(task.task_id, 0, "wrong_function", reasons[0])
+    detail = next((r for r in reasons if not r.startswith("function")), "no call matches")
+    if "parallel" in task.category:
+        detail = f"an expected call matches no remaining call ({detail})"
+    return ToolVerdict(task.task_id, 0, "wrong_arguments", detail)
 
 
-def grade_response(task: ToolTask, body: dict[str, Any] | None) -> ToolVerdict:
-    if body is None:
+def grade_response(task: ToolTask, body: dict[str, Any] | None, rules: Rules = BFCL) -> ToolVerdict:
+    if not isinstance(body, dict):
         return ToolVerdict(task.task_id, 0, "malformed_output", "no response body")
     try:
         calls = calls_from_response(body)
     except Malformed as exc:
         return ToolVerdict(task.task_id, 0, "malformed_output", str(exc))
-    return grade(task, calls)
+    return grade(task, calls, rules)
 
 
-def ground_truth_calls(task: ToolTask) -> list[Call]:
+def ground_truth_calls(task: ToolTask, rules: Rules = BFCL) -> list[Call]:
     """The first allowed value of every argument (skipping the optional marker) as calls."""
     calls = []
     for entry in task.ground_truth:
         for name, args in entry.items():
             chosen = {p: _first(allowed) for p, allowed in args.items() if any(a != "" for a in allowed)}
-            calls.append(Call(name.replace(".", "_"), chosen))
+            calls.append(Call(spelled(name, rules), chosen))
     return calls
 
 

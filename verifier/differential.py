@@ -13,7 +13,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ REFERENCE_CPU_S = 600  # CPU allowed to a canonical solution over all its inputs
 class Verdict:
     task_id: str
     outcome: int
-    failure: str  # pass, wrong_output, exception, timeout, syntax_error, no_code
+    failure: str  # pass, wrong_output, exception, timeout, syntax_error, no_code, sandbox_violation
     detail: str = ""
     inputs_run: int = 0
 
@@ -107,6 +107,8 @@ def _safe(check: Callable[[], bool]) -> bool:
 
 def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
     """Turn one sandbox run into pass / a failure category (the first failing input decides)."""
+    if run.violation is not None:
+        return Verdict(task.task_id, 0, "sandbox_violation", run.violation)
     if run.load is not None and not run.load.get("ok"):
         kind = run.load.get("kind", "exception")
         return Verdict(task.task_id, 0, kind, run.load.get("exc", ""))
@@ -127,8 +129,8 @@ def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
 
 def _expected_for(task: CodeTask, run: RunResult) -> list[Any]:
     by_index = {r["i"]: r for r in run.results}
-    if (run.load is not None and not run.load.get("ok")) or len(by_index) < len(task.inputs):
-        why = (run.load or {}).get("exc") or ("timed out" if run.timed_out else "incomplete")
+    if run.violation or (run.load is not None and not run.load.get("ok")) or len(by_index) < len(task.inputs):
+        why = run.violation or (run.load or {}).get("exc") or ("timed out" if run.timed_out else "incomplete")
         raise ExpectedError(f"canonical solution of {task.task_id} did not run cleanly: {why}")
     out = []
     for i in range(len(task.inputs)):
@@ -211,20 +213,29 @@ class Differential:
         return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s)
 
     def grade_many(self, items: Sequence[tuple[str, str]], progress: Callable[[int, int], None] | None = None,
-                   programs: bool = False) -> list[Verdict]:
+                   programs: bool = False, on_verdict: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:
         """(task_id, response text) pairs -- or (task_id, program) with `programs` -- graded in
-        parallel across the sandbox's slots."""
+        parallel across the sandbox's slots; `on_verdict(index, verdict)` as each one is done."""
         self.expected()
         grade = self.grade_program if programs else self.grade
-        return self._map(lambda it: grade(*it), items, progress)
+        return self._map(lambda it: grade(*it), items, progress, on_verdict)
 
-    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any],
-             progress: Callable[[int, int], None] | None) -> list[Any]:
+    def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Callable[[int, int], None] | None,
+             on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
+        """fn over items on the sandbox's slots. An interrupt (or any error) cancels what has not
+        started; what is running finishes (each bounded by its limits) and the error goes on."""
         out: list[Any] = [None] * len(items)
         with ThreadPoolExecutor(max_workers=self.sandbox.workers) as pool:
             futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
-            for n, fut in enumerate(futures, 1):
-                out[futures[fut]] = fut.result()
-                if progress:
-                    progress(n, len(items))
+            try:
+                for n, fut in enumerate(as_completed(futures), 1):
+                    i = futures[fut]
+                    out[i] = fut.result()
+                    if on_result:
+                        on_result(i, out[i])
+                    if progress:
+                        progress(n, len(items))
+            except BaseException:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
         return out

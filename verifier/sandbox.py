@@ -48,6 +48,7 @@ from typing import IO, Any
 from noisefloor.errors import StateError
 from noisefloor.proxy import secrets as secrets_mod
 from noisefloor.verifier import _jail
+from noisefloor.verifier.values import decode
 
 WORKER = Path(__file__).with_name("_worker.py")
 BASE_UID = 60000
@@ -92,6 +93,7 @@ class RunResult:
     signal_name: str | None  # how the candidate process ended, if by a signal
     worker_killed: bool  # the fork server itself died (the candidate killed it)
     cpu_s: float | None  # CPU time the candidate process used
+    violation: str | None = None  # the candidate broke the line protocol (it alone fails: sandbox_violation)
 
 
 def default_isolation() -> str:
@@ -236,7 +238,8 @@ class Sandbox:
         srv = self._server(slot)
         srv.send(job)
         deadline = time.monotonic() + limits.cpu_s * limits.wall_factor + 2
-        load, results, end, pid, kept, timed_out = None, [], None, None, 0, False
+        lines = CandidateLines(len(job["inputs"]) if isinstance(job["inputs"], list) else 0)
+        end, pid, isolation, kept, timed_out = None, None, None, 0, False
         while end is None:
             tag, payload = srv.frame(deadline)
             if tag is None:
@@ -248,24 +251,23 @@ class Sandbox:
                 continue
             if tag == b"S":
                 pid = json.loads(payload)["pid"]
+            elif tag == b"I":
+                isolation = _parse_line(payload) or {"isolated": False, "exc": "unreadable isolation report"}
             elif tag == b"E":
                 end = json.loads(payload)
-            elif tag == b"C" and kept < _MAX_OUTPUT:
+            elif tag == b"C" and kept < _MAX_OUTPUT and lines.violation is None:
                 kept += len(payload)
-                doc = _parse_line(payload)
-                if doc is None:
-                    continue
-                if doc.get("phase") == "load" and load is None:
-                    load = doc
-                elif "i" in doc and doc.get("phase") is None:
-                    results.append(doc)
+                lines.take(payload)
+                if lines.violation is not None:
+                    self._stop(job, pid)  # what it writes from here on is read and dropped
         self._stop(job, pid)
         if end is None:
             srv.close()
             self._servers[slot] = None
-        if load is not None and load.get("kind") == "sandbox_error":
-            raise SandboxError(f"sandbox isolation failed, candidate not run: {load.get('exc')}")
-        return _result(load, results, end, timed_out, limits.cpu_s, self.secrets)
+        if isolation is not None and isolation.get("isolated") is not True:
+            raise SandboxError(f"sandbox isolation failed, candidate not run: {isolation.get('exc')}")
+        return _result(lines.load, lines.results, end, timed_out and lines.violation is None, limits.cpu_s,
+                       self.secrets, lines.violation)
 
     def _stop(self, job: dict[str, Any], pid: int | None) -> None:
         if "uid" in job:
@@ -302,8 +304,70 @@ def _parse_line(payload: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+_LOAD_KINDS = ("syntax_error", "exception", "no_code")
+
+
+class CandidateLines:
+    """A candidate's lines checked against their schema as they arrive: one load report, then one
+    result per input in order, nothing else. The candidate's process can write anything on this
+    pipe, so the first line that departs (malformed, forged, early, late or one too many) ends the
+    candidate with a violation; nothing it writes is kept beyond the inputs' count."""
+
+    def __init__(self, inputs: int) -> None:
+        self.inputs = inputs
+        self.load: dict[str, Any] | None = None
+        self.results: list[dict[str, Any]] = []
+        self.violation: str | None = None
+
+    def take(self, payload: bytes) -> None:
+        if self.violation is not None:
+            return
+        doc = _parse_line(payload)
+        if doc is None:
+            self.violation = f"a line that is not a JSON object: {_preview(payload)}"
+        elif self.load is None:
+            if _is_load(doc):
+                self.load = doc
+            else:
+                self.violation = f"the first line is not the load report: {_preview(payload)}"
+        elif not self.load["ok"]:
+            self.violation = "a line after a failed load"
+        elif len(self.results) >= self.inputs:
+            self.violation = f"more lines than the {self.inputs} inputs"
+        elif not _is_result(doc, len(self.results)):
+            self.violation = f"not the result of input {len(self.results)}: {_preview(payload)}"
+        else:
+            self.results.append(doc)
+
+
+def _preview(payload: bytes) -> str:
+    return repr(payload[:60])[2:-1] + ("..." if len(payload) > 60 else "")
+
+
+def _is_load(doc: dict[str, Any]) -> bool:
+    if doc.get("phase") != "load" or type(doc.get("ok")) is not bool or not set(doc) <= {"phase", "ok", "kind", "exc"}:
+        return False
+    if doc["ok"]:
+        return set(doc) == {"phase", "ok"}
+    return doc.get("kind") in _LOAD_KINDS and isinstance(doc.get("exc"), str)
+
+
+def _is_result(doc: dict[str, Any], index: int) -> bool:
+    if type(doc.get("i")) is not int or doc["i"] != index or type(doc.get("ok")) is not bool:
+        return False
+    if doc["ok"]:
+        if set(doc) != {"i", "ok", "out"}:
+            return False
+        try:
+            decode(doc["out"])
+        except Exception:  # noqa: BLE001 - any value the decoder refuses is not an output
+            return False
+        return True
+    return set(doc) == {"i", "ok", "exc"} and isinstance(doc["exc"], str)
+
+
 def _result(load: dict[str, Any] | None, results: list[dict[str, Any]], end: dict[str, Any] | None,
-            timed_out: bool, cpu_limit: float, secrets: tuple[str, ...]) -> RunResult:
+            timed_out: bool, cpu_limit: float, secrets: tuple[str, ...], violation: str | None = None) -> RunResult:
     sig = end.get("signal_name") if end else None
     cpu = end.get("cpu_s") if end else None
     if sig == "SIGXCPU" or (sig == "SIGKILL" and cpu is not None and cpu >= cpu_limit - 0.05):
@@ -312,6 +376,9 @@ def _result(load: dict[str, Any] | None, results: list[dict[str, Any]], end: dic
         if load is not None and "exc" in load:
             load = load | {"exc": secrets_mod.erase_text(str(load["exc"]), secrets)}
         results = [r | {"exc": secrets_mod.erase_text(str(r["exc"]), secrets)} if "exc" in r else r for r in results]
+    if violation is not None:
+        violation = secrets_mod.erase_text(violation, secrets) if secrets else violation
+        return RunResult(load, results, False, sig, False, cpu, violation)
     return RunResult(load, results, timed_out, sig, end is None and not timed_out, cpu)
 
 

@@ -24,13 +24,18 @@ except PackageNotFoundError:  # running from a source tree that was never instal
 _SURFACE = {
     "Analysis": "noisefloor.analyzer.analysis",
     "Settings": "noisefloor.analyzer.analysis",
-    "analyze": "noisefloor.analyzer.analysis",
+    "Planning": "noisefloor.analyzer.ladder",
+    "analyze": "noisefloor.api",
+    "CaseCounts": "noisefloor.analyzer.gate",
+    "CaseVerdict": "noisefloor.analyzer.gate",
     "GateSettings": "noisefloor.analyzer.gate",
-    "gate": "noisefloor.analyzer.gate",
+    "GateResult": "noisefloor.analyzer.gate_run",
+    "StampError": "noisefloor.analyzer.gate_run",
+    "gate": "noisefloor.api",
     "OutcomeError": "noisefloor.analyzer.outcomes",
     "OutcomeSet": "noisefloor.analyzer.outcomes",
     "Row": "noisefloor.analyzer.outcomes",
-    "load_outcomes": ("noisefloor.analyzer.outcomes", "load"),
+    "load_outcomes": "noisefloor.api",
     "build_outcomes": ("noisefloor.analyzer.outcomes", "build"),
     "CanonicalRequest": "noisefloor.proxy.keys",
     "Rules": "noisefloor.proxy.keys",
@@ -45,9 +50,10 @@ _SURFACE = {
 }
 
 __all__ = [  # written out so that tools see the names the lazy loader serves
-    "Analysis", "CanonicalRequest", "Exchange", "GateSettings", "GradeOptions", "OutcomeError", "OutcomeSet", "Row",
-    "Rules", "Sandbox", "SandboxError", "Settings", "Store", "StoreError", "__version__", "analyze", "build_outcomes",
-    "canonicalize", "code_grader", "gate", "load_outcomes",
+    "Analysis", "CanonicalRequest", "CaseCounts", "CaseVerdict", "Exchange", "GateResult", "GateSettings",
+    "GradeOptions", "OutcomeError", "OutcomeSet", "Planning", "Row", "Rules", "Sandbox", "SandboxError", "Settings", "StampError",
+    "Store", "StoreError", "__version__", "analyze", "build_outcomes", "canonicalize", "code_grader", "gate",
+    "load_outcomes",
 ]
 
 
@@ -66,11 +72,13 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from noisefloor.analyzer.analysis import Analysis, Settings, analyze
-    from noisefloor.analyzer.gate import GateSettings, gate
+    from noisefloor.analyzer.analysis import Analysis, Settings
+    from noisefloor.analyzer.gate import CaseCounts, CaseVerdict, GateSettings
+    from noisefloor.analyzer.gate_run import GateResult, StampError
+    from noisefloor.analyzer.ladder import Planning
     from noisefloor.analyzer.outcomes import OutcomeError, OutcomeSet, Row
     from noisefloor.analyzer.outcomes import build as build_outcomes
-    from noisefloor.analyzer.outcomes import load as load_outcomes
+    from noisefloor.api import analyze, gate, load_outcomes
     from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize
     from noisefloor.proxy.store import Exchange, Store, StoreError
     from noisefloor.verifier.grading import GradeOptions, code_grader

@@ -1,0 +1,130 @@
+"""One gate run from three outcome files, as `nfanalyze gate` and `noisefloor.gate` both do it:
+the stamp checks first (a score without its stamp is not comparable to anything), then the
+verdicts and the operating characteristics; and the run's renderings for CI (JUnit XML, Markdown
+for a step summary, JSON).
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from noisefloor.analyzer import gate as g
+from noisefloor.errors import InputError
+
+VERDICTS = ("within_noise", "inconclusive", "regressed", "quarantine")
+
+
+class StampError(InputError):
+    """The runs are unstamped or their stamps differ (the CLI's exit 2)."""
+
+
+@dataclass(frozen=True)
+class GateResult:
+    """The verdicts of one gate run.
+
+    stamp: the runs' common stamp (model, sampling, grader, case ids), hashed.
+    verdicts: one `CaseVerdict` per case (case_id, verdict, the three counts, floor, p-values).
+    counts: how many cases got each verdict.
+    operating_characteristics: what the gate risks for an unchanged model.
+    settings: the `GateSettings` used.
+    """
+
+    stamp: str | None
+    verdicts: tuple[g.CaseVerdict, ...]
+    counts: dict[str, int]
+    operating_characteristics: g.OperatingCharacteristics
+    settings: g.GateSettings
+
+    @property
+    def regressed(self) -> bool:
+        """A case regressed: the CLI exits 1."""
+        return self.counts.get("regressed", 0) > 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"stamp": self.stamp, "verdicts": [asdict(v) for v in self.verdicts], "counts": dict(self.counts),
+                "operating_characteristics": asdict(self.operating_characteristics), "settings": asdict(self.settings)}
+
+
+def check_stamps(paths: tuple[Path, Path, Path], runs: list[g.GateRun], allow_unstamped: bool) -> None:
+    unstamped = [f"{p.name} ({r.missing})" for p, r in zip(paths, runs) if r.missing]
+    if unstamped and not allow_unstamped:
+        raise StampError("refusing to compare unstamped runs: " + "; ".join(unstamped) + ". A score without its "
+                         "stamp (model, sampling, grader_version) is not comparable to anything; add the fields "
+                         "to the rows, or pass --allow-unstamped")
+    if len({r.stamp for r in runs}) != 1:
+        parts = [f"{p.name}: {r.description}" for p, r in zip(paths, runs)]
+        raise StampError("refusing to compare runs with different stamps (model, sampling, grader, cases): "
+                         + "; ".join(parts))
+
+
+def run_counts(a: Mapping[str, g.CaseCounts], b: Mapping[str, g.CaseCounts], c: Mapping[str, g.CaseCounts],
+               settings: g.GateSettings, target_false_block: float = 0.05, stamp: str | None = None) -> GateResult:
+    verdicts = tuple(g.gate(a, b, c, settings))
+    oc = g.operating_characteristics(a, b, c, settings, target_false_block)
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in VERDICTS}
+    return GateResult(stamp, verdicts, counts, oc, settings)
+
+
+def run_files(base_a: str | os.PathLike[str], base_b: str | os.PathLike[str], candidate: str | os.PathLike[str],
+              settings: g.GateSettings | None = None, *, condition: str | None = None,
+              allow_unstamped: bool = False, target_false_block: float = 0.05) -> GateResult:
+    settings = settings or g.GateSettings()
+    paths = (Path(base_a), Path(base_b), Path(candidate))
+    runs = [g.load_run(p, condition) for p in paths]
+    check_stamps(paths, runs, allow_unstamped)
+    return run_counts(runs[0].counts, runs[1].counts, runs[2].counts, settings, target_false_block, runs[0].stamp)
+
+
+# -- renderings for CI -------------------------------------------------------------------------
+
+
+def _line(v: g.CaseVerdict) -> str:
+    return (f"{v.verdict}: baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
+            f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}")
+
+
+def junit_xml(result: GateResult, name: str = "nfanalyze gate") -> bytes:
+    """One test case per case: a regression is a failure, a quarantined case is skipped."""
+    suite = ET.Element("testsuite", name=name, tests=str(len(result.verdicts)),
+                       failures=str(result.counts.get("regressed", 0)), errors="0",
+                       skipped=str(result.counts.get("quarantine", 0)))
+    for v in result.verdicts:
+        case = ET.SubElement(suite, "testcase", classname="nfanalyze.gate", name=v.case_id)
+        if v.verdict == "regressed":
+            ET.SubElement(case, "failure", message=f"{v.case_id} regressed", type="regressed").text = _line(v)
+        elif v.verdict == "quarantine":
+            ET.SubElement(case, "skipped", message=f"{v.case_id} quarantined: its baselines disagree")
+        ET.SubElement(case, "system-out").text = _line(v)
+    root = ET.Element("testsuites")
+    root.append(suite)
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def _md(text: str) -> str:
+    """A case id in a Markdown table cell, inert: no pipe, no tag, no code span."""
+    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("<", "&lt;")
+            .replace(">", "&gt;").replace("\n", " "))
+
+
+def markdown(result: GateResult) -> str:
+    """A summary for a CI step (GitHub's $GITHUB_STEP_SUMMARY): the counts, then the cases, worst first."""
+    order = {"regressed": 0, "quarantine": 1, "inconclusive": 2, "within_noise": 3}
+    oc = result.operating_characteristics
+    risk = {r.case_id: r for r in oc.cases}
+    head = "regressed" if result.regressed else "passed"
+    lines = [f"## nfanalyze gate: {head}", "",
+             ", ".join(f"{n} {k}" for k, n in result.counts.items()) + f" (stamp `{result.stamp}`)" if result.stamp
+             else ", ".join(f"{n} {k}" for k, n in result.counts.items()), "",
+             "| case | verdict | baseline A | baseline B | candidate | floor | P(regressed if unchanged) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for v in sorted(result.verdicts, key=lambda v: (order.get(v.verdict, 9), v.case_id)):
+        lines.append(f"| {_md(v.case_id)} | {v.verdict} | {v.base_a.passes}/{v.base_a.n} | {v.base_b.passes}/{v.base_b.n} "
+                     f"| {v.candidate.passes}/{v.candidate.n} | {v.floor:.3f} | {risk[v.case_id].false_regressed:.3f} |")
+    lines += ["", f"An unchanged suite blocks with probability {oc.suite_false_block:.3f} "
+                  f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run)."]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,209 @@
+"""The nfview web app: static assets shipped with the package, JSON read from the source, and
+headers that keep recorded text from ever running (a strict Content-Security-Policy, no sniffing).
+
+Read-only by construction: the store is opened without write access, only GET and HEAD are
+answered, and a request whose Host is not this loopback address is refused (DNS rebinding).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from noisefloor.errors import NoisefloorError
+from noisefloor.proxy.store import Store
+from noisefloor.viewer import pages
+from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "font-src 'none'; object-src 'none'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CSP,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "X-Frame-Options": "DENY",
+    "Cross-Origin-Opener-Policy": "same-origin",
+    "Cross-Origin-Resource-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+ASSETS = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+STORE_KEY = web.AppKey("store", object)
+SOURCE_KEY = web.AppKey("source", Source)
+HOSTS_KEY = web.AppKey("hosts", set)
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("noisefloor.viewer").joinpath("static", name).read_bytes()
+
+
+@web.middleware
+async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+                ) -> web.StreamResponse:
+    hosts = request.app[HOSTS_KEY]
+    if hosts and request.host not in hosts:
+        resp: web.StreamResponse = web.Response(status=421, text="nfview answers only its own loopback address\n")
+    elif request.method not in ("GET", "HEAD"):
+        resp = web.Response(status=405, text="nfview is read-only\n")
+    else:
+        try:
+            resp = await handler(request)
+        except web.HTTPException as exc:
+            resp = web.Response(status=exc.status, text=exc.text or exc.reason, content_type="text/plain")
+        except NoisefloorError as exc:  # a store damaged under the viewer: one line, the page says it
+            resp = web.Response(status=500, text=str(exc), content_type="text/plain")
+    resp.headers.update(SECURITY_HEADERS)
+    return resp
+
+
+def _json(doc: Any, status: int = 200) -> web.Response:
+    # `<` escaped too: even a JSON body sniffed as markup holds no tag
+    text = json.dumps(doc, ensure_ascii=False, allow_nan=False, default=str).replace("<", "\\u003c")
+    return web.Response(text=text, status=status, content_type="application/json")
+
+
+def _int(request: web.Request, name: str, default: int) -> int:
+    try:
+        return max(0, int(request.query.get(name, default)))
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"{name} must be a whole number") from None
+
+
+def _store(request: web.Request) -> Store:
+    store = request.app[STORE_KEY]
+    if store is None:
+        raise web.HTTPNotFound(text="this source has no nfproxy store")
+    return store  # type: ignore[return-value]
+
+
+async def index(request: web.Request) -> web.Response:
+    return web.Response(body=_asset("index.html"), content_type="text/html", charset="utf-8")
+
+
+async def asset(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in ASSETS:
+        raise web.HTTPNotFound()
+    return web.Response(body=_asset(name), content_type=ASSETS[name], charset="utf-8")
+
+
+async def plot(request: web.Request) -> web.Response:
+    path = request.app[SOURCE_KEY].plot(request.match_info["name"])
+    if path is None:
+        raise web.HTTPNotFound()
+    return web.Response(body=path.read_bytes(), content_type="image/png")
+
+
+async def summary(request: web.Request) -> web.Response:
+    source = request.app[SOURCE_KEY]
+    store: Store | None = request.app[STORE_KEY]  # type: ignore[assignment]
+    doc: dict[str, Any] = {"source": source.describe(), "report": None, "gate": None, "store": None}
+    if source.report:
+        doc["report"] = _finite(read_json(source.report))
+    if source.gate:
+        doc["gate"] = _finite(read_json(source.gate))
+    if store is not None:
+        doc["store"] = {"exchanges": len(store), "rules_id": store.meta("rules_id"), "format": store.meta("format")}
+    return _json(doc)
+
+
+def _finite(doc: Any) -> Any:
+    """Infinite interval ends as the strings JSON cannot hold otherwise."""
+    if isinstance(doc, float) and doc != doc or doc in (float("inf"), float("-inf")):
+        return str(doc)
+    if isinstance(doc, dict):
+        return {k: _finite(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_finite(v) for v in doc]
+    return doc
+
+
+async def exchanges(request: web.Request) -> web.Response:
+    filters = pages.Filters.from_query(request.query)
+    return _json(pages.exchange_page(_store(request), _int(request, "after", 0), _int(request, "limit", 50), filters))
+
+
+async def sessions(request: web.Request) -> web.Response:
+    filters = pages.Filters.from_query(request.query)
+    return _json(pages.session_page(_store(request), _int(request, "after", 0), filters))
+
+
+async def exchange(request: web.Request) -> web.Response:
+    try:
+        exchange_id = int(request.match_info["id"])
+    except ValueError:
+        raise web.HTTPNotFound() from None
+    view = pages.exchange_view(_store(request), exchange_id)
+    if view is None:
+        raise web.HTTPNotFound(text=f"no exchange {exchange_id}")
+    return _json(view)
+
+
+async def outcomes(request: web.Request) -> web.Response:
+    source = request.app[SOURCE_KEY]
+    store: Store | None = request.app[STORE_KEY]  # type: ignore[assignment]
+    offset, limit = _int(request, "offset", 0), min(_int(request, "limit", 100), pages.MAX_LIMIT) or 1
+    condition, task = request.query.get("condition") or None, request.query.get("task") or None
+    if source.outcomes is not None:
+        rows, nxt = read_outcomes(source.outcomes, offset, limit, condition, task)
+    elif store is not None:
+        rows, nxt = page_rows(store.outcome_rows(), offset, limit, condition, task)
+    else:
+        rows, nxt = [], None
+    return _json({"items": rows, "next": nxt})
+
+
+def make_app(source: Source, store: Store | None, hosts: set[str] | None = None) -> web.Application:
+    app = web.Application(middlewares=[guard])
+    app[SOURCE_KEY] = source
+    app[STORE_KEY] = store
+    app[HOSTS_KEY] = hosts or set()
+    app.router.add_get("/", index)
+    app.router.add_get("/static/{name}", asset)
+    app.router.add_get("/plot/{name}", plot)
+    app.router.add_get("/api/summary", summary)
+    app.router.add_get("/api/exchanges", exchanges)
+    app.router.add_get("/api/sessions", sessions)
+    app.router.add_get("/api/exchange/{id}", exchange)
+    app.router.add_get("/api/outcomes", outcomes)
+    return app
+
+
+def open_store(source: Source) -> Store | None:
+    return None if source.store is None else Store.open(source.store, write=False)
+
+
+def serve_path(path: str | Path, host: str, port: int, ready: Callable[[str], None]) -> None:
+    """Serve until interrupted; `ready` gets the URL once the port is bound."""
+    import asyncio
+
+    from noisefloor.viewer.source import locate
+
+    source = locate(path)
+    store = open_store(source)
+
+    async def main() -> None:
+        runner = web.AppRunner(make_app(source, store), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        bound = runner.addresses[0][1]
+        shown = f"[{host}]" if ":" in host else host  # an IPv6 literal in a URL and a Host header
+        runner.app[HOSTS_KEY].update({f"{shown}:{bound}", f"localhost:{bound}"})
+        ready(f"http://{shown}:{bound}/")
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await runner.cleanup()
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if store is not None:
+            store.close()

@@ -12,16 +12,19 @@ from typing import Any
 import numpy as np
 
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES, task_bootstrap
-from noisefloor.analyzer.intervals import percentile
+from noisefloor.analyzer.intervals import Interval, ci_json, percentile
 from noisefloor.analyzer.judge import JudgeStats, judge_columns, judge_stats
 from noisefloor.analyzer.ladder import (
+    TASK_BOOTSTRAP,
     ConditionStats,
     LeaveOneOut,
     Planning,
+    WInterval,
     budget,
     condition_stats,
     leave_one_out,
     task_variances,
+    w_interval,
 )
 from noisefloor.analyzer.outcomes import OutcomeSet
 from noisefloor.errors import InputError
@@ -41,12 +44,19 @@ class Settings:
 class ConditionResult:
     name: str
     stats: ConditionStats
-    w_ci: tuple[float, float]
+    w_interval: WInterval
     score_ci: tuple[float, float]
     budget_ci: tuple[int, int]
     carriers: tuple[LeaveOneOut, ...]
     failures: dict[str, int]
     trimmed_from: tuple[int, int] | None
+
+    @property
+    def w_ci(self) -> Interval:
+        return self.w_interval.ci
+
+
+CONTRAST_WIDENED = "task_bootstrap+condition_bounds"
 
 
 @dataclass(frozen=True)
@@ -55,7 +65,10 @@ class Contrast:
     b: str
     estimate: float
     ci: tuple[float, float]
-    leave_one_out: tuple[tuple[str, float], ...]  # (task, estimate without it) for the tasks that move it most
+    leave_one_out: tuple[tuple[str, float], ...]  # (task, estimate without it), the tasks that move it most first
+    method: str = TASK_BOOTSTRAP  # or task_bootstrap+condition_bounds when a side's w interval is not the bootstrap's
+    note: str = ""
+    bootstrap: tuple[float, float] | None = None  # the joint task-bootstrap interval, when `ci` is wider
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,12 @@ class Analysis:
                 "score": s.score,
                 "score_ci": list(c.score_ci),
                 "w": s.w,
-                "w_ci": list(c.w_ci),
+                "w_ci": ci_json(c.w_ci),
+                "w_ci_method": c.w_interval.method,
+                "w_ci_note": c.w_interval.note,
+                "w_ci_flag": c.w_interval.flag or None,
+                "w_exact_upper": c.w_interval.exact_upper,
+                "w_bootstrap_ci": ci_json(c.w_interval.bootstrap),
                 "variable_tasks": s.variable_tasks,
                 "variable_tasks_ci": list(s.variable_tasks_ci),
                 "budget": s.budget,
@@ -115,7 +133,10 @@ def _contrast_json(c: Contrast) -> dict[str, Any]:
         "a": c.a,
         "b": c.b,
         "estimate": c.estimate,
-        "ci": list(c.ci),
+        "ci": ci_json(c.ci),
+        "ci_method": c.method,
+        "ci_note": c.note,
+        "bootstrap_ci": ci_json(c.bootstrap if c.bootstrap is not None else c.ci),
         "leave_one_out": [{"task": t, "estimate": e} for t, e in c.leave_one_out],
     }
 
@@ -139,12 +160,13 @@ def analyze(
 
     results = []
     for c, d in data.conditions.items():
-        w_ci = draws.ci(f"w:{c}", alpha)
+        wi = w_interval(d.outcomes, draws.ci(f"w:{c}", alpha), alpha)
+        w_ci = wi.ci
         results.append(
             ConditionResult(
                 name=c,
                 stats=condition_stats(d.outcomes, settings.plan),
-                w_ci=w_ci,
+                w_interval=wi,
                 score_ci=draws.ci(f"score:{c}", alpha),
                 budget_ci=(int(budget(w_ci[0], n, settings.plan)), int(budget(w_ci[1], n, settings.plan))),
                 carriers=leave_one_out(data.tasks, s2[c], settings.top_tasks),
@@ -153,10 +175,24 @@ def analyze(
             )
         )
 
+    by_name = {r.name: r for r in results}
+
     def contrast(a: str, b: str) -> Contrast:
         diff = draws.values[f"w:{a}"] - draws.values[f"w:{b}"]
-        return Contrast(a, b, float(s2[a].mean() - s2[b].mean()), percentile(diff, alpha),
-                        _contrast_loo(data.tasks, s2[a], s2[b], settings.top_tasks))
+        boot = percentile(diff, alpha)
+        loo = _contrast_loo(data.tasks, s2[a], s2[b], settings.top_tasks)
+        est = float(s2[a].mean() - s2[b].mean())
+        wa, wb = by_name[a].w_interval, by_name[b].w_interval
+        if wa.method == TASK_BOOTSTRAP and wb.method == TASK_BOOTSTRAP:
+            return Contrast(a, b, est, boot, loo)
+        # a side whose bootstrap cannot see what its replicates missed: what the exact bound added
+        # to A's upper end may raise the contrast, what it added to B's may lower it
+        ci = contrast_bounds(boot, wa, wb)
+        few = ", ".join(f"{x.name} ({x.w_interval.method})" for x in (by_name[a], by_name[b])
+                        if x.w_interval.method != TASK_BOOTSTRAP)
+        return Contrast(a, b, est, ci, loo, CONTRAST_WIDENED,
+                        f"few tasks varied in {few}: the joint task-bootstrap interval widened by what the exact "
+                        f"bound added to each side's upper end", boot)
 
     judge = {
         c: judge_stats(j, draws.ci(f"judge:{c}", alpha), data.conditions[c].confidence) for c, j in judged.items()
@@ -171,6 +207,12 @@ def analyze(
         warnings=data.warnings,
         dropped_tasks=dict(data.dropped_tasks),
     )
+
+
+def contrast_bounds(boot: tuple[float, float], wa: WInterval, wb: WInterval) -> Interval:
+    """The joint bootstrap interval of w_A - w_B, its upper end raised by what A's exact bound
+    added above A's bootstrap interval and its lower end lowered by what B's added."""
+    return Interval(boot[0] - (wb.ci.hi - wb.bootstrap.hi), boot[1] + (wa.ci.hi - wa.bootstrap.hi))
 
 
 def _pairs(names: Sequence[str], settings: Settings, judged: Sequence[str] = ()) -> list[tuple[str, str]]:
@@ -190,16 +232,19 @@ def _pairs(names: Sequence[str], settings: Settings, judged: Sequence[str] = ())
 
 
 def _contrast_loo(tasks: Sequence[str], sa: np.ndarray, sb: np.ndarray, top: int) -> tuple[tuple[str, float], ...]:
-    """The contrast without each task that carries either side or moves the difference most.
+    """The contrast without each task that carries either side or moves it most, most influential first.
 
-    Closed form: (sum(d) - d_j) / (N - 1) with d = s2_A - s2_B.
+    Closed form: (sum(d) - d_j) / (N - 1) with d = s2_A - s2_B, so dropping task j moves the
+    estimate by (dbar - d_j) / (N - 1): influence is |d_j - dbar|, not |d_j|. Only tasks that vary
+    in A or B are listed (the others all move it by the same dbar / (N - 1)); ties go by task order.
     """
     n = len(tasks)
     if n < 2 or top == 0:
         return ()
     d = sa - sb
     without = (d.sum() - d) / (n - 1)
-    picked = {int(j) for col in (-sa, -sb, -np.abs(d)) for j in np.argsort(col, kind="stable")[:top]}
-    picked = {j for j in picked if sa[j] > 0 or sb[j] > 0}
-    ordered = sorted(picked, key=lambda j: (-abs(d[j]), j))
+    influence = np.abs(d - d.mean())
+    # the tasks that carry either side, and those that move the difference most
+    picked = {int(j) for col in (-sa, -sb, -influence) for j in np.argsort(col, kind="stable")[:top]}
+    ordered = sorted((j for j in picked if sa[j] > 0 or sb[j] > 0), key=lambda j: (-influence[j], j))
     return tuple((tasks[j], float(without[j])) for j in ordered)

@@ -12,12 +12,15 @@ import hashlib
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
 
 from noisefloor.analyzer import floors
+from noisefloor.analyzer.intervals import fmt_ci, fmt_num, jsonable
 from noisefloor.analyzer.outcomes import OutcomeError, Row
+from noisefloor.display import visible
 
 MAIN = ("", "none", "original", "main")
 
@@ -44,8 +47,19 @@ def is_audit(rows: Sequence[Row]) -> bool:
     return any(r.endpoint or r.variant for r in rows)
 
 
-def main_arm(rows: Sequence[Row]) -> list[Row]:
-    return [r for r in rows if (r.variant or "").lower() in MAIN]
+def main_arm(rows: Sequence[Row], audits: Sequence[EndpointAudit] = ()) -> list[Row]:
+    """The rerun arm's rows for the ladder section, without the instances the matched design
+    excluded from an endpoint: one dropped-instance rule for the floors and the ladder, so a single
+    missing row removes the same instance from both (rather than the ladder trimming a replicate
+    from every task while the floors drop the instance)."""
+    excluded = {(a.endpoint, inst) for a in audits for inst, _ in a.excluded}
+    return [r for r in rows if (r.variant or "").lower() in MAIN and (r.endpoint or r.condition, r.task_id) not in excluded]
+
+
+def excluded_messages(audits: Sequence[EndpointAudit]) -> list[str]:
+    return [f"endpoint {a.endpoint!r}: {len(a.excluded)} instance(s) excluded from the matched design and from the "
+            f"ladder section alike ({', '.join(f'{i}: {why}' for i, why in a.excluded[:5])}"
+            f"{', ...' if len(a.excluded) > 5 else ''})" for a in audits if a.excluded]
 
 
 def check_study_set(audits: Sequence[EndpointAudit], expected: str | None) -> None:
@@ -135,50 +149,82 @@ def to_json(audits: Sequence[EndpointAudit]) -> dict[str, Any]:
 
 
 def _plain(x: Any) -> Any:
-    """Dataclasses, intervals and mappings as JSON-ready values (intervals as [lo, hi])."""
+    """Dataclasses, intervals and mappings as JSON-ready values (intervals as [lo, hi]; an infinite
+    end as "Infinity", see intervals.py)."""
+    if isinstance(x, floors.FlipBound):
+        return {**x._asdict(), "variance_upper": x.variance_upper, "sentence": x.sentence()}
     if is_dataclass(x):
         return {f.name: _plain(getattr(x, f.name)) for f in fields(x)}
     if isinstance(x, Mapping):
         return {k: _plain(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
         return [_plain(v) for v in x]
+    if isinstance(x, float):
+        return jsonable(x)
     return x
 
 
-def _num(v: float | None, ci: floors.Interval | None = None, fmt: str = ".4f") -> str:
+def _num(v: float | None, ci: floors.Interval | None = None, fmt: str = ".4f", why: str | None = None,
+         res: floors.Resampled | None = None, method: str | None = None) -> str:
+    """A number, its interval (open at inf), and what the reader must know to read them: why it is
+    undefined, which share of resamples was undefined (left out) or infinite, how the interval was made."""
     if v is None:
-        return "n/a"
-    return f"{v:{fmt}}" + (f" [{ci.lo:{fmt}}, {ci.hi:{fmt}}]" if ci is not None else "")
+        return f"undefined ({why})" if why else "n/a"
+    out = fmt_num(v, fmt) + (f" {fmt_ci(ci, fmt)}" if ci is not None else "")
+    notes = []
+    if res is not None and res.undefined:
+        notes.append(f"{res.undefined:.1%} of resamples 0/0, left out")
+    if res is not None and res.infinite:
+        notes.append(f"{res.infinite:.1%} of resamples infinite")
+    if method and method not in ("instance_bootstrap", "clopper_pearson"):
+        notes.append(method.replace("_", " "))
+    return out + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _field(x: floors.RerunFloor | floors.PerturbationFloor, k: str, fmt: str = ".4f") -> str:
+    return _num(getattr(x, k), x.ci.get(k), fmt, x.undefined.get(k), x.resampled.get(k),
+                getattr(x, "methods", {}).get(k))
 
 
 def lines(audits: Sequence[EndpointAudit], bullet: str = "  ") -> list[str]:
     """The floors, a line per quantity with its 95% interval; shared by the terminal and Markdown."""
     out = []
     for a in audits:
-        out.append(f"{a.endpoint}: {a.instances} matched instances (study set {a.study_set[:12]}), "
-                   f"{len(a.excluded)} excluded" + (f"; DRIFT: served models {', '.join(a.models)}" if a.drift else ""))
+        out.append(f"{visible(a.endpoint)}: {a.instances} matched instances (study set {a.study_set[:12]}), "
+                   f"{len(a.excluded)} excluded" + (f"; DRIFT: served models {', '.join(map(visible, a.models))}"
+                                                    if a.drift else ""))
         if a.rerun:
             r, ci = a.rerun, a.rerun.ci
+            rn = partial(_field, r)
+
             out += [
-                f"{bullet}reruns: {r.runs} runs, accuracy {r.accuracy:.4f}, run correlation "
-                f"{_num(r.mean_correlation, ci.get('mean_correlation'), '.3f')}",
+                f"{bullet}reruns: {r.runs} runs, accuracy {r.accuracy:.4f}, run correlation {rn('mean_correlation', '.3f')}",
                 f"{bullet}always right / wrong / flip: {r.always_correct} / {r.always_wrong} / {r.flip}; ever-flip "
                 f"{_num(r.ever_flip_fraction, ci.get('ever_flip_fraction'), '.2%')}",
-                f"{bullet}marginal SD {_num(r.marginal_sd, ci.get('marginal_sd'))}; rerun paired SD "
-                f"{_num(r.paired_sd, ci.get('paired_sd'))} (aggregate scale); paired / (sqrt2 x marginal) "
-                f"{_num(r.paired_to_marginal, ci.get('paired_to_marginal'), '.3f')}; unit paired SD "
-                f"{_num(r.unit_paired_sd, ci.get('unit_paired_sd'))} (per instance)",
+                f"{bullet}marginal SD {rn('marginal_sd')}; rerun paired SD {rn('paired_sd')} (aggregate scale); "
+                f"unit paired SD {rn('unit_paired_sd')} (per instance)",
+                f"{bullet}trend across run order: paired / (sqrt2 x marginal) {rn('paired_to_marginal', '.3f')} "
+                f"(about 1 for exchangeable runs however dependent; below 1 with a drift across runs)",
             ]
+            if r.dependence is not None:
+                d = r.dependence
+                null = f", independent runs {fmt_ci(d.null, '.3f')}" if d.null is not None else ""
+                out.append(f"{bullet}dependence between reruns: {d.reason}{null} ({d.permutations} permutations)")
+            if r.bound is not None:
+                out.append(f"{bullet}few flips: {r.bound.sentence()}; SD upper ends raised to what independent "
+                           f"reruns at that rate would give")
         if a.perturbation:
             p, ci = a.perturbation, a.perturbation.ci
-            out.append(f"{bullet}perturbations: median paired SD {_num(p.median_paired_sd, ci.get('median_paired_sd'))} "
-                       f"per unit, {_num(p.median_aggregate_sd, ci.get('median_aggregate_sd'))} on the aggregate scale")
-            out.append(f"{bullet}perturbation / rerun multiple: {_num(p.multiple_unit_scale, ci.get('multiple_unit_scale'), '.1f')}"
-                       f"x per unit, {_num(p.multiple_aggregate_scale, ci.get('multiple_aggregate_scale'), '.1f')}x "
+            pn = partial(_field, p)
+
+            out.append(f"{bullet}perturbations: median paired SD {pn('median_paired_sd')} "
+                       f"per unit, {pn('median_aggregate_sd')} on the aggregate scale")
+            out.append(f"{bullet}perturbation / rerun multiple: {pn('multiple_unit_scale', '.1f')}"
+                       f"x per unit, {pn('multiple_aggregate_scale', '.1f')}x "
                        f"aggregate; as seed 003 publishes it (per-unit over aggregate, grows like sqrt(N)) "
-                       f"{_num(p.multiple_as_published, ci.get('multiple_as_published'), '.1f')}x")
+                       f"{pn('multiple_as_published', '.1f')}x")
             for q in p.pairs:
-                out.append(f"{bullet}  {q.left} vs {q.right}: accuracy {q.left_accuracy:.3f} / {q.right_accuracy:.3f}, "
+                out.append(f"{bullet}  {visible(q.left)} vs {visible(q.right)}: accuracy {q.left_accuracy:.3f} / {q.right_accuracy:.3f}, "
                            f"{q.matched} matched units, paired SD {_num(q.paired_sd, q.ci.get('paired_sd'))}")
         if a.curve:
             pts = ", ".join(f"n={c.n}: {c.mean:.4f} [{c.ci.lo:.4f}, {c.ci.hi:.4f}]" for c in a.curve)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from noisefloor import outputs
 from noisefloor._cli import default_group, progress_bar
 from noisefloor.analyzer import audit as audit_mod
 from noisefloor.analyzer import report
@@ -14,6 +15,7 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
+from noisefloor.display import visible
 from noisefloor.errors import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, NoisefloorError
 
 
@@ -76,6 +78,8 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
     """
     if not outcomes and not example and not logs and not inspect_specs:
         raise click.UsageError("give --outcomes FILE (or a LOG, --inspect-logs PATH, or --example)")
+    for path, option in ((json_path, "--json"), (md_path, "--markdown"), (plot_path, "--plot")):
+        outputs.check_writable(path, option)  # before any work: a result that cannot be written is lost
     log_doc = None
     logged: list[dict] = []
     log = ", ".join(map(str, logs))
@@ -106,17 +110,17 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
                 rows += parse_rows(inspect_logs.rows(spec, inspect_pass_at), spec)
         if floors_flag or (floors_flag is None and audit_mod.is_audit(rows)):
             audits = audit_mod.audit(rows, seed=seed)
-            rows = audit_mod.main_arm(rows)
+            rows = audit_mod.main_arm(rows, audits)
             _check_study(audits, study_set, abort_on_drift)
         data = build(rows, missing_tasks=missing_tasks, unbalanced=unbalanced)
         settings = Settings(resamples, seed, plan, tuple(_pair(c) for c in contrasts),
                             tuple(compare_batches) if compare_batches else None, top)
         result: Analysis = analyze(data, settings, progress_bar("bootstrap", progress, final=False))
     except NoisefloorError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(visible(str(exc))) from None
     doc = result.to_json()
-    drift = audit_mod.drift_messages(audits or [])
-    doc["warnings"] = [*doc["warnings"], *drift]
+    notes = audit_mod.drift_messages(audits or []) + audit_mod.excluded_messages(audits or [])
+    doc["warnings"] = [*doc["warnings"], *notes]
     if log_doc is not None:
         doc["log"] = log_doc
     if audits is not None:
@@ -125,12 +129,12 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         click.echo(report.table(result, log_doc))
         if audits is not None:
             click.echo("\n" + audit_mod.table(audits))
-        for w in drift:
-            click.echo(f"warning: {w}")
+        for w in notes:
+            click.echo(f"warning: {visible(w)}")
     if json_path:
         report.write_json(doc, json_path)
     if md_path:
-        md_path.write_text(report.markdown(result, log_doc, audit_mod.lines(audits) if audits else None))
+        outputs.write_text(md_path, report.markdown(result, log_doc, audit_mod.lines(audits) if audits else None))
     if plot_path:
         report.plot(result, plot_path)
         if not quiet:
@@ -141,7 +145,7 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
     audit_mod.check_study_set(audits, expected)
     drifted = audit_mod.drift_messages(audits)
     if drifted and abort_on_drift:
-        click.echo(f"Error: {drifted[0]}; rerun on one model or split the endpoint (or pass --allow-drift)", err=True)
+        click.echo(f"Error: {visible(drifted[0])}; rerun on one model or split the endpoint (or pass --allow-drift)", err=True)
         sys.exit(EXIT_DRIFT)
 
 
@@ -153,7 +157,8 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
 @click.option("--flake-band", default=0.25, show_default=True, type=float,
               help="Baseline-vs-baseline gap above which a case is quarantined.")
 @click.option("--confidence", default=0.95, show_default=True, type=click.FloatRange(0.5, 0.9999),
-              help="One-sided level of the Wilson bounds.")
+              help="One-sided level of the Wilson bounds (at 0.95, z = 1.645 as seed 004 writes it).")
+@click.option("--exact-z", is_flag=True, help="Use the exact normal quantile (1.6448536 at 0.95) instead of 1.645.")
 @click.option("--escalate-at", default=16, show_default=True, type=click.IntRange(min=1),
               help="Repeats at which a candidate still below the floor is a regression (seed 004: k=16).")
 @click.option("--multiplicity", type=click.Choice(["none", "holm", "bh"]), default="none", show_default=True,
@@ -173,29 +178,32 @@ def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, ab
 @click.option("--markdown", "md_path", metavar="PATH",
               help="Write a Markdown summary for a CI step (e.g. $GITHUB_STEP_SUMMARY; '-' for stdout).")
 def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_band: float, confidence: float,
-             escalate_at: int, multiplicity: str, alpha: float, target_false_block: float, condition: str | None,
-             allow_unstamped: bool, json_path: str | None, junit_path: Path | None, md_path: str | None) -> None:
+             exact_z: bool, escalate_at: int, multiplicity: str, alpha: float, target_false_block: float,
+             condition: str | None, allow_unstamped: bool, json_path: str | None, junit_path: Path | None,
+             md_path: str | None) -> None:
     """Per-case verdicts for a candidate run against two baseline runs of the same stamp.
 
     Each file holds outcome rows (task_id, replicate, outcome; condition optional; the stamp
     fields model, temperature / top_p / seed and grader_version). Exit status: 1 when a case
     regressed, 2 when the stamps differ or are missing.
     """
-    from scipy import special
-
     from noisefloor.analyzer import gate as g
     from noisefloor.analyzer import gate_run
 
-    settings = g.GateSettings(z=float(special.ndtri(confidence)), slack=slack, flake_band=flake_band,
+    if json_path == "-" and md_path == "-":
+        raise click.UsageError("--json - and --markdown - would both write stdout; send one of them to a file")
+    for path, option in ((json_path, "--json"), (junit_path, "--junit-xml"), (md_path, "--markdown")):
+        outputs.check_writable(path, option)  # before any work
+    settings = g.GateSettings(z=g.z_for(confidence, exact_z), slack=slack, flake_band=flake_band,
                               escalate_at=escalate_at, multiplicity=multiplicity, alpha=alpha)
     try:
         result = gate_run.run_files(base_a, base_b, candidate, settings, condition=condition,
                                     allow_unstamped=allow_unstamped, target_false_block=target_false_block)
     except gate_run.StampError as exc:
-        click.echo(f"Error: {exc}", err=True)
+        click.echo(f"Error: {visible(str(exc))}", err=True)
         sys.exit(EXIT_USAGE)
     except OutcomeError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise click.ClickException(visible(str(exc))) from None
     to_err = json_path == "-" or md_path == "-"  # stdout holds only the machine-readable document
     oc = result.operating_characteristics
     risk = {r.case_id: r for r in oc.cases}
@@ -209,7 +217,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
                 extra += f" ({v.more_repeats} more repeats at its rate would put it clearly below)"
         r = risk[v.case_id]
         adj = f", adjusted p {v.adjusted_p:.3g}" if v.adjusted_p is not None else ""
-        click.echo(f"{v.case_id}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
+        click.echo(f"{visible(v.case_id)}: {v.verdict} (baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
                    f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}{adj}{extra}; "
                    f"if unchanged: P(regressed) {r.false_regressed:.3f}, P(quarantine) {r.false_quarantine:.3f})",
                    err=to_err)
@@ -218,13 +226,14 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
     plan = (f"{oc.repeats_for_target} repeats per run bring it under {oc.target:.0%}" if oc.repeats_for_target
             else f"no repeats count up to 1024 brings it under {oc.target:.0%}")
     click.echo(f"operating characteristics (an unchanged model at each case's pooled baseline rate, cases "
-               f"independent, one-sided {confidence:.0%} Wilson, slack {slack}, flake band {flake_band}, "
+               f"independent, one-sided {confidence:.0%} Wilson with z = {settings.z:.7g}, slack {slack}, flake band {flake_band}, "
                f"multiplicity {multiplicity}): the suite blocks with probability {oc.suite_false_block:.3f} "
                f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run at k={escalate_at}); {plan}",
                err=to_err)
     if json_path:
         doc = result.to_json()
         doc.pop("settings")
+        doc["z"] = settings.z
         report.write_json(doc, json_path)
     if junit_path:
         junit_path.write_bytes(gate_run.junit_xml(result))

@@ -29,17 +29,48 @@ Pure functions: arrays in, frozen dataclasses out.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import combinations
 
 import numpy as np
 
-from noisefloor.analyzer.intervals import Interval, clopper_pearson, percentile
+from noisefloor.analyzer.bootstrap import FLOORS_RESAMPLES, index_blocks
+from noisefloor.analyzer.intervals import FEW_VARYING, FlipBound, Interval, clopper_pearson, flip_bound, percentile
 from noisefloor.errors import InputError
 
-DEFAULT_RESAMPLES = 2000  # floors intervals: the 2.5% ends rest on 50 resamples each
-CURVE_RESAMPLES = 2000
-_CHUNK = 250  # bootstrap resamples per block: bounds memory at CHUNK x N x R
+DEFAULT_RESAMPLES = FLOORS_RESAMPLES
+CURVE_RESAMPLES = FLOORS_RESAMPLES
+
+
+@dataclass(frozen=True)
+class Resampled:
+    """What the resamples of one statistic were: the share left out as undefined (0/0) and the
+    share that was +inf (kept in the interval, which is then open above)."""
+
+    undefined: float
+    infinite: float
+
+
+@dataclass(frozen=True)
+class Dependence:
+    """Do two reruns of one instance go together beyond chance?
+
+    The paired / (sqrt(2) x marginal) ratio cannot say: with P run pairs, d the pairwise aggregate
+    differences (mean dbar) and s the marginal SD, ratio^2 = P/(P-1) - P dbar^2 / (2 (P-1) s^2), so
+    it is about 1 for any exchangeable runs however strongly they agree, and falls only with a
+    trend across run order. This diagnostic asks the other question: the mean pairwise run
+    correlation against its permutation distribution under independent runs (each run's outcomes
+    shuffled across instances independently, keeping every run's accuracy).
+    """
+
+    mean_correlation: float | None
+    ci: Interval | None  # instance bootstrap
+    null: Interval | None  # central 95% of the permutation distribution
+    null_mean: float | None
+    p_value: float | None  # one-sided: (1 + #{permuted >= observed}) / (1 + permutations)
+    permutations: int
+    dependent: bool | None  # p_value < alpha; None when undefined
+    reason: str  # the verdict in words, or why it is undefined
 
 
 @dataclass(frozen=True)
@@ -57,6 +88,11 @@ class RerunFloor:
     paired_to_marginal: float | None  # paired / (sqrt(2) * marginal)
     unit_paired_sd: float
     ci: Mapping[str, Interval]  # by field name: instance bootstrap, exact for ever_flip_fraction
+    methods: Mapping[str, str] = field(default_factory=dict)  # how each interval in `ci` was made
+    undefined: Mapping[str, str] = field(default_factory=dict)  # why a None field has no value
+    resampled: Mapping[str, Resampled] = field(default_factory=dict)  # undefined / infinite resample shares
+    bound: FlipBound | None = None  # the exact bound on the flip rate, where few instances flipped
+    dependence: Dependence | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +115,9 @@ class PerturbationFloor:
     multiple_unit_scale: float | None  # median per-unit perturbation SD / rerun unit paired SD
     multiple_aggregate_scale: float | None  # median aggregate perturbation SD / rerun paired SD
     multiple_as_published: float | None  # median per-unit SD / rerun (aggregate) paired SD, as seed 003
-    ci: Mapping[str, Interval]
+    ci: Mapping[str, Interval]  # a multiple's interval is open at inf when resampled reruns had SD 0
+    undefined: Mapping[str, str] = field(default_factory=dict)  # why a None multiple has no value
+    resampled: Mapping[str, Resampled] = field(default_factory=dict)  # undefined / infinite resample shares
 
 
 @dataclass(frozen=True)
@@ -113,9 +151,14 @@ def _pairs(r: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _sd(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    """ddof=1 SD along `axis`; 0 where there is a single value."""
+    """ddof=1 SD along `axis`; exactly 0 where every value is the same (numpy leaves float residue
+    such as 3.4e-17 for identical aggregate scores, which would turn 0/0 into a number), and 0
+    where there is a single value."""
     n = x.shape[axis]
-    return x.std(axis=axis, ddof=1) if n > 1 else np.zeros(np.delete(x.shape, axis))
+    if n <= 1:
+        return np.zeros(np.delete(x.shape, axis))
+    same = x.max(axis=axis) == x.min(axis=axis)
+    return np.where(same, 0.0, x.std(axis=axis, ddof=1))
 
 
 # -- statistics on a stack of resampled matrices (..., N, R): the point estimate is the stack of one
@@ -156,31 +199,72 @@ def _nanmean(r: np.ndarray) -> np.ndarray:
 
 
 def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den with the zero denominator kept honest: x / 0 is +inf for x > 0 (a perturbation
+    floor over a rerun floor of exactly zero is infinitely larger), 0 / 0 is NaN (undefined)."""
+    num, den = np.asarray(num, float), np.asarray(den, float)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+        q = np.where(den > 0, num / np.where(den > 0, den, 1), np.nan)
+    return np.where((den == 0) & (num > 0), np.inf, q)
 
 
 def _bootstrap(arrays: Mapping[str, np.ndarray], stat: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]],
-               resamples: int, seed: int, alpha: float = 0.05) -> dict[str, Interval]:
+               resamples: int, seed: int, alpha: float = 0.05) -> tuple[dict[str, Interval], dict[str, Resampled]]:
     """Percentile intervals of every statistic `stat` returns, with the instances (axis 0 of
-    every array) drawn jointly: the same draw for the main arm and every variant."""
+    every array) drawn jointly: the same draw for the main arm and every variant. Undefined (NaN)
+    resamples are left out and counted; infinite ones stay in."""
     n = next(iter(arrays.values())).shape[0]
-    rng = np.random.default_rng(seed)
     draws: dict[str, list[np.ndarray]] = {}
-    done = 0
-    while done < resamples:
-        b = min(_CHUNK, resamples - done)
-        idx = rng.integers(0, n, size=(b, n))
+    cells = sum(int(np.prod(a.shape)) for a in arrays.values())
+    for idx in index_blocks(n, resamples, seed, cells):
         for k, v in stat({name: arr[idx] for name, arr in arrays.items()}).items():
             draws.setdefault(k, []).append(np.asarray(v, dtype=float))
-        done += b
-    out = {}
+    out, notes = {}, {}
     for k, parts in draws.items():
         v = np.concatenate(parts)
-        v = v[~np.isnan(v)]
+        nan = np.isnan(v)
+        v = v[~nan]
+        notes[k] = Resampled(float(nan.mean()), float(np.isinf(v).sum() / nan.size))
         if v.size:
             out[k] = percentile(v, alpha)
-    return out
+    return out, notes
+
+
+PERMUTATIONS = 1000
+
+
+def dependence(m: np.ndarray, ci: Interval | None = None, permutations: int = PERMUTATIONS, seed: int = 0,
+               alpha: float = 0.05) -> Dependence:
+    """The permutation test of `Dependence` for an instances x runs matrix."""
+    m = _matrix(m)
+    n, r = m.shape
+    obs = float(_mean_correlation(m))
+    if np.isnan(obs):
+        return Dependence(None, None, None, None, None, permutations, None,
+                          "undefined: every run is constant across instances (no run pair has a correlation)")
+    # shuffling a run across instances keeps its mean and SD, so only the cross products change:
+    # r_ab = (x_a . x_b / N - mu_a mu_b) / (sd_a sd_b) over the run pairs with no constant run
+    mu, sd = m.mean(axis=0), m.std(axis=0)
+    a, b = np.triu_indices(r, 1)
+    ok = (sd[a] > 0) & (sd[b] > 0)
+    a, b = a[ok], b[ok]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 3]))
+    block = max(1, 4_000_000 // (n * r))
+    vals = []
+    done = 0
+    while done < permutations:
+        k = min(block, permutations - done)
+        shuffled = rng.permuted(np.broadcast_to(m, (k, n, r)), axis=1)
+        gram = np.matmul(shuffled.transpose(0, 2, 1), shuffled)
+        vals.append(((gram[:, a, b] / n - mu[a] * mu[b]) / (sd[a] * sd[b])).mean(axis=1))
+        done += k
+    null = np.concatenate(vals)
+    null = null[~np.isnan(null)]
+    p = float((1 + (null >= obs - 1e-12).sum()) / (1 + null.size))
+    dep = p < alpha
+    why = (f"dependent: run correlation {obs:.3f} above independent runs' {percentile(null, alpha)[1]:.3f} "
+           f"(permutation p = {p:.3g})" if dep else
+           f"no evidence of dependence: run correlation {obs:.3f} within independent runs' range (p = {p:.3g})")
+    return Dependence(obs, ci, percentile(null, alpha), float(null.mean()), p, int(null.size), dep, why)
 
 
 def rerun_paired_sd(y: np.ndarray) -> float:
@@ -194,14 +278,42 @@ def _rerun_stats(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
             "paired_to_marginal": _ratio(paired, np.sqrt(2) * marginal), "unit_paired_sd": _unit_paired_sd(m)}
 
 
-def rerun_floor(y: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> RerunFloor:
+SD_FIELDS = ("marginal_sd", "paired_sd", "unit_paired_sd")
+
+
+def _sd_bounds(b: FlipBound, n: int) -> dict[str, float]:
+    """What each rerun SD would be for independent reruns whose mean flip variance sits at the
+    exact bound v: marginal sqrt(v / N), aggregate paired sqrt(2 v / N), unit paired sqrt(2 v)."""
+    v = b.variance_upper
+    return {"marginal_sd": float(np.sqrt(v / n)), "paired_sd": float(np.sqrt(2 * v / n)),
+            "unit_paired_sd": float(np.sqrt(2 * v))}
+
+
+def rerun_floor(y: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                permutations: int = PERMUTATIONS) -> RerunFloor:
     m = _matrix(y)
     n, r = m.shape
     lo, hi = m.min(axis=1), m.max(axis=1)
     flip = int((lo != hi).sum())
     point = {k: float(v) for k, v in _rerun_stats({"main": m}).items()}
-    ci = _bootstrap({"main": m}, _rerun_stats, resamples, seed) if n > 1 else {}
+    ci, resampled = _bootstrap({"main": m}, _rerun_stats, resamples, seed) if n > 1 else ({}, {})
+    methods = {k: "instance_bootstrap" for k in ci}
     ci["ever_flip_fraction"] = clopper_pearson(flip, n)
+    methods["ever_flip_fraction"] = "clopper_pearson"
+    bound = None
+    if flip < FEW_VARYING:  # the SDs' bootstrap cannot see flips the runs missed: raise their upper ends
+        bound = flip_bound(m)
+        for k, up in _sd_bounds(bound, n).items():
+            old = ci.get(k, Interval(0.0, 0.0))
+            ci[k] = Interval(old.lo, max(old.hi, up))
+            methods[k] = "exact_bound" if flip == 0 else "instance_bootstrap+exact_bound"
+    undefined = {}
+    if np.isnan(point["paired_to_marginal"]):
+        undefined["paired_to_marginal"] = ("0/0: every run has the same aggregate score (marginal SD exactly 0), "
+                                           "so the ratio is undefined, not 0")
+    if np.isnan(point["mean_correlation"]):
+        undefined["mean_correlation"] = "every run is constant across instances"
+    dep = dependence(m, ci.get("mean_correlation"), permutations, seed) if permutations and n > 2 else None
     nan_none = {k: (None if np.isnan(v) else v) for k, v in point.items()}
     return RerunFloor(
         instances=n,
@@ -217,6 +329,11 @@ def rerun_floor(y: np.ndarray, resamples: int = DEFAULT_RESAMPLES, seed: int = 0
         paired_to_marginal=nan_none["paired_to_marginal"],
         unit_paired_sd=point["unit_paired_sd"],
         ci=ci,
+        methods=methods,
+        undefined=undefined,
+        resampled={k: v for k, v in resampled.items() if v.undefined or v.infinite},
+        bound=bound,
+        dependence=dep,
     )
 
 
@@ -257,11 +374,18 @@ def perturbation_floor(variants: Mapping[str, np.ndarray], main: np.ndarray | No
     stat = _perturbation_stats(names, main is not None)
     point = {k: float(v) for k, v in stat(arrays).items()}
     n = next(iter(arrays.values())).shape[0]
-    ci = _bootstrap(arrays, stat, resamples, seed) if n > 1 else {}
+    ci, resampled = _bootstrap(arrays, stat, resamples, seed) if n > 1 else ({}, {})
 
     def val(k: str) -> float | None:
         v = point.get(k)
         return None if v is None or np.isnan(v) else v
+
+    undefined = {}
+    for k in ("multiple_unit_scale", "multiple_aggregate_scale", "multiple_as_published"):
+        if k in point and np.isnan(point[k]):
+            undefined[k] = "0/0: the perturbation SD and the rerun SD are both exactly 0"
+    if "median_aggregate_sd" in point and np.isnan(point["median_aggregate_sd"]):
+        undefined["median_aggregate_sd"] = "one run per variant: no SD over runs"
 
     pairs = []
     for a, b in combinations(names, 2):
@@ -271,7 +395,8 @@ def perturbation_floor(variants: Mapping[str, np.ndarray], main: np.ndarray | No
                                       {k[len(pre):]: v for k, v in ci.items() if k.startswith(pre)}))
     return PerturbationFloor(tuple(pairs), point["median_paired_sd"], val("median_aggregate_sd"),
                              val("multiple_unit_scale"), val("multiple_aggregate_scale"), val("multiple_as_published"),
-                             {k: v for k, v in ci.items() if "|" not in k})
+                             {k: v for k, v in ci.items() if "|" not in k}, undefined,
+                             {k: v for k, v in resampled.items() if "|" not in k and (v.undefined or v.infinite)})
 
 
 def sd_curve(y: np.ndarray, sizes: Sequence[int], resamples: int = CURVE_RESAMPLES, seed: int = 0,
@@ -281,9 +406,8 @@ def sd_curve(y: np.ndarray, sizes: Sequence[int], resamples: int = CURVE_RESAMPL
     m = _matrix(y)
     out = []
     for n, ss in zip(sizes, np.random.SeedSequence(seed).spawn(len(sizes))):
-        rng = np.random.default_rng(ss)
-        vals = np.concatenate([_paired_sd(m[rng.integers(0, m.shape[0], (min(_CHUNK, resamples - i), n))])
-                               for i in range(0, resamples, _CHUNK)])
+        vals = np.concatenate([_paired_sd(m[idx]) for idx in
+                               index_blocks(m.shape[0], resamples, ss, int(n) * m.shape[1], size=int(n))])
         out.append(CurvePoint(int(n), float(vals.mean()), percentile(vals, alpha), resamples))
     return tuple(out)
 

@@ -7,6 +7,7 @@ for a step summary, JSON).
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -83,6 +84,18 @@ def run_files(base_a: str | os.PathLike[str], base_b: str | os.PathLike[str], ca
 # -- renderings for CI -------------------------------------------------------------------------
 
 
+# C0 / C1 controls (ESC starts terminal and OSC sequences), surrogates, the noncharacters XML 1.0
+# forbids, and the bidirectional overrides that make text read differently from what it holds
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: object) -> str:
+    """A case id as inert text: each control or unencodable character spelled as a `\\xNN` /
+    `\\uNNNN` escape, so XML stays well-formed and no escape sequence reaches a terminal."""
+    return _UNPRINTABLE.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}",
+                            str(text))
+
+
 def _line(v: g.CaseVerdict) -> str:
     return (f"{v.verdict}: baseline {v.base_a.passes}/{v.base_a.n}, {v.base_b.passes}/{v.base_b.n}; "
             f"candidate {v.candidate.passes}/{v.candidate.n}; floor {v.floor:.3f}")
@@ -94,21 +107,26 @@ def junit_xml(result: GateResult, name: str = "nfanalyze gate") -> bytes:
                        failures=str(result.counts.get("regressed", 0)), errors="0",
                        skipped=str(result.counts.get("quarantine", 0)))
     for v in result.verdicts:
-        case = ET.SubElement(suite, "testcase", classname="nfanalyze.gate", name=v.case_id)
+        case_id = printable(v.case_id)
+        case = ET.SubElement(suite, "testcase", classname="nfanalyze.gate", name=case_id)
         if v.verdict == "regressed":
-            ET.SubElement(case, "failure", message=f"{v.case_id} regressed", type="regressed").text = _line(v)
+            ET.SubElement(case, "failure", message=f"{case_id} regressed", type="regressed").text = _line(v)
         elif v.verdict == "quarantine":
-            ET.SubElement(case, "skipped", message=f"{v.case_id} quarantined: its baselines disagree")
+            ET.SubElement(case, "skipped", message=f"{case_id} quarantined: its baselines disagree")
         ET.SubElement(case, "system-out").text = _line(v)
     root = ET.Element("testsuites")
     root.append(suite)
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
+_MD_PUNCT = re.compile(r"[\\`*_{}\[\]()#+!|~:-]")
+
+
 def _md(text: str) -> str:
-    """A case id in a Markdown table cell, inert: no pipe, no tag, no code span."""
-    return (text.replace("\\", "\\\\").replace("|", "\\|").replace("`", "\\`").replace("<", "&lt;")
-            .replace(">", "&gt;").replace("\n", " "))
+    """A case id in a Markdown table cell, inert: no pipe, tag, entity, code span, link, emphasis
+    or control character; each Markdown punctuation mark backslash-escaped."""
+    text = printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return _MD_PUNCT.sub(lambda m: "\\" + m[0], text)
 
 
 def markdown(result: GateResult) -> str:

@@ -6,54 +6,117 @@ scorer's value the outcome: `C`, `True` or a number at or above `pass_at` passes
 `False` or a smaller number fails; partial credit (`P`) is refused unless `pass_at` says how to
 read it. `.eval` logs are zip archives whose entries may be zstd-compressed (method 93, which the
 standard library cannot read); `.json` logs are one JSON document.
+
+Logs are input from outside: every entry is expanded with a cap and parsed within the bounds of
+`noisefloor.bounded`, every field used is type-checked, and only what a row needs of each sample
+is kept; a failure is one line naming the file and entry.
 """
 
 from __future__ import annotations
 
-import json
+import io
 import struct
 import zipfile
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zstandard
 
+from noisefloor import bounded
 from noisefloor.analyzer.outcomes import OutcomeError
 
 _ZSTD = 93
 _PASS = {"C": 1, "I": 0, "N": 0}
 
 
-def _entry(archive: zipfile.ZipFile, path: Path, name: str) -> bytes:
+def _entry(archive: zipfile.ZipFile, path: Path, name: str) -> Any:
+    """One archive entry as JSON, expanded with a cap (a zip bomb stops at the cap, not at 1 GiB)."""
+    where = f"{path} entry {name}"
     info = archive.getinfo(name)
     if info.compress_type in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
-        return archive.read(name)
-    if info.compress_type != _ZSTD:
-        raise OutcomeError(f"{path}: entry {name} uses zip compression {info.compress_type}, which nfanalyze cannot read")
-    with path.open("rb") as fh:  # the local header's name and extra lengths locate the data
-        fh.seek(info.header_offset)
-        head = fh.read(30)
-        name_len, extra_len = struct.unpack("<HH", head[26:30])
-        fh.seek(info.header_offset + 30 + name_len + extra_len)
-        raw = fh.read(info.compress_size)
-    return zstandard.ZstdDecompressor().decompressobj().decompress(raw)
+        with archive.open(name) as fh:
+            data = bounded.read_capped(fh, where, error=OutcomeError)
+    elif info.compress_type == _ZSTD:
+        with path.open("rb") as fh:  # the local header's name and extra lengths locate the data
+            fh.seek(info.header_offset)
+            head = fh.read(30)
+            name_len, extra_len = struct.unpack("<HH", head[26:30])
+            fh.seek(info.header_offset + 30 + name_len + extra_len)
+            raw = fh.read(info.compress_size)
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as reader:
+            data = bounded.read_capped(reader, where, error=OutcomeError)
+    else:
+        raise OutcomeError(f"{where} uses zip compression {info.compress_type}, which nfanalyze cannot read; "
+                           "rewrite the log with inspect (inspect log convert)")
+    return bounded.loads(data, where, error=OutcomeError)
 
 
-def _read(path: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """The log's header and its sample summaries."""
+@dataclass(frozen=True)
+class _Sample:
+    """What an outcome row needs of one sample (the rest of a sample, its transcript, is dropped)."""
+
+    id: str
+    epoch: int
+    scores: dict[str, Any]
+
+
+def _sample(doc: Any, where: str) -> _Sample:
+    if not isinstance(doc, dict):
+        raise OutcomeError(f"{where}: a sample is a {type(doc).__name__}, not an object; the log is damaged")
+    sid, epoch, scores = doc.get("id"), doc.get("epoch", 1), doc.get("scores") or {}
+    if isinstance(sid, bool) or not isinstance(sid, (str, int)):
+        raise OutcomeError(f"{where}: sample id {sid!r:.60} is not a string or an integer; the log is damaged")
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 1:
+        raise OutcomeError(f"{where}: sample {sid!r:.60} has epoch {epoch!r:.60}, not a positive integer; "
+                           "the log is damaged")
+    if not isinstance(scores, dict) or not all(isinstance(v, dict) for v in scores.values()):
+        raise OutcomeError(f"{where}: sample {sid!r:.60} has scores that are not objects with a value; "
+                           "the log is damaged")
+    return _Sample(str(sid), epoch, scores)
+
+
+def _header(doc: Any, where: str) -> tuple[str | None, str | None, str | None]:
+    """(model, first scorer's name, run id) from a log header."""
+    if not isinstance(doc, dict):
+        raise OutcomeError(f"{where}: the header is a {type(doc).__name__}, not an object; the log is damaged")
+    ev = doc.get("eval") or {}
+    scorers = ev.get("scorers") or [] if isinstance(ev, dict) else None
+    if not isinstance(ev, dict) or not isinstance(scorers, list) or not all(isinstance(x, dict) for x in scorers):
+        raise OutcomeError(f"{where}: the header's eval or eval.scorers has the wrong type; the log is damaged")
+    scorer = next((x.get("name") for x in scorers), None)
+    model, run = ev.get("model"), ev.get("run_id")
+    if not all(v is None or isinstance(v, str) for v in (scorer, model, run)):
+        raise OutcomeError(f"{where}: the header's model, run_id or scorer name is not a string; the log is damaged")
+    return model, scorer, run
+
+
+def _samples(doc: Any, where: str) -> list[_Sample]:
+    if not isinstance(doc, list):
+        raise OutcomeError(f"{where}: samples are a {type(doc).__name__}, not a list; the log is damaged")
+    return [_sample(s, f"{where} item {i}") for i, s in enumerate(doc)]
+
+
+def _read(path: Path) -> tuple[tuple[str | None, str | None, str | None], list[_Sample]]:
+    """The log's header fields and its samples' ids, epochs and scores."""
     try:
         if path.suffix == ".json":
-            doc = json.loads(path.read_text())
-            return doc, doc.get("samples") or []
+            with path.open("rb") as fh:
+                doc = bounded.loads(bounded.read_capped(fh, str(path), error=OutcomeError), str(path),
+                                    error=OutcomeError)
+            if not isinstance(doc, dict):
+                raise OutcomeError(f"{path}: a log is a JSON object, not a {type(doc).__name__}")
+            return _header(doc, str(path)), _samples(doc.get("samples") or [], f"{path} samples")
         with zipfile.ZipFile(path) as z:
-            header = json.loads(_entry(z, path, "header.json"))
+            header = _header(_entry(z, path, "header.json"), f"{path} entry header.json")
             names = set(z.namelist())
             if "summaries.json" in names:
-                return header, json.loads(_entry(z, path, "summaries.json"))
-            return header, [json.loads(_entry(z, path, n)) for n in sorted(names) if n.startswith("samples/")]
-    except (OSError, ValueError, KeyError, zipfile.BadZipFile, zstandard.ZstdError, zlib.error) as exc:
+                return header, _samples(_entry(z, path, "summaries.json"), f"{path} entry summaries.json")
+            return header, [_sample(_entry(z, path, n), f"{path} entry {n}") for n in sorted(names)
+                            if n.startswith("samples/")]
+    except (OSError, KeyError, zipfile.BadZipFile, zstandard.ZstdError, zlib.error, EOFError, struct.error) as exc:
         raise OutcomeError(f"{path}: not a readable inspect eval log ({exc.__class__.__name__}: {exc})") from None
 
 
@@ -93,19 +156,15 @@ def rows(spec: str, pass_at: float | None = None) -> Iterator[tuple[int, dict[st
     condition = condition or (path.name if path.is_dir() else path.parent.name or "inspect")
     n = offset = 0
     for f in log_files(path):  # several runs of one condition: each run's epochs follow the last run's
-        header, samples = _read(f)
-        ev = header.get("eval", {})
-        epochs = max([int(s.get("epoch", 1)) for s in samples] or [1])
-        scorer = next((s.get("name") for s in ev.get("scorers") or []), None)
+        (model, scorer, run), samples = _read(f)
+        epochs = max([s.epoch for s in samples] or [1])
         for s in samples:
-            scores = s.get("scores") or {}
-            if not scores:
+            if not s.scores:
                 continue  # an unscored sample (error, cancelled) is not an outcome
-            name, score = (scorer, scores[scorer]) if scorer in scores else next(iter(scores.items()))
+            name, score = (scorer, s.scores[scorer]) if scorer in s.scores else next(iter(s.scores.items()))
             n += 1
-            where_row = f"{f} sample {s.get('id')} epoch {s.get('epoch')}"
-            yield n, {"task_id": str(s.get("id")), "condition": condition,
-                      "replicate": offset + int(s.get("epoch", 1)) - 1,
-                      "outcome": _outcome(score.get("value"), where_row, pass_at), "model": ev.get("model"),
-                      "grader_version": f"inspect:{name}", "session": ev.get("run_id")}
+            where_row = f"{f} sample {s.id} epoch {s.epoch}"
+            yield n, {"task_id": s.id, "condition": condition, "replicate": offset + s.epoch - 1,
+                      "outcome": _outcome(score.get("value"), where_row, pass_at), "model": model,
+                      "grader_version": f"inspect:{name}", "session": run}
         offset += epochs

@@ -1,9 +1,20 @@
-"""The interval type every statistic reports, and the two ways this package makes one: the
-percentile interval of bootstrap draws and the exact binomial (Clopper-Pearson) interval, which
-is scipy's `binomtest(...).proportion_ci(method="exact")`."""
+"""The interval type every statistic reports, the ways this package makes one, and how an
+interval with an infinite end is written.
+
+- the percentile interval of bootstrap draws, with +-inf draws kept (a resample whose ratio has
+  a zero denominator and a positive numerator is an infinite ratio, not a missing one: dropping
+  it would make the interval conditional on the denominator being positive);
+- the exact binomial (Clopper-Pearson) interval, scipy's `binomtest(...).proportion_ci("exact")`,
+  and its one-sided upper end, used to bound what a finite set of reruns could have missed.
+
+JSON has no infinity: an infinite end is written as the string "Infinity" (or "-Infinity"), which
+Python's float() and JavaScript's Number() both read back as the infinite value; text prints an
+open end as `[15.1, inf)`.
+"""
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -20,8 +31,32 @@ class Interval(NamedTuple):
 
 
 def percentile(draws: np.ndarray, alpha: float = 0.05) -> Interval:
-    lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-    return Interval(float(lo), float(hi))
+    """Linear-interpolation percentiles (numpy's default), exact at infinite draws: a quantile
+    that touches an infinite draw is that infinity (numpy would give NaN for inf - inf)."""
+    x = np.sort(np.asarray(draws, dtype=float).ravel())
+    if x.size == 0:
+        raise InputError("no draws to take a percentile of")
+    if np.isnan(x).any():
+        raise InputError("draws contain NaN (undefined values): leave them out and count them first")
+    if np.isfinite(x).all():  # numpy's own arithmetic, so finite results match np.percentile to the bit
+        lo, hi = np.percentile(x, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+        return Interval(float(lo), float(hi))
+    return Interval(_quantile(x, alpha / 2), _quantile(x, 1 - alpha / 2))
+
+
+def _quantile(x: np.ndarray, q: float) -> float:
+    pos = q * (x.size - 1)
+    i = int(math.floor(pos))
+    j = min(i + 1, x.size - 1)
+    t = pos - i
+    a, b = float(x[i]), float(x[j])
+    if t == 0 or a == b:
+        return a
+    if b == math.inf:  # some weight on +inf
+        return b
+    if a == -math.inf:
+        return a
+    return a + (b - a) * t
 
 
 def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> Interval:
@@ -30,3 +65,92 @@ def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> Interval:
         raise InputError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
     ci = stats.binomtest(k, n).proportion_ci(confidence_level=1 - alpha, method="exact")
     return Interval(float(ci.low), float(ci.high))
+
+
+def clopper_pearson_upper(k: int, n: int, level: float) -> float:
+    """One-sided exact upper bound on a binomial probability after k successes in n trials: the p
+    with P(Bin(n, p) <= k) = 1 - level (1 when k = n). For k = 0 it is 1 - (1 - level)^(1/n)."""
+    if n <= 0 or not 0 <= k <= n:
+        raise InputError(f"need 0 <= k <= n and n > 0, got k={k}, n={n}")
+    if k == n:
+        return 1.0
+    return float(stats.beta.ppf(level, k + 1, n - k))
+
+
+def jsonable(x: float | None) -> float | str | None:
+    """One number as JSON can hold it: +-inf as "Infinity" / "-Infinity", NaN as null."""
+    if x is None:
+        return None
+    x = float(x)
+    if math.isnan(x):
+        return None
+    if math.isinf(x):
+        return "Infinity" if x > 0 else "-Infinity"
+    return x
+
+
+def ci_json(ci: tuple[float, float] | None) -> list[float | str | None] | None:
+    return None if ci is None else [jsonable(ci[0]), jsonable(ci[1])]
+
+
+def fmt_num(x: float, fmt: str) -> str:
+    return ("inf" if x > 0 else "-inf") if math.isinf(x) else f"{x:{fmt}}"
+
+
+def fmt_ci(ci: tuple[float, float], fmt: str = ".5f") -> str:
+    """`[lo, hi]`, with an infinite end shown open: `[15.1, inf)`."""
+    lo, hi = ci
+    left = "(" if math.isinf(lo) else "["
+    right = ")" if math.isinf(hi) else "]"
+    return f"{left}{fmt_num(lo, fmt)}, {fmt_num(hi, fmt)}{right}"
+
+
+FEW_VARYING = 10  # below this many varying tasks the task bootstrap alone under-covers (bench/coverage.py)
+
+
+class FlipBound(NamedTuple):
+    """An exact bound on the per-replicate minority rate of a set of 0/1 reruns.
+
+    For task i with pass probability p_i, its minority probability is m_i = min(p_i, 1 - p_i), and
+    the count of minority outcomes over the N x R cells is a sum of independent Bernoulli cells
+    with mean R * sum(m_i). The observed count `minority` = sum_i min(k_i, R - k_i) is that count
+    whenever no task shows its minority outcome in more than half its replicates, which is the
+    nearly deterministic case this bound is for (tasks that vary a lot are seen anyway). The
+    one-sided Clopper-Pearson upper end of minority / cells bounds mean(m_i) (Hoeffding 1956: a
+    sum of unequal Bernoulli cells is no more spread than the binomial with their mean), and,
+    p(1-p) = m(1-m) being concave, mean(p_i (1 - p_i)) <= rate_upper (1 - rate_upper).
+    """
+
+    varying: int  # tasks whose outcome changed
+    tasks: int
+    replicates: int
+    minority: int  # sum over tasks of min(passes, fails)
+    level: float  # one-sided confidence of rate_upper
+    rate_upper: float
+
+    @property
+    def variance_upper(self) -> float:
+        """Upper bound on the mean within-task variance p(1-p)."""
+        m = min(self.rate_upper, 0.5)
+        return m * (1 - m)
+
+    def sentence(self) -> str:
+        cells = self.tasks * self.replicates
+        what = (f"no task varied in {self.tasks} x {self.replicates} outcomes" if self.varying == 0 else
+                f"{self.varying} of {self.tasks} tasks varied ({self.minority} minority outcomes in "
+                f"{self.tasks} x {self.replicates})")
+        return f"{what}: per-replicate flip rate <= {self.rate_upper:.3g} of {cells} (exact, one-sided {self.level:.1%})"
+
+
+def flip_bound(outcomes: np.ndarray, alpha: float = 0.05) -> FlipBound:
+    """The exact bound of `FlipBound` at one-sided level 1 - alpha/2 (the upper end of a
+    two-sided 1 - alpha interval) for an (N, R) 0/1 matrix."""
+    y = np.asarray(outcomes, dtype=float)
+    if y.ndim != 2 or y.shape[0] < 1 or y.shape[1] < 1:
+        raise InputError(f"need an (N, R) matrix, got shape {y.shape}")
+    n, r = y.shape
+    k = y.sum(axis=1)
+    minority = int(np.minimum(k, r - k).sum())
+    varying = int((y.min(axis=1) != y.max(axis=1)).sum())
+    level = 1 - alpha / 2
+    return FlipBound(varying, n, r, minority, level, clopper_pearson_upper(minority, n * r, level))

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from noisefloor.analyzer.intervals import clopper_pearson
+
 
 @dataclass(frozen=True)
 class JudgeColumns:
@@ -32,6 +34,7 @@ class JudgeStats:
     false_rejects: int
     ties: int
     mean_confidence: float | None
+    disagreement_ci_method: str = "task_bootstrap"  # clopper_pearson when no task (or every task) disagreed
 
 
 def judge_columns(verdicts: np.ndarray, reference: np.ndarray) -> JudgeColumns:
@@ -47,17 +50,25 @@ def judge_columns(verdicts: np.ndarray, reference: np.ndarray) -> JudgeColumns:
 
 
 def judge_stats(cols: JudgeColumns, ci: tuple[float, float], confidence: np.ndarray | None) -> JudgeStats:
+    """`ci`: the task-bootstrap interval of the disagreement share. When no task (or every task)
+    disagreed it is [0, 0] (or [1, 1]), which no finite sample supports: the exact binomial
+    interval for the share replaces it."""
     n = len(cols.disagree)
+    k = int(cols.disagree.sum())
+    method = "task_bootstrap"
+    if k in (0, n):
+        ci, method = clopper_pearson(k, n), "clopper_pearson"
     conf = None
     if confidence is not None and not np.isnan(confidence).all():
         conf = float(np.nanmean(confidence))
     return JudgeStats(
         tasks=n,
-        disagreements=int(cols.disagree.sum()),
+        disagreements=k,
         disagreement=float(cols.disagree.mean()),
         disagreement_ci=ci,
         false_accepts=int(cols.false_accept.sum()),
         false_rejects=int(cols.false_reject.sum()),
         ties=int(cols.tie.sum()),
         mean_confidence=conf,
+        disagreement_ci_method=method,
     )

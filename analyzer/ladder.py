@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from noisefloor.analyzer.intervals import clopper_pearson
+from noisefloor.analyzer.intervals import FEW_VARYING, FlipBound, Interval, clopper_pearson, flip_bound
 from noisefloor.errors import InputError
 
 
@@ -54,7 +54,7 @@ def task_variances(outcomes: np.ndarray) -> np.ndarray:
     y = np.asarray(outcomes, dtype=float)
     if y.ndim != 2 or y.shape[1] < 2:
         raise InputError(f"need an (N, R) matrix with R >= 2, got shape {y.shape}")
-    return y.var(axis=1, ddof=1)
+    return np.where(y.min(axis=1) == y.max(axis=1), 0.0, y.var(axis=1, ddof=1))  # exact 0, no float residue
 
 
 def within_variance(outcomes: np.ndarray) -> float:
@@ -98,6 +98,59 @@ def condition_stats(outcomes: np.ndarray, plan: Planning = Planning()) -> Condit
         budget=int(budget(w, n, plan)),
         mde=mde(w, n, r, plan),
     )
+
+
+TASK_BOOTSTRAP = "task_bootstrap"
+WIDENED = "task_bootstrap+exact_bound"
+EXACT = "exact_bound"
+
+
+@dataclass(frozen=True)
+class WInterval:
+    """An interval for w and how it was made.
+
+    The task bootstrap resamples the observed rows; when few tasks varied it misses what R
+    replicates could not show (a task that flips 5% of the time looks deterministic in 5 runs)
+    and, with none varying, returns [0, 0] (seed 000 App. A.2 says as much). Then the upper end is
+    raised to the exact bound of `intervals.flip_bound`: `method` names which happened.
+    """
+
+    ci: Interval
+    method: str  # task_bootstrap / task_bootstrap+exact_bound / exact_bound
+    bootstrap: Interval
+    bound: FlipBound
+    note: str  # one sentence saying how the interval was made
+    flag: str = ""  # a known shortfall of this interval's coverage, else ""
+
+    @property
+    def exact_upper(self) -> float:
+        return self.bound.variance_upper
+
+
+def w_interval(outcomes: np.ndarray, bootstrap: tuple[float, float], alpha: float = 0.05,
+               few: int = FEW_VARYING) -> WInterval:
+    """The w interval: the task-bootstrap percentile interval when at least `few` tasks varied;
+    otherwise its upper end raised to the exact bound (and, with no task varying, [0, bound])."""
+    b = flip_bound(outcomes, alpha)
+    boot = Interval(float(bootstrap[0]), float(bootstrap[1]))
+    level = f"{1 - alpha:.0%}"
+    if b.varying >= few:
+        flag = ""
+        if b.varying < 2 * few:
+            flag = (f"only {b.varying} tasks varied: the percentile task bootstrap may cover the task-population w "
+                    f"less often than {level} (0.92 at 37 x 20 with about 10 varying tasks, bench/coverage.py); "
+                    f"for these tasks themselves it holds")
+        return WInterval(boot, TASK_BOOTSTRAP, boot, b,
+                         f"{level} task bootstrap ({b.varying} of {b.tasks} tasks varied)", flag)
+    up = b.variance_upper
+    if b.varying == 0:
+        return WInterval(Interval(0.0, up), EXACT, boot, b,
+                         f"no task varied in {b.tasks} x {b.replicates} outcomes: w <= {up:.3g} at {level} "
+                         f"(exact binomial bound on the per-replicate flip rate; the task bootstrap gives [0, 0])")
+    return WInterval(Interval(boot.lo, max(boot.hi, up)), WIDENED, boot, b,
+                     f"only {b.varying} of {b.tasks} tasks varied (< {few}): task bootstrap lower end, upper end "
+                     f"the larger of the bootstrap's and the exact bound w <= {up:.3g} on what {b.replicates} "
+                     f"replicates could have missed")
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ def parse_rows(raw: Iterable[tuple[int, Mapping[str, Any]]], source: str) -> lis
         given = {k: v for k, v in rec.items() if v not in (None, "")}
         rows.append(
             OutcomeRow(
-                task_id=str(rec["task_id"]),
-                condition=str(rec["condition"]),
+                task_id=_label(rec["task_id"], where, "task_id"),
+                condition=_label(rec["condition"], where, "condition"),
                 replicate=_int(rec["replicate"], where, "replicate"),
                 outcome=_binary(rec["outcome"], where, "outcome"),
                 reference=_binary(given["reference"], where, "reference") if "reference" in given else None,
@@ -69,7 +69,7 @@ def parse_rows(raw: Iterable[tuple[int, Mapping[str, Any]]], source: str) -> lis
                 temperature=_float(given["temperature"], where, "temperature") if "temperature" in given else None,
                 top_p=_float(given["top_p"], where, "top_p") if "top_p" in given else None,
                 seed=_int(given["seed"], where, "seed") if "seed" in given else None,
-                **{k: str(given[k]) for k in _TEXT if k in given},
+                **{k: _label(given[k], where, k) for k in _TEXT if k in given},
             )
         )
     if not rows:
@@ -162,6 +162,13 @@ def _natural(task: str) -> tuple[Any, ...]:
     """HumanEval/2 before HumanEval/10."""
     head, _, tail = task.rpartition("/")
     return (head, int(tail), "") if tail.isdigit() else (head, -1, tail)
+
+
+def _label(v: Any, where: str, col: str) -> str:
+    """A text column: a string or a number, nothing else (a list or an object is a wrong file)."""
+    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+        raise OutcomeError(f"{where}: {col} is a {type(v).__name__}, not text; write it as a string")
+    return str(v)
 
 
 def _binary(v: Any, where: str, col: str) -> int:

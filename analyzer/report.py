@@ -3,26 +3,50 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from noisefloor import outputs
 from noisefloor.analyzer.analysis import Analysis
+from noisefloor.analyzer.intervals import fmt_ci
+from noisefloor.analyzer.ladder import TASK_BOOTSTRAP
+from noisefloor.display import md, visible
+
+Escape = Callable[[object], str]  # how an outside label is shown: `visible` (terminal) or `md` (Markdown)
 
 
 def _ci(ci: tuple[float, float] | list[float], digits: int = 5) -> str:
-    return f"[{ci[0]:.{digits}f}, {ci[1]:.{digits}f}]"
+    return fmt_ci((float(ci[0]), float(ci[1])), f".{digits}f")
 
 
-def _rows(a: Analysis) -> list[list[str]]:
+def _mark(method: str) -> str:
+    """A w interval not made by the task bootstrap alone is marked; its note says how."""
+    return "" if method == TASK_BOOTSTRAP else " *"  # "!" lines below the table flag known coverage shortfalls
+
+
+def _exact(j: object) -> str:
+    return " exact binomial: the bootstrap is degenerate" if getattr(j, "disagreement_ci_method", "") == "clopper_pearson" else ""
+
+
+def _method_lines(a: Analysis) -> list[str]:
+    """How every interval not from the plain task bootstrap was made (the * in the table)."""
+    out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
+    out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method != TASK_BOOTSTRAP]
+    out += [f"! {c.name}: {c.w_interval.flag}" for c in a.conditions if c.w_interval.flag]
+    return out
+
+
+def _rows(a: Analysis, esc: Escape = visible) -> list[list[str]]:
     rows = []
     for c in a.conditions:
         s = c.stats
         rows.append(
             [
-                c.name,
+                esc(c.name),
                 f"{s.tasks}x{s.replicates}",
                 f"{s.score:.4f}",
-                f"{s.w:.5f} {_ci(c.w_ci)}",
+                f"{s.w:.5f} {_ci(c.w_ci)}{_mark(c.w_interval.method)}",
                 f"{s.variable_tasks}/{s.tasks} {_ci(s.variable_tasks_ci, 3)}",
                 f"{s.budget} [{c.budget_ci[0]}, {c.budget_ci[1]}]",
                 f"{s.mde:.4f}",
@@ -31,7 +55,7 @@ def _rows(a: Analysis) -> list[list[str]]:
     return rows
 
 
-HEADER = ["condition", "N x R", "score", "w [95% CI]", "variable tasks [CP 95%]", "budget R* [CI]", "MDE"]
+HEADER = ["condition", "N x R", "score", "w [95% CI; * not bootstrap alone]", "variable tasks [CP 95%]", "budget R* [CI]", "MDE"]
 
 
 def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
@@ -48,12 +72,14 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
         fmt(["-" * w for w in widths]),
         *(fmt(r) for r in rows[1:]),
     ]
+    out += [f"  {line}" for line in _method_lines(a)]
     if a.contrasts:
         out += ["", "Contrasts of w (A - B, not truncated):"]
-        out += [f"  {c.a} - {c.b}: {c.estimate:+.5f} {_ci(c.ci)}" for c in a.contrasts]
+        out += [f"  {visible(c.a)} - {visible(c.b)}: {c.estimate:+.5f} {_ci(c.ci)}{_mark(c.method)}"
+                for c in a.contrasts]
     if a.batches:
         b = a.batches
-        out += ["", f"Batches {b.a} - {b.b}: {b.estimate:+.5f} {_ci(b.ci)}"]
+        out += ["", f"Batches {visible(b.a)} - {visible(b.b)}: {b.estimate:+.5f} {_ci(b.ci)}"]
     carriers = _carrier_lines(a)
     if carriers:
         out += ["", "Largest single-task share of w (w without it):", *(f"  {line}" for line in carriers)]
@@ -61,31 +87,31 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
         conf = f", mean confidence {j.mean_confidence:.1f}" if j.mean_confidence is not None else ""
         out += [
             "",
-            f"Judge {name}: majority disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
-            f"({j.disagreement:.1%} {_ci(j.disagreement_ci, 3)}): {j.false_accepts} false accepts, "
+            f"Judge {visible(name)}: majority disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
+            f"({j.disagreement:.1%} {_ci(j.disagreement_ci, 3)}{_exact(j)}): {j.false_accepts} false accepts, "
             f"{j.false_rejects} false rejects, {j.ties} ties{conf}",
         ]
     if log:
         out += ["", "Proxy log per condition:", *(f"  {line}" for line in _log_lines(log))]
-    out += [f"warning: {w}" for w in a.warnings]
+    out += [f"warning: {visible(w)}" for w in a.warnings]
     return "\n".join(out)
 
 
-def _carrier_lines(a: Analysis) -> list[str]:
-    return [f"{c.name}: {x.task} carries {x.share:.0%} (w -> {x.w_without:.5f})"
+def _carrier_lines(a: Analysis, esc: Escape = visible) -> list[str]:
+    return [f"{esc(c.name)}: {esc(x.task)} carries {x.share:.0%} (w -> {x.w_without:.5f})"
             for c in a.conditions if c.carriers for x in c.carriers[:1]]
 
 
-def _log_lines(log: dict[str, Any]) -> list[str]:
-    return [f"{cond}: {s['exchanges']} calls, {s['misses']} misses, {s['order_violations']} order violations, "
+def _log_lines(log: dict[str, Any], esc: Escape = visible) -> list[str]:
+    return [f"{esc(cond)}: {s['exchanges']} calls, {s['misses']} misses, {s['order_violations']} order violations, "
             f"{s['errors']} errors, {s['truncated']} truncated, tokens in/out {s['input_tokens']}/{s['output_tokens']}, "
-            f"models {', '.join(s['models']) or '-'}" for cond, s in log["conditions"].items()]
+            f"models {', '.join(map(esc, s['models'])) or '-'}" for cond, s in log["conditions"].items()]
 
 
 def truth_line(truth: dict[str, Any]) -> str:
     """The built-in provider's known w beside the measured one (nfladder demo)."""
     return ("Known truth (built-in provider): " + ", ".join(
-        f"{c} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in truth["w"].items())
+        f"{visible(c)} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in truth["w"].items())
         + f"; ladder order live > t0 > replay: {'holds' if truth['order_holds'] else 'DOES NOT HOLD'}")
 
 
@@ -95,43 +121,47 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder)."""
     head = "| " + " | ".join(HEADER) + " |"
     sep = "|" + "---|" * len(HEADER)
-    body = ["| " + " | ".join(r) + " |" for r in _rows(a)]
+    body = ["| " + " | ".join(r) + " |" for r in _rows(a, md)]
     out = ["# Determinism ladder", "", head, sep, *body, ""]
+    notes = _method_lines(a)
+    if notes:
+        out += [f"- {line[2:]}" if line.startswith("* ") else f"- coverage warning: {line[2:]}" for line in notes] + [""]
     if a.contrasts:
         out += ["## Contrasts", "", "| A - B | estimate | 95% CI |", "|---|---|---|"]
-        out += [f"| {c.a} - {c.b} | {c.estimate:+.5f} | {_ci(c.ci)} |" for c in a.contrasts]
+        out += [f"| {md(c.a)} - {md(c.b)} | {c.estimate:+.5f} | {_ci(c.ci)}{_mark(c.method)} |" for c in a.contrasts]
         out.append("")
     if truth:
         out += ["## Known truth", "", truth_line(truth), ""]
-    carriers = _carrier_lines(a)
+    carriers = _carrier_lines(a, md)
     if carriers:
         out += ["## Largest single-task share of w", "", *(f"- {line}" for line in carriers), ""]
     for name, j in a.judge.items():
-        out += [f"## Judge `{name}`", "",
+        out += [f"## Judge {md(name)}", "",
                 f"Majority verdict disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
-                f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}); {j.false_accepts} false accepts, "
+                f"({j.disagreement:.1%}, 95% CI {_ci(j.disagreement_ci, 3)}{_exact(j)}); {j.false_accepts} false accepts, "
                 f"{j.false_rejects} false rejects.", ""]
     if log:
-        out += ["## Proxy log per condition", "", *(f"- {line}" for line in _log_lines(log)), ""]
+        out += ["## Proxy log per condition", "", *(f"- {line}" for line in _log_lines(log, md)), ""]
     if floors:
         out += ["## Rerun and perturbation floors", "", "Matched instances; 95% intervals in brackets.", ""]
-        out += [f"- {line.strip()}" if not line.startswith(" ") else f"  - {line.strip()}" for line in floors]
+        out += [f"- {md(line.strip())}" if not line.startswith(" ") else f"  - {md(line.strip())}" for line in floors]
         out.append("")
     p = a.settings.plan
     out.append(
         f"Settings: {a.settings.resamples} joint task-bootstrap resamples, seed {a.settings.seed}; "
         f"delta={p.delta}, alpha={p.alpha}, power={p.power}."
     )
-    out += [f"\n> warning: {w}" for w in a.warnings]
+    out += [f"\n> warning: {md(w)}" for w in a.warnings]
     return "\n".join(out) + "\n"
 
 
 def write_json(doc: dict[str, Any], path: str) -> None:
+    """The JSON report to stdout ('-') or, atomically, to a file (labels kept as they are: JSON escapes them)."""
     text = json.dumps(doc, indent=2, sort_keys=False)
     if path == "-":
         print(text)
     else:
-        Path(path).write_text(text + "\n")
+        outputs.write_text(path, text + "\n")
 
 
 def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
@@ -141,7 +171,7 @@ def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [c.name for c in a.conditions]
+    names = [visible(c.name).replace("$", r"\$") for c in a.conditions]  # no mathtext from a label
     w = [c.stats.w for c in a.conditions]
     lo = [c.stats.w - c.w_ci[0] for c in a.conditions]
     hi = [c.w_ci[1] - c.stats.w for c in a.conditions]
@@ -157,13 +187,13 @@ def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
         if v == 0:  # a zero bar has no height: mark it so it is seen, not missed
             ax1.plot([i - 0.4, i + 0.4], [0, 0], color=colors[i], linewidth=4, solid_capstyle="butt")
     known = (truth or {}).get("w", {})
-    marks = [(i, known[n]["true_w"]) for i, n in enumerate(names) if n in known]
+    marks = [(i, known[c.name]["true_w"]) for i, c in enumerate(a.conditions) if c.name in known]
     if marks:
         ax1.scatter([i for i, _ in marks], [t for _, t in marks], marker="D", s=40, color="crimson", zorder=5,
                     label="known truth")
         ax1.legend(loc="upper right", fontsize=8)
     ax1.set_ylabel("within-task variance w")
-    ax1.set_title("Noise floor per condition (95% task bootstrap)")
+    ax1.set_title("Noise floor per condition (95%; exact bound where few tasks varied)")
     ax1.set_ylim(bottom=0)
     ax2.bar(names, budgets, yerr=[b_lo, b_hi], capsize=6, color=colors)
     for i, v in enumerate(budgets):
@@ -174,5 +204,6 @@ def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
     ax2.set_ylim(bottom=0)
     fig.suptitle(f"{len(a.tasks)} tasks, {a.settings.resamples} resamples", fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with outputs.atomic_path(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

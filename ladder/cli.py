@@ -10,9 +10,10 @@ from typing import Any
 
 import click
 
+from noisefloor import outputs
 from noisefloor._cli import VERSION, Group
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
-from noisefloor.errors import EXIT_DRIFT, EXIT_REPLAY_FAILED
+from noisefloor.errors import EXIT_DRIFT, EXIT_REPLAY_FAILED, InputError
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.runner import CONDITIONS, Config, LadderError, parse_agent
 
@@ -147,7 +148,11 @@ def run_cmd(agent_cmd: str, suite: str, limit: int | None, task_ids: str | None,
     if "replay" in conds and src_cond not in conds:
         raise click.BadParameter(f"replay serves the {src_cond} recording: include {src_cond} in --conditions",
                                  param_hint="--conditions")
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot create the folder ({exc.strerror}); choose another path") from None
+    outputs.check_writable(out / "report.json", "--out")  # before any agent runs: a report that cannot be written is lost
     tasks, dataset, kind = _suite(suite, out)
     if task_ids:
         tasks = _select(tasks, task_ids)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor import outputs
 from noisefloor.analyzer import report
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.logstats import from_store
@@ -71,8 +72,8 @@ def _run(cfg: Config, kind: str, builtin: Any | None, executor: Executor, say: C
     drifted = {c: s["models"] for c, s in doc["log"]["conditions"].items() if len(s["models"]) > 1}
     doc["warnings"] = [*doc["warnings"], *(f"condition {c!r}: the served model changed within the study "
                                            f"({', '.join(m)})" for c, m in drifted.items())]
-    (cfg.out / "report.json").write_text(json.dumps(doc, indent=2))
-    (cfg.out / "report.md").write_text(report.markdown(result, doc["log"], truth=doc.get("truth")))
+    outputs.write_text(cfg.out / "report.json", json.dumps(doc, indent=2))  # atomic: never half a report
+    outputs.write_text(cfg.out / "report.md", report.markdown(result, doc["log"], truth=doc.get("truth")))
     report.plot(result, cfg.out / "ladder.png", doc.get("truth"))
     return LadderResult(result, doc, drifted, ladder.replay_failures(),
                         ladder.proxy_exit.get("replay") == EXIT_REPLAY_FAILED)

@@ -12,7 +12,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mitmproxy import ctx, http
 from mitmproxy.net.http import status_codes
@@ -42,16 +42,21 @@ _CAPTURE = "nf_capture"
 _SPLIT = "nf_split"
 _STALLED = "nf_stalled"
 _DECODED = "nf_decoded"
+CLIENT_GONE_GRACE_S = 0.5
 
 
 def _where(flow: http.HTTPFlow) -> str:
     """The request for a message on stderr: secret query values and userinfo redacted."""
-    return f"{flow.request.method} {secrets.scrub_url(flow.request.url)}"
+    return f"{flow.request.method} {secrets.scrub_url(flow.request.url, _secrets(flow))}"
+
+
+def _secrets(flow: http.HTTPFlow) -> list[str]:
+    return secrets.secret_values(flow.request.url, flow.request.headers.items(multi=True))
 
 
 def _scrub(flow: http.HTTPFlow, what: object) -> str:
     """An error message with the request's secrets (any form) erased."""
-    return secrets.erase_text(str(what), secrets.secret_values(flow.request.url, flow.request.headers.items(multi=True)))
+    return secrets.erase_text(str(what), _secrets(flow))
 
 
 def _field(f: tuple[bytes, bytes]) -> tuple[str, str]:
@@ -249,10 +254,14 @@ def _close_server_connection(flow: http.HTTPFlow) -> None:
 
 class Record:
     """Keys each request while the upstream works on it, and commits the exchange before the
-    client sees the answer (so a proxy killed with SIGKILL keeps every exchange it answered)."""
+    client sees the answer (so a proxy killed with SIGKILL keeps every exchange it answered).
 
-    def __init__(self, recorder: Recorder) -> None:
+    Once the proxy is interrupted (`stopping`), a flow that fails is the shutdown's doing (Ctrl-C
+    also ended the client): it is not recorded as an error, so a rerun asks it again."""
+
+    def __init__(self, recorder: Recorder, stopping: Callable[[], bool] = lambda: False) -> None:
         self.recorder = recorder
+        self.stopping = stopping
         self._unkeyed: deque[http.HTTPFlow] = deque()
 
     def request(self, flow: http.HTTPFlow) -> None:
@@ -309,11 +318,15 @@ class Record:
         flow.response = _error(507, "nfproxy_record_error", "nfproxy could not record this exchange, so it "
                                f"withholds the answer: {_scrub(flow, exc)}", {"x-nf-record": "error"})
 
-    def error(self, flow: http.HTTPFlow) -> None:
+    async def error(self, flow: http.HTTPFlow) -> None:
         pending = self._take(flow)
         if pending is None:
             return
         message = flow.metadata.get(_STALLED) or (flow.error.msg if flow.error else "unknown upstream error")
+        if message.startswith("Client disconnected") and not self.stopping():
+            # Ctrl-C reaches a wrapped client and nfproxy at once, and the client's hang-up may be
+            # seen first: give the interrupt a moment to arrive before calling this an error
+            await asyncio.sleep(CLIENT_GONE_GRACE_S)
         capture: ChunkCapture | None = flow.metadata.get(_CAPTURE)
         partial = None
         if flow.response is not None and capture is not None:  # a stream that broke off: keep what came
@@ -322,6 +335,8 @@ class Record:
                 self._record_complete(flow, pending, response_data(flow.response, capture))
                 return
             partial = response_data(flow.response, capture)
+        if self.stopping():  # the interrupt's doing, not the upstream's: left for a rerun to ask again
+            return
         log.warning("nfproxy: error recorded for %s: %s", _where(flow), _scrub(flow, message))
         try:
             if isinstance(pending, Exception):

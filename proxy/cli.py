@@ -11,10 +11,12 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import click
 
-from noisefloor._cli import default_group
+from noisefloor._cli import WrapsAfterDashes, default_group
+from noisefloor.display import json_text, visible
 from noisefloor.proxy import perturb
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import RuleError, Rules, decode_body
@@ -35,7 +37,7 @@ def main() -> None:
     """
 
 
-@main.command("run", context_settings={"ignore_unknown_options": False})
+@main.command("run", cls=WrapsAfterDashes, context_settings={"ignore_unknown_options": False})
 @click.option("--mode", type=click.Choice(["record", "replay", "passthrough"]), default="record", show_default=True)
 @click.option("--strict/--no-strict", default=True, show_default=True,
               help="Replay: answer a miss or a call-order violation with an error, exit non-zero at the end.")
@@ -89,6 +91,7 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
     variables), stop when it exits and return its status (3 if a strict replay missed instead).
     """
     host, port = _parse_listen(listen)
+    _check_upstream(upstream)
     try:
         rules = Rules(ignore_fields=ignore_fields, profile=profile)
         override_list = [Override.parse(x) for x in sets]
@@ -100,7 +103,8 @@ def run(mode: str, strict: bool, allow_reuse: bool, store_path: Path, listen: st
         labels=Labels(session or _new_session_id(), task, replicate, condition), strict=strict,
         allow_reuse=allow_reuse, replay_sessions=replay_sessions, replay_timed=replay_timing == "recorded",
         order_wait=order_wait, overrides=tuple(override_list), variant=variant, stream_timeout=stream_timeout,
-        max_body=max_body_mb << 20, confdir=confdir or store_path.parent / "mitmproxy-ca", upstream_ca=upstream_ca,
+        max_body=max_body_mb << 20, confdir=(confdir or store_path.parent / "mitmproxy-ca").absolute(),
+        upstream_ca=upstream_ca,
         quiet=quiet, command=tuple(command),
     )
     sys.exit(serve(options))
@@ -110,6 +114,16 @@ def _parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit():
         raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)", param_hint="--listen")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _check_upstream(upstream: str | None) -> None:
+    """An origin with a scheme and a host; `127.0.0.1:9100` would be read as https and fail on every request."""
+    if upstream is None:
+        return
+    parts = urlsplit(upstream)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise click.BadParameter(f"{upstream!r} is not an origin with a scheme; write http://{upstream} (or "
+                                 f"https://{upstream})", param_hint="--upstream")
 
 
 def _new_session_id() -> str:
@@ -164,7 +178,9 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
         if as_json:  # streamed: one record in memory at a time
             write = sys.stdout.buffer.write
             for ex in islice((ex for ex in store.exchanges() if filters.wanted(ex, store)), limit):
-                write(ex.json_bytes() + b"\n")
+                # characters JSON leaves raw but a terminal obeys are escaped (display.json_text)
+                write(json_text(ex.json_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+                      + b"\n")
             sys.stdout.flush()
             return
         # one pass over the records' heads (whole records only for filters that read more): lines
@@ -184,11 +200,13 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                     continue
                 code = ex.status if ex.response is not None else "ERR"
                 res = ex.replay_result or ("error" if ex.error else "")
-                write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {ex.session} {ex.request['method']} "
-                      f"{ex.request['url']} {code} {res} key={ex.key[:12]} occ={ex.occurrence}\n")
+                # labels and URLs came from clients: shown with control characters visible
+                write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {visible(ex.session)} {visible(ex.request['method'])} "
+                      f"{visible(ex.request['url'])} {code} {res} key={ex.key[:12]} occ={ex.occurrence}\n")
             click.echo(f"{len(per_session)} sessions in {store_path}")
             for name, (n, modes, cond) in per_session.items():
-                click.echo(f"  {name}: {n} exchanges ({', '.join(sorted(modes))}){f' condition={cond}' if cond else ''}")
+                shown = f" condition={visible(cond)}" if cond else ""
+                click.echo(f"  {visible(name)}: {n} exchanges ({', '.join(sorted(modes))}){shown}")
             sys.stdout.flush()
             spool.seek(0)
             shutil.copyfileobj(spool, sys.stdout, 1 << 20)
@@ -222,7 +240,7 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
             if doc[part]:
                 doc[part] = dict(doc[part])  # to_json is shallow: the exchange's own objects stay as read
                 doc[part]["body_text"] = _render(store, doc[part], exchange_id, part)
-        click.echo(json.dumps(doc, indent=2, ensure_ascii=False))
+        click.echo(json_text(json.dumps(doc, indent=2, ensure_ascii=False)))
 
 
 def _render(store: Store, part: dict[str, Any], exchange_id: int, name: str) -> Any:
@@ -240,9 +258,6 @@ def _render(store: Store, part: dict[str, Any], exchange_id: int, name: str) -> 
     except ValueError:
         return text
 
-
-if __name__ == "__main__":
-    main()
 
 
 @main.command("merge")
@@ -292,3 +307,7 @@ def _rewrite(store_path: Path, verb: str) -> None:
 from noisefloor.proxy import transfer_cli  # noqa: E402 - export / import, kept in their own module
 
 transfer_cli.register(main)
+
+
+if __name__ == "__main__":  # last: every subcommand is defined by now (launch.py's fallback form runs this)
+    main()

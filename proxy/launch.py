@@ -60,7 +60,8 @@ def start(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
     """`nfproxy run --listen 127.0.0.1:0 ARGS...`, returned once it has printed its ready line."""
     proc = subprocess.Popen(
         [*nfproxy_argv(), "run", "--listen", "127.0.0.1:0", *args],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd, env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
+        env={**os.environ, "NFPROXY_READY_LINE": "1", **(env or {})},  # the port even under -q
     )
     running = RunningProxy(proc)
     ready = threading.Event()

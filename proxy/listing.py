@@ -3,12 +3,19 @@ session, status, replay result, order note, model, text), and the row both print
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.errors import InputError
 from noisefloor.proxy.store import Exchange, Store
 
 SHOWN_BODY = 2 << 20  # bytes of a body searched (and shown by nfview)
+STATUS = re.compile(r"[1-5][0-9][0-9]|[1-5]xx|error")
+
+
+class FilterError(InputError):
+    """A filter no exchange could ever match (a misspelt status): said, not silently empty."""
 
 
 @dataclass(frozen=True)
@@ -21,6 +28,13 @@ class Filters:
     order: bool = False  # only exchanges with an order note (or a call-order violation)
     model: str | None = None
     q: str | None = None  # case-insensitive text in labels, URL, key, model and both bodies
+
+    def __post_init__(self) -> None:
+        if self.status is not None:
+            status = self.status.strip().lower()
+            if not STATUS.fullmatch(status):
+                raise FilterError(f"status {self.status[:40]!r} is not a status filter; give 200, 4xx, 5xx or error")
+            object.__setattr__(self, "status", status)
 
     @classmethod
     def from_query(cls, q: Any) -> Filters:

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from noisefloor import bounded
 from noisefloor.errors import InputError
 
 Rewrite = Callable[[str], str]
@@ -41,14 +42,15 @@ def load_variants(path: Path | None) -> dict[str, Rewrite]:
     if path is None:
         return variants
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise PerturbError(f"cannot read perturbation file {path}: {exc}") from None
+        with path.open("rb") as fh:
+            doc = bounded.loads(bounded.read_capped(fh, str(path), 1 << 20, PerturbError), str(path), PerturbError)
+    except OSError as exc:
+        raise PerturbError(f"cannot read perturbation file {path}: {exc.strerror}") from None
     if not isinstance(doc, dict):
         raise PerturbError(f"{path}: expected a JSON object of variant name -> {{prefix, suffix, template}}")
     for name, spec in doc.items():
-        if not isinstance(spec, dict):
-            raise PerturbError(f"{path}: variant {name!r} must be an object with prefix, suffix or template")
+        if not isinstance(spec, dict) or not all(isinstance(spec.get(k, ""), str) for k in ("prefix", "suffix", "template")):
+            raise PerturbError(f"{path}: variant {name!r} must be an object whose prefix, suffix or template are strings")
         variants[name] = _from_spec(spec)
     return variants
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisefloor.proxy import exchange_record
+from noisefloor.proxy import exchange_record, secrets
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.profiles import extract_meta
 from noisefloor.proxy.store import RecordedEntry, Store
@@ -54,6 +54,8 @@ class Recorder:
     ) -> int:
         """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
         p = pending.prepared
+        if error is not None:  # an upstream's status line or message may carry the key it was sent
+            error = secrets.erase_text(error, p.request.secret_values)
         # the answer is complete: a request arriving after this may depend on it (an import gives the
         # recorded time)
         end = time.time() if end is None else end

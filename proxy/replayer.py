@@ -172,6 +172,8 @@ class Replayer:
         why: str | None,
         source: Exchange | None = None,
     ) -> Answer:
+        if result != "hit":  # replay's own answer (a miss's diff) quotes the asked request: erase its secrets
+            response = response.without(p.request.secret_values)
         def build() -> tuple[dict[str, Any], dict[str, bytes]]:  # called by the log sink, maybe later
             record = exchange_record.request_part(p, "replay", self.rules.id)
             # what was served carries the recorded answer's identity and usage

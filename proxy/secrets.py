@@ -4,19 +4,30 @@ Secrets are removed from the stored copy only; the forwarded request keeps them 
 needs the key). They are also never part of the content address, so rotating a key keeps a
 recording valid.
 
-A secret value is searched for in every form it could take in a body: as sent, URL-encoded
-(`%2B` and `+` spellings), with `+` read as a space (a decoded query string), and JSON-escaped;
-always in the decoded body (Content-Encoding undone), and in a stream also in the text its
-events assemble to, where a value may be split across events. Values shorter than
-`MIN_SECRET` characters are not searched for (they occur by chance).
+The secret values of a request are those of its credential headers (and their parts: a Basic
+credential decoded, a Digest header's private parameters), of its secret query parameters, and of
+secret-named fields of a form or multipart body. Each is erased (`erasure`) wherever the exchange
+puts text: bodies, every header value and query value whatever its name, the URL, error messages,
+replay's own answers. Searched in every form a value could take: as sent, URL-encoded (`%2B` and
+`+` spellings), with `+` read as a space, JSON-escaped, `\\u`-escaped, in the decoded body
+(Content-Encoding undone), in a stream also in the text its events assemble to, and as any run of
+`RUN` characters of it. Values shorter than `MIN_SECRET` characters are not searched for (they
+occur by chance).
 """
 
 from __future__ import annotations
 
+import base64
 import json
-from collections.abc import Iterable
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
+
+from noisefloor.proxy import erasure
+from noisefloor.proxy.erasure import REDACTED as REDACTED
+from noisefloor.proxy.erasure import RUN as RUN
 
 # Credential headers of the major providers' SDKs: OpenAI, Anthropic, Gemini / Vertex (Google),
 # Azure OpenAI (and API Management), AWS Bedrock (SigV4 and session tokens), and common gateways.
@@ -40,7 +51,6 @@ SECRET_HEADERS = frozenset(
     }
 )
 SECRET_QUERY_PARAMS = frozenset({"key", "api_key", "apikey", "api-key", "access_token", "token"})
-REDACTED = "[redacted]"
 MIN_SECRET = 8  # shorter values are too likely to occur by chance to be worth erasing
 
 
@@ -48,32 +58,68 @@ def _text(b: bytes | str) -> str:
     return b if isinstance(b, str) else b.decode("utf-8", "surrogateescape")
 
 
-def scrub_headers(headers: Iterable[tuple[str, str]]) -> list[tuple[str, str]]:
-    """Header pairs with secret values replaced (the name stays, so a reader sees one was sent)."""
-    return [(k, REDACTED if k.lower() in SECRET_HEADERS else v) for k, v in headers]
+def scrub_headers(headers: Iterable[tuple[str, str]], values: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """Header pairs with secret values replaced (the name stays, so a reader sees one was sent),
+    and the known secret `values` erased from every other header, whatever its name."""
+    pairs = [(k, REDACTED if k.lower() in SECRET_HEADERS else v) for k, v in headers]
+    return list(erase_header_values(pairs, values))
 
 
-def scrub_url(url: str) -> str:
-    """The URL without userinfo and with secret query values redacted (for the log and stderr)."""
-    if "?" not in url and "@" not in url:  # nothing to scrub: the common case, on every request
-        return url
-    parts = urlsplit(url)
-    parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])
-    pairs = [
-        (k, REDACTED if k.lower() in SECRET_QUERY_PARAMS else v)
-        for k, v in parse_qsl(parts.query, keep_blank_values=True)
-    ]
-    return urlunsplit(parts._replace(query=urlencode(pairs) if pairs else parts.query))
+def erase_header_values(headers: Sequence[tuple[str, str]], values: Sequence[str]) -> Sequence[tuple[str, str]]:
+    """`headers` with the secret `values` erased from each value (the same object when none holds one)."""
+    if not values or not erasure.contains("\n".join(_text(v) for _, v in headers), values):
+        return headers
+    return tuple((k, erasure.erase(_text(v), values)) for k, v in headers)
 
 
-def secret_values(url: str, headers: Iterable[tuple[str, str]]) -> list[str]:
-    """The secret strings a request carried, in every form they could be echoed in, longest first."""
+def scrub_url(url: str, values: Sequence[str] = ()) -> str:
+    """The URL without userinfo, with secret query values redacted, and the known secret `values`
+    erased from the rest (a key sent under a parameter of another name, or in the path)."""
+    if "?" in url or "@" in url:
+        parts = urlsplit(url)
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])
+        pairs = [
+            (k, REDACTED if k.lower() in SECRET_QUERY_PARAMS else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        url = urlunsplit(parts._replace(query=urlencode(pairs) if pairs else parts.query))
+    return erasure.erase(url, values) if values else url
+
+
+_QUOTED = re.compile(r'([A-Za-z0-9_-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,]+)')
+_DIGEST_PUBLIC = frozenset({"realm", "uri", "algorithm", "qop", "nc", "charset", "userhash"})
+
+
+def _header_parts(v: str) -> list[str]:
+    """The secret parts of a credential header's value: its tokens, a Basic credential decoded
+    (user:password and the password), a Digest header's private parameters."""
+    scheme, _, rest = v.strip().partition(" ")
+    if scheme.lower() == "digest":
+        return [m.group(2).strip('"') for m in _QUOTED.finditer(rest) if m.group(1).lower() not in _DIGEST_PUBLIC]
+    parts = [p.strip('"') for p in v.replace(";", " ").replace("=", " ").replace(",", " ").split() if p]
+    if scheme.lower() == "basic" and rest.strip():
+        try:
+            plain = base64.b64decode(rest.strip(), validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return parts
+        parts += [plain, plain.partition(":")[2]]
+    return parts
+
+
+def secret_values(url: str, headers: Iterable[tuple[str, str]], body: bytes = b"") -> list[str]:
+    """The secret strings a request carried, in every form they could be echoed in, longest first:
+    credential headers, secret query parameters, and (for form and multipart bodies) form fields
+    under a secret parameter's name."""
     values = []
+    content_type = ""
     for k, v in headers:
-        if k.lower() in SECRET_HEADERS:
+        name = k.lower()
+        if name == "content-type":
+            content_type = _text(v).lower()
+        if name in SECRET_HEADERS:
             v = _text(v)
             values.append(v)
-            values.extend(part for part in v.replace(";", " ").replace("=", " ").replace(",", " ").split() if part)
+            values.extend(_header_parts(v))
     if "?" in url:
         query = urlsplit(url).query
         for pair in query.split("&"):
@@ -83,8 +129,26 @@ def secret_values(url: str, headers: Iterable[tuple[str, str]]) -> list[str]:
         for k, v in parse_qsl(query, keep_blank_values=True):
             if k.lower() in SECRET_QUERY_PARAMS:
                 values.append(v)  # decoded: '+' already read as a space
+    if body and ("form" in content_type):
+        values.extend(_form_values(content_type, body))
     forms = {f for v in values if len(v) >= MIN_SECRET for f in _forms(v)}
     return sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True)
+
+
+_FORM_BODY_MAX = 1 << 20  # form bodies larger than this are not parsed for secret fields
+_PART = re.compile(rb'name="?([^";\r\n]+)"?[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n([^\r\n]*)')
+
+
+def _form_values(content_type: str, body: bytes) -> list[str]:
+    if len(body) > _FORM_BODY_MAX:
+        return []
+    if "x-www-form-urlencoded" in content_type:
+        text = _text(body)
+        return [v for k, v in parse_qsl(text, keep_blank_values=True) if k.lower() in SECRET_QUERY_PARAMS] + [
+            raw for k, _, raw in (p.partition("=") for p in text.split("&")) if k.lower() in SECRET_QUERY_PARAMS]
+    if "multipart/" in content_type:
+        return [_text(m.group(2)) for m in _PART.finditer(body) if _text(m.group(1)).lower() in SECRET_QUERY_PARAMS]
+    return []
 
 
 _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
@@ -97,30 +161,39 @@ def _forms(v: str) -> frozenset[str]:
     b = v.encode("utf-8", "surrogateescape")  # header values are bytes: any byte may be in a key
     out = {v, v.replace(" ", "+"), v.replace("+", " "), quote(b, safe=""), quote_plus(b), quote(b, safe="/+=")}
     out |= {json.dumps(f)[1:-1] for f in list(out)}
+    out |= {json.dumps(f, ensure_ascii=False)[1:-1] for f in list(out)}
     return frozenset(out)
 
 
-def _bytes(values: Iterable[str]) -> list[bytes]:
-    return [v.encode("utf-8", "surrogateescape") for v in values]
+@lru_cache(maxsize=1)
+def _environment(items: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    vals = {v for k, v in items if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET}
+    return tuple(sorted({f for v in vals for f in _forms(v)}, key=len, reverse=True))
+
+
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
+
+
+def environment_values(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Values of this process's environment variables named like credentials (OPENAI_API_KEY,
+    HF_TOKEN, ...): what a report or a message must never print, whatever file it came from."""
+    env = os.environ if environ is None else environ
+    return _environment(tuple(sorted(env.items())))
 
 
 def contains(data: bytes, values: Iterable[str]) -> bool:
-    return any(v in data for v in _bytes(values))
+    return erasure.contains(data, values)
 
 
 def erase(data: bytes, values: Iterable[str]) -> bytes:
-    """`data` with every occurrence of each secret value replaced by the redaction mark."""
-    mark = REDACTED.encode()
-    for v in _bytes(values):
-        data = data.replace(v, mark)
-    return data
+    """`data` with every occurrence of each secret value, and each run of `RUN` characters of
+    one, replaced by the redaction mark."""
+    return erasure.erase(data, values)
 
 
 def erase_text(text: str, values: Iterable[str]) -> str:
     """For messages: the same as `erase`, on text."""
-    for v in values:
-        text = text.replace(v, REDACTED)
-    return text
+    return erasure.erase(text, values)
 
 
 def erase_events(body: bytes, values: Iterable[str]) -> bytes | None:
@@ -138,12 +211,12 @@ def erase_events(body: bytes, values: Iterable[str]) -> bytes | None:
             continue
         try:
             doc = json.loads(line[5:])
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         docs[i] = doc
         leaves.extend((i, path, s) for path, s in _strings(doc, ()))
     text = "".join(s for _, _, s in leaves)
-    spans = _spans(text, [v for v in values if v in text])
+    spans = erasure.spans(text, values)
     if not spans:
         return None
     changed: set[int] = set()
@@ -168,19 +241,6 @@ def _strings(doc: object, path: tuple[object, ...]) -> Iterable[tuple[tuple[obje
     elif isinstance(doc, list):
         for i, v in enumerate(doc):
             yield from _strings(v, (*path, i))
-
-
-def _spans(text: str, values: list[str]) -> list[tuple[int, int]]:
-    """Non-overlapping (start, end) of every occurrence, longest values first."""
-    taken: list[tuple[int, int]] = []
-    for v in sorted(set(values), key=len, reverse=True):
-        start = text.find(v)
-        while start >= 0:
-            end = start + len(v)
-            if not any(a < end and start < b for a, b in taken):
-                taken.append((start, end))
-            start = text.find(v, start + 1)
-    return sorted(taken)
 
 
 def _cut(s: str, offset: int, spans: list[tuple[int, int]]) -> str:

@@ -9,9 +9,11 @@ and returns the exit status.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import os
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,12 +21,15 @@ from typing import Any
 
 import click
 
-from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED
+from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, StateError
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.store import Store, StoreError, is_read_only
 from noisefloor.proxy.traffic import Labels, Stats
+
+EXIT_INTERRUPTED_BASE = 128  # ended by signal N: 128 + N (SIGINT 130, SIGTERM 143), as a shell reports it
+READY_LINE_ENV = "NFPROXY_READY_LINE"  # set by `launch.start`: print the machine-readable line even with -q
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,21 @@ class ServeOptions:
 
 
 def serve(o: ServeOptions) -> int:
-    """Run until SIGINT / SIGTERM (or the wrapped command's end); the exit status."""
+    """Run until SIGINT / SIGTERM (or the wrapped command's end); the exit status.
+
+    A proxy on its own ends by a signal normally, and its status says what the run saw (0, 1 for
+    exchanges not recorded, 3 for a strict replay that missed). A wrapped command cut short by a
+    signal ends with 128 + the signal (130 for SIGINT, 143 for SIGTERM), which wins over everything;
+    otherwise a failed wrapped command's own status wins over the replay's 3."""
+    try:
+        return _serve(o)
+    except KeyboardInterrupt:  # before the proxy's own handlers are in place: nothing recorded yet
+        click.echo("nfproxy: interrupted before it listened", err=True)
+        return EXIT_INTERRUPTED_BASE + signal.SIGINT
+
+
+def _serve(o: ServeOptions) -> int:
+    check_port(o.host, o.port)  # before any work: mitmproxy's own advice for a busy port is not nfproxy's
     store, engine, upstream, writer = _open_engine(o.mode, o.store_path, o.rules, o.upstream, o.strict,
                                                    o.allow_reuse, o.replay_sessions, o.max_body)
     stats: Stats = engine.stats if engine is not None else Stats()
@@ -73,7 +92,9 @@ def serve(o: ServeOptions) -> int:
             click.echo(f"nfproxy: {stats.tls_failures} client TLS handshakes failed: the client does not trust the "
                        f"nfproxy CA; run `nfproxy ca --confdir {o.confdir}` for the file and environment to set",
                        err=True)
-    if run.returncode:
+    if run.signal and o.command:  # the wrapped command was interrupted: 130 / 143, whatever it or the replay did
+        return EXIT_INTERRUPTED_BASE + run.signal
+    if run.returncode:  # a wrapped command that failed: its status wins over a strict replay's 3
         return run.returncode
     if o.mode == "replay" and o.strict and (stats.misses or stats.order_violations or stats.errors):
         return EXIT_REPLAY_FAILED
@@ -144,6 +165,7 @@ class _Serve:
         self.confdir, self.store_path, self.quiet, self.command = confdir, store_path, quiet, command
         self.upstream_ca = upstream_ca
         self.returncode: int | None = None
+        self.signal = 0  # the SIGINT / SIGTERM that ended the run, if one did
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
                   timed: bool, stream_timeout: float, stats: Stats, max_body: int, order_wait: float) -> None:
@@ -177,7 +199,7 @@ class _Serve:
                              TlsFailures(stats)]
         streams = None
         if self.mode == "record":
-            addons += [Record(engine), Streams(stream_timeout, capture=True)]
+            addons += [Record(engine, lambda: bool(self.signal)), Streams(stream_timeout, capture=True)]
         elif self.mode == "replay":
             streams = StreamServer()
             await streams.start()
@@ -187,11 +209,20 @@ class _Serve:
             addons.append(Streams(stream_timeout, capture=False))
         master.addons.add(Group(*addons, _Ready(self, master)))
         loop = asyncio.get_running_loop()
+
+        def stop(sig: int) -> None:
+            self.signal = self.signal or sig
+            master.shutdown()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, master.shutdown)
+            loop.add_signal_handler(sig, stop, sig)
+        master._asyncio_exception_handler = _quiet_cancellations(master._asyncio_exception_handler)
         try:
             await master.run()
-        finally:
+        except asyncio.CancelledError:  # a shutdown mid-start: the summary still follows, no traceback
+            pass
+        finally:  # asyncio.run cancels what is left after this, with its own handler: keep that quiet too
+            loop.set_exception_handler(_quiet_cancellations(lambda lp, ctx: lp.default_exception_handler(ctx)))
             if streams is not None:
                 await streams.stop()
 
@@ -200,7 +231,7 @@ class _Serve:
         if self.upstream:
             return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url,
                     "GOOGLE_GEMINI_BASE_URL": url}  # read by the google-genai SDK
-        ca = str(self.confdir / "mitmproxy-ca-cert.pem")
+        ca = os.path.abspath(self.confdir / "mitmproxy-ca-cert.pem")  # a command may change directory
         return {"NFPROXY_URL": url, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
                 **ca_environment(ca)}
 
@@ -214,12 +245,45 @@ class _Serve:
             master.shutdown()
             return
         try:
-            self.returncode = await proc.wait()
+            self.returncode = _status(await proc.wait())
         finally:
             if proc.returncode is None:  # the proxy is shutting down first: take the command with it
                 proc.terminate()
-                self.returncode = await proc.wait()
+                self.returncode = _status(await proc.wait())
             master.shutdown()
+
+
+def _quiet_cancellations(handler: Any) -> Any:
+    """mitmproxy's loop exception handler, minus the client-connection tasks that a shutdown
+    cancels (asyncio's stream callback reports each one as an error with a traceback)."""
+
+    def handle(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        handler(loop, context)
+
+    return handle
+
+
+def _status(code: int) -> int:
+    """A child's exit status as a shell reports it: killed by signal N is 128 + N."""
+    return EXIT_INTERRUPTED_BASE - code if code < 0 else code
+
+
+def check_port(host: str, port: int) -> None:
+    """Refuse, with the fix, an address nfproxy cannot listen on (a busy port most often)."""
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            busy = exc.errno == errno.EADDRINUSE
+            why = "the port is in use (another nfproxy?)" if busy else (exc.strerror or str(exc))
+            raise StateError(f"cannot listen on {host}:{port}: {why}; choose another port, or --listen {host}:0 "
+                             "for any free one (the ready line names it)") from None
 
 
 def _lean_master() -> Any:
@@ -286,8 +350,8 @@ class _Ready:
         where = "" if s.mode == "passthrough" else f", store {s.store_path}"
         if not s.quiet:
             click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}", err=True)
-        # machine-readable too (the port, when 0 was asked for)
-        print(f"NFPROXY_READY {host}:{port}", file=sys.stderr, flush=True)
+        if not s.quiet or os.environ.get(READY_LINE_ENV):  # machine-readable (the port, when 0 was asked for)
+            print(f"NFPROXY_READY {host}:{port}", file=sys.stderr, flush=True)
         if s.command:
             self._task = asyncio.get_running_loop().create_task(s.wrap(self.master, port))
 

@@ -93,7 +93,8 @@ class RequestData:
 
     @cached_property
     def secret_values(self) -> list[str]:
-        return secrets.secret_values(self.url, self.headers)
+        body = self.decoded if self.decoded is not None else self.raw_body  # form fields named like a secret
+        return secrets.secret_values(self.url, self.headers, body if self.header("content-type") else b"")
 
     @cached_property
     def _stored(self) -> tuple[bytes, bool]:
@@ -122,12 +123,12 @@ class RequestData:
 
     def record(self) -> dict[str, Any]:
         """The stored request: secrets gone, body by hash."""
-        headers = secrets.scrub_headers(self.headers)
+        headers = secrets.scrub_headers(self.headers, self.secret_values)
         if self._stored[1]:  # stored decoded: the encoding no longer describes it
             headers = headers_mod.without(headers, "content-encoding", "content-length")
         return {
             "method": self.method,
-            "url": secrets.scrub_url(self.url),
+            "url": secrets.scrub_url(self.url, self.secret_values),
             "headers": headers,
             "body": self.stored_digest if self.raw_body else None,
             "body_size": len(self.raw_body),
@@ -159,26 +160,29 @@ class ResponseData:
         return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in self.headers)
 
     def without(self, values: list[str]) -> ResponseData:
-        """A copy safe to store: caller secrets echoed back (error messages do) are erased, in
-        every encoded form, after undoing Content-Encoding, and in a stream also where the value
-        is split across events.
+        """A copy safe to store: caller secrets echoed back (error messages do) are erased from
+        every header value and from the body, in every encoded form, after undoing
+        Content-Encoding, and in a stream also where the value is split across events.
 
         Only when a secret is found is the body stored decoded, with Content-Encoding dropped;
         otherwise the wire bytes are kept as they are, so replay stays byte-identical. A stream
         whose body had to change is stored as one chunk.
         """
-        if not values or not self.raw_body:
+        if not values:
             return self
+        headers = secrets.erase_header_values(self.headers, values)
+        if not self.raw_body:
+            return self if headers is self.headers else replace(self, headers=headers)
         decoded = self.decoded_body
         whole = secrets.contains(decoded, values)
         if not whole and self.layout is None:  # the common case, on every exchange: one scan
-            return self
+            return self if headers is self.headers else replace(self, headers=headers)
         body = secrets.erase(decoded, values) if whole else decoded
         if self.layout is not None:
             body = secrets.erase_events(body, values) or body
         if body is decoded:
-            return self
-        headers = tuple(headers_mod.without(self.headers, "content-encoding", "content-length"))
+            return self if headers is self.headers else replace(self, headers=headers)
+        headers = tuple(headers_mod.without(headers, "content-encoding", "content-length"))
         layout = self.layout
         if layout is not None:
             layout = ((layout[-1][0] if layout else 0.0, len(body)),)

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -24,6 +26,7 @@ from noisefloor.errors import InputError
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.secrets import SECRET_QUERY_PARAMS, erase, erase_text
 from noisefloor.proxy.store import Exchange, Store
 from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData
 
@@ -180,44 +183,79 @@ class ImportResult:
     sessions: tuple[str, ...]
 
 
-def import_into(path: str | os.PathLike[str], items: Iterable[Incoming], session: str,
+def import_into(path: str | os.PathLike[str], items: Iterable[Incoming | Checked], session: str,
                 rules: Rules | None = None) -> ImportResult:
-    """Record `items` into the store at `path` (created if new) as the proxy would have."""
+    """Record `items` into the store at `path` (created if new) as the proxy would have.
+
+    Every item is read and checked before the store is opened for writing: a bad entry late in a
+    file leaves the store as it was, so fixing the file and importing again duplicates nothing."""
     rules = rules or Rules()
+    ready = [checked(item, n) for n, item in enumerate(items, 1)]
     sessions: list[str] = []
-    n = 0
     with Store.open(path, write=True, create=True) as store:
         store.lock_for_recording()
         recorder = Recorder(store, rules)
-        for item in items:
-            labels_found = {k.lower(): v for k, v in item.headers if k.lower() in LABEL_HEADERS}
-            headers = tuple((k, v) for k, v in item.headers if k.lower() not in LABEL_HEADERS)
+        for item, request, labels_found in ready:
             labels = Labels(session).overlay(labels_found)
             given = {k: v for k, v in item.labels.items() if k in LABEL_FIELDS and v is not None}
             if given:
                 labels = replace(labels, **{k: str(v) for k, v in given.items()})
-            parts = urlsplit(item.url)
-            if not parts.scheme or not parts.hostname:
-                raise TransferError(f"exchange {n + 1}: {item.url!r} is not an absolute URL")
-            request = RequestData(item.method.upper(), item.url, parts.hostname,
-                                  parts.path + (f"?{parts.query}" if parts.query else ""), headers, item.body,
-                                  arrived=item.started)
             response = None
             if item.status is not None:
                 response = ResponseData(item.status, item.response_headers, item.response_body, item.layout,
                                         item.partial)
+            error = erase_text(item.error, request.secret_values) if item.error else item.error
             pending = recorder.begin(request, labels)
-            recorder.finish(pending, response, error=item.error, latency_ms=item.latency_ms,
+            recorder.finish(pending, response, error=error, latency_ms=item.latency_ms,
                             notes=["imported"], end=item.ended if item.ended is not None else item.started)
             if labels.session not in sessions:
                 sessions.append(labels.session)
-            n += 1
-    return ImportResult(n, tuple(sessions))
+    return ImportResult(len(ready), tuple(sessions))
 
 
-def _b(text: str | None, encoding: str | None, where: str) -> bytes:
-    if not text:
+def checked(item: Incoming | Checked, n: int, source: str = "exchange") -> Checked:
+    """The request the recorder gets, or a TransferError naming the exchange (an item already
+    checked passes through)."""
+    if isinstance(item, tuple):
+        return item
+    where = f"{source} {n}"
+    if not _TOKEN.fullmatch(item.method):
+        raise TransferError(f"{where}: method {item.method[:40]!r} is not an HTTP method; fix the entry")
+    try:
+        parts = urlsplit(item.url)
+        host = parts.hostname
+    except ValueError as exc:
+        raise TransferError(f"{where}: {item.url[:200]!r} is not a URL ({exc})") from None
+    if not parts.scheme or not host:
+        raise TransferError(f"{where}: {item.url[:200]!r} is not an absolute URL")
+    for k, v in (*item.headers, *item.response_headers):
+        if not _TOKEN.fullmatch(k) or any(c in v for c in "\r\n\x00"):
+            raise TransferError(f"{where}: header {k[:40]!r} has a name or value no HTTP message can carry")
+    if item.status is not None and not 100 <= item.status <= 999:
+        raise TransferError(f"{where}: response status {item.status} is not an HTTP status (100-999)")
+    if item.layout is not None and any(n < 0 for _, n in item.layout):
+        raise TransferError(f"{where}: a stream chunk has a negative size")
+    if not all(math.isfinite(t) for t in (item.started, item.ended or 0.0, item.latency_ms or 0.0)):
+        raise TransferError(f"{where}: a time is not a finite number")
+    labels_found = {k.lower(): v for k, v in item.headers if k.lower() in LABEL_HEADERS}
+    headers = tuple((k, v) for k, v in item.headers if k.lower() not in LABEL_HEADERS)
+    request = RequestData(item.method.upper(), item.url, host,
+                          parts.path + (f"?{parts.query}" if parts.query else ""), headers, item.body,
+                          arrived=item.started)
+    return item, request, labels_found
+
+
+Checked = tuple[Incoming, RequestData, dict[str, str]]
+
+
+_TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,256}")  # an HTTP token (RFC 9110): a method or a header name
+
+
+def _b(text: Any, encoding: Any, where: str) -> bytes:
+    if text is None or text == "":
         return b""
+    if not isinstance(text, str):
+        raise TransferError(f"{where}: a body's text is a {type(text).__name__}, not a string")
     if encoding == "base64":
         try:
             return base64.b64decode(text, validate=True)
@@ -227,16 +265,62 @@ def _b(text: str | None, encoding: str | None, where: str) -> bytes:
 
 
 def _pairs(items: Any, where: str) -> tuple[tuple[str, str], ...]:
-    if not isinstance(items, list) or not all(isinstance(h, dict) and "name" in h for h in items):
-        raise TransferError(f"{where}: headers must be a list of {{name, value}}")
-    return tuple((str(h["name"]), str(h.get("value", ""))) for h in items)
+    if not isinstance(items, list) or not all(isinstance(h, dict) and isinstance(h.get("name"), str)
+                                              and isinstance(h.get("value", ""), str) for h in items):
+        raise TransferError(f"{where}: headers must be a list of {{name, value}} strings")
+    return tuple((h["name"], h.get("value", "")) for h in items)
+
+
+def _obj(value: Any, where: str, name: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise TransferError(f"{where}: {name} is a {type(value).__name__}, not an object")
+    return value
+
+
+def _declared_secrets(req: dict[str, Any], resp: dict[str, Any], post: dict[str, Any]) -> list[str]:
+    """Secret values a HAR spells out beside the headers: cookie values (request and response) and
+    form parameters named as a secret query parameter is; erased from both bodies (the headers
+    carrying them are redacted by the recorder)."""
+    values = []
+    for part, name in ((req, "cookies"), (resp, "cookies"), (post, "params"), (req, "queryString")):
+        items = part.get(name)
+        if not isinstance(items, list):
+            continue
+        for c in items:
+            if not isinstance(c, dict) or not isinstance(c.get("value"), str):
+                continue
+            if name == "cookies" or str(c.get("name", "")).lower() in SECRET_QUERY_PARAMS:
+                values.append(c["value"])
+    return sorted({v for v in values if len(v) >= 8}, key=len, reverse=True)
 
 
 def _started(value: Any, where: str) -> float:
+    if not isinstance(value, str):
+        raise TransferError(f"{where}: startedDateTime is a {type(value).__name__}, not an ISO 8601 string")
     try:
-        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
     except ValueError:
-        raise TransferError(f"{where}: startedDateTime {value!r} is not an ISO 8601 time") from None
+        raise TransferError(f"{where}: startedDateTime {value[:60]!r} is not an ISO 8601 time") from None
+
+
+def _number(value: Any, where: str, name: str) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise TransferError(f"{where}: {name} {str(value)[:40]!r} is not a finite number")
+    return float(value)
+
+
+def _layout(value: Any, where: str) -> tuple[tuple[float, int], ...] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(
+            isinstance(c, list) and len(c) == 2 and isinstance(c[1], int) and not isinstance(c[1], bool)
+            for c in value):
+        raise TransferError(f"{where}: _noisefloor.chunks must be a list of [time, size] pairs")
+    return tuple((_number(t, where, "a chunk time"), n) for t, n in value)
 
 
 _DECODED_DROP = ("content-encoding", "content-length")
@@ -249,40 +333,53 @@ def har_items(path: Path) -> Iterator[Incoming]:
         raise TransferError(f"{path} is over {MAX_HAR_BYTES >> 30} GB; split it before importing")
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
-        entries = doc["log"]["entries"]
-    except (ValueError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise TransferError(f"{path} is not a HAR file ({exc.__class__.__name__}: {exc}); export one as HAR 1.2") \
-            from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else f"{exc.__class__.__name__}: {exc}"
+        raise TransferError(f"{path} is not a HAR file ({why}); export one as HAR 1.2") from None
+    log = doc.get("log") if isinstance(doc, dict) else None
+    entries = log.get("entries") if isinstance(log, dict) else None
     if not isinstance(entries, list):
-        raise TransferError(f"{path}: log.entries is not a list")
+        raise TransferError(f"{path} is not a HAR file (no log.entries list); export one as HAR 1.2")
     for i, e in enumerate(entries, 1):
-        where = f"{path} entry {i}"
-        try:
-            req, resp = e["request"], e.get("response") or {}
-            nf = e.get("_noisefloor") or {}
-            wire = bool(nf.get("wire"))
-            post = req.get("postData") or {}
-            headers = _pairs(req.get("headers", []), where)
-            rheaders = _pairs(resp.get("headers", []), where)
-            if not wire:
-                rheaders = tuple((k, v) for k, v in rheaders if k.lower() not in _DECODED_DROP)
-            content = resp.get("content") or {}
-            started = _started(e["startedDateTime"], where)
-            elapsed = float(e.get("time") or 0)
-            status = int(resp.get("status") or 0)
-            layout = nf.get("chunks")
-            yield Incoming(
-                method=str(req["method"]), url=str(req["url"]), headers=headers,
-                body=_b(post.get("text"), post.get("_encoding") or post.get("encoding"), where),
-                started=started, status=status or None, response_headers=rheaders,
-                response_body=_b(content.get("text"), content.get("encoding"), where),
-                ended=float(nf["end"]) if nf.get("end") is not None else started + elapsed / 1000,
-                latency_ms=elapsed if elapsed >= 0 else None,
-                labels={k: nf[k] for k in LABEL_FIELDS if nf.get(k) is not None},
-                layout=tuple((float(t), int(n)) for t, n in layout) if layout is not None else None,
-                partial=bool(nf.get("partial")), error=nf.get("error") or resp.get("_error") if not status else None)
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, TransferError):
-                raise
-            raise TransferError(f"{where} is incomplete ({exc.__class__.__name__}: {exc}); "
-                                "each entry needs request.method, request.url and startedDateTime") from None
+        yield _har_item(e, f"{path} entry {i}")
+
+
+def _har_item(e: Any, where: str) -> Incoming:
+    e = _obj(e, where, "the entry")
+    req, resp = _obj(e.get("request"), where, "request"), _obj(e.get("response"), where, "response")
+    nf = _obj(e.get("_noisefloor"), where, "_noisefloor")
+    post = _obj(req.get("postData"), where, "request.postData")
+    content = _obj(resp.get("content"), where, "response.content")
+    method, url = req.get("method"), req.get("url")
+    if not isinstance(method, str) or not isinstance(url, str) or "startedDateTime" not in e:
+        raise TransferError(f"{where} is incomplete: each entry needs request.method, request.url (strings) "
+                            "and startedDateTime")
+    wire = bool(nf.get("wire"))
+    headers = _pairs(req.get("headers", []), where)
+    rheaders = _pairs(resp.get("headers", []), where)
+    if not wire:  # the bodies are decoded: an encoding or length header would misdescribe them
+        headers = tuple((k, v) for k, v in headers if k.lower() not in _DECODED_DROP)
+        rheaders = tuple((k, v) for k, v in rheaders if k.lower() not in _DECODED_DROP)
+    started = _started(e["startedDateTime"], where)
+    elapsed = _number(e.get("time"), where, "time")
+    status = resp.get("status") or 0
+    if isinstance(status, bool) or not isinstance(status, int):
+        raise TransferError(f"{where}: response.status {str(status)[:40]!r} is not a whole number")
+    end = _number(nf["end"], where, "_noisefloor.end") if nf.get("end") is not None else started + elapsed / 1000
+    labels = {k: nf[k] for k in LABEL_FIELDS if nf.get(k) is not None}
+    if not all(isinstance(v, str | int) and not isinstance(v, bool) for v in labels.values()):
+        raise TransferError(f"{where}: a _noisefloor label (session, task, replicate, condition) is not a string")
+    error = (nf.get("error") or resp.get("_error")) if not status else None
+    if error is not None and not isinstance(error, str):
+        raise TransferError(f"{where}: the recorded error is a {type(error).__name__}, not a string")
+    declared = _declared_secrets(req, resp, post)
+    body = _b(post.get("text"), post.get("_encoding") or post.get("encoding"), where)
+    response_body = _b(content.get("text"), content.get("encoding"), where)
+    if declared:
+        body, response_body = erase(body, declared), erase(response_body, declared)
+        error = erase_text(error, declared) if error else error
+    return Incoming(
+        method=method, url=url, headers=headers, body=body, started=started, status=status or None,
+        response_headers=rheaders, response_body=response_body, ended=end,
+        latency_ms=elapsed if elapsed >= 0 else None, labels={k: str(v) for k, v in labels.items()},
+        layout=_layout(nf.get("chunks"), where), partial=bool(nf.get("partial")), error=error)

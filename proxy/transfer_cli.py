@@ -11,7 +11,7 @@ import click
 
 from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.transfer import Incoming, TransferError, export_har, export_jsonl, har_items, import_into
+from noisefloor.proxy.transfer import Incoming, TransferError, checked, export_har, export_jsonl, har_items, import_into
 
 
 @click.command("export")
@@ -58,8 +58,10 @@ def flow_items(path: Path) -> Iterator[Incoming]:
                     response_body=(resp.raw_content or b"") if resp is not None else b"",
                     ended=ended, latency_ms=(ended - started) * 1000 if ended else None,
                     error=flow.error.msg if flow.error else None)
-        except FlowReadException as exc:
-            raise TransferError(f"{path} is not a readable mitmproxy flow file ({exc})") from None
+        except (FlowReadException, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
+            why = "nested too deeply" if isinstance(exc, RecursionError) else f"{exc.__class__.__name__}: {exc}"
+            raise TransferError(f"{path} is not a readable mitmproxy flow file ({why[:300]}); write one with "
+                                "mitmdump -w") from None
 
 
 @click.command("import")
@@ -78,9 +80,11 @@ def import_cmd(store_path: Path, files: tuple[Path, ...], fmt: str, session: str
         rules = Rules(ignore_fields=ignore_fields)
     except RuleError as exc:
         raise click.BadParameter(str(exc)) from None
-    for f in files:
+    batches = []
+    for f in files:  # every file read and checked first: a bad one imports nothing at all
         har = fmt == "har" or (fmt == "auto" and f.suffix.lower() == ".har")
-        items = har_items(f) if har else flow_items(f)
+        batches.append((f, [checked(item, n, f"{f} entry") for n, item in enumerate(har_items(f) if har else flow_items(f), 1)]))
+    for f, items in batches:
         r = import_into(store_path, items, session or f"import-{f.stem}", rules)
         click.echo(f"nfproxy import: {r.exchanges} exchanges from {f} into {store_path} "
                    f"({len(r.sessions)} sessions)", err=True)

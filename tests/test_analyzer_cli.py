@@ -68,7 +68,13 @@ def test_csv_input_settings_and_batches(tmp_path):
                   "--contrast", "live:replay", "--delta", "0.05")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["batches"]["estimate"] == 0.0 and doc["batches"]["ci"] == [0.0, 0.0]
+    b, live = doc["batches"], doc["conditions"]["live"]
+    assert b["estimate"] == 0.0 and b["bootstrap_ci"] == [0.0, 0.0]  # identical batches: every resample agrees
+    # but only 8 of 30 live tasks varied, so each batch's w may hide what its exact bound adds
+    # above its bootstrap interval: the contrast widens by that on each side, and says so
+    assert live["w_ci_method"] == "task_bootstrap+exact_bound" and b["ci_method"] == "task_bootstrap+condition_bounds"
+    extra = live["w_ci"][1] - live["w_bootstrap_ci"][1]
+    assert extra > 0 and b["ci"] == [pytest.approx(-extra), pytest.approx(extra)]
     assert [(c["a"], c["b"]) for c in doc["contrasts"]] == [("live", "replay")]
     assert doc["settings"]["delta"] == 0.05
 

@@ -98,6 +98,9 @@ def test_gate_outputs_for_ci(tmp_path):
     again = subprocess.run([str(exe), "gate", *runs[:2], runs[0], "--markdown", str(md)], capture_output=True,
                            text=True, timeout=120)
     assert again.returncode == 0 and md.read_text().count("## nfanalyze gate") == 2  # a step summary collects
+    both = subprocess.run([str(exe), "gate", *runs, "--json", "-", "--markdown", "-"], capture_output=True,
+                          text=True, timeout=120)
+    assert both.returncode == 2 and both.stdout == "" and "would both write stdout" in both.stderr
 
 
 def test_analyze_takes_the_cli_options_as_keywords(tmp_path):
@@ -109,3 +112,32 @@ def test_analyze_takes_the_cli_options_as_keywords(tmp_path):
     strict = noisefloor.analyze(str(path), noisefloor.Settings(resamples=200, plan=noisefloor.Planning(delta=0.2)))
     assert loose.condition("live").stats.budget == strict.condition("live").stats.budget
     assert loose.condition("live").stats.budget < noisefloor.analyze(path, resamples=200).condition("live").stats.budget
+
+
+HOSTILE_IDS = ["esc\x1b]8;;https://evil.example\x07click\x1b]8;;\x07", "nul\x00bell\x07del\x7f", "c1\x85\x9b31m",
+               "bidi\u202egnp.exe", "[link](javascript:alert(1))", "**bold** _em_ `code` ~~s~~ #h", "a&lt;b&#60;c",
+               "<img src=x onerror=alert(1)>", "]]><!--", "line\r\nbreak\ttab", "surrogate\ud800x", "non\ufffechar"]
+
+
+def test_gate_outputs_keep_hostile_case_ids_inert():
+    """Well-formed XML without a raw control character; Markdown with no live markup; both naming
+    the case by a visible spelling of its id."""
+    import xml.etree.ElementTree as ET
+
+    from noisefloor.analyzer import gate_run
+
+    c = {i: noisefloor.CaseCounts(8, 8) for i in HOSTILE_IDS}
+    result = noisefloor.gate(c, c, {i: noisefloor.CaseCounts(0, 8) for i in HOSTILE_IDS})
+    xml = gate_run.junit_xml(result)
+    text = xml.decode("utf-8")
+    assert not re.search("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\u202a-\u202e\ud800-\udfff\ufffe\uffff]", text)
+    names = [tc.get("name") for tc in ET.fromstring(xml).iter("testcase")]
+    assert len(names) == len(HOSTILE_IDS) and "esc\\x1b]8;;https://evil.example\\x07click\\x1b]8;;\\x07" in names
+    assert "nul\\x00bell\\x07del\\x7f" in names and "bidi\\u202egnp.exe" in names and "]]><!--" in names
+    md = gate_run.markdown(result)
+    assert not re.search("[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e]", md)
+    rows = [line for line in md.splitlines() if " | regressed | " in line]
+    assert len(rows) == len(HOSTILE_IDS) and all(row.count("|") - row.count("\\|") == 8 for row in rows)
+    for live in ("](", "**", "`code`", "<img", "&lt;b", "&#60;", "](javascript"):
+        assert live not in md
+    assert "\\[link\\]\\(javascript\\:alert\\(1\\)\\)" in md and "a&amp;lt;b&amp;\\#60;c" in md

@@ -40,7 +40,7 @@ def answers(logs: Path) -> list[tuple[str, int, str]]:
     out = []
     for f in inspect_logs.log_files(logs):
         _, samples = inspect_logs._read(f)
-        out += [(s["id"], s["epoch"], next(iter(s["scores"].values()))["answer"]) for s in samples]
+        out += [(s.id, s.epoch, next(iter(s.scores.values()))["answer"]) for s in samples]
     return sorted(out)
 
 

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from noisefloor.proxy.store import Store
 from tests.conftest import ProxyProcess, start_nfproxy
@@ -153,3 +154,107 @@ def test_mitmproxy_flow_file_imports(tmp_path):
     r = nfproxy("import", str(tmp_path / "x.lmdb"), str(bad))
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is not a HAR file" in r.stderr
 
+
+
+def _entry(**over: object) -> dict:
+    """A browser-style entry; `over` replaces top-level fields."""
+    e = {"startedDateTime": "2026-01-02T03:04:05Z", "time": 5,
+         "request": {"method": "POST", "url": "https://api.example.com/v1/chat/completions",
+                     "headers": [{"name": "content-type", "value": "application/json"}],
+                     "postData": {"mimeType": "application/json", "text": '{"model": "m", "messages": []}'}},
+         "response": {"status": 200, "headers": [{"name": "content-type", "value": "application/json"}],
+                      "content": {"mimeType": "application/json", "text": '{"choices": []}'}}}
+    e.update(over)
+    return e
+
+
+def _with(path: str, value: object) -> dict:
+    e = _entry()
+    *parents, last = path.split(".")
+    node = e
+    for p in parents:
+        node = node[p]
+    node[last] = value
+    return e
+
+
+HOSTILE_ENTRIES = {
+    "request is a list": _entry(request=[]),
+    "_noisefloor is a list": _entry(_noisefloor=[1]),
+    "postData is a string": _with("request.postData", "text"),
+    "body text is a number": _with("response.content.text", 5),
+    "body text is an object": _with("request.postData.text", {"a": 1}),
+    "chunks of the wrong shape": _entry(_noisefloor={"chunks": [[1]]}),
+    "chunks a string": _entry(_noisefloor={"chunks": "ab"}),
+    "end a string": _entry(_noisefloor={"end": "x"}),
+    "a label an object": _entry(_noisefloor={"session": {"a": 1}}),
+    "startedDateTime a number": _entry(startedDateTime=5),
+    "time a string": _entry(time="abc"),
+    "status a string": _with("response.status", "abc"),
+    "status out of range": _with("response.status", 10 ** 30),
+    "method with CRLF": _with("request.method", "GET\r\nX-Injected: 1"),
+    "url unparseable": _with("request.url", "https://[::1"),
+    "header with a newline": _with("request.headers", [{"name": "a\nb", "value": "c"}]),
+    "header value not a string": _with("request.headers", [{"name": "a", "value": 5}]),
+    "base64 not base64": _with("response.content", {"text": "!!!", "encoding": "base64"}),
+}
+
+
+def test_hostile_har_entries_import_nothing_and_say_why(tmp_path):
+    """Each malformed entry, placed after a good one: a TransferError naming the entry, and the
+    store exactly as it was (the good entry before it not imported either)."""
+    from noisefloor.proxy.transfer import TransferError, har_items, import_into
+
+    store = tmp_path / "kept.lmdb"
+    good = tmp_path / "good.har"
+    good.write_text(json.dumps({"log": {"entries": [_entry()]}}))
+    assert import_into(store, har_items(good), "first").exchanges == 1
+    before = identity(store)
+    for name, bad in HOSTILE_ENTRIES.items():
+        f = tmp_path / "bad.har"
+        f.write_text(json.dumps({"log": {"entries": [_entry(), bad]}}))
+        with pytest.raises(TransferError, match="entry 2|exchange 2") as info:
+            import_into(store, har_items(f), "second")
+        assert "\n" not in str(info.value), name
+        assert identity(store) == before, name
+    for text in ("[" * 100_000 + "]" * 100_000, "[1, 2]", '{"log": null}', '{"log": {"entries": {}}}'):
+        f = tmp_path / "odd.har"
+        f.write_text(text)
+        with pytest.raises(TransferError, match="is not a HAR file"):
+            import_into(store, har_items(f), "third")
+    assert identity(store) == before
+
+
+def test_every_secret_field_of_a_har_is_erased_on_import(tmp_path):
+    """Authorization, Cookie (header and cookies list), a key in the query, secret form params,
+    Set-Cookie in the answer: none reaches the store, though the answer echoes them all."""
+    from noisefloor.proxy.transfer import har_items, import_into
+
+    s = {k: f"{k}-SECRET-0123456789" for k in ("auth", "cookie", "other", "query", "form", "setcookie")}
+    entry = {"startedDateTime": "2026-01-02T03:04:05Z", "time": 5,
+             "request": {"method": "POST", "url": f"https://api.example.com/v1/x?api_key={s['query']}",
+                         "headers": [{"name": "content-type", "value": "application/x-www-form-urlencoded"},
+                                     {"name": "Authorization", "value": f"Bearer {s['auth']}"},
+                                     {"name": "Cookie", "value": f"sid={s['cookie']}"}],
+                         "cookies": [{"name": "sid", "value": s["cookie"]}, {"name": "pref", "value": s["other"]}],
+                         "queryString": [{"name": "api_key", "value": s["query"]}],
+                         "postData": {"mimeType": "application/x-www-form-urlencoded",
+                                      "text": f"x=1&api_key={s['form']}",
+                                      "params": [{"name": "x", "value": "1"}, {"name": "api_key", "value": s["form"]}]}},
+             "response": {"status": 200, "headers": [{"name": "Set-Cookie", "value": f"sid={s['setcookie']}"},
+                                                      {"name": "content-type", "value": "application/json"}],
+                          "cookies": [{"name": "sid", "value": s["setcookie"]}],
+                          "content": {"mimeType": "application/json", "text": json.dumps({"echo": list(s.values())})}}}
+    failed = {**entry, "response": {"status": 0, "_error": f"refused {s['auth']} {s['other']}"}}
+    har = tmp_path / "secrets.har"
+    har.write_text(json.dumps({"log": {"entries": [entry, failed]}}))
+    store = tmp_path / "s.lmdb"
+    assert import_into(store, har_items(har), "web").exchanges == 2
+    on_disk = b"".join(p.read_bytes() for p in store.iterdir())
+    with Store.open(store, write=False) as st:
+        text = json.dumps([ex.to_json() for ex in st.exchanges()]) + "".join(
+            b.decode("utf-8", "replace") for b in st.bodies())
+        (ex, ex2) = list(st.exchanges())
+        assert b"x=1" in st.body(ex.request["body"]) and ex2.error.startswith("refused")
+    for value in s.values():
+        assert value not in text and value.encode() not in on_disk, value

@@ -310,6 +310,35 @@ def test_headers_refuse_writes_and_foreign_hosts(viewer):
     assert httpx.get(viewer + "/plot/report.json").status_code == 404
     doc = httpx.get(viewer + "/api/exchanges", params={"limit": 1}).text
     assert "<" not in doc and "\\u003cimg" in doc  # JSON that holds no tag even when sniffed
+    bad = httpx.get(viewer + "/api/exchanges", params={"status": "4XY"})
+    assert bad.status_code == 400 and "is not a status filter" in bad.text
+    assert httpx.get(viewer + "/api/sessions", params={"status": "4XX"}).status_code == 200  # any case
+
+
+def _raw(viewer: str, target: str, host: str | None) -> int:
+    """A request as a hostile client writes it (no client-side path cleaning); its status."""
+    import socket
+
+    port = int(viewer.rsplit(":", 1)[1].strip("/"))
+    head = f"GET {target} HTTP/1.1\r\n" + (f"Host: {host}\r\n" if host is not None else "") + "Connection: close\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+        sock.sendall(head.encode())
+        reply = b""
+        while chunk := sock.recv(65536):
+            reply += chunk
+    return int(reply.split(b" ", 2)[1])
+
+
+def test_traversal_and_foreign_hosts_on_the_raw_socket(viewer):
+    port = viewer.rsplit(":", 1)[1].strip("/")
+    for target in ("/static/../report.json", "/static/..%2freport.json", "/static/%2e%2e%2fgate.json",
+                   "/plot/..%2freport.json", "/plot/%2e%2e/log.lmdb/data.mdb", "/static//etc/passwd",
+                   "/static/app.js%00.png", "/../report.json"):
+        assert _raw(viewer, target, f"127.0.0.1:{port}") in (400, 404), target
+    for host in (None, "evil.example", f"127.0.0.1.evil.example:{port}", f"evil.example:{port}", "127.0.0.1:1",
+                 f"localhost.evil:{port}", f"[::ffff:7f00:1]:{port}"):
+        assert _raw(viewer, "/api/summary", host) in (400, 421), host
+    assert _raw(viewer, "/api/summary", f"127.0.0.1:{port}") == 200
 
 
 def test_pages_follow_a_cursor_never_the_whole_store(folder, monkeypatch):
@@ -342,6 +371,11 @@ def test_nfproxy_log_filters_by_status_miss_model_and_limit(folder):
     assert len(listed("--model", "gpt-4o-mini-2024-07-18")) == 7  # six recorded and the replayed hit
     assert [x["id"] for x in listed("--result", "hit")] == [7]
     assert len(listed("--condition", "live", "--status", "200", "--limit", "10")) == 4
+    assert len(listed("--status", "4XX")) == 2
+    bad = subprocess.run([str(exe), "log", "--store", str(folder / "log.lmdb"), "--status", "40x"],
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "is not a status filter" in bad.stderr and bad.stderr.count("\n") == 1
+    assert "Traceback" not in bad.stderr
 
 
 def test_the_folder_is_byte_identical_afterwards(folder, before, viewer):
@@ -350,16 +384,19 @@ def test_the_folder_is_byte_identical_afterwards(folder, before, viewer):
 
 
 def test_a_folder_is_read_by_what_its_files_hold(tmp_path):
-    from noisefloor.viewer.source import SourceError, locate
+    from noisefloor.viewer.source import SourceError, locate, read_json
 
     (tmp_path / "mine.json").write_text(json.dumps({"conditions": {"live": {}}}))  # nfanalyze --json mine.json
     (tmp_path / "verdicts.json").write_text(json.dumps({"verdicts": []}))  # nfanalyze gate --json verdicts.json
     (tmp_path / "other.json").write_text("{broken")
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)  # a parser's recursion, not a traceback
     src = locate(tmp_path)
     assert src.report.name == "mine.json" and src.gate.name == "verdicts.json" and src.store is None
     assert src.plot("mine.json") is None  # only listed plots are ever served
     with pytest.raises(SourceError, match="holds no nfproxy store"):
         locate(_empty(tmp_path))
+    with pytest.raises(SourceError, match="nested too deeply"):
+        read_json(tmp_path / "deep.json")
 
 
 def _empty(root: Path) -> Path:

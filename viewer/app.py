@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 
 from noisefloor.errors import NoisefloorError
+from noisefloor.proxy.listing import FilterError
 from noisefloor.proxy.store import Store
 from noisefloor.viewer import pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
@@ -122,13 +123,20 @@ def _finite(doc: Any) -> Any:
     return doc
 
 
+def _filters(request: web.Request) -> pages.Filters:
+    try:
+        return pages.Filters.from_query(request.query)
+    except FilterError as exc:
+        raise web.HTTPBadRequest(text=str(exc)) from None
+
+
 async def exchanges(request: web.Request) -> web.Response:
-    filters = pages.Filters.from_query(request.query)
+    filters = _filters(request)
     return _json(pages.exchange_page(_store(request), _int(request, "after", 0), _int(request, "limit", 50), filters))
 
 
 async def sessions(request: web.Request) -> web.Response:
-    filters = pages.Filters.from_query(request.query)
+    filters = _filters(request)
     return _json(pages.session_page(_store(request), _int(request, "after", 0), filters))
 
 

@@ -83,8 +83,9 @@ def read_json(path: Path) -> Any:
         raise SourceError(f"{path} is over {MAX_JSON_BYTES >> 20} MB; not a report nfanalyze wrote")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise SourceError(f"{path} is not JSON ({exc}); write it again with nfanalyze --json") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        why = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise SourceError(f"{path} is not JSON ({why}); write it again with nfanalyze --json") from None
 
 
 def read_outcomes(path: Path, offset: int, limit: int, condition: str | None, task: str | None
@@ -98,7 +99,7 @@ def read_outcomes(path: Path, offset: int, limit: int, condition: str | None, ta
                 continue
             try:
                 row = json.loads(line)
-            except ValueError:
+            except (ValueError, RecursionError):
                 continue
             if not isinstance(row, dict) or not _row_wanted(row, condition, task):
                 continue

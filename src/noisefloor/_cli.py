@@ -5,6 +5,7 @@ own --help, and is not confused by an option placed before another subcommand
 
 from __future__ import annotations
 
+import difflib
 import sys
 import time
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 
 import click
 
+from noisefloor.display import visible
 from noisefloor.errors import NoisefloorError
 
 VERSION = {"package_name": "noisefloor", "message": "%(prog)s (noisefloor) %(version)s"}
@@ -24,7 +26,7 @@ class OneLineErrors:
         try:
             return super().invoke(ctx)  # type: ignore[misc]
         except NoisefloorError as exc:
-            raise click.ClickException(str(exc)) from None
+            raise click.ClickException(visible(str(exc))) from None
 
 
 class Command(OneLineErrors, click.Command):
@@ -33,6 +35,25 @@ class Command(OneLineErrors, click.Command):
 
 class Group(OneLineErrors, click.Group):
     pass
+
+
+class WrapsAfterDashes(Command):
+    """A command whose trailing words (a command to wrap) are taken only after `--`: a mistyped
+    subcommand (`nfproxy lgo --store x`) is a usage error naming the nearest subcommand, never a
+    command to run."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        after = args[args.index("--") + 1:] if "--" in args else []
+        rest = super().parse_args(ctx, args)
+        words = list(ctx.params.get("command") or ())
+        if words != after:
+            stray = next(w for w in words[: len(words) - len(after)] or words)
+            names = list(ctx.parent.command.commands) if ctx.parent and isinstance(ctx.parent.command, click.Group) else []
+            near = difflib.get_close_matches(stray, names, n=1)
+            hint = f"did you mean `{ctx.parent.info_name if ctx.parent else ''} {near[0]}`? " if near else ""
+            raise click.UsageError(f"{stray!r} is not a subcommand; {hint}a command to wrap goes after `--` "
+                                   f"(... {ctx.info_name} [OPTIONS] -- {' '.join(words)})", ctx)
+        return rest
 
 
 class DefaultGroup(Group):

@@ -9,13 +9,15 @@ stamp the regression gate compares (`model`, `temperature`, `top_p`, `seed`, `gr
 
 from __future__ import annotations
 
+import codecs
 import csv
+import itertools
 import json
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from noisefloor.errors import InputError
 
@@ -81,34 +83,74 @@ def write_jsonl(rows: Iterable[OutcomeRow], path: Path) -> None:
     os.replace(tmp, path)
 
 
+MAX_LINE = 16 << 20  # one JSON line or CSV record at most (a detail column may be long, not endless)
+
+
+def _lines(fh: IO[bytes], path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 file read in bounded lines, a leading BOM dropped."""
+    for i in itertools.count(1):
+        raw = fh.readline(MAX_LINE + 1)
+        if not raw:
+            return
+        if len(raw) > MAX_LINE:
+            raise OutcomeError(f"{path}:{i}: line longer than {MAX_LINE >> 20} MiB; outcome rows are short, this "
+                               "file is damaged or not an outcomes file")
+        if i == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8):]
+        try:
+            yield i, raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise OutcomeError(f"{path}:{i}: byte {raw[exc.start]:#04x} at column {exc.start + 1} is not UTF-8; "
+                               "save the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+
+
 def read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, raw mapping) from a .jsonl/.json-lines or .csv/.tsv file; validation of the
-    values is the analyzer's (`analyzer.outcomes.parse_rows`)."""
+    values is the analyzer's (`analyzer.outcomes.parse_rows`). Bounded: lines of at most
+    `MAX_LINE`, UTF-8 (a BOM is allowed), each failure one line naming the file and line."""
     suffix = path.suffix.lower()
+    if suffix not in (".csv", ".tsv", ".jsonl", ".ndjson", ".json"):
+        raise OutcomeError(f"{path}: unknown outcomes format {suffix!r}; use .jsonl or .csv")
     try:
-        fh = path.open(newline="", encoding="utf-8")
+        fh = path.open("rb")
     except OSError as exc:
         raise OutcomeError(f"cannot read outcomes file {path}: {exc.strerror}") from None
     with fh:
         if suffix in (".csv", ".tsv"):
-            reader = csv.DictReader(fh, delimiter="\t" if suffix == ".tsv" else ",")
-            if reader.fieldnames is None:
-                raise OutcomeError(f"{path} is empty; it needs a header with {', '.join(REQUIRED)} and one row per attempt")
-            missing = [c for c in REQUIRED if c not in reader.fieldnames]
-            if missing:
-                raise OutcomeError(f"{path}: missing column {', '.join(missing)} (header has {', '.join(reader.fieldnames)})")
-            for i, rec in enumerate(reader, start=2):
-                yield i, rec
-        elif suffix in (".jsonl", ".ndjson", ".json"):
-            for i, line in enumerate(fh, start=1):
-                if not line.strip():
-                    continue
-                try:
-                    rec = json.loads(line)
-                except ValueError:
-                    raise OutcomeError(f"{path}:{i}: not a JSON object per line (JSON Lines expected)") from None
-                if not isinstance(rec, dict):
-                    raise OutcomeError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
-                yield i, rec
-        else:
-            raise OutcomeError(f"{path}: unknown outcomes format {suffix!r}; use .jsonl or .csv")
+            yield from _csv_rows(_lines(fh, path), path, "\t" if suffix == ".tsv" else ",")
+            return
+        for i, line in _lines(fh, path):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except RecursionError:
+                raise OutcomeError(f"{path}:{i}: JSON nested too deep; one flat object per line expected") from None
+            except ValueError:
+                raise OutcomeError(f"{path}:{i}: not a JSON object per line (JSON Lines expected)") from None
+            if not isinstance(rec, dict):
+                raise OutcomeError(f"{path}:{i}: expected a JSON object, got {type(rec).__name__}")
+            yield i, rec
+
+
+def _csv_rows(lines: Iterator[tuple[int, str]], path: Path, delimiter: str) -> Iterator[tuple[int, dict[str, Any]]]:
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE))
+    where = {"line": 1}
+
+    def text() -> Iterator[str]:
+        for i, line in lines:
+            where["line"] = i
+            yield line
+
+    reader = csv.DictReader(text(), delimiter=delimiter)
+    try:
+        if reader.fieldnames is None:
+            raise OutcomeError(f"{path} is empty; it needs a header with {', '.join(REQUIRED)} and one row per attempt")
+        missing = [c for c in REQUIRED if c not in reader.fieldnames]
+        if missing:
+            raise OutcomeError(f"{path}: missing column {', '.join(missing)} (header has "
+                               f"{', '.join(map(repr, reader.fieldnames))})")
+        for rec in reader:
+            yield where["line"], rec
+    except csv.Error as exc:
+        raise OutcomeError(f"{path}:{where['line']}: not readable as CSV ({exc}); check its quoting") from None

@@ -139,6 +139,9 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 or request.config.getini("nf_upstream") or None)
     have = (recording / "data.mdb").is_file()
     work = tmp_path_factory.mktemp("nfproxy")
+    # one CA per pytest process (each xdist worker has its own base folder): made by the first
+    # proxy, only read by the rest, so no test pays for generating a key again
+    ca = tmp_path_factory.getbasetemp() / "nfproxy-ca"
 
     if mode == "none" and not have:
         pytest.fail(f"no nfproxy recording at {recording}; record it once with --nf-record-mode=once "
@@ -155,10 +158,10 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         if replaying:
             shutil.copytree(recording, work / "replay.lmdb")  # replay's own log goes to the copy
             run.replay = start("--mode", "replay", "--strict", "--store", str(work / "replay.lmdb"),
-                              "--confdir", str(work / "ca-replay"), *extra)
+                              "--confdir", str(ca), *extra)
         if recording_too:
             run.record = start("--mode", "record", "--upstream", str(upstream), "--store", str(work / "record.lmdb"),
-                               "--confdir", str(work / "ca-record"), *extra)
+                               "--confdir", str(ca), *extra)
         if run.replay is not None and run.record is not None:
             from noisefloor.proxy.episodes import Episodes
 

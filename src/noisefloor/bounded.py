@@ -1,0 +1,45 @@
+"""Reading untrusted JSON with bounds: a size cap, a cap on the values it may hold, and nesting
+that Python can read, each refused with one line naming the file and what to do.
+
+A file small on disk can expand without limit (a compressed entry), and JSON that fits in memory
+as text can take twenty times more once parsed (`[[],[],...]`), or nest deeper than the parser's
+recursion. The caps keep the peak memory of any input under a few hundred megabytes.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import IO, Any
+
+from noisefloor.errors import InputError
+
+MAX_JSON_BYTES = 64 << 20  # one JSON document (a file, an archive entry, a line)
+MAX_JSON_VALUES = 8_000_000  # containers and separators in one document
+
+
+def read_capped(fh: IO[bytes], where: str, limit: int = MAX_JSON_BYTES, error: type[InputError] = InputError) -> bytes:
+    """At most `limit` bytes from `fh`; more is refused (a decompression bomb or a wrong file)."""
+    data = fh.read(limit + 1)
+    if len(data) > limit:
+        raise error(f"{where}: larger than {limit >> 20} MiB (expanded); nfanalyze refuses it as damaged or "
+                    "hostile; check the file, or split it")
+    return data
+
+
+def loads(data: bytes | str, where: str, error: type[InputError] = InputError) -> Any:
+    """`json.loads` within the caps above; every failure one line naming `where`."""
+    if len(data) > MAX_JSON_BYTES:
+        raise error(f"{where}: JSON document larger than {MAX_JSON_BYTES >> 20} MiB; refused as damaged or hostile")
+    marks = (b",", b"[", b"{") if isinstance(data, bytes) else (",", "[", "{")
+    if sum(data.count(m) for m in marks) > MAX_JSON_VALUES:  # type: ignore[arg-type]
+        raise error(f"{where}: JSON holding more than {MAX_JSON_VALUES:,} values; refused as damaged or hostile")
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise error(f"{where}: JSON nested too deep to read (thousands of levels); the file is damaged or "
+                    "hostile") from None
+    except UnicodeDecodeError as exc:
+        raise error(f"{where}: not UTF-8 (byte {exc.object[exc.start]:#04x} at offset {exc.start}); save it as "
+                    "UTF-8") from None
+    except ValueError as exc:
+        raise error(f"{where}: not valid JSON ({exc}); the file is damaged or not the kind expected") from None

@@ -1,0 +1,48 @@
+"""Showing text that came from outside (task ids, conditions, sessions, models, details, URLs):
+the one helper every renderer uses, for the terminal and for Markdown.
+
+A label is data, not instructions to the terminal: every control character (C0, DEL, C1, so
+every ESC, CSI and OSC sequence, which all begin with one), and the bidirectional overrides that
+reorder what a reader sees, is written as a visible escape (`\\x1b`, `\\n`, `\\u202e`). Values of
+credential-named environment variables (OPENAI_API_KEY, ...) are erased too, so a report never
+prints a key a grader or an agent copied into a label or a detail. Markdown additionally gets its
+punctuation backslash-escaped, so a label can neither break a table nor become a link or HTML.
+"""
+
+from __future__ import annotations
+
+import re
+
+from noisefloor.proxy import erasure, secrets
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # JSON escapes C0
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+_MD = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
+
+
+def _escape(m: re.Match[str]) -> str:
+    c = m.group()
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
+
+
+def visible(value: object) -> str:
+    """`value` as text safe to print on a terminal: control characters escaped, secrets erased."""
+    text = value if isinstance(value, str) else str(value)
+    env = secrets.environment_values()
+    if env:
+        text = erasure.erase(text, env)
+    return _CONTROL.sub(_escape, text)
+
+
+def md(value: object) -> str:
+    """`value` as Markdown text: `visible`, then Markdown's punctuation escaped."""
+    return _MD.sub(r"\\\1", visible(value))
+
+
+def json_text(text: str) -> str:
+    """JSON text (`json.dumps(..., ensure_ascii=False)`) safe to print: the characters JSON leaves
+    raw but a terminal obeys (DEL, C1, bidi overrides) written as `\\u` escapes, so it stays JSON."""
+    return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -258,7 +258,7 @@ class Ladder:
 def _request_doc(store: Any, ex: Any) -> dict[str, Any]:
     """The request body as recorded (after the proxy's overrides), {} when not a JSON object."""
     try:
-        doc = json.loads(store.body(ex.request.get("body")) or b"{}")
+        doc = json.loads(store.part_body(ex.request, ex.id, "request") or b"{}")
     except (ValueError, AttributeError, TypeError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -73,7 +73,7 @@ def serve(o: ServeOptions) -> int:
 def _serve(o: ServeOptions) -> int:
     check_port(o.host, o.port)  # before any work: mitmproxy's own advice for a busy port is not nfproxy's
     store, engine, upstream, writer = _open_engine(o.mode, o.store_path, o.rules, o.upstream, o.strict,
-                                                   o.allow_reuse, o.replay_sessions)
+                                                   o.allow_reuse, o.replay_sessions, o.max_body)
     stats: Stats = engine.stats if engine is not None else Stats()
     run = _Serve(o.mode, o.host, o.port, upstream, o.confdir, o.store_path, o.quiet, list(o.command), o.upstream_ca)
     try:
@@ -104,7 +104,8 @@ def _serve(o: ServeOptions) -> int:
 
 
 def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None, strict: bool, allow_reuse: bool,
-                 replay_sessions: tuple[str, ...]) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
+                 replay_sessions: tuple[str, ...], max_body: int = 64 << 20,
+                 ) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
     if mode == "passthrough":
         return None, None, upstream, None
     from noisefloor.proxy.recorder import Recorder
@@ -112,7 +113,8 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
 
     read_only = mode == "replay" and is_read_only(store_path)
     try:
-        store = Store.open(store_path, write=not read_only, create=(mode == "record"))
+        # a stored body decompresses to no more than --max-body-mb: a bomb in the store costs what one on the wire would
+        store = Store.open(store_path, write=not read_only, create=(mode == "record"), max_body=max_body)
         if mode == "record":
             store.lock_for_recording()
     except StoreError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -16,7 +17,7 @@ from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
 from noisefloor.display import visible
-from noisefloor.errors import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, EXIT_USAGE, NoisefloorError
+from noisefloor.errors import EXIT_DRIFT, EXIT_OK, EXIT_REGRESSED, EXIT_STAMPS, NoisefloorError
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -125,10 +126,28 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         doc["log"] = log_doc
     if audits is not None:
         doc["floors"] = audit_mod.to_json(audits)
+    kept = logstats_study(logs)
+    if kept:
+        doc.update({k: v for k, v in kept.items() if k in ("design", "provenance", "judge_parse", "truth")})
+    gate_sec = _gate_section(rows)
+    if gate_sec is not None:
+        doc["gate"] = gate_sec.to_json()
     if not quiet and json_path != "-":
         click.echo(report.table(result, log_doc))
         if audits is not None:
             click.echo("\n" + audit_mod.table(audits))
+        if kept and kept.get("judge_parse"):
+            click.echo("\njudge replies: " + "; ".join(f"{c}: {', '.join(f'{k} {n}' for k, n in sorted(v.items()))}"
+                                                     for c, v in kept["judge_parse"].items()))
+        if kept and kept.get("provenance"):
+            pv = kept["provenance"]
+            click.echo(f"\nprovenance (kept by nfladder): design {kept.get('design')}, recording {pv.get('recording_id')}, "
+                       f"task set sha256 {str((pv.get('task_set') or {}).get('sha256'))[:16]}..., models requested "
+                       f"{', '.join((pv.get('models') or {}).get('requested') or []) or '-'}, served "
+                       f"{', '.join((pv.get('models') or {}).get('served') or []) or '-'}")
+        if gate_sec is not None:
+            click.echo("\ngate: " + (f"refused ({gate_sec.refused})" if gate_sec.refused else ", ".join(
+                f"{n} {k}" for k, n in gate_sec.counts().items()) + f"; re-run to k>8: {', '.join(gate_sec.escalated) or 'none'}"))
         for w in notes:
             click.echo(f"warning: {visible(w)}")
     if json_path:
@@ -139,6 +158,26 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         report.plot(result, plot_path)
         if not quiet:
             click.echo(f"plot written to {plot_path}", err=True)
+
+
+def logstats_study(logs: tuple[Path, ...]) -> dict | None:
+    if not logs:
+        return None
+    from noisefloor.analyzer import logstats
+
+    return logstats.study(list(logs))
+
+
+def _gate_section(rows: list) -> Any:
+    """The gate of nfladder's gate design, when the rows hold its three collections."""
+    from noisefloor.analyzer import gate as g
+    from noisefloor.analyzer import gate_run
+
+    names = {r.condition for r in rows}
+    if not set(g.GATE_CONDITIONS) <= names:
+        return None
+    runs = [g.run_of([r for r in rows if r.condition == n]) for n in g.GATE_CONDITIONS]
+    return gate_run.section(runs)
 
 
 def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, abort_on_drift: bool) -> None:
@@ -201,7 +240,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
                                     allow_unstamped=allow_unstamped, target_false_block=target_false_block)
     except gate_run.StampError as exc:
         click.echo(f"Error: {visible(str(exc))}", err=True)
-        sys.exit(EXIT_USAGE)
+        sys.exit(EXIT_STAMPS)
     except OutcomeError as exc:
         raise click.ClickException(visible(str(exc))) from None
     to_err = json_path == "-" or md_path == "-"  # stdout holds only the machine-readable document
@@ -244,7 +283,7 @@ def gate_cmd(base_a: Path, base_b: Path, candidate: Path, slack: float, flake_ba
         else:
             with open(md_path, "a", encoding="utf-8") as fh:  # a step summary file collects several steps
                 fh.write(text)
-    sys.exit(EXIT_ERROR if result.regressed else EXIT_OK)
+    sys.exit(EXIT_REGRESSED if result.regressed else EXIT_OK)
 
 
 if __name__ == "__main__":

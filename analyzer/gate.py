@@ -30,6 +30,7 @@ from scipy import stats
 
 from noisefloor.analyzer.outcomes import OutcomeError, parse_rows, read_rows
 from noisefloor.errors import InputError
+from noisefloor.outcome_rows import OutcomeRow
 
 Z_SEED = 1.645  # seed 004's one-sided 95% constant, as written: the default, so verdicts match the article's
 Z_ONE_SIDED_95 = 1.6448536269514722  # the exact quantile, on request (`z_for(..., exact=True)`)
@@ -289,12 +290,17 @@ def load_run(path: Path, condition: str | None = None) -> GateRun:
             raise OutcomeError(f"{path}:{line}: case {r.task_id!r} replicate {r.replicate} appears twice "
                                f"(first at line {seen[(r.task_id, r.replicate)]}); keep one row per repeat")
         seen[(r.task_id, r.replicate)] = line
+    return run_of(rows, [rec for _, rec in raw])
+
+
+def run_of(rows: Sequence[OutcomeRow], recs: Sequence[Mapping[str, object]] | None = None) -> GateRun:
+    """Per-case counts and the stamp of one run's rows (model as requested, sampling, grader, cases)."""
     counts: dict[str, list[int]] = {}
     for r in rows:
         c = counts.setdefault(r.task_id, [0, 0])
         c[0] += r.outcome
         c[1] += 1
-    recs = [rec for _, rec in raw]
+    recs = recs if recs is not None else [r.to_json() for r in rows]
     model = ",".join(sorted({str(x["model"]) for x in recs if x.get("model")})) or None
     sampling = {k: sorted({str(x[k]) for x in recs if x.get(k) not in (None, "")}) for k in ("temperature", "top_p", "seed")}
     sampling = {k: v for k, v in sampling.items() if v}
@@ -304,3 +310,6 @@ def load_run(path: Path, condition: str | None = None) -> GateRun:
     run_stamp = stamp(model, sampling, grader, list(counts))
     desc = f"model={model} sampling={sampling} grader={grader} cases={len(counts)} -> {run_stamp}"
     return GateRun({k: CaseCounts(p, n) for k, (p, n) in counts.items()}, run_stamp, desc, missing)
+
+
+GATE_CONDITIONS = ("base_a", "base_b", "candidate")  # the names nfladder's gate design gives its collections

@@ -146,3 +146,52 @@ def markdown(result: GateResult) -> str:
     lines += ["", f"An unchanged suite blocks with probability {oc.suite_false_block:.3f} "
                   f"({oc.suite_false_block_escalated:.3f} with inconclusive cases re-run)."]
     return "\n".join(lines) + "\n"
+
+
+# -- the gate of a study's three collections (nfladder's gate design, `nfanalyze LOG`) ---------------
+
+
+@dataclass(frozen=True)
+class GateSection:
+    """The gate's part of a report, from three runs' rows: refused (with why), or one `GateResult`."""
+
+    names: tuple[str, str, str]
+    runs: tuple[g.GateRun, g.GateRun, g.GateRun]
+    settings: g.GateSettings
+    refused: str | None
+    result: GateResult | None
+
+    @property
+    def verdicts(self) -> tuple[g.CaseVerdict, ...]:
+        return self.result.verdicts if self.result else ()
+
+    @property
+    def oc(self) -> g.OperatingCharacteristics | None:
+        return self.result.operating_characteristics if self.result else None
+
+    @property
+    def escalated(self) -> list[str]:
+        """Cases whose candidate ran more repeats than baseline A: re-run after an inconclusive call."""
+        a, c = self.runs[0].counts, self.runs[2].counts
+        return sorted(k for k in c if k in a and c[k].n > a[k].n)
+
+    def counts(self) -> dict[str, int]:
+        return dict(self.result.counts) if self.result else {k: 0 for k in VERDICTS}
+
+    def to_json(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"conditions": list(self.names), "refused": self.refused, "escalated": self.escalated,
+                               "stamps": {n: r.description for n, r in zip(self.names, self.runs)}}
+        return doc | (self.result.to_json() if self.result else {"counts": self.counts(), "verdicts": []})
+
+
+def section(runs: list[g.GateRun], names: tuple[str, str, str] = g.GATE_CONDITIONS,
+            settings: g.GateSettings | None = None, target_false_block: float = 0.05) -> GateSection:
+    """Refuse unstamped runs or differing stamps (seed 004), else the verdicts and operating characteristics."""
+    s = settings or g.GateSettings()
+    runs3 = (runs[0], runs[1], runs[2])
+    try:
+        check_stamps(tuple(Path(n) for n in names), list(runs3), allow_unstamped=False)  # type: ignore[arg-type]
+    except StampError as exc:
+        return GateSection(names, runs3, s, str(exc), None)
+    a, b, c = (r.counts for r in runs3)
+    return GateSection(names, runs3, s, None, run_counts(a, b, c, s, target_false_block, runs3[0].stamp))

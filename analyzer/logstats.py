@@ -9,12 +9,13 @@ from pathlib import Path
 from typing import Any
 
 from noisefloor.outcome_rows import new_rows
-from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.store import Exchange, Head, Store
 
 UNLABELED = "(unlabeled)"
 
 
-def summarize(exchanges: Iterable[Exchange]) -> dict[str, Any]:
+def summarize(exchanges: Iterable[Exchange | Head]) -> dict[str, Any]:
+    """Per condition: counts and identities, from whole exchanges or their heads (`Store.heads`)."""
     conds: dict[str, dict[str, Any]] = {}
     for ex in exchanges:
         s = conds.setdefault(
@@ -28,7 +29,7 @@ def summarize(exchanges: Iterable[Exchange]) -> dict[str, Any]:
         result = ex.replay_result
         s["misses"] += result == "miss"
         s["order_violations"] += result == "order_violation"
-        s["errors"] += ex.error is not None or (ex.response is not None and ex.response["status"] >= 500)
+        s["errors"] += ex.error is not None or (ex.status or 0) >= 500
         s["truncated"] += bool(ex.truncated)
         s["input_tokens"] += (ex.usage or {}).get("input") or 0
         s["output_tokens"] += (ex.usage or {}).get("output") or 0
@@ -48,11 +49,11 @@ def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
     paths = [path] if isinstance(path, Path | str) else list(path)
     rules: list[Any] = []
 
-    def exchanges() -> Iterator[Exchange]:
+    def exchanges() -> Iterator[Head]:  # streamed, heads only: memory grows with sessions, not exchanges
         for p in paths:
             with Store.open(p, write=False) as store:
                 rules.append(store.meta("rules_id"))
-                yield from store.exchanges()
+                yield from store.heads()
 
     doc = summarize(exchanges())
     doc["store"] = ", ".join(map(str, paths))
@@ -69,3 +70,16 @@ def outcome_rows(paths: Sequence[Path]) -> list[Mapping[str, Any]]:
         with Store.open(p, write=False) as store:
             rows += new_rows(seen, store.outcome_rows(), str(p))
     return rows
+
+
+STUDY_META = "nfladder_study"  # written by nfladder: its design, provenance manifest, judge parse counts, truth
+
+
+def study(paths: Sequence[Path]) -> dict[str, Any] | None:
+    """What nfladder kept about its study in the (first) store, None when it kept nothing."""
+    for p in paths:
+        with Store.open(p, write=False) as store:
+            doc = store.meta(STUDY_META)
+        if isinstance(doc, dict):
+            return doc
+    return None

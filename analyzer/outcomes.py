@@ -23,7 +23,8 @@ from noisefloor.outcome_rows import OutcomeRow
 from noisefloor.outcome_rows import read_rows as read_rows
 
 Row = OutcomeRow  # the analyzer reads the one row type the graders write
-_TEXT = ("failure", "detail", "endpoint", "variant", "fingerprint", "session", "model", "grader_version")
+_TEXT = ("failure", "detail", "endpoint", "variant", "fingerprint", "session", "model", "served_model",
+         "grader_version")
 
 _TRUE = {"1", "1.0", "true", "True", "TRUE", 1}  # 1 == 1.0 == True as set members
 _FALSE = {"0", "0.0", "false", "False", "FALSE", 0}

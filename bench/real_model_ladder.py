@@ -19,10 +19,15 @@ Steps (each prints its result; OUT keeps every run folder):
     python bench/real_model_ladder.py slots --llama-server /path/to/build/bin/llama-server
     python bench/real_model_ladder.py texts ladder slots-1 slots-4
 
-`screen` runs every built-in and HumanEval+ task twice at the live temperature and keeps the
-tasks the model passed at least once (OUT/chosen.txt); `ladder` runs live, t0 and replay on
-those, with fresh draws; `slots` runs the t0 condition against llama-server with one slot and
+`screen` runs every built-in and HumanEval+ task four times at the live temperature (as the kept
+screen files in examples/real-ladder/ hold) and keeps the tasks the model passed at least once
+(OUT/chosen.txt); `ladder` runs live, t0 and replay on those, with fresh draws; `slots` runs the t0 condition against llama-server with one slot and
 one agent at a time, then with four slots and four concurrent agents (`--task-file F`: on other tasks).
+
+Every server start gets its own seed (`--server-seed N` to repeat one), written to the step's
+folder as server_seed.txt: llama-cpp-python started with `--seed -1` derives each request's seed
+from a fixed chain, so every start would replay the same "random" samples and a rerun would
+reproduce the last run instead of drawing a new one.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import argparse
 import gzip
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -41,6 +47,7 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 NFLADDER = str(Path(sys.executable).with_name("nfladder"))
+SCREEN_R = 4  # replicates per task in the screen (the kept screen files hold 4)
 AGENT_ENV = {"NF_AGENT_MAX_TOKENS": "128", "NF_AGENT_TEMPERATURE": "1.0", "NF_AGENT_HTTP_TIMEOUT": "300",
              "NF_AGENT_MODEL": "gemma-3-270m-q4_k_m"}
 
@@ -92,18 +99,29 @@ def nfladder(*args: str) -> None:
         raise SystemExit(r.returncode)
 
 
-def llama_cpp_python(a: argparse.Namespace) -> tuple[subprocess.Popen[bytes], str]:
+def server_seed(a: argparse.Namespace, folder: Path) -> int:
+    """This server start's seed: --server-seed, else a fresh one; recorded beside the run."""
+    seed = a.server_seed if a.server_seed is not None else secrets.randbelow(2**31 - 1) + 1
+    folder.mkdir(parents=True, exist_ok=True)
+    with (folder / "server_seed.txt").open("a") as fh:
+        fh.write(f"{seed}\n")  # appended: a resumed step lists every start
+    print(f"server seed {seed} (recorded in {folder / 'server_seed.txt'})", file=sys.stderr)
+    return seed
+
+
+def llama_cpp_python(a: argparse.Namespace, folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
+    seed = server_seed(a, folder)
     server = serve([a.llama_python, "-m", "llama_cpp.server", "--model", model_path(a.llama_python), "--host",
-                    "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "2", "--seed", "-1"], port)
+                    "127.0.0.1", "--port", str(port), "--n_ctx", "2048", "--n_threads", "2", "--seed", str(seed)], port)
     return server, f"http://127.0.0.1:{port}"
 
 
 def screen(a: argparse.Namespace) -> None:
     suite = suite_file(a.out)
-    server, url = llama_cpp_python(a)
+    server, url = llama_cpp_python(a, a.out / "screen")
     try:
-        nfladder("--suite", str(suite), "--provider", url, "-R", "2", "--conditions", "live", "-j", "2",
+        nfladder("--suite", str(suite), "--provider", url, "-R", str(SCREEN_R), "--conditions", "live", "-j", "2",
                  "--out", str(a.out / "screen"), "--bootstrap", "200")
     finally:
         server.terminate()
@@ -114,11 +132,11 @@ def screen(a: argparse.Namespace) -> None:
         passes[row["task_id"]] = passes.get(row["task_id"], 0) + row["outcome"]
     chosen = sorted(t for t, n in passes.items() if n > 0)
     (a.out / "chosen.txt").write_text("".join(f"{t}\n" for t in chosen))
-    print(f"screen: {len(chosen)} of {len(passes)} tasks passed at least once in 2 live runs -> {a.out / 'chosen.txt'}")
+    print(f"screen: {len(chosen)} of {len(passes)} tasks passed at least once in {SCREEN_R} live runs -> {a.out / 'chosen.txt'}")
 
 
 def ladder(a: argparse.Namespace) -> None:
-    server, url = llama_cpp_python(a)
+    server, url = llama_cpp_python(a, a.out / "ladder")
     try:
         nfladder("--suite", str(a.out / "combined.jsonl.gz"), "--task-ids", f"@{a.out / 'chosen.txt'}", "--provider",
                  url, "-R", str(a.R), "-j", "2", "--out", str(a.out / "ladder"), "--bootstrap", "10000")
@@ -131,13 +149,14 @@ def slots(a: argparse.Namespace) -> None:
     gguf = model_path(a.llama_python)
     for n in (1, 4):
         port = free_port()
+        tasks = a.task_file or a.out / "chosen.txt"
+        folder = a.out / f"slots-{n}{'-' + tasks.stem if a.task_file else ''}"
         server = serve([a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--parallel", str(n),
-                        "-c", str(2048 * n), "-t", "2", "--no-webui"], port)
+                        "-c", str(2048 * n), "-t", "2", "--no-webui", "--seed", str(server_seed(a, folder))], port)
         try:
-            tasks = a.task_file or a.out / "chosen.txt"
             nfladder("--suite", str(a.out / "combined.jsonl.gz"), "--task-ids", f"@{tasks}", "--provider",
                      f"http://127.0.0.1:{port}", "-R", str(a.R), "-j", str(n), "--conditions", "t0", "--out",
-                     str(a.out / f"slots-{n}{'-' + tasks.stem if a.task_file else ''}"), "--bootstrap", "10000")
+                     str(folder), "--bootstrap", "10000")
         finally:
             server.terminate()
             server.wait(30)
@@ -170,6 +189,7 @@ def main() -> None:
     ap.add_argument("-R", type=int, default=5)
     ap.add_argument("--task-file", type=Path, help="slots: these tasks (one id per line), not the chosen ones")
     ap.add_argument("--out", type=Path, default=Path("/tmp/nf-real-model"))
+    ap.add_argument("--server-seed", type=int, help="the model server's seed (default: a fresh one per start, recorded)")
     a = ap.parse_intermixed_args()
     {"screen": screen, "ladder": ladder, "slots": slots, "texts": texts}[a.step](a)
 

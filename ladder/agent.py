@@ -12,7 +12,7 @@ top-level `def`, `class`, `if __name__` or `print`); it retries once when the ca
 print the final answer.
 
 NF_AGENT_TEMPERATURE (default 0.7) and NF_AGENT_MAX_TOKENS set the sampling; NF_AGENT_MODEL the
-model name. NF_AGENT_NOISE=1 makes the agent add a random line to its prompt: an agent that
+model name; NF_AGENT_PROMPT_SUFFIX is appended to the prompt (a changed agent, for a gate). NF_AGENT_NOISE=1 makes the agent add a random line to its prompt: an agent that
 changes its requests, which a strict replay must catch.
 """
 
@@ -60,6 +60,8 @@ def main(argv: list[str]) -> int:
         prompt = task["prompt"]
     else:
         prompt = f"Complete this Python function. Return the whole function.\n\n{task['prompt']}"
+    if os.environ.get("NF_AGENT_PROMPT_SUFFIX") and not completions:
+        prompt = f"{prompt}\n\n{os.environ['NF_AGENT_PROMPT_SUFFIX']}"
     if os.environ.get("NF_AGENT_NOISE"):
         prompt = f"# request {uuid.uuid4()}\n{prompt}" if completions else f"{prompt}\n# request {uuid.uuid4()}"
     base = os.environ.get("OPENAI_BASE_URL", "https://api.openai.com/v1")

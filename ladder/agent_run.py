@@ -10,12 +10,27 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
 STDERR_TAIL = 2000
+_RUNNING: set[subprocess.Popen[str]] = set()  # agents started here and not finished: killed on an interrupt
+_LOCK = threading.Lock()
+
+
+def kill_running() -> None:
+    """Kill every agent this process started that is still running (and what each started)."""
+    with _LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+INLINE = "nf-inline:"  # an agent argv of one word `nf-inline:MODULE`: a built-in client run in this thread
 
 
 @dataclass(frozen=True)
@@ -29,6 +44,7 @@ class AgentRun:
     timeout: float
     replay_from: str | None = None  # replay: the recorded session that answers this one
     env: tuple[tuple[str, str], ...] = field(default=())  # extra environment (replay-only settings)
+    extra: str = ""  # a JSON object merged into the task file (a tool-calling task's tools)
 
     @property
     def session(self) -> str:
@@ -59,12 +75,20 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     base = f"http://127.0.0.1:{port}/_nf/" + ",".join(f"{k}={quote(v, safe='')}" for k, v in labels.items())
     taskdir.mkdir(parents=True, exist_ok=True)
     task_file = taskdir / f"{run.session.replace('/', '_')}.json"
-    task_file.write_text(json.dumps({"task_id": run.task_id, "prompt": run.prompt, "entry_point": run.entry_point}))
+    task_file.write_text(json.dumps({**(json.loads(run.extra) if run.extra else {}), "task_id": run.task_id,
+                                     "prompt": run.prompt, "entry_point": run.entry_point}))
     env = {**os.environ, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base, "GOOGLE_GEMINI_BASE_URL": base,
            "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
            "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder"), **dict(run.env)}
     argv = [a.replace("{task_file}", str(task_file)) for a in run.agent]
     start = time.monotonic()
+    if argv and argv[0].startswith(INLINE):  # no interpreter per run (the judge's many short calls)
+        import importlib
+
+        client = importlib.import_module(f"noisefloor.ladder.{argv[0][len(INLINE):]}")
+        code, _, err = client.run(json.loads(task_file.read_text()), env)
+        return Attempt(run.session, run.task_id, run.condition, run.replicate, code, False,
+                       round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
     timed_out, code, err = False, None, ""
     try:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -72,6 +96,8 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     except OSError as exc:
         proc, code, err = None, 127, f"cannot start agent: {exc}"
     if proc is not None:
+        with _LOCK:
+            _RUNNING.add(proc)
         try:
             _, err = proc.communicate(timeout=run.timeout)
             code = proc.returncode
@@ -79,5 +105,8 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
             timed_out = True
             os.killpg(proc.pid, signal.SIGKILL)  # the agent and anything it started
             _, err = proc.communicate()
+        finally:
+            with _LOCK:
+                _RUNNING.discard(proc)
     return Attempt(run.session, run.task_id, run.condition, run.replicate, code, timed_out,
                    round(time.monotonic() - start, 3), err[-STDERR_TAIL:])

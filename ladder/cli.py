@@ -1,4 +1,5 @@
-"""`nfladder`: run an unchanged agent through live, temperature-0 and replay, verify, analyze, plot."""
+"""`nfladder`: run a design (ladder, judge, audit, gate) for an unchanged agent: its conditions
+through nfproxy, graded by nfverify, analyzed by nfanalyze; from options or a study file."""
 
 from __future__ import annotations
 
@@ -11,17 +12,22 @@ from typing import Any
 import click
 
 from noisefloor import outputs
-from noisefloor._cli import VERSION, Group
+from noisefloor._cli import VERSION, Group, exit_on_sigterm
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
-from noisefloor.errors import EXIT_DRIFT, EXIT_REPLAY_FAILED, InputError
-from noisefloor.ladder import pipeline
-from noisefloor.ladder.runner import CONDITIONS, Config, LadderError, parse_agent
+from noisefloor.errors import EXIT_DRIFT, EXIT_REGRESSED, EXIT_REPLAY_FAILED, EXIT_STAMPS, InputError
+from noisefloor.ladder import designs, pipeline, provenance, study_file
+from noisefloor.ladder.conditions import ConditionError, Override
+from noisefloor.ladder.runner import Config, LadderError, parse_agent
+
+LADDER = ("live", "t0", "replay")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(**VERSION)
 def main() -> None:
-    """The determinism ladder for your agent: live, temperature 0 and replay, R replicates per task."""
+    """The seeds' designs for your agent: the determinism ladder (live, temperature 0, replay), a
+    judge study, a tool-calling audit and a regression gate."""
+    exit_on_sigterm()
 
 
 def _say(message: str) -> None:
@@ -70,17 +76,20 @@ def _select(tasks: list[Any], spec: str) -> list[Any]:
     return [by_id[i] for i in dict.fromkeys(ids)]
 
 
-def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = True) -> int:
-    """Run the pipeline, print what it found, return the exit status."""
+def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None, abort_on_drift: bool = True) -> int:
+    """Run the design, print what it found, return the exit status (exit_codes.py)."""
     from noisefloor.analyzer import report
 
-    r = pipeline.run(cfg, kind, builtin, _say)
+    r = pipeline.run(cfg, design, kind, builtin, _say)
     click.echo(report.table(r.analysis, r.doc["log"]))
-    if "truth" in r.doc:
+    for section in r.sections:
+        click.echo("\n" + section)
+    if "truth" in r.doc and "w" in r.doc["truth"]:
         click.echo("\n" + report.truth_line(r.doc["truth"]))
-    click.echo(f"\nwrote {cfg.out}/report.json, report.md, ladder.png, outcomes.jsonl, log.lmdb")
+    click.echo("\n" + provenance.text(r.doc["provenance"]))
+    click.echo(f"\nwrote {cfg.out}/report.json, report.md, outcomes.jsonl, log.lmdb")
     if r.drifted:
-        click.echo("nfladder: the served model changed within a condition: " + "; ".join(
+        click.echo("nfladder: the served model changed for one requested model within a condition: " + "; ".join(
             f"{c}: {', '.join(m)}" for c, m in r.drifted.items()) + " (system fingerprints are kept as a covariate)"
             + ("; exit 4 (pass --allow-drift to accept it)" if abort_on_drift else ""), err=True)
         if abort_on_drift:
@@ -95,6 +104,12 @@ def execute(cfg: Config, kind: str, builtin: Any | None, abort_on_drift: bool = 
         click.echo("nfladder: REPLAY FAILED: the replay proxy could not answer every request (see the errors "
                    "it logged above); the replay condition is not a faithful replay", err=True)
         return EXIT_REPLAY_FAILED
+    if r.refused:
+        click.echo(f"nfladder: the gate refused to compare: {r.refused}; exit 2", err=True)
+        return EXIT_STAMPS
+    if r.regressed:
+        click.echo("nfladder: the gate found a regressed case; exit 1", err=True)
+        return EXIT_REGRESSED
     return 0
 
 
@@ -105,13 +120,105 @@ def _common(f: Any) -> Any:
         click.option("-j", "--jobs", default=os.cpu_count() or 2, show_default=True, type=click.IntRange(min=1)),
         click.option("--seed", default=0, show_default=True, type=int, help="Provider draws and bootstrap."),
         click.option("--bootstrap", default=DEFAULT_RESAMPLES, show_default=True, type=click.IntRange(min=100)),
+        click.option("--design", type=click.Choice(designs.DESIGNS), default="ladder", show_default=True,
+                     help="ladder (live, t0, replay), judge (frozen candidates judged at T=0.7 and T=0), audit "
+                          "(BFCL tool calling: reruns and prompt perturbations), gate (baselines A, B, candidate)."),
+        click.option("--judge-repeats", default=20, show_default=True, type=click.IntRange(min=2),
+                     help="judge: verdicts per candidate and temperature."),
+        click.option("--judge-temperatures", default="0.7,0", show_default=True, help="judge: the judge's temperatures."),
+        click.option("--samples", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="judge: frozen candidates from an EvalPlus samples file (task_id, solution/completion) "
+                          "instead of one recorded generation."),
+        click.option("--categories", default="multiple,parallel", show_default=True, help="audit: BFCL categories."),
+        click.option("--per-category", default=20, show_default=True, type=click.IntRange(min=1),
+                     help="audit: the first N tasks of each category."),
+        click.option("--bfcl", "bfcl_dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+                     help="audit: folder of BFCL v4 files (default: shared data or the cache)."),
+        click.option("--main-runs", default=10, show_default=True, type=click.IntRange(min=2), help="audit: main-arm reruns."),
+        click.option("--perturbed-runs", default=5, show_default=True, type=click.IntRange(min=1),
+                     help="audit: reruns per perturbation variant."),
+        click.option("--variants", default=",".join(designs.PERTURBATIONS), show_default=True,
+                     help="audit: perturbation variants (the four named ones, or names from --perturb-file)."),
+        click.option("--perturb-file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                     help="audit: user perturbation variants (JSON; see nfproxy --perturb-file)."),
+        click.option("--k", "gate_k", default=8, show_default=True, type=click.IntRange(min=2), help="gate: repeats per case."),
+        click.option("--escalate-at", default=16, show_default=True, type=click.IntRange(min=2),
+                     help="gate: inconclusive cases are re-run to this many repeats."),
+        click.option("--candidate-agent", help="gate: the candidate's agent command (default: the baselines').",),
+        click.option("--candidate-env", multiple=True, metavar="KEY=VALUE", help="gate: environment of the candidate agent."),
+        click.option("--candidate-set", multiple=True, metavar="POINTER=VALUE",
+                     help="gate: proxy overrides of the candidate (unstamped fields only)."),
     ]
     for o in reversed(opts):
         f = o(f)
     return f
 
 
+def _kv(items: tuple[str, ...], what: str) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint=what)
+        out[k] = v
+    return out
+
+
+def _design(name: str, p: dict[str, Any], grader: str, builtin: bool) -> designs.Design:
+    try:
+        if name == "judge":
+            temps = tuple(float(t) for t in p["judge_temperatures"].split(",") if t.strip())
+            return designs.judge(p["judge_repeats"], temps, samples=str(p["samples"]) if p["samples"] else None)
+        if name == "audit":
+            return designs.audit(main_runs=p["main_runs"], perturbed_runs=p["perturbed_runs"],
+                                 variants=tuple(v.strip() for v in p["variants"].split(",") if v.strip()),
+                                 per_category=p["per_category"],
+                                 categories=tuple(c.strip() for c in p["categories"].split(",") if c.strip()))
+        if name == "gate":
+            env = _kv(p["candidate_env"], "--candidate-env")
+            if builtin and not env and not p["candidate_agent"] and not p["candidate_set"]:
+                from noisefloor.ladder.provider import CANDIDATE_MARK
+
+                env = {designs.CANDIDATE_MARK_ENV: CANDIDATE_MARK}  # the demo's changed agent
+            sets = [Override(k, _json(v)) for k, v in _kv(p["candidate_set"], "--candidate-set").items()]
+            agent = parse_agent(p["candidate_agent"]) if p["candidate_agent"] else None
+            return designs.gate(p["gate_k"], p["escalate_at"], env, sets, agent, grader)
+    except (ValueError, ConditionError) as exc:
+        raise click.BadParameter(str(exc), param_hint="--design options") from None
+    conds = tuple(c.strip() for c in p["conditions"].split(",") if c.strip())
+    unknown = [c for c in conds if c not in LADDER]
+    if unknown:
+        raise click.BadParameter(f"unknown condition {unknown[0]!r}; choose from {', '.join(LADDER)}",
+                                 param_hint="--conditions")
+    src_cond, _, src_rep = p["replay_source"].partition(":")
+    if src_cond not in ("live", "t0") or not src_rep.isdigit() or int(src_rep) >= p["replicates"]:
+        raise click.BadParameter(f"{p['replay_source']!r} is not live:N or t0:N with N < --replicates",
+                                 param_hint="--replay-source")
+    if "replay" in conds and src_cond not in conds:
+        raise click.BadParameter(f"replay serves the {src_cond} recording: include {src_cond} in --conditions",
+                                 param_hint="--conditions")
+    return designs.ladder(p["replicates"], conds, (src_cond, int(src_rep)), grader)
+
+
+def _graded(reg: Any, grader: str) -> Any:
+    from dataclasses import replace
+
+    from noisefloor.ladder.conditions import Registry
+
+    return Registry(tuple(replace(c, grader_version=c.grader_version or grader) for c in reg))
+
+
+def _json(text: str) -> Any:
+    import json
+
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 @main.command("run")
+@click.argument("study", required=False, type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--agent", "agent_cmd", default="builtin", show_default=True,
               help="Agent command with {task_file}, e.g. 'python agent.py {task_file}'; 'builtin' is a stdlib chat "
                    "agent, 'completions' a stdlib agent for base models (/v1/completions with stop sequences).")
@@ -119,7 +226,7 @@ def _common(f: Any) -> Any:
 @click.option("--tasks", "limit", type=click.IntRange(min=1), help="Use the first N tasks of the suite.")
 @click.option("--task-ids", help="Only these tasks: comma-separated ids, or @FILE with one id per line.")
 @click.option("--replicates", "-R", default=5, show_default=True, type=click.IntRange(min=2))
-@click.option("--conditions", default=",".join(CONDITIONS), show_default=True)
+@click.option("--conditions", default=",".join(LADDER), show_default=True, help="ladder: which of live, t0, replay.")
 @click.option("--provider", default="builtin", show_default=True, help="builtin, or the provider's base URL (origin).")
 @click.option("--replay-source", default="t0:0", show_default=True, help="CONDITION:REPLICATE whose recording replay serves.")
 @click.option("--agent-timeout", default=120.0, show_default=True, type=float, help="Seconds before an agent run is killed.")
@@ -128,72 +235,104 @@ def _common(f: Any) -> Any:
 @click.option("--fault-drop", default=0.0, type=click.FloatRange(0, 1), help="Built-in provider: share of dropped connections.")
 @click.option("--latency-ms", default=0.0, type=click.FloatRange(min=0), help="Built-in provider: added latency.")
 @click.option("--abort-on-drift/--allow-drift", default=True, show_default=True,
-              help="Exit 4 when a condition's served model changed mid-study; --allow-drift reports it as a warning.")
+              help="Exit 4 when one requested model was served by two models within a condition; --allow-drift "
+                   "reports it as a warning.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where agent runs and grading happen: this machine, or a Ray cluster (pip install 'noisefloor[ray]').")
 @click.option("--ray-address", help="The Ray cluster to join (default: start or join a local Ray).")
 @_common
-def run_cmd(agent_cmd: str, suite: str, limit: int | None, task_ids: str | None, replicates: int, conditions: str, provider: str,
-            replay_source: str, agent_timeout: float, inject_violation: bool, fault_429: float, fault_drop: float,
-            latency_ms: float, abort_on_drift: bool, executor: str, ray_address: str | None, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
-    """Run the ladder for an agent and write the report to --out."""
-    conds = tuple(c.strip() for c in conditions.split(",") if c.strip())
-    unknown = [c for c in conds if c not in CONDITIONS]
-    if unknown:
-        raise click.BadParameter(f"unknown condition {unknown[0]!r}; choose from {', '.join(CONDITIONS)}",
-                                 param_hint="--conditions")
-    src_cond, _, src_rep = replay_source.partition(":")
-    if src_cond not in ("live", "t0") or not src_rep.isdigit() or int(src_rep) >= replicates:
-        raise click.BadParameter(f"{replay_source!r} is not live:N or t0:N with N < --replicates", param_hint="--replay-source")
-    if "replay" in conds and src_cond not in conds:
-        raise click.BadParameter(f"replay serves the {src_cond} recording: include {src_cond} in --conditions",
-                                 param_hint="--conditions")
+@click.pass_context
+def run_cmd(ctx: click.Context, study: Path | None, **p: Any) -> None:
+    """Run a design for an agent and write the report to --out; STUDY.toml declares the same
+    options (and, for a ladder, its own conditions) in a file; options given here win."""
+    if study is not None:
+        p = study_file.merge(study, p, ctx)
+    code = _run(p)
+    sys.exit(code)
+
+
+def _run(p: dict[str, Any]) -> int:
+    from noisefloor.verifier.datasets import DatasetError
+
+    out: Path = p["out"]
+    name = p["design"]
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out}: cannot create the folder ({exc.strerror}); choose another path") from None
     outputs.check_writable(out / "report.json", "--out")  # before any agent runs: a report that cannot be written is lost
-    tasks, dataset, kind = _suite(suite, out)
-    if task_ids:
-        tasks = _select(tasks, task_ids)
-    tasks = tasks[:limit]
-    agent = parse_agent(agent_cmd)
+    builtin_provider = p["provider"] == "builtin"
+    try:
+        if name == "audit":
+            from noisefloor.ladder.audit_study import audit_tasks
+
+            tasks, dataset, kind = audit_tasks(p["bfcl_dir"], p["categories"], p["per_category"])
+        else:
+            tasks, dataset, kind = _suite(p["suite"], out)
+    except DatasetError as exc:
+        raise click.ClickException(f"suite refused before anything ran: {exc}") from None
+    if p["task_ids"]:
+        tasks = _select(tasks, p["task_ids"])
+    tasks = tasks[:p["limit"]]
+    from noisefloor import __version__ as nf_version
+
+    grader = f"nfverify-{kind}-{nf_version}"
+    design = _design(name, p, grader, builtin_provider)
+    if p.get("custom_conditions") is not None:
+        if name != "ladder":
+            raise click.ClickException(f"[[condition]] tables declare a ladder's conditions; the {name} design "
+                                       "builds its own (set its options instead)")
+        design = designs.Design("ladder", _graded(p["custom_conditions"], grader), p["replicates"], {})
+    agent = parse_agent("tools" if name == "audit" and p["agent_cmd"] == "builtin" else p["agent_cmd"])
     builtin = None
-    if provider == "builtin":
-        if suite != "builtin":
+    if builtin_provider:
+        if p["suite"] != "builtin" and name != "audit":
             raise click.BadParameter("the built-in provider only answers the built-in suite; give --provider URL",
                                      param_hint="--provider")
         from noisefloor.ladder.provider import BuiltinProvider, Faults
+        from noisefloor.ladder.suite import builtin_suite
 
-        builtin = BuiltinProvider(tasks, seed, Faults(fault_429, fault_drop, latency_ms)).start()
+        code_tasks = tasks if name != "audit" else builtin_suite()
+        builtin = BuiltinProvider(code_tasks, p["seed"], Faults(p["fault_429"], p["fault_drop"], p["latency_ms"]),
+                                  tool_tasks=[t.tool for t in tasks] if name == "audit" else []).start()
         upstream = builtin.url
     else:
-        upstream = provider
-    cfg = Config(out=out, agent=agent, tasks=tasks, dataset=dataset, upstream=upstream, replicates=replicates,
-                 conditions=conds, replay_source=(src_cond, int(src_rep)), jobs=jobs, agent_timeout=agent_timeout,
-                 seed=seed, bootstrap=bootstrap, replay_env={"NF_AGENT_NOISE": "1"} if inject_violation else {},
-                 executor=executor, ray_address=ray_address)
+        upstream = p["provider"]
+    cfg = Config(out=out, agent=agent, tasks=tasks, dataset=dataset, upstream=upstream, replicates=design.replicates,
+                 conditions=design.conditions, jobs=p["jobs"], agent_timeout=p["agent_timeout"],
+                 seed=p["seed"], bootstrap=p["bootstrap"],
+                 replay_env={"NF_AGENT_NOISE": "1"} if p["inject_violation"] else {},
+                 executor=p["executor"], ray_address=p["ray_address"], design=name,
+                 perturb_file=p["perturb_file"], provider_listing=provenance.provider_models(upstream))
     try:
-        code = execute(cfg, kind, builtin, abort_on_drift)
+        return execute(cfg, design, kind, builtin, p["abort_on_drift"])
     except LadderError as exc:
         raise click.ClickException(str(exc)) from None
-    sys.exit(code)
+    finally:
+        if builtin is not None and builtin.running:
+            builtin.stop()
+
+
+DEMO_SIZES = {"ladder": {}, "judge": {"limit": 10}, "audit": {"per_category": 6}, "gate": {"limit": 12}}
 
 
 @main.command("demo")
 @click.option("--replicates", "-R", default=5, show_default=True, type=click.IntRange(min=2))
 @_common
 @click.pass_context
-def demo_cmd(ctx: click.Context, replicates: int, out: Path, jobs: int, seed: int, bootstrap: int) -> None:
-    """The whole ladder on the built-in suite, provider and agent (no network, no API key)."""
+def demo_cmd(ctx: click.Context, replicates: int, out: Path, design: str, **p: Any) -> None:
+    """A design end to end on the built-in suite, provider and agent (no network, no API key),
+    with the provider's known truth beside every estimate."""
     if out == Path("nf-ladder"):
         out = Path("nf-demo")
-    ctx.invoke(run_cmd, agent_cmd="builtin", suite="builtin", limit=None, task_ids=None, replicates=replicates,
-               conditions=",".join(CONDITIONS), provider="builtin", replay_source="t0:0", agent_timeout=60.0,
-               inject_violation=False, fault_429=0.0, fault_drop=0.0, latency_ms=0.0, abort_on_drift=True,
-               executor="local", ray_address=None, out=out,
-               jobs=jobs, seed=seed,
-               bootstrap=bootstrap)
+    p = {**p, "replicates": replicates, "out": out, "design": design, "agent_cmd": "builtin", "suite": "builtin",
+         "limit": None, "task_ids": None, "conditions": ",".join(LADDER), "provider": "builtin", "replay_source": "t0:0",
+         "agent_timeout": 60.0, "inject_violation": False, "fault_429": 0.0, "fault_drop": 0.0, "latency_ms": 0.0,
+         "abort_on_drift": True, "executor": "local", "ray_address": None}
+    for k, v in DEMO_SIZES[design].items():
+        if ctx.get_parameter_source(k) in (None, click.core.ParameterSource.DEFAULT):
+            p[k] = v
+    sys.exit(_run(p))
 
 
 @main.command("provider")

@@ -1,5 +1,5 @@
 """Where agent runs happen. The ladder hands an executor one condition at a time: the runs, the
-nfproxy arguments of that condition (without a store) and the study's log; the executor runs every
+nfproxy arguments the condition's registry gives (without a store) and the study's log; the executor runs every
 agent behind a proxy of that condition, leaves their exchanges in the log, and reports each
 attempt as it finishes. Another engine (Slurm, Kubernetes jobs) is one more class like these.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from noisefloor.errors import StateError
-from noisefloor.ladder.agent_run import AgentRun, Attempt, run_agent
+from noisefloor.ladder.agent_run import AgentRun, Attempt, kill_running, run_agent
 from noisefloor.proxy import launch
 from noisefloor.verifier.grading import GradeOptions, code_grader
 
@@ -25,8 +25,9 @@ class ExecutorError(StateError):
 
 class Executor(Protocol):
     def run(self, runs: Sequence[AgentRun], proxy_args: Sequence[str], store: Path,
-            on_done: Callable[[Attempt], None]) -> int:
-        """Run every agent; return the worst nfproxy exit status of the condition (0: all clean)."""
+            on_done: Callable[[Attempt], None], replay: bool = False) -> int:
+        """Run every agent; return the worst nfproxy exit status of the condition (0: all clean).
+        `replay`: the proxy answers from `store` (the condition replays), so a remote node needs a copy."""
         ...
 
     def grade(self, kind: str, dataset: Path, options: GradeOptions, items: Items) -> list[Any]:
@@ -51,13 +52,18 @@ class LocalExecutor:
         self.taskdir = taskdir
 
     def run(self, runs: Sequence[AgentRun], proxy_args: Sequence[str], store: Path,
-            on_done: Callable[[Attempt], None]) -> int:
+            on_done: Callable[[Attempt], None], replay: bool = False) -> int:
         proxy = start_proxy(["--store", str(store), *proxy_args])
+        pool = ThreadPoolExecutor(self.jobs)
         try:
-            with ThreadPoolExecutor(self.jobs) as pool:
-                for attempt in pool.map(lambda r: run_agent(r, proxy.port, self.taskdir), runs):
-                    on_done(attempt)
+            for attempt in pool.map(lambda r: run_agent(r, proxy.port, self.taskdir), runs):
+                on_done(attempt)
+        except BaseException:  # an interrupt (SIGINT, SIGTERM): stop the agents now, not when they finish
+            pool.shutdown(wait=False, cancel_futures=True)
+            kill_running()
+            raise
         finally:
+            pool.shutdown(wait=True)
             code = proxy.stop(timeout=60)
         return code
 

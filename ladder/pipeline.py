@@ -1,12 +1,13 @@
-"""The ladder, end to end, as a function: run every condition through its proxy, grade the
+"""A design, end to end, as a function: run its conditions through their proxies, grade the
 candidates from the log, keep the grades in the log, analyze, write the report files. The CLI
-only prints what it returns."""
+only prints what it returns. The ladder and the gate live here; the judge and the audit have
+their own modules (`judge_study.py`, `audit_study.py`) built from the same parts."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from noisefloor import outputs
@@ -15,25 +16,43 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.logstats import from_store
 from noisefloor.analyzer.outcomes import build
 from noisefloor.errors import EXIT_REPLAY_FAILED
+from noisefloor.ladder import provenance
+from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor, LocalExecutor
-from noisefloor.ladder.runner import CONDITIONS, Config, Ladder
-from noisefloor.outcome_rows import write_jsonl
+from noisefloor.ladder.runner import Config, Ladder
+from noisefloor.outcome_rows import OutcomeRow, write_jsonl
 from noisefloor.proxy.store import Store
+
+STUDY_META = "nfladder_study"  # the store's meta entry holding the design, provenance and truth (logstats reads it)
 
 
 @dataclass(frozen=True)
 class LadderResult:
     analysis: Analysis
     doc: dict[str, Any]  # report.json
-    drifted: dict[str, list[str]]  # condition -> the served models, where more than one
+    drifted: dict[str, list[str]]  # "condition / requested model" -> the served models, where more than one
     replay_misses: list[str]  # replay sessions that saw a miss or an order violation
     replay_proxy_failed: bool  # the replay proxy reported errors of its own
+    sections: list[str] = field(default_factory=list)  # the design's own report text (judge, floors, gate)
+    regressed: bool = False  # gate: a case regressed
+    refused: str | None = None  # gate: why the runs' stamps were refused
 
 
-def run(cfg: Config, kind: str, builtin: Any | None, say: Callable[[str], None] = lambda s: None) -> LadderResult:
+def run(cfg: Config, design: Design, kind: str, builtin: Any | None,
+        say: Callable[[str], None] = lambda s: None) -> LadderResult:
     executor = make_executor(cfg, say)
     try:
-        return _run(cfg, kind, builtin, executor, say)
+        if design.name == "judge":
+            from noisefloor.ladder.judge_study import run_judge
+
+            return run_judge(cfg, design, kind, builtin, executor, say)
+        if design.name == "audit":
+            from noisefloor.ladder.audit_study import run_audit
+
+            return run_audit(cfg, design, builtin, executor, say)
+        if design.name == "gate":
+            return _run_gate(cfg, design, kind, builtin, executor, say)
+        return _run_ladder(cfg, design, kind, builtin, executor, say)
     finally:
         executor.close()
 
@@ -46,54 +65,149 @@ def make_executor(cfg: Config, say: Callable[[str], None]) -> Executor:
     return LocalExecutor(cfg.jobs, cfg.out / "tasks")  # task files beside the log, nothing left in /tmp
 
 
-def _run(cfg: Config, kind: str, builtin: Any | None, executor: Executor, say: Callable[[str], None]) -> LadderResult:
+def start(cfg: Config, executor: Executor, builtin: Any | None, say: Callable[[str], None]) -> Ladder:
     ladder = Ladder(cfg, say, executor)
     if builtin is not None:
         builtin.restore(ladder.provider_counts())
-    for condition in cfg.conditions:
-        say(f"[{condition}] {cfg.replicates} replicates x {len(cfg.tasks)} tasks")
-        ladder.run_condition(condition)
+    return ladder
+
+
+def keep_rows(ladder: Ladder, rows: Sequence[OutcomeRow]) -> None:
+    """outcomes.jsonl, and the log holds its own grades: `nfanalyze log.lmdb` alone reproduces the report."""
+    write_jsonl(rows, ladder.c.out / "outcomes.jsonl")
+    with Store.open(ladder.store, write=True) as store:
+        store.put_outcomes([r.to_json() for r in rows])
+
+
+def drift(served: dict[tuple[str, str], set[str]]) -> dict[str, list[str]]:
+    """Served models per (condition, requested model): an agent that asks for two models is not
+    drift; one requested model answered by two served ones is."""
+    return {f"{c} / {m}": sorted(s) for (c, m), s in sorted(served.items()) if len(s) > 1}
+
+
+def analysis_doc(cfg: Config, design: Design, ladder: Ladder, rows: Sequence[OutcomeRow],
+                 analyzed: Sequence[OutcomeRow] | None = None) -> tuple[Analysis, dict[str, Any], dict[str, list[str]]]:
+    data = build(list(analyzed if analyzed is not None else rows))
+    result = analyze(data, Settings(resamples=cfg.bootstrap, seed=cfg.seed))
+    doc = result.to_json()
+    doc["log"] = from_store(ladder.store)
+    doc["design"] = design.name
+    doc["settings"] |= {"replicates": cfg.replicates, **design.settings, "agent": cfg.agent, "upstream": cfg.upstream,
+                        "conditions": cfg.conditions.to_json()}
+    served = ladder.served_models()
+    doc["served_by_requested"] = {f"{c} / {m}": sorted(v) for (c, m), v in sorted(served.items())}
+    drifted = drift(served)
+    doc["warnings"] = [*doc["warnings"], *(f"{c}: the served model changed within the study ({', '.join(m)})"
+                                           for c, m in drifted.items())]
+    return result, doc, drifted
+
+
+def write_reports(cfg: Config, result: Analysis, doc: dict[str, Any], rows: Sequence[OutcomeRow],
+                  sections: Sequence[str] = (), md_sections: Sequence[str] | None = None, plot: bool = True) -> None:
+    doc["provenance"] = provenance.manifest(cfg, rows, doc)
+    with Store.open(cfg.out / "log.lmdb", write=True) as store:  # `nfanalyze LOG` shows what the report showed
+        store.set_meta(STUDY_META, {k: doc[k] for k in ("design", "provenance", "judge_parse", "truth") if k in doc})
+    outputs.write_text(cfg.out / "report.json", json.dumps(doc, indent=2))  # atomic: never half a report
+    truth = doc.get("truth") if "w" in doc.get("truth", {}) else None  # the ladder's truth; designs print their own
+    md = report.markdown(result, doc["log"], truth=truth)
+    extra = list(md_sections if md_sections is not None else sections)
+    md += "".join(f"\n{s}\n" for s in extra) + "\n" + provenance.markdown(doc["provenance"]) + "\n"
+    outputs.write_text(cfg.out / "report.md", md)
+    if plot:
+        report.plot(result, cfg.out / "ladder.png", truth)
+
+
+# -- the ladder --------------------------------------------------------------------------------
+
+
+def _run_ladder(cfg: Config, design: Design, kind: str, builtin: Any | None, executor: Executor,
+                say: Callable[[str], None]) -> LadderResult:
+    ladder = start(cfg, executor, builtin, say)
+    for cond in cfg.conditions:
+        say(f"[{cond.name}] {cfg.replicates_of(cond)} replicates x {len(cfg.tasks)} tasks")
+        ladder.run_condition(cond)
     if builtin is not None:
         builtin.stop()
     say("verifying candidates from the log")
     rows = ladder.outcomes(lambda items: executor.grade(kind, cfg.dataset, cfg.grading, items))
-    write_jsonl(rows, cfg.out / "outcomes.jsonl")
-    with Store.open(ladder.store, write=True) as store:  # the log holds its own grades: `nfanalyze log.lmdb`
-        store.put_outcomes([r.to_json() for r in rows])
+    keep_rows(ladder, rows)
     say("analyzing")
-    data = build(rows)
-    result = analyze(data, Settings(resamples=cfg.bootstrap, seed=cfg.seed))
-    doc = result.to_json()
-    doc["log"] = from_store(ladder.store)
-    doc["settings"] |= {"replicates": cfg.replicates, "replay_source": list(cfg.replay_source),
-                        "agent": cfg.agent, "upstream": cfg.upstream}
+    result, doc, drifted = analysis_doc(cfg, design, ladder, rows)
     if builtin is not None:
-        doc["truth"] = _truth(builtin, result, cfg)
-    drifted = {c: s["models"] for c, s in doc["log"]["conditions"].items() if len(s["models"]) > 1}
-    doc["warnings"] = [*doc["warnings"], *(f"condition {c!r}: the served model changed within the study "
-                                           f"({', '.join(m)})" for c, m in drifted.items())]
-    outputs.write_text(cfg.out / "report.json", json.dumps(doc, indent=2))  # atomic: never half a report
-    outputs.write_text(cfg.out / "report.md", report.markdown(result, doc["log"], truth=doc.get("truth")))
-    report.plot(result, cfg.out / "ladder.png", doc.get("truth"))
+        doc["truth"] = _ladder_truth(builtin, result, cfg)
+    write_reports(cfg, result, doc, rows)
+    replayed = [c.name for c in cfg.conditions if c.replays]
     return LadderResult(result, doc, drifted, ladder.replay_failures(),
-                        ladder.proxy_exit.get("replay") == EXIT_REPLAY_FAILED)
+                        any(ladder.proxy_exit.get(n) == EXIT_REPLAY_FAILED for n in replayed))
 
 
-def _truth(builtin: Any, result: Any, cfg: Config) -> dict[str, Any]:
-    from noisefloor.ladder.provider import LIVE_T, true_w  # the built-in provider only
+def true_temperature(cfg: Config, name: str) -> float | None:
+    """The temperature the built-in provider saw for a condition; None for a replay (w is 0)."""
+    from noisefloor.ladder.provider import LIVE_T  # the built-in agent's own temperature
+
+    cond = cfg.conditions.get(name)
+    if cond is None or cond.replays:
+        return None
+    t = cond.stamp.temperature
+    return LIVE_T if t is None else t
+
+
+def _ladder_truth(builtin: Any, result: Any, cfg: Config) -> dict[str, Any]:
+    from noisefloor.ladder.provider import true_w
 
     ids = [t.task_id for t in cfg.tasks]
-    temps = {"live": LIVE_T, "t0": 0.0}
     out: dict[str, Any] = {"w": {}}
     for c in result.conditions:
-        if c.name in temps:
-            w = true_w(builtin.models, temps[c.name], ids)
-        elif c.name == "replay":
-            w = 0.0
-        else:
+        if cfg.conditions.get(c.name) is None:
             continue
+        temp = true_temperature(cfg, c.name)
+        w = 0.0 if temp is None else true_w(builtin.models, temp, ids)
         out["w"][c.name] = {"true_w": w, "measured_w": c.stats.w, "w_ci": list(c.w_ci),
                             "covered": c.w_ci[0] - 1e-12 <= w <= c.w_ci[1] + 1e-12}
+    # the ladder's order: more imposed determinism, less variance (by the true values' order)
     ws = {c.name: c.stats.w for c in result.conditions}
-    out["order_holds"] = all(k in ws for k in CONDITIONS) and ws["live"] > ws["t0"] > ws["replay"]
+    truth_order = sorted(out["w"], key=lambda n: -out["w"][n]["true_w"])
+    out["order_holds"] = len(ws) == len(cfg.conditions) and all(
+        ws[a] > ws[b] for a, b in zip(truth_order, truth_order[1:]))
     return out
+
+
+# -- the gate ----------------------------------------------------------------------------------
+
+
+def _run_gate(cfg: Config, design: Design, kind: str, builtin: Any | None, executor: Executor,
+              say: Callable[[str], None]) -> LadderResult:
+    from noisefloor.ladder import gate_study
+
+    ladder = start(cfg, executor, builtin, say)
+    k, escalate_at = int(design.settings["k"]), int(design.settings["escalate_at"])
+    for cond in cfg.conditions:
+        say(f"[{cond.name}] k={k} x {len(cfg.tasks)} cases")
+        ladder.run_condition(cond)
+
+    def grade(items: list[tuple[str, str]]) -> list[Any]:
+        return executor.grade(kind, cfg.dataset, cfg.grading, items)
+
+    say("verifying candidates from the log")
+    rows = ladder.outcomes(grade)
+    verdicts = gate_study.verdicts(cfg, rows, escalate_at)
+    again = [v.case_id for v in verdicts.verdicts if v.verdict == "inconclusive"]
+    if again and verdicts.refused is None:
+        cand = cfg.conditions["candidate"]
+        say(f"[gate] {len(again)} inconclusive cases: re-running the candidate to k={escalate_at}")
+        by_id = {t.task_id: t for t in cfg.tasks}
+        ladder.run_condition(cand, range(escalate_at), [by_id[c] for c in again])
+        rows = [r for r in rows if r.condition != cand.name] + ladder.outcomes(grade, {cand.name})
+        verdicts = gate_study.verdicts(cfg, rows, escalate_at)
+    if builtin is not None:
+        builtin.stop()
+    keep_rows(ladder, rows)
+    say("analyzing")
+    result, doc, drifted = analysis_doc(cfg, design, ladder, rows)
+    doc["gate"] = verdicts.to_json()
+    if builtin is not None:
+        doc["truth"] = gate_study.truth(builtin, cfg, verdicts)
+    text = gate_study.table(verdicts, doc.get("truth"))
+    write_reports(cfg, result, doc, rows, [text], plot=False)
+    return LadderResult(result, doc, drifted, [], False, [text],
+                        regressed=any(v.verdict == "regressed" for v in verdicts.verdicts), refused=verdicts.refused)

@@ -142,10 +142,9 @@ class RayExecutor:
         say(f"[ray] {len(nodes)} nodes, {int(ray.cluster_resources().get('CPU', 0))} CPUs")
 
     def run(self, runs: Sequence[AgentRun], proxy_args: Sequence[str], store: Path,
-            on_done: Callable[[Attempt], None]) -> int:
+            on_done: Callable[[Attempt], None], replay: bool = False) -> int:
         ray = _ray()
         key = f"{runs[0].condition}-{uuid.uuid4().hex[:8]}" if runs else "none"
-        replay = "replay" in proxy_args
         shipped = [ray.put(_shard_bytes(store)) if replay else None]
         worst, todo = 0, list(runs)
         for round_ in range(RERUN_ROUNDS + 1):

@@ -3,8 +3,8 @@ grading and nfanalyze's statistics.
 
 One nfproxy process per condition serves every agent run of that condition; each run is its own
 session, named in the base URL the agent is given (`/_nf/session=...,task=.../v1`), so the agent
-needs no change at all. live records at the agent's own temperature, t0 records with the proxy
-imposing `--set /temperature=0`, replay answers strictly from one chosen recorded replicate.
+needs no change at all. What the proxy does for a condition (record or strict replay, the
+overrides it imposes, the perturbation it applies) is the condition's own (`conditions.py`).
 
 Runs are recorded in OUT/attempts.jsonl as they finish; a rerun of the same command skips them
 (resume). Everything lands in OUT: log.lmdb, attempts.jsonl, outcomes.jsonl, report.json,
@@ -26,12 +26,10 @@ from typing import Any
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.errors import StateError
 from noisefloor.ladder.agent_run import AgentRun, Attempt, session_name
+from noisefloor.ladder.conditions import Condition, Registry
 from noisefloor.ladder.executors import Executor, ExecutorError, LocalExecutor
 from noisefloor.outcome_rows import OutcomeRow
 from noisefloor.verifier.grading import GradeOptions
-
-CONDITIONS = ("live", "t0", "replay")
-OVERRIDES = {"live": [], "t0": ["--set", "/temperature=0"]}  # how the proxy imposes each recorded condition
 
 
 class LadderError(StateError):
@@ -45,9 +43,8 @@ class Config:
     tasks: list[Any]  # CodeTask-like: task_id, prompt, entry_point
     dataset: Path  # EvalPlus-format file the verifier grades against
     upstream: str  # provider URL (the built-in one's, or the user's)
-    replicates: int = 5
-    conditions: tuple[str, ...] = CONDITIONS
-    replay_source: tuple[str, int] = ("t0", 0)
+    replicates: int = 5  # for conditions that do not set their own
+    conditions: Registry = field(default_factory=Registry)
     jobs: int = 2
     agent_timeout: float = 120.0
     seed: int = 0
@@ -56,6 +53,12 @@ class Config:
     replay_env: dict[str, str] = field(default_factory=dict)  # extra environment for replay runs only
     executor: str = "local"  # or "ray"
     ray_address: str | None = None  # ray: the cluster to join (None: start or join a local Ray)
+    design: str = "ladder"
+    perturb_file: Path | None = None  # user perturbation variants (nfproxy --perturb-file)
+    provider_listing: dict[str, Any] | None = None  # what the provider listed at /v1/models, once per run
+
+    def replicates_of(self, c: Condition) -> int:
+        return c.replicates or self.replicates
 
 
 class Ladder:
@@ -68,6 +71,7 @@ class Ladder:
         self.attempts_file = self.c.out / "attempts.jsonl"
         self.done: dict[str, Attempt] = {}
         self.proxy_exit: dict[str, int] = {}  # condition -> its nfproxy's exit status, this run
+        self.planned: dict[tuple[str, str], int] = {}  # (condition, task) -> replicates of this run's study
         if self.attempts_file.exists():
             for line in self.attempts_file.read_text().splitlines():
                 if line.strip():
@@ -75,38 +79,43 @@ class Ladder:
                     self.done[a.session] = a
         if self.done:  # a recorded run whose exchanges the log lost (a proxy that could not record) runs again
             kept = self._logged_sessions()
-            self.done = {s: a for s, a in self.done.items() if a.condition == "replay" or s in kept}
+            replayed = {c.name for c in self.c.conditions if c.replays}
+            self.done = {s: a for s, a in self.done.items() if a.condition in replayed or s in kept}
         self._lock = threading.Lock()
         self.executor = executor or LocalExecutor(self.c.jobs, self.c.out / "tasks")
 
     # -- running -----------------------------------------------------------------------------
 
-    def run_condition(self, condition: str) -> None:
-        todo = [(r, t) for r in range(self.c.replicates) for t in self.c.tasks
-                if session_name(condition, r, t.task_id) not in self.done]
-        planned = self.c.replicates * len(self.c.tasks)
+    def run_condition(self, cond: Condition, replicates: range | None = None, tasks: list[Any] | None = None,
+                      prompts: dict[str, str] | None = None, extra: dict[str, str] | None = None) -> None:
+        """Every (replicate, task) run of `cond` not done yet; `prompts` replaces a task's prompt
+        (a judge condition's prompt holds the frozen candidate)."""
+        name = cond.name
+        reps = replicates if replicates is not None else range(self.c.replicates_of(cond))
+        tasks = tasks if tasks is not None else self.c.tasks
+        for t in tasks:
+            self.planned[(name, t.task_id)] = max(self.planned.get((name, t.task_id), 0), reps.stop)
+        wanted = [(r, t) for r in reps for t in tasks]
+        todo = [(r, t) for r, t in wanted if session_name(name, r, t.task_id) not in self.done]
+        planned = len(wanted)
         if not todo:
-            self.progress(f"[{condition}] all {planned} runs done earlier")
+            self.progress(f"[{name}] all {planned} runs done earlier")
             return
         if len(todo) < planned:  # a resume: say what an earlier run of this command already did
-            earlier = [a for a in self.done.values() if a.condition == condition]
+            earlier = [self.done[s] for s in (session_name(name, r, t.task_id) for r, t in wanted) if s in self.done]
             failed = sum(a.returncode != 0 for a in earlier)
-            self.progress(f"[{condition}] resuming: {planned - len(todo)} of {planned} runs done earlier"
+            self.progress(f"[{name}] resuming: {planned - len(todo)} of {planned} runs done earlier"
                           f"{f' ({failed} of them failed)' if failed else ''}; {len(todo)} to run")
-        args = ["--upstream", self.c.upstream, "--condition", condition, "-q"]
-        replay_from = None
-        if condition == "replay":
-            # the requests must be keyed as the source condition keyed them: same overrides
-            args += ["--mode", "replay", "--strict", "--replay-log-in-store", *OVERRIDES[self.c.replay_source[0]]]
-            replay_from = self.c.replay_source
-        else:
-            args += ["--mode", "record", *OVERRIDES[condition]]
-        runs = [AgentRun(condition, r, t.task_id, t.prompt, t.entry_point, tuple(self.c.agent), self.c.agent_timeout,
-                         session_name(replay_from[0], replay_from[1], t.task_id) if replay_from else None,
-                         tuple(self.c.replay_env.items()) if condition == "replay" else ())
+        args = self.c.conditions.proxy_args(cond, self.c.upstream, str(self.c.perturb_file) if self.c.perturb_file else None)
+        src = cond.replay_from
+        env = tuple(cond.env) + (tuple(self.c.replay_env.items()) if cond.replays else ())
+        runs = [AgentRun(name, r, t.task_id, (prompts or {}).get(t.task_id, t.prompt), t.entry_point,
+                         tuple(cond.agent or self.c.agent), self.c.agent_timeout,
+                         session_name(src[0], src[1], t.task_id) if src else None, env,
+                         (extra or {}).get(t.task_id, ""))
                 for r, t in todo]
         per_rep: dict[int, int] = {}
-        total = {r: sum(1 for rr, _ in todo if rr == r) for r in range(self.c.replicates)}
+        total = {r: sum(1 for rr, _ in todo if rr == r) for r in reps}
         clock = _Progress(len(todo))
 
         def finished(attempt: Attempt) -> None:
@@ -117,48 +126,78 @@ class Ladder:
                 per_rep[attempt.replicate] = per_rep.get(attempt.replicate, 0) + 1
                 line = clock.step(attempt.returncode != 0)
                 if per_rep[attempt.replicate] == total[attempt.replicate] or clock.done == len(todo):
-                    self.progress(f"[{condition}] replicate {attempt.replicate + 1}/{self.c.replicates} done: {line}")
+                    self.progress(f"[{name}] replicate {attempt.replicate + 1}/{reps.stop} done: {line}")
                 elif clock.due():
-                    self.progress(f"[{condition}] {line}")
+                    self.progress(f"[{name}] {line}")
 
         try:
-            code = self.executor.run(runs, args, self.store, finished)
+            code = self.executor.run(runs, args, self.store, finished, replay=cond.replays)
         except ExecutorError as exc:
             raise LadderError(str(exc)) from None
-        self.proxy_exit[condition] = code
-        if condition != "replay" and code != 0:
-            raise LadderError(f"the {condition} proxy exited {code}: it could not record every exchange (its errors "
-                              f"are above), so the recording is incomplete and the ladder stops; fix the cause (a "
+        self.proxy_exit[name] = max(code, self.proxy_exit.get(name, 0))
+        if not cond.replays and code != 0:
+            raise LadderError(f"the {name} proxy exited {code}: it could not record every exchange (its errors "
+                              f"are above), so the recording is incomplete and the study stops; fix the cause (a "
                               f"full disk, a damaged store) and rerun the same command: the lost runs run again")
-        if condition == "replay" and code == 3:
-            self.progress("[replay] nfproxy reported replay misses, order violations or errors")
+        if cond.replays and code == 3:
+            self.progress(f"[{name}] nfproxy reported replay misses, order violations or errors")
 
     # -- grading -----------------------------------------------------------------------------
 
-    def outcomes(self, grade: Callable[[list[tuple[str, str]]], list[Any]]) -> list[OutcomeRow]:
-        """One row per attempt: graded from the log, or failed with the agent's stderr tail."""
+    def candidates(self, names: set[str] | None = None) -> dict[str, Any]:
+        """This study's attempts (session -> verifier Attempt) found in the log."""
         from noisefloor.proxy.store import Store
         from noisefloor.verifier.candidates import attempts as log_attempts
-        from noisefloor.verifier.candidates import response_text
 
         with Store.open(self.store, write=False) as store:
             found = {a.session: a for a in log_attempts(store)}
+            self._requests = {a.session: _request_doc(store, a.exchange) for a in found.values() if a.exchange}
+        return {s: a for s, a in found.items() if names is None or a.condition in names}
+
+    def study_attempts(self, names: set[str] | None = None) -> list[tuple[str, Attempt]]:
+        """(session, attempt) of this run's study only: a resume with fewer tasks or replicates
+        leaves earlier runs in the log."""
+        out = []
+        for session, att in sorted(self.done.items()):
+            planned = self.planned.get((att.condition, att.task_id), 0)
+            if att.replicate < planned and (names is None or att.condition in names):
+                out.append((session, att))
+        return out
+
+    def base_row(self, session: str, att: Attempt, cand: Any) -> OutcomeRow:
+        """The row's identity and stamp: the model asked for and the one that answered, the
+        sampling the request carried (after the proxy's overrides), the condition's grader."""
+        cond = self.c.conditions[att.condition]
+        stamp = self.c.conditions.stamp(cond)
+        ex = cand.exchange if cand is not None else None
+        req = self._requests.get(session, {}) if ex is not None else {}
+        temp = _num(req.get("temperature"), float)
+        return OutcomeRow(att.task_id, att.condition, att.replicate, 0, session=session,
+                          fingerprint=ex.fingerprint if ex else None,
+                          model=_str(req.get("model")) or stamp.model,
+                          served_model=ex.model if ex else None,
+                          temperature=temp if temp is not None else stamp.temperature,
+                          top_p=_num(req.get("top_p"), float) if "top_p" in req else stamp.top_p,
+                          seed=_num(req.get("seed"), int) if "seed" in req else stamp.seed,
+                          grader_version=stamp.grader_version, endpoint=cond.endpoint,
+                          variant=(self.c.conditions.keying(cond).variant or ("main" if cond.endpoint else None)))
+
+    def outcomes(self, grade: Callable[[list[tuple[str, str]]], list[Any]], names: set[str] | None = None,
+                 ) -> list[OutcomeRow]:
+        """One row per attempt: graded from the log, or failed with the agent's stderr tail."""
+        from noisefloor.verifier.candidates import response_text
+
+        found = self.candidates(names)
         rows: list[OutcomeRow] = []
         to_grade: list[tuple[int, str, str]] = []
-        task_ids = {t.task_id for t in self.c.tasks}
-        for session, att in sorted(self.done.items()):
-            # this run's study only: a resume with fewer tasks or replicates leaves earlier runs in the log
-            if att.condition not in self.c.conditions or att.task_id not in task_ids \
-                    or att.replicate >= self.c.replicates:
-                continue
-            base = OutcomeRow(att.task_id, att.condition, att.replicate, 0, session=session)
+        for session, att in self.study_attempts(names):
             cand = found.get(session)
+            base = self.base_row(session, att, cand)
             if cand is None or cand.body is None:
                 why = "agent_timeout" if att.timed_out else "agent_error"
                 rows.append(replace(base, failure=why, detail=att.stderr_tail[-500:]))
                 continue
-            rows.append(replace(base, fingerprint=cand.exchange.fingerprint if cand.exchange else None,
-                                model=cand.exchange.model if cand.exchange else None))
+            rows.append(base)
             to_grade.append((len(rows) - 1, att.task_id, response_text(cand.body)))
         verdicts = grade([(tid, text) for _, tid, text in to_grade])
         for (i, _, _), v in zip(to_grade, verdicts):
@@ -172,6 +211,21 @@ class Ladder:
             return set()
         with Store.open(self.store, write=False) as store:  # the replay index: no record to decompress
             return {e.session for e in store.recorded_entries()}
+
+    def served_models(self) -> dict[tuple[str, str], set[str]]:
+        """(condition, model as requested) -> the models that answered, over every recorded exchange
+        of this study's conditions (an agent's every call, not only its final one)."""
+        from noisefloor.proxy.store import Store
+
+        names = set(self.c.conditions.names)
+        out: dict[tuple[str, str], set[str]] = {}
+        with Store.open(self.store, write=False) as store:
+            for ex in store.exchanges():
+                if ex.mode != "record" or ex.condition not in names or not ex.model:
+                    continue
+                asked = _str(_request_doc(store, ex).get("model")) or "?"
+                out.setdefault((ex.condition, asked), set()).add(ex.model)
+        return out
 
     def replay_failures(self) -> list[str]:
         """Replay sessions that saw a miss or an order violation: the recording was not reproduced."""
@@ -195,16 +249,33 @@ class Ladder:
             for ex in store.exchanges():
                 if ex.mode != "record" or not ex.task:
                     continue
-                body = store.body(ex.request.get("body"))
-                try:
-                    temp = float(json.loads(body or b"{}").get("temperature", 1.0))
-                except (ValueError, AttributeError):
-                    continue
-                counts[(ex.task, temp)] = counts.get((ex.task, temp), 0) + 1
+                temp = _num(_request_doc(store, ex).get("temperature", 1.0), float)
+                if temp is not None:
+                    counts[(ex.task, temp)] = counts.get((ex.task, temp), 0) + 1
         return counts
 
 
-BUILTIN_AGENTS = {"builtin": [], "completions": ["--completions"]}
+def _request_doc(store: Any, ex: Any) -> dict[str, Any]:
+    """The request body as recorded (after the proxy's overrides), {} when not a JSON object."""
+    try:
+        doc = json.loads(store.part_body(ex.request, ex.id, "request") or b"{}")
+    except (ValueError, AttributeError, TypeError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _num(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return kind(value)
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+BUILTIN_AGENTS = {"builtin": ("agent", []), "completions": ("agent", ["--completions"])}
+INLINE_AGENTS = {"tools": "agent_tools", "judge": "agent_judge"}  # built-in clients run in the executor's thread
 
 
 class _Progress:
@@ -240,7 +311,12 @@ def _duration(seconds: float) -> str:
 
 def parse_agent(command: str) -> list[str]:
     if command in BUILTIN_AGENTS:
-        return [sys.executable, "-m", "noisefloor.ladder.agent", *BUILTIN_AGENTS[command], "{task_file}"]
+        module, flags = BUILTIN_AGENTS[command]
+        return [sys.executable, "-m", f"noisefloor.ladder.{module}", *flags, "{task_file}"]
+    if command in INLINE_AGENTS:
+        from noisefloor.ladder.agent_run import INLINE
+
+        return [f"{INLINE}{INLINE_AGENTS[command]}"]
     argv = shlex.split(command)
     if not argv:
         raise LadderError("--agent is empty; give a command such as 'python agent.py {task_file}'")

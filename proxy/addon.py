@@ -14,12 +14,10 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from mitmproxy import ctx, http
-from mitmproxy.net.http import status_codes
-from mitmproxy.proxy.server_hooks import ServerConnectionHookData
-
 from noisefloor.proxy import decoding, perturb, secrets
+from noisefloor.proxy import mitm_compat as mitm
 from noisefloor.proxy import overrides as ov
+from noisefloor.proxy.mitm_compat import ServerHook, http  # mitmproxy's public flow types
 from noisefloor.proxy.perturb import Rewrite
 from noisefloor.proxy.recorder import Pending, Recorder
 from noisefloor.proxy.replayer import Answer, Matched, Replayer
@@ -87,11 +85,8 @@ def response_data(resp: http.Response, capture: ChunkCapture | None = None) -> R
 
 
 def to_mitmproxy(resp: ResponseData) -> http.Response:
-    """Built directly, not with Response.make: make() would re-encode the body per Content-Encoding
-    (the recorded bytes are already encoded) and costs a replayed answer more than the lookup."""
-    now = time.time()
-    reason = status_codes.RESPONSES.get(resp.status, "").encode()
-    return http.Response(b"HTTP/1.1", resp.status, reason, http.Headers(resp.wire_headers), resp.raw_body, None, now, now)
+    """The recorded bytes as they are (already encoded per their Content-Encoding)."""
+    return mitm.build_response(resp.status, resp.wire_headers, resp.raw_body)
 
 
 def is_websocket(flow: http.HTTPFlow) -> bool:
@@ -113,7 +108,7 @@ class Group:
 def _error(status: int, kind: str, message: str, headers: dict[str, str]) -> http.Response:
     """An answer nfproxy gives itself, in the JSON error shape the SDKs print."""
     body = json.dumps({"error": {"type": kind, "message": message}}).encode()
-    return http.Response.make(status, body, {"content-type": "application/json", **headers})
+    return mitm.make_response(status, body, {"content-type": "application/json", **headers})
 
 
 def _decoded(flow: http.HTTPFlow) -> bytes:
@@ -236,20 +231,9 @@ class Streams:
             if idle >= self.timeout:
                 flow.metadata[_STALLED] = f"upstream stalled: no stream data for {self.timeout:g} s"
                 log.warning("nfproxy: %s for %s", flow.metadata[_STALLED], _where(flow))
-                _close_server_connection(flow)
+                mitm.close_server_connection(flow, "upstream stalled")
                 return
             await asyncio.sleep(min(1.0, self.timeout - idle))
-
-
-def _close_server_connection(flow: http.HTTPFlow) -> None:
-    """End a hung upstream read: mitmproxy then fails the flow and closes the client's stream."""
-    proxyserver = ctx.master.addons.get("proxyserver")
-    for handler in list(proxyserver.connections.values()):
-        io = handler.transports.get(flow.server_conn)
-        if io is not None and io.writer is not None:
-            io.writer.close()
-            if io.handler is not None:
-                io.handler.cancel("upstream stalled")
 
 
 class Record:
@@ -433,7 +417,7 @@ class NoUpstream:
         self.streams = streams
         self.stats = stats
 
-    def server_connect(self, data: ServerConnectionHookData) -> None:
+    def server_connect(self, data: ServerHook) -> None:
         if tuple(data.server.address or ())[:2] == ("127.0.0.1", self.streams.port):
             return
         data.server.error = "nfproxy replay never connects upstream"

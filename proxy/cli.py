@@ -5,7 +5,9 @@ from __future__ import annotations
 import base64
 import json
 import secrets as _random
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,8 @@ import click
 from noisefloor._cli import WrapsAfterDashes, default_group
 from noisefloor.display import json_text, visible
 from noisefloor.proxy import perturb
-from noisefloor.proxy.keys import RuleError, Rules
+from noisefloor.proxy.headers import header
+from noisefloor.proxy.keys import RuleError, Rules, decode_body
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.profiles import PROFILES
 from noisefloor.proxy.serve import ServeOptions, ca_environment, serve
@@ -143,11 +146,9 @@ def _new_session_id() -> str:
 @click.option("--listen", default="127.0.0.1:8080", show_default=True, help="Where the proxy listens (for HTTPS_PROXY).")
 def ca_cmd(confdir: Path, listen: str) -> None:
     """Print the CA certificate path and the environment a client needs to trust it (forward mode)."""
-    from mitmproxy.certs import CertStore
+    from noisefloor.proxy.mitm_compat import ensure_ca
 
-    confdir.mkdir(parents=True, exist_ok=True)
-    CertStore.from_store(confdir, "mitmproxy", 2048)  # creates the CA on first use
-    ca = confdir.resolve() / "mitmproxy-ca-cert.pem"
+    ca = ensure_ca(confdir.resolve())  # creates the CA on first use
     click.echo(f"# nfproxy CA certificate: {ca}")
     click.echo(f"# for a client using nfproxy (listening on {listen}) as its HTTPS proxy:")
     for k, v in {"HTTPS_PROXY": f"http://{listen}", **ca_environment(str(ca))}.items():
@@ -182,30 +183,55 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                       result="miss" if miss else result, model=model)
 
     with Store.open(store_path, write=False) as store:
-        chosen = islice((ex for ex in store.exchanges() if filters.wanted(ex, store)), limit)
-        if as_json:
-            for ex in chosen:
-                click.echo(json_text(json.dumps(ex.to_json(), ensure_ascii=False)))
+        if as_json:  # streamed: one record in memory at a time
+            write = sys.stdout.buffer.write
+            for ex in islice((ex for ex in store.exchanges() if filters.wanted(ex, store)), limit):
+                # characters JSON leaves raw but a terminal obeys are escaped (display.json_text)
+                write(json_text(ex.json_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+                      + b"\n")
+            sys.stdout.flush()
             return
-        per_session: dict[str, dict[str, Any]] = {}
-        lines = []
-        for ex in chosen:
-            s = per_session.setdefault(ex.session, {"n": 0, "modes": set(), "first": ex.time, "condition": ex.condition})
-            s["n"] += 1
-            s["modes"].add(ex.mode)
-            status = ex.response["status"] if ex.response else "ERR"
-            result = ex.replay_result or ("error" if ex.error else "")
-            lines.append(  # labels and URLs came from clients: shown with control characters visible
-                f"{ex.id:>6} {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(ex.time))} {ex.mode:<7} "
-                f"{visible(ex.session)} {visible(ex.request['method'])} {visible(ex.request['url'])} {status} "
-                f"{result} key={ex.key[:12]} occ={ex.occurrence}"
-            )
-        click.echo(f"{len(per_session)} sessions in {store_path}")
-        for name, s in per_session.items():
-            cond = f" condition={visible(s['condition'])}" if s["condition"] else ""
-            click.echo(f"  {visible(name)}: {s['n']} exchanges ({', '.join(sorted(s['modes']))}){cond}")
-        if not sessions_only:
-            click.echo("\n".join(lines))
+        # one pass over the records' heads (whole records only for filters that read more): lines
+        # go to a spool file while sessions are counted, so memory holds sessions, never exchanges
+        source = store.exchanges() if filters.q or filters.order else store.heads()
+        per_session: dict[str, list[Any]] = {}  # name -> [exchanges, modes, condition]
+        stamp = _Stamps()
+        with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as spool:
+            write = spool.write
+            for ex in islice((ex for ex in source if filters.wanted(ex, store)), limit):
+                s = per_session.get(ex.session)
+                if s is None:
+                    s = per_session[ex.session] = [0, set(), ex.condition]
+                s[0] += 1
+                s[1].add(ex.mode)
+                if sessions_only:
+                    continue
+                code = ex.status if ex.response is not None else "ERR"
+                res = ex.replay_result or ("error" if ex.error else "")
+                # labels and URLs came from clients: shown with control characters visible
+                write(f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {visible(ex.session)} {visible(ex.request['method'])} "
+                      f"{visible(ex.request['url'])} {code} {res} key={ex.key[:12]} occ={ex.occurrence}\n")
+            click.echo(f"{len(per_session)} sessions in {store_path}")
+            for name, (n, modes, cond) in per_session.items():
+                shown = f" condition={visible(cond)}" if cond else ""
+                click.echo(f"  {visible(name)}: {n} exchanges ({', '.join(sorted(modes))}){shown}")
+            sys.stdout.flush()
+            spool.seek(0)
+            shutil.copyfileobj(spool, sys.stdout, 1 << 20)
+
+
+class _Stamps:
+    """Local time to the second, formatted once per second rather than once per exchange."""
+
+    def __init__(self) -> None:
+        self._second: int | None = None
+        self._text = ""
+
+    def __call__(self, t: float) -> str:
+        second = int(t)
+        if second != self._second:
+            self._second, self._text = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return self._text
 
 
 @main.command("show")
@@ -220,13 +246,15 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
         doc = ex.to_json()
         for part in ("request", "response"):
             if doc[part]:
-                doc[part]["body_text"] = _render(store, doc[part])
+                doc[part] = dict(doc[part])  # to_json is shallow: the exchange's own objects stay as read
+                doc[part]["body_text"] = _render(store, doc[part], exchange_id, part)
         click.echo(json_text(json.dumps(doc, indent=2, ensure_ascii=False)))
 
 
-def _render(store: Store, part: dict[str, Any]) -> Any:
-    """A stored body for reading: decoded, parsed as JSON when it is JSON."""
-    data = store.decoded_body(part)
+def _render(store: Store, part: dict[str, Any], exchange_id: int, name: str) -> Any:
+    """A stored body for reading: verified, decoded, parsed as JSON when it is JSON."""
+    raw = store.part_body(part, exchange_id, name)
+    data = None if raw is None else decode_body(raw, header(part["headers"], "content-encoding"))[0]
     if data is None:
         return None
     try:
@@ -257,6 +285,31 @@ def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
     click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
                f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
                f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")
+
+
+@main.command("compact")
+@click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
+def compact_cmd(store_path: Path) -> None:
+    """Rewrite a store in place: every value verified, compression dictionaries trained on all of it,
+    the data file cut to the pages it uses. Run it on a finished recording (not while a proxy records)."""
+    _rewrite(store_path, "compacted")
+
+
+@main.command("migrate")
+@click.option("--store", "store_path", default=DEFAULT_STORE, show_default=True, type=click.Path(path_type=Path))
+def migrate_cmd(store_path: Path) -> None:
+    """Rewrite a store made by an older nfproxy in today's format (older stores are also read as they are)."""
+    _rewrite(store_path, "migrated")
+
+
+def _rewrite(store_path: Path, verb: str) -> None:
+    from noisefloor.proxy.compact import rewrite
+    from noisefloor.proxy.store import FORMAT
+
+    r = rewrite(store_path, lambda s: click.echo(f"nfproxy: {s}", err=True))
+    was = f" from {r.from_format}" if r.from_format and r.from_format != FORMAT else ""
+    click.echo(f"{verb} {store_path}{was} to {FORMAT}: {r.exchanges} exchanges, {r.bodies} bodies; data file "
+               f"{r.before_bytes / 1e6:.1f} MB -> {r.after_bytes / 1e6:.1f} MB")
 
 
 from noisefloor.proxy import transfer_cli  # noqa: E402 - export / import, kept in their own module

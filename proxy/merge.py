@@ -1,28 +1,40 @@
 """`nfproxy merge OUT SHARD...`: stores recorded by different processes or machines become one.
 
-A shard is checked whole before anything of it is written: every exchange must decode and every
-body it names must be present with the sha256 it is stored under, so a shard damaged on a lost
-node is refused by name, never half merged. Sessions are the unit: a session's exchanges (with the
-bodies they need and their replay-index entries) are written in one transaction, so an interrupted
-merge leaves whole sessions, and merging again adds only what is missing. A session that exists in
-OUT or in another shard with different exchanges is a clash and is refused, as are shards recorded
-under different normalization rules. Bodies are copied compressed and only when OUT lacks them
-(content addressing deduplicates across shards).
+A shard is checked whole before anything of it is written: every exchange must decode as an
+exchange record and every body it names must be present, within its recorded size, with the
+sha256 it is stored under, so a shard damaged on a lost node is refused by name (store and
+exchange), never half merged. Sessions are the unit: a session's exchanges (with the bodies they
+need and their replay-index entries) are written in one transaction, so an interrupted merge
+leaves whole sessions, and merging again adds only what is missing. A session that exists in OUT
+or in another shard with different exchanges is a clash and is refused, as are shards recorded
+under different normalization rules. Bodies are copied as stored (with the compression
+dictionaries they name) and only when OUT lacks them (content addressing deduplicates across shards).
+
+Memory is bounded by the number of sessions, not of exchanges or bodies: the check keeps, per
+session, a hash of its exchanges' identities and their ids (8 bytes each); the copy reads each
+session's records by id and passes their JSON through without parsing it (only a replay record,
+whose source id changes, is parsed).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
+from array import array
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy.store import RecordedEntry, Store, StoreError
+from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
 
 _BATCH = 2000  # exchanges per write transaction (whole sessions only)
+_VERIFIED = 1 << 17  # body digests remembered as verified (a bounded cache: bodies repeat across replicates)
+_BODY = re.compile(rb'"body": "([0-9a-f]{64})"')
+_ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
 
 
 @dataclass(frozen=True)
@@ -36,48 +48,67 @@ class MergeResult:
     outcome_rows_added: int
 
 
-def identity(doc: dict[str, Any]) -> str:
+def identity(doc: dict[str, Any] | Exchange) -> str:
     """What makes an exchange the same one in two stores (its id is only a position)."""
-    parts = [doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")]
+    get = doc.get if isinstance(doc, dict) else lambda k: getattr(doc, k)
+    parts = [get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+@dataclass
+class _Session:
+    """One session of a store: its exchange ids in write order and an order-free hash of their identities."""
+
+    ids: array = field(default_factory=lambda: array("Q"))
+    mark: int = 0
+
+    def add(self, ex: Exchange) -> None:
+        self.ids.append(ex.id)
+        self.mark = (self.mark + int(identity(ex), 16)) % (1 << 256)
+
+    def same(self, other: _Session) -> bool:
+        return len(self.ids) == len(other.ids) and self.mark == other.mark
 
 
 @dataclass
 class _Shard:
     path: Path
-    sessions: dict[str, list[dict[str, Any]]]  # session -> its exchange documents, in write order
-    identities: dict[int, str]  # exchange id here -> its identity (computed once)
-    outcomes: list[dict[str, Any]]  # graded rows kept in the shard
+    sessions: dict[str, _Session]  # in order of first appearance
+    outcomes: list[dict[str, Any]]
     rules_id: str | None
     rules: Any
     meta: dict[str, Any]
+    last_id: int
+
+
+def _scan(store: Store, verify: bool) -> dict[str, _Session]:
+    """Every session of a store; with `verify`, every record and body checked on the way."""
+    sessions: dict[str, _Session] = {}
+    verified: OrderedDict[str, None] = OrderedDict()
+    for ex in store.exchanges():
+        sessions.setdefault(ex.session, _Session()).add(ex)
+        if not verify:
+            continue
+        for name, part in (("request", ex.request), ("response", ex.response)):
+            digest = (part or {}).get("body")
+            if digest is None or digest in verified:
+                continue
+            store.part_body(part, ex.id, name)
+            verified[digest] = None
+            if len(verified) > _VERIFIED:
+                verified.popitem(last=False)
+    return sessions
 
 
 def _read_shard(path: Path) -> _Shard:
-    """Load and check one shard; StoreError names it when anything in it is damaged."""
+    """Check one shard; StoreError names it (and the exchange) when anything in it is damaged."""
     with Store.open(path, write=False) as s:
-        sessions: dict[str, list[dict[str, Any]]] = {}
-        needed: set[str] = set()
         try:
-            for ex in s.exchanges():
-                doc = ex.to_json()
-                sessions.setdefault(ex.session, []).append(doc)
-                for part in (ex.request, ex.response or {}):
-                    if part.get("body"):
-                        needed.add(part["body"])
-            for digest in sorted(needed):
-                data = s.body(digest)
-                if data is None or hashlib.sha256(data).hexdigest() != digest:
-                    raise StoreError(f"shard {path} is damaged: body {digest[:12]} is "
-                                     f"{'missing' if data is None else 'not what its hash says'}")
+            sessions = _scan(s, verify=True)
         except StoreError as exc:
             raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
-        except (ValueError, TypeError, KeyError) as exc:
-            raise StoreError(f"shard {path} is damaged ({exc.__class__.__name__}); nothing was merged "
-                             "(leave this shard out, or restore it)") from None
         meta = {k: s.meta(k) for k in ("upstream",)}
-        identities = {doc["id"]: identity(doc) for docs in sessions.values() for doc in docs}
-        return _Shard(path, sessions, identities, s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), meta)
+        return _Shard(path, sessions, s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), meta, s.last_id())
 
 
 def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None] = lambda s: None) -> MergeResult:
@@ -90,8 +121,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
     with Store.open(out, write=True, create=True) as dest:
         dest.lock_for_recording()  # no proxy records into OUT while it is merged
         rules = _rules(dest, shards)
-        present = _sessions_of(dest)
-        ids = {identity(doc): doc["id"] for docs in present.values() for doc in docs}
+        present = _scan(dest, verify=False)
         plan = _plan(present, shards)  # every refusal comes before the first write
         seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
         rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]
@@ -99,11 +129,16 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             dest.bind_rules(*rules)
         added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
         for shard in shards:
+            new_ids = array("Q", bytes(8 * (shard.last_id + 1)))  # shard id -> id in OUT (replay sources)
+            for name, sess in shard.sessions.items():
+                if plan.get(name) is None and name in present:  # already there: its ids, for replays naming it
+                    for old, new in zip(sess.ids, present[name].ids):
+                        new_ids[old] = new
             todo = [name for name in shard.sessions if plan.get(name) is shard]
             with Store.open(shard.path, write=False) as src:
-                entries = {e.id: e for e in src.recorded_entries()}
+                entries = {e.id: e for e in src.recorded_entries()} if todo else {}
                 for batch in _batches(todo, shard.sessions):
-                    _write_batch(dest, src, shard, batch, entries, ids, added)
+                    _write_batch(dest, src, shard, batch, entries, new_ids, added)
                     progress(f"{shard.path}: {added['exchanges']} exchanges merged")
         if rows:
             dest.put_outcomes(rows)
@@ -128,40 +163,31 @@ def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:
     return have
 
 
-def _sessions_of(store: Store) -> dict[str, list[dict[str, Any]]]:
-    out: dict[str, list[dict[str, Any]]] = {}
-    for ex in store.exchanges():
-        out.setdefault(ex.session, []).append(ex.to_json())
-    return out
-
-
-def _plan(present: dict[str, list[dict[str, Any]]], shards: list[_Shard]) -> dict[str, _Shard | None]:
+def _plan(present: dict[str, _Session], shards: list[_Shard]) -> dict[str, _Shard | None]:
     """session -> the shard that brings it, or None when OUT holds it already; refuses clashes."""
-    seen: dict[str, tuple[set[str], str]] = {n: ({identity(d) for d in docs}, "the output store")
-                                             for n, docs in present.items()}  # OUT's, computed here once
+    seen: dict[str, tuple[_Session, str]] = {n: (s, "the output store") for n, s in present.items()}
     plan: dict[str, _Shard | None] = {}
     for shard in shards:
-        for name, docs in shard.sessions.items():
-            mine = {shard.identities[d["id"]] for d in docs}
+        for name, sess in shard.sessions.items():
             if name in seen:
                 theirs, where = seen[name]
-                if theirs != mine:
+                if not theirs.same(sess):
                     raise StoreError(f"session {name!r} is in {shard.path} and in {where} with different exchanges: "
                                      "session names must be unique across shards (label each process's runs "
                                      "differently); nothing was merged")
                 plan.setdefault(name, None)
                 continue
-            seen[name] = (mine, str(shard.path))
+            seen[name] = (sess, str(shard.path))
             plan[name] = shard
     return plan
 
 
-def _batches(names: list[str], sessions: dict[str, list[dict[str, Any]]]) -> Iterator[list[str]]:
+def _batches(names: list[str], sessions: dict[str, _Session]) -> Iterator[list[str]]:
     batch: list[str] = []
     size = 0
     for name in names:
         batch.append(name)
-        size += len(sessions[name])
+        size += len(sessions[name].ids)
         if size >= _BATCH:
             yield batch
             batch, size = [], 0
@@ -170,26 +196,32 @@ def _batches(names: list[str], sessions: dict[str, list[dict[str, Any]]]) -> Ite
 
 
 def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], entries: dict[int, RecordedEntry],
-                 ids: dict[str, int], added: dict[str, int]) -> None:
+                 new_ids: array, added: dict[str, int]) -> None:
     """Whole sessions in one transaction; a replay record's source id follows its source into OUT
     (sources are recorded before the replays that serve them, so they are merged first)."""
-    items: list[tuple[dict[str, Any], RecordedEntry | None, str]] = []
+    items: list[tuple[str, RecordedEntry | None]] = []
+    olds: list[int] = []
     digests: set[str] = set()
     for name in names:
-        for doc in shard.sessions[name]:
-            old = doc["id"]
-            record = {k: v for k, v in doc.items() if k != "id"}
-            if record.get("replay") and record["replay"].get("source_id") is not None:
-                source = shard.identities.get(record["replay"]["source_id"])
-                record["replay"] = {**record["replay"], "source_id": ids.get(source) if source else None}
-            items.append((record, entries.get(old), shard.identities[old]))
-            for part in (doc["request"], doc.get("response") or {}):
-                if part.get("body"):
-                    digests.add(part["body"])
+        for old in shard.sessions[name].ids:
+            text = src.record_text(old)
+            digests.update(m.decode() for m in _BODY.findall(text))
+            if b'"replay": {' in text:  # a replay record: its source has another id in OUT
+                doc = json.loads(text)
+                doc.pop("id")
+                if doc["replay"].get("source_id") is not None:
+                    source = doc["replay"]["source_id"]
+                    mapped = new_ids[source] if 0 < source < len(new_ids) else 0
+                    doc["replay"] = {**doc["replay"], "source_id": mapped or None}
+                record = json.dumps(doc)
+            else:
+                record = "{" + _ID_PREFIX.sub(b"", text, count=1).decode()
+            items.append((record, entries.get(old)))
+            olds.append(old)
     raw = {d: src.raw_body(d) for d in sorted(digests)}
-    new_ids, fresh = dest.absorb(raw, [(record, entry) for record, entry, _ in items])
-    for (_, _, ident), new in zip(items, new_ids):
-        ids[ident] = new
+    ids, fresh = dest.absorb(raw, items, source=src)
+    for old, new in zip(olds, ids):
+        new_ids[old] = new
     added["sessions"] += len(names)
     added["exchanges"] += len(items)
     added["bodies"] += fresh

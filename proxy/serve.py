@@ -75,7 +75,8 @@ def serve(o: ServeOptions) -> int:
 def _serve(o: ServeOptions) -> int:
     check_port(o.host, o.port)  # before any work: mitmproxy's own advice for a busy port is not nfproxy's
     store, engine, upstream, writer = _open_engine(o.mode, o.store_path, o.rules, o.upstream, o.strict,
-                                                   o.allow_reuse, o.replay_sessions, o.replay_order, o.replay_log)
+                                                   o.allow_reuse, o.replay_sessions, o.max_body, o.replay_order,
+                                                   o.replay_log)
     stats: Stats = engine.stats if engine is not None else Stats()
     run = _Serve(o.mode, o.host, o.port, upstream, o.confdir, o.store_path, o.quiet, list(o.command), o.upstream_ca)
     try:
@@ -112,7 +113,8 @@ def _same(a: Path, b: Path) -> bool:
 
 
 def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None, strict: bool, allow_reuse: bool,
-                 replay_sessions: tuple[str, ...], replay_order: str = "content", replay_log: Path | None = None,
+                 replay_sessions: tuple[str, ...], max_body: int = 64 << 20, replay_order: str = "content",
+                 replay_log: Path | None = None,
                  ) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
     if mode == "passthrough":
         return None, None, upstream, None
@@ -124,7 +126,8 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
     into_source = mode == "replay" and replay_log is not None and _same(replay_log, store_path)
     read_only = mode == "replay" and (not into_source or is_read_only(store_path))
     try:
-        store = Store.open(store_path, write=not read_only, create=(mode == "record"))
+        # a stored body decompresses to no more than --max-body-mb: a bomb in the store costs what one on the wire would
+        store = Store.open(store_path, write=not read_only, create=(mode == "record"), max_body=max_body)
         if mode == "record":
             store.lock_for_recording()
     except StoreError:
@@ -186,6 +189,7 @@ class _Serve:
 
     async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
                   timed: bool, stream_timeout: float, stats: Stats, max_body: int, order_wait: float) -> None:
+        from noisefloor.proxy import mitm_compat
         from noisefloor.proxy.addon import (
             BodyLimit,
             BodyRewrites,
@@ -199,7 +203,7 @@ class _Serve:
         )
         from noisefloor.proxy.sse import StreamServer
 
-        master = _lean_master()
+        master = mitm_compat.lean_master(sys.stderr)
         master.options.update(
             listen_host=self.host,
             listen_port=self.port,
@@ -250,7 +254,9 @@ class _Serve:
 
             sdk = {var: url + tail for p in PROVIDERS.values() for var, tail in p.base_url_env}
             return {"NFPROXY_URL": url, **sdk}
-        ca = os.path.abspath(self.confdir / "mitmproxy-ca-cert.pem")  # a command may change directory
+        from noisefloor.proxy.mitm_compat import ca_cert_path
+
+        ca = os.path.abspath(ca_cert_path(self.confdir))  # a command may change directory
         return {"NFPROXY_URL": url, "HTTPS_PROXY": url, "HTTP_PROXY": url, "https_proxy": url, "http_proxy": url,
                 **ca_environment(ca)}
 
@@ -305,43 +311,6 @@ def check_port(host: str, port: int) -> None:
                              "for any free one (the ready line names it)") from None
 
 
-def _lean_master() -> Any:
-    """A mitmproxy master with only the addons a recording proxy needs.
-
-    mitmdump's master carries some thirty more (playback, scripts, cookie and header rewriting,
-    saving flows), and mitmproxy offers every flow event to each of them: measured, that dispatch
-    cost a replayed answer more than nfproxy's own lookup. Block stays, so a proxy listening on a
-    public address still refuses clients from the internet.
-    """
-    from mitmproxy.addons import (
-        block,
-        core,
-        disable_h2c,
-        errorcheck,
-        next_layer,
-        proxyserver,
-        tlsconfig,
-        update_alt_svc,
-    )
-    from mitmproxy.addons.termlog import TermLog
-    from mitmproxy.master import Master
-    from mitmproxy.options import Options
-
-    master = Master(Options())
-    master.addons.add(
-        core.Core(),
-        block.Block(),
-        disable_h2c.DisableH2C(),
-        proxyserver.Proxyserver(),
-        next_layer.NextLayer(),
-        tlsconfig.TlsConfig(),
-        update_alt_svc.UpdateAltSvc(),
-        errorcheck.ErrorCheck(),
-        TermLog(out=sys.stderr),  # stdout belongs to a wrapped command
-    )
-    return master
-
-
 def ca_environment(ca: str) -> dict[str, str]:
     return {"SSL_CERT_FILE": ca, "REQUESTS_CA_BUNDLE": ca, "NODE_EXTRA_CA_CERTS": ca, "CURL_CA_BUNDLE": ca}
 
@@ -355,9 +324,9 @@ class _Ready:
         self._task: asyncio.Task[None] | None = None
 
     def running(self) -> None:
-        from mitmproxy import ctx
+        from noisefloor.proxy.mitm_compat import listen_addrs
 
-        addrs = ctx.master.addons.get("proxyserver").listen_addrs()
+        addrs = listen_addrs()
         if not addrs:
             return
         host, port = addrs[0][:2]

@@ -1,9 +1,10 @@
 """The log: one LMDB environment holding exchanges, bodies and the replay index.
 
-Layout (named databases):
-  meta      name -> JSON           format version, normalization rules and their id
-  bodies    sha256 -> zstd(bytes)  every request/response body, stored once
-  exchanges u64 id -> zstd(JSON)   one record per request the proxy saw, in write order
+Layout (named databases; values encoded as `codec` says: tagged, zstd with a trained dictionary):
+  meta      name -> JSON           format version, normalization rules and their id, dictionaries
+  bodies    sha256 -> value        every request/response body, stored once
+  exchanges u64 id -> value(JSON)  one record per request the proxy saw, in write order
+  dicts     key -> bytes           zstd dictionaries trained on this store's bodies and records
   recorded  u64 id -> JSON         the compact replay index of record-mode exchanges
   outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
                                    that the log is the one artifact a user keeps
@@ -13,35 +14,57 @@ Layout (named databases):
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it. This module is the only way any
-part of noisefloor reads the log.
+part of noisefloor reads the log, and every read is verified: a body must hash to the digest it is
+stored under and decompress within its recorded size (and the --max-body-mb bound), a record must
+parse as the exchange record; anything else is a StoreError naming the store and the exchange.
+
+Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
+dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2, whose readers
+read both encodings. `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's encoding.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
+import re
 import stat
 import struct
-from collections.abc import Iterator, Mapping
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgspec
 import zstandard
 
 from noisefloor.errors import StateError
 from noisefloor.outcome_rows import row_key
-from noisefloor.proxy import exchange_record, replay_index
+from noisefloor.proxy import codec, exchange_record, replay_index
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import decode_body
 
-FORMAT = "noisefloor-log/1"
-_INITIAL_MAP = 32 << 20  # doubled when full; with writemap the whole map is reserved on disk
-_ZSTD_LEVEL = 3
+FORMAT = "noisefloor-log/2"
+LEGACY_FORMATS = ("noisefloor-log/1",)  # read as they are; marked FORMAT when opened for writing
+_INITIAL_MAP = 32 << 20  # with writemap the whole map is reserved on disk
+_GROWTH = 8  # a full map grows by 1/8 (at least _MIN_STEP): the file stays close to what is used
+_MIN_STEP = 64 << 20
+DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
+TRAIN_AFTER = 1000  # values of a kind (body, record) seen before its dictionary is trained
+_SAMPLE_MAX = 64 << 10  # longer values are not sampled for training
 _U64 = struct.Struct(">Q")
+_EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+_MAX_REF_DEPTH = 32  # a body compressed against others is refused past this many levels (a cycle)
+CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
+_REF_CACHE = 256  # referenced bodies kept decoded
+_CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
+_FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
 def _read_only(path: Path) -> bool:
@@ -60,7 +83,8 @@ def is_read_only(path: str | os.PathLike[str]) -> bool:
 
 
 # What reading a damaged store raises, from LMDB, zstd, JSON or the record types.
-_DAMAGE = (lmdb.Error, zstandard.ZstdError, ValueError, TypeError, KeyError, UnicodeDecodeError, struct.error)
+_DAMAGE = (lmdb.Error, zstandard.ZstdError, ValueError, TypeError, KeyError, UnicodeDecodeError, struct.error,
+           IndexError, AttributeError, msgspec.MsgspecError)
 _MIN_FILE = 2 * 4096  # LMDB's two meta pages
 
 class StoreError(StateError):
@@ -87,9 +111,9 @@ class Exchange:
     latency_ms: float | None = None
     model: str | None = None
     fingerprint: str | None = None
-    usage: dict[str, Any] = field(default_factory=dict)
+    usage: dict[str, Any] | None = field(default_factory=dict)
     finish_reason: str | None = None
-    truncated: bool = False
+    truncated: bool | None = False
     replay: dict[str, Any] | None = None
     overrides: dict[str, Any] | None = None
     perturbation: str | None = None
@@ -98,16 +122,139 @@ class Exchange:
     end: float | None = None  # the answer was complete (recorded exchanges)
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """The record as a JSON object. Shallow: the nested request / response / usage objects are
+        the exchange's own (dataclasses.asdict deep-copied them, and dominated listing a store)."""
+        return {name: getattr(self, name) for name in _FIELD_NAMES}
+
+    def json_bytes(self) -> bytes:
+        """The record as compact JSON (UTF-8, every field): what `nfproxy log --json` prints."""
+        try:
+            return _ENCODER.encode(self.to_json())  # a dict: every field, in order
+        except (UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate (bytes no header should hold)
+            return json.dumps(self.to_json(), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Exchange:
-        known = {f for f in cls.__dataclass_fields__}
-        return cls(**{k: v for k, v in doc.items() if k in known})
+        """The record, or TypeError naming the first field that is not what the record type says."""
+        if not isinstance(doc, dict):
+            raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+        _check(doc, _RECORD_TYPES, "")
+        for name in ("request", "response"):
+            if doc.get(name) is not None:
+                _check(doc[name], _PART_TYPES[name], name + ".")
+        return cls(**{k: v for k, v in doc.items() if k in _KNOWN})
 
     @property
     def replay_result(self) -> str | None:
         return (self.replay or {}).get("result")
+
+
+_FIELD_NAMES = tuple(Exchange.__dataclass_fields__)
+_KNOWN = frozenset(_FIELD_NAMES)
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+_RECORD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {  # field -> (types, required)
+    "id": ((int,), True), "time": (_NUM, True), "mode": ((str,), True), "session": ((str,), True),
+    "key": ((str,), True), "occurrence": ((int,), True), "seq": ((int,), True), "rules_id": ((str,), True),
+    "request": ((dict,), True), "response": ((dict, type(None)), True), "task": (_OPT_STR, False),
+    "replicate": (_OPT_STR, False), "condition": (_OPT_STR, False), "latency_ms": ((*_NUM, type(None)), False),
+    "model": (_OPT_STR, False), "fingerprint": (_OPT_STR, False), "usage": ((dict, type(None)), False),
+    "finish_reason": (_OPT_STR, False), "truncated": ((bool, type(None)), False), "replay": ((dict, type(None)), False),
+    "overrides": ((dict, type(None)), False), "perturbation": (_OPT_STR, False), "error": (_OPT_STR, False),
+    "notes": ((list,), False), "end": ((*_NUM, type(None)), False),
+}
+_PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "request": {"method": ((str,), True), "url": ((str,), True), "headers": ((list,), True),
+                "body": (_OPT_STR, False), "body_size": ((int, type(None)), False)},
+    "response": {"status": ((int,), True), "headers": ((list,), True), "body": (_OPT_STR, False),
+                 "body_size": ((int, type(None)), False), "chunks": ((list, type(None)), False)},
+}
+
+
+class _Part(msgspec.Struct):
+    """A part of a head, read like the record's dict (`part["status"]`, `part.get("url")`)."""
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+
+class _RequestHead(_Part):
+    method: str
+    url: str
+
+
+class _ResponseHead(_Part):
+    status: int
+
+
+class Head(msgspec.Struct):
+    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
+    status and identity, decoded and type-checked without the headers and the rest."""
+
+    id: int
+    time: float
+    mode: str
+    session: str
+    key: str
+    occurrence: int
+    request: _RequestHead
+    response: _ResponseHead | None
+    task: str | None = None
+    replicate: str | None = None
+    condition: str | None = None
+    model: str | None = None
+    fingerprint: str | None = None
+    usage: dict[str, Any] | None = None
+    truncated: bool | None = False
+    replay: dict[str, Any] | None = None
+    error: str | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def status(self) -> int | None:
+        return None if self.response is None else self.response.status
+
+    @property
+    def replay_result(self) -> str | None:
+        return (self.replay or {}).get("result")
+
+
+_DECODER = msgspec.json.Decoder(Exchange)
+_HEAD_DECODER = msgspec.json.Decoder(Head)
+_ENCODER = msgspec.json.Encoder()
+
+
+def parse_record(data: bytes) -> Exchange:
+    """One stored record, typed: msgspec checks every field against Exchange's annotations in C
+    (json.loads plus checks in Python cost five times as much and dominated listing a store);
+    TypeError / ValueError name what is wrong."""
+    try:
+        ex = _DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise TypeError(str(exc)) from None
+    except msgspec.DecodeError:  # JSON that msgspec refuses and json reads (a lone surrogate): the slow path
+        return Exchange.from_json(json.loads(data))
+    for name in ("request", "response"):
+        part = getattr(ex, name)
+        if part is not None:
+            _check(part, _PART_TYPES[name], name + ".")
+    return ex
+
+
+def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
+    if not isinstance(doc, dict):
+        raise TypeError(f"{where[:-1]} is a JSON {type(doc).__name__}, not an object")
+    for name, (allowed, required) in types.items():
+        if name not in doc:
+            if required:
+                raise TypeError(f"field {where}{name} is missing")
+            continue
+        value = doc[name]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"field {where}{name} is a {type(value).__name__}")
 
 
 @dataclass(frozen=True)
@@ -139,10 +286,12 @@ def _entry(doc: dict[str, Any]) -> RecordedEntry:
 class Store:
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
-    def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0) -> None:
+    def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
+                 max_body: int = DEFAULT_MAX_BODY) -> None:
         self._env = env
         self.path = path
         self.writable = writable
+        self.max_body = max_body  # no stored body decompresses to more (a bomb costs what it would on the wire)
         self._fd = os.open(path / "data.mdb", os.O_RDONLY)
         self._needed = needed  # bytes the data file must keep: reading past its end is a SIGBUS
         self._record_lock: Any = None
@@ -150,21 +299,29 @@ class Store:
         self._bodies = env.open_db(b"bodies", create=writable)
         self._exchanges = env.open_db(b"exchanges", create=writable)
         self._recorded = env.open_db(b"recorded", create=writable)
-        try:  # stores written before outcome rows were kept have no such table
-            self._outcomes: Any = env.open_db(b"outcomes", create=writable)
+        self._outcomes: Any = self._optional_db(b"outcomes")  # stores written before outcome rows were kept
+        self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
+        self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
+        self._codec = codec.Codec(self._load_dict)
+        self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
+        self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
+        # session -> (request sha256, request, response sha256, response, depth) of its last exchange
+        self._chains: OrderedDict[str, tuple[bytes, bytes, bytes, bytes, int]] = OrderedDict()
+        self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
+        self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
+        self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
+
+    def _optional_db(self, name: bytes) -> Any:
+        try:
+            return self._env.open_db(name, create=self.writable)
         except lmdb.NotFoundError:
-            self._outcomes = None
-        try:  # nor those written before the replay index had its lookups
-            self._rindex: Any = env.open_db(b"rindex", create=writable)
-        except lmdb.NotFoundError:
-            self._rindex = None
-        self._cctx = zstandard.ZstdCompressor(level=_ZSTD_LEVEL)
-        self._dctx = zstandard.ZstdDecompressor()
+            return None
 
     # -- opening -------------------------------------------------------------------------------
 
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False) -> Store:
+    def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False,
+             max_body: int = DEFAULT_MAX_BODY) -> Store:
         p = Path(path)
         if p.exists() and not p.is_dir():
             raise StoreError(f"{p} is a file, not an nfproxy store; give a directory path such as recordings/log.lmdb")
@@ -184,7 +341,7 @@ class Store:
                 p.mkdir(parents=True, exist_ok=True)
             env = lmdb.open(
                 str(p),
-                map_size=_INITIAL_MAP,
+                map_size=max(_INITIAL_MAP, data.stat().st_size if data.exists() else 0),
                 max_dbs=8,
                 subdir=True,
                 readonly=not write,
@@ -211,18 +368,32 @@ class Store:
             raise StoreError(f"store {p} is damaged: {data} is truncated ({data.stat().st_size} of {needed} bytes); "
                              "restore it from a copy or record it again")
         try:
-            store = cls(env, p, write, needed)
+            store = cls(env, p, write, needed, max_body)
         except lmdb.Error as exc:
             env.close()
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
-        fmt = store.meta("format")
-        if fmt is None and write:
-            store.set_meta("format", FORMAT)
-            store.set_meta("replay_index", replay_index.VERSION)  # complete from the first exchange on
-        elif fmt != FORMAT:
+        try:
+            fmt = store.meta("format")
+            if fmt is None and write:
+                store.set_meta("format", FORMAT)
+                store.set_meta("replay_index", replay_index.VERSION)  # complete from the first exchange on
+            elif fmt in LEGACY_FORMATS and write:  # its values stay readable as they are: only the mark changes
+                store.set_meta("format", FORMAT)
+                store.set_meta("migrated_from", fmt)
+            elif fmt != FORMAT and fmt not in LEGACY_FORMATS:
+                newer = isinstance(fmt, str) and fmt.startswith("noisefloor-log/")
+                raise StoreError(f"{p} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy"
+                                 if not newer else f"{p} is a store of format {fmt}, newer than this nfproxy reads "
+                                 f"({FORMAT}); upgrade noisefloor")
+            store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
+        except BaseException:
             store.close()
-            raise StoreError(f"{p} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy")
+            raise
         return store
+
+    @property
+    def format(self) -> str | None:
+        return self.meta("format")
 
     def lock_for_recording(self) -> None:
         """One recording proxy per store: two would number the same sessions twice and make the
@@ -242,6 +413,11 @@ class Store:
         self._record_lock = fh
 
     def close(self) -> None:
+        if self._training:  # a dictionary trained on this run's traffic is kept for the next one
+            try:
+                self._trained(wait=True)
+            except StoreError:
+                pass  # a store that cannot take it now is reported by the writes that follow
         if self.writable:
             self._env.sync(True)
         self._env.close()
@@ -256,17 +432,17 @@ class Store:
                              "restore it from a copy or record it again")
 
     @contextmanager
-    def _reading(self) -> Iterator[None]:
+    def _reading(self, what: str = "") -> Iterator[None]:
         """Every read: refuse a file cut short under us (reading past its end would be a SIGBUS),
-        and turn damage into one StoreError that names the store and what to do."""
+        and turn damage into one StoreError that names the store, what was read, and what to do."""
         self._check_intact()
         try:
             yield
         except StoreError:
             raise
         except _DAMAGE as exc:
-            raise StoreError(f"store {self.path} is damaged ({exc.__class__.__name__}: {exc}); "
-                             "restore it from a copy or record it again") from None
+            raise StoreError(f"store {self.path} is damaged{' (' + what + ')' if what else ''}: "
+                             f"{exc.__class__.__name__}: {exc}; restore it from a copy or record it again") from None
 
     def __enter__(self) -> Store:
         return self
@@ -303,31 +479,160 @@ class Store:
 
     # -- bodies --------------------------------------------------------------------------------
 
-    def body(self, digest: str | None) -> bytes | None:
+    def body(self, digest: str | None, *, size: int | None = None, exchange_id: int | None = None,
+             part: str = "", _depth: int = 0) -> bytes | None:
+        """A stored body, verified: present, within its recorded `size` and the store's max_body,
+        and hashing to `digest`. Anything else is a StoreError naming the store and the exchange."""
         if digest is None:
             return None
-        with self._reading(), self._env.begin(db=self._bodies) as txn:
+        if _depth > _MAX_REF_DEPTH:
+            raise StoreError(f"store {self.path}: body {digest[:16]} is compressed against a chain of more than "
+                             f"{_MAX_REF_DEPTH} bodies (damaged: a cycle?); restore the store from a copy")
+        where = " ".join(x for x in (f"exchange {exchange_id}" if exchange_id is not None else "",
+                                     f"{part} body" if part else "body", digest[:16]) if x)
+        limit = self.max_body if size is None else min(size, self.max_body)
+        with self._reading(where), self._env.begin(db=self._bodies) as txn:
             raw = txn.get(bytes.fromhex(digest))
-            return None if raw is None else self._dctx.decompress(raw)
+            if raw is None:
+                if digest == _EMPTY_SHA256:
+                    return b""
+                raise StoreError(f"store {self.path}: {where} is missing; restore the store from a copy or "
+                                 "record it again")
+            try:
+                data = self._codec.decode(raw, limit, self._resolver(_depth, exchange_id))
+            except codec.TooLarge as exc:
+                bound = ("its recorded size" if size is not None and size <= self.max_body
+                         else f"--max-body-mb {self.max_body >> 20}")
+                raise StoreError(f"store {self.path}: {where} decompresses past {bound} ({exc}): damaged or "
+                                 "planted; restore the store from a copy") from None
+        if hashlib.sha256(data).hexdigest() != digest:
+            raise StoreError(f"store {self.path}: {where} does not match its sha256 (tampered or damaged); "
+                             "restore the store from a copy or record it again")
+        return data
+
+    def _resolver(self, depth: int, exchange_id: int | None) -> Callable[[bytes], bytes]:
+        """Referenced bodies, verified; the last few are kept, since a session's next request
+        refers to what its previous one did (a chain is then decoded once, not once per link)."""
+        def resolve(digest: bytes) -> bytes:
+            data = self._refs.get(digest)
+            if data is not None:
+                self._refs.move_to_end(digest)
+                return data
+            data = self.body(digest.hex(), exchange_id=exchange_id, part="referenced", _depth=depth + 1)
+            assert data is not None
+            self._refs[digest] = data
+            if len(self._refs) > _REF_CACHE:
+                self._refs.popitem(last=False)
+            return data
+
+        return resolve
+
+    def part_body(self, part: Mapping[str, Any] | None, exchange_id: int | None = None, name: str = "") -> bytes | None:
+        """The verified body of a stored request or response (its digest and recorded size)."""
+        if not part:
+            return None
+        return self.body(part.get("body"), size=part.get("body_size"), exchange_id=exchange_id, part=name)
 
     def bodies(self) -> Iterator[bytes]:
-        """Every stored body, decompressed (for audits: what exactly is on disk)."""
-        with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
-            for _, raw in txn.cursor():
-                yield self._dctx.decompress(raw)
+        """Every stored body, decompressed and verified (for audits: what exactly is on disk)."""
+        for _, data in self.stored_bodies():
+            yield data
+
+    def stored_bodies(self, encoded: bool = False) -> Iterator[Any]:
+        """(sha256, bytes) of every stored body in digest order, verified; with `encoded`, also the
+        value as stored (compact rewrites them)."""
+        with self._reading("bodies"), self._env.begin(db=self._bodies, buffers=False) as txn:
+            for digest, raw in txn.cursor():
+                data = self._codec.decode(raw, self.max_body, self._resolver(0, None))
+                if hashlib.sha256(data).digest() != digest:
+                    raise StoreError(f"store {self.path}: body {digest.hex()[:16]} does not match its sha256 "
+                                     "(tampered or damaged); restore the store from a copy")
+                yield (digest, data, raw) if encoded else (digest, data)
+
+    def body_count(self) -> int:
+        with self._reading(), self._env.begin(db=self._bodies) as txn:
+            return txn.stat(self._bodies)["entries"]
+
+    def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
+        """A table's keys and values as stored (meta, recorded, outcomes: compact copies them)."""
+        db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes}[name]
+        if db is None:
+            return
+        with self._reading(name), self._env.begin(db=db, buffers=False) as txn:
+            yield from txn.cursor()
 
     def raw_body(self, digest: str) -> bytes | None:
-        """A body as stored (compressed): merging copies it without recompressing."""
+        """A body as stored (encoded): merging copies it without recompressing (with `dictionary_of`)."""
         with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
             return txn.get(bytes.fromhex(digest))
 
-    def decoded_body(self, part: Mapping[str, Any]) -> bytes | None:
-        """A stored request or response body with its Content-Encoding undone."""
-        raw = self.body(part.get("body"))
+    def decoded_body(self, part: Mapping[str, Any], exchange_id: int | None = None) -> bytes | None:
+        """A stored request or response body, verified, with its Content-Encoding undone."""
+        raw = self.part_body(part, exchange_id)
         if raw is None:
             return None
         encoding = header(part["headers"], "content-encoding")
         return decode_body(raw, encoding)[0]
+
+    # -- dictionaries --------------------------------------------------------------------------
+
+    def _load_dict(self, key: bytes) -> bytes | None:
+        if self._dicts is None:
+            return None
+        with self._env.begin(db=self._dicts, buffers=False) as txn:
+            data = txn.get(key)
+        if data is not None and codec.dict_key(data) != key:
+            raise ValueError(f"compression dictionary {key.hex()} does not match its hash")
+        return data
+
+    def dictionary(self, key: bytes) -> bytes | None:
+        with self._reading("dictionaries"):
+            return self._load_dict(key)
+
+    def add_dictionary(self, data: bytes, kind: str | None = None) -> bytes:
+        """Store a dictionary (content-addressed); with `kind`, new values of that kind use it."""
+        key = codec.dict_key(data)
+
+        def put(txn: lmdb.Transaction) -> None:
+            txn.put(key, data, db=self._dicts, overwrite=False)
+            if kind is not None:
+                chosen = {**{k: v.hex() for k, v in self._keys.items()}, kind: key.hex()}
+                txn.put(b"dicts", json.dumps(chosen).encode(), db=self._meta)
+
+        self._write(put)
+        if kind is not None:
+            self._keys[kind] = key
+        return key
+
+    def _sample(self, kind: str, data: bytes) -> None:
+        """Keep the first values of a kind; once there are enough, train its dictionary in a thread
+        (zstd releases the GIL: the requests going on meanwhile are not held up; `nfproxy compact`
+        retrains on the whole store). It is used from the first write after it is ready."""
+        samples = self._samples[kind]
+        if kind in self._keys or kind in self._training or not self.writable or len(data) > _SAMPLE_MAX or not data:
+            return
+        samples.append(bytes(data))
+        if len(samples) >= TRAIN_AFTER:
+            self._samples[kind] = []
+            result: list[bytes | None] = []
+            thread = threading.Thread(target=lambda: result.append(codec.train(samples)), daemon=True,
+                                      name=f"nfproxy-train-{kind}")
+            self._training[kind] = (thread, result)
+            thread.start()
+
+    def _trained(self, wait: bool = False) -> None:
+        """Install the dictionaries whose training has finished (all of them, with `wait`)."""
+        for kind, (thread, result) in list(self._training.items()):
+            if wait:
+                thread.join()
+            if thread.is_alive():
+                continue
+            del self._training[kind]
+            trained = result[0] if result else None
+            if trained is None:
+                self._keys.setdefault(kind, b"")  # untrainable: plain zstd from here on
+            else:
+                self.add_dictionary(trained, kind)
 
     # -- exchanges -----------------------------------------------------------------------------
 
@@ -342,24 +647,71 @@ class Store:
         `record` is a dict or its JSON text (a non-empty object, without "id"); `bodies` maps sha256
         hex to bytes.
         """
-        return self._write(lambda txn: self._append(txn, record, bodies, recorded))
+        text = record if isinstance(record, str) else json.dumps(record)
+        self._learn(text, bodies)
+        self._chain_next = None
+        new_id = self._write(lambda txn: self._append(txn, text, bodies, recorded, chain=True))
+        if self._chain_next is not None:  # committed: the next request of this session may refer to these
+            session, link = self._chain_next
+            self._chains[session] = link
+            self._chains.move_to_end(session)
+            if len(self._chains) > _CHAINS:
+                self._chains.popitem(last=False)
+        return new_id
 
     def append_many(self, items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]]) -> None:
         """Several exchanges in one transaction."""
-        self._write(lambda txn: [self._append(txn, *item) for item in items])
+        texts = [(r if isinstance(r, str) else json.dumps(r), b, e) for r, b, e in items]
+        for text, bodies, _ in texts:
+            self._learn(text, bodies)
+        self._write(lambda txn: [self._append(txn, *item) for item in texts])
 
-    def absorb(self, raw_bodies: Mapping[str, bytes | None], items: list[tuple[dict[str, Any], RecordedEntry | None]],
-               ) -> tuple[list[int], int]:
-        """Merge: exchanges from another store with its compressed bodies, in one transaction.
-        Returns the new ids and how many bodies were new here."""
+    def _learn(self, text: str, bodies: Mapping[str, bytes]) -> None:
+        if self._training:
+            self._trained()
+        if len(self._keys) < 2 and self.writable:
+            self._sample("record", text.encode())
+            for data in bodies.values():
+                self._sample("body", data)
+
+    def absorb(self, raw_bodies: Mapping[str, bytes | None],
+               items: list[tuple[dict[str, Any] | str, RecordedEntry | None]],
+               source: Store | None = None) -> tuple[list[int], int]:
+        """Merge: exchanges from another store with its encoded bodies (and the dictionaries they
+        need, from `source`), in one transaction. Returns the new ids and how many bodies were new here."""
+        needed = {k for raw in raw_bodies.values() if raw and (k := self._codec.dictionary_of(raw))}
+        dicts = {}
+        for key in needed:
+            data = source.dictionary(key) if source is not None else None
+            if data is None:
+                raise StoreError(f"store {source.path if source else '?'}: compression dictionary {key.hex()} "
+                                 "is missing; restore the store from a copy")
+            dicts[key] = data
+        texts = [(record if isinstance(record, str) else json.dumps(record), entry) for record, entry in items]
+        for text, _ in texts:
+            self._learn(text, {})
+
         def write(txn: lmdb.Transaction) -> tuple[list[int], int]:
+            for key, data in dicts.items():
+                txn.put(key, data, db=self._dicts, overwrite=False)
             fresh = 0
-            for hexdigest, raw in raw_bodies.items():
-                digest = bytes.fromhex(hexdigest)
+            todo = [(bytes.fromhex(h), raw) for h, raw in raw_bodies.items()]
+            while todo:
+                digest, raw = todo.pop()
                 if raw and txn.get(digest, db=self._bodies) is None:
                     txn.put(digest, raw, db=self._bodies)
                     fresh += 1
-            return [self._append(txn, record, {}, entry) for record, entry in items], fresh
+                    # a body compressed against others needs them here too (another session's, maybe)
+                    for ref in codec.Codec.refs_of(raw):
+                        if txn.get(ref, db=self._bodies) is None and ref.hex() not in raw_bodies:
+                            if source is None or (ref_raw := source.raw_body(ref.hex())) is None:
+                                raise StoreError(f"store {source.path if source else '?'}: body {ref.hex()[:16]}, "
+                                                 "which another body is compressed against, is missing")
+                            for key in filter(None, [self._codec.dictionary_of(ref_raw)]):
+                                if txn.get(key, db=self._dicts) is None and source.dictionary(key):
+                                    txn.put(key, source.dictionary(key), db=self._dicts)
+                            todo.append((ref, ref_raw))
+            return [self._append(txn, text, {}, entry) for text, entry in texts], fresh
 
         return self._write(write)
 
@@ -369,51 +721,120 @@ class Store:
         record: dict[str, Any] | str,
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
+        chain: bool = False,
     ) -> int:
+        body_key = self._keys.get("body") or None
+        request = None
+        if chain and recorded is not None and bodies:
+            m = _FIRST_BODY.search(record if isinstance(record, str) else json.dumps(record))
+            request = m.group(1) if m else None
+        link = self._chains.get(recorded.session) if request is not None and recorded is not None else None
+        depth = -1  # the request's depth in its chain; -1: already stored, depth unknown
         for hexdigest, data in bodies.items():
             if not data:
                 continue
             digest = bytes.fromhex(hexdigest)
-            if txn.get(digest, db=self._bodies) is None:  # stored once: skip compressing a known body
-                txn.put(digest, self._cctx.compress(data), db=self._bodies)
+            if txn.get(digest, db=self._bodies) is not None:  # stored once: skip compressing a known body
+                continue
+            if hexdigest == request and link is not None and link[4] < CHAIN_DEPTH:
+                # most of a request is the previous request and answer of its session
+                value = self._codec.encode_against(data, [(link[0], link[1]), (link[2], link[3])])
+                depth = link[4] + 1
+            else:
+                value = self._codec.encode(data, body_key)
+                depth = 0 if hexdigest == request else depth
+            txn.put(digest, value, db=self._bodies)
+        if request is not None and recorded is not None:
+            response = next((h for h in bodies if h != request), None)
+            if response is not None and bodies[response]:
+                self._chain_next = (recorded.session, (bytes.fromhex(request), bytes(bodies[request]),
+                                                       bytes.fromhex(response), bytes(bodies[response]),
+                                                       depth if depth >= 0 else CHAIN_DEPTH))
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id)
-        txn.put(_U64.pack(new_id), self._cctx.compress(doc.encode()), db=self._exchanges)
+        txn.put(_U64.pack(new_id), self._codec.encode(doc.encode(), self._keys.get("record") or None),
+                db=self._exchanges, append=True)
         if recorded is not None:
             entry = {"id": new_id, "key": recorded.key, "session": recorded.session, "occurrence": recorded.occurrence,
                      "seq": recorded.seq, "route": recorded.route, "start": recorded.start, "end": recorded.end}
             if recorded.deps:
                 entry["deps"] = list(recorded.deps)
-            txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded)
+            txn.put(_U64.pack(new_id), json.dumps(entry).encode(), db=self._recorded, append=True)
             if self._rindex is not None:
                 for k, v in replay_index.rows(new_id, recorded):
                     txn.put(k, v, db=self._rindex)
         return new_id
 
-    def exchange(self, exchange_id: int) -> Exchange | None:
-        with self._reading(), self._env.begin(db=self._exchanges) as txn:
-            raw = txn.get(_U64.pack(exchange_id))
-            return None if raw is None else Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+    def _decode_record(self, exchange_id: int, raw: bytes) -> Exchange:
+        """A stored record, or StoreError naming the store and the exchange: a record that does not
+        decode or does not have the record type's fields and types is never used."""
+        try:
+            ex = parse_record(self._codec.decode(raw, self.max_body))
+        except StoreError:
+            raise
+        except _DAMAGE as exc:
+            raise StoreError(f"store {self.path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: "
+                             f"{exc}); restore the store from a copy or record it again") from None
+        if ex.id != exchange_id:
+            raise StoreError(f"store {self.path}: exchange {exchange_id} is damaged (its record says id {ex.id}); "
+                             "restore the store from a copy or record it again")
+        return ex
 
-    def exchanges(self) -> Iterator[Exchange]:
-        """Every exchange in write order (a consistent snapshot)."""
-        with self._reading(), self._env.begin(db=self._exchanges, buffers=False) as txn:
-            for _, raw in txn.cursor():
-                yield Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+    def exchange(self, exchange_id: int) -> Exchange | None:
+        with self._reading(f"exchange {exchange_id}"), self._env.begin(db=self._exchanges) as txn:
+            raw = txn.get(_U64.pack(exchange_id))
+            return None if raw is None else self._decode_record(exchange_id, raw)
+
+    def exchanges(self, start: int = 1) -> Iterator[Exchange]:
+        """Every exchange in write order (a consistent snapshot), from id `start` on."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(_U64.pack(start)):
+                return
+            for k, raw in cur:
+                yield self._decode_record(_U64.unpack(k)[0], raw)
+
+    def heads(self) -> Iterator[Head]:
+        """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, at a
+        fraction of the cost of whole records (still checked: a record whose head does not have
+        the record type's fields is a StoreError naming the exchange)."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            for k, raw in txn.cursor():
+                try:
+                    yield _HEAD_DECODER.decode(self._codec.decode(raw, self.max_body))
+                except msgspec.DecodeError:  # JSON msgspec refuses and json reads (a lone surrogate)
+                    ex = self._decode_record(_U64.unpack(k)[0], raw)
+                    yield msgspec.convert(ex.to_json(), Head)
+                except (msgspec.ValidationError, *_DAMAGE) as exc:
+                    raise StoreError(f"store {self.path}: exchange {_U64.unpack(k)[0]} is damaged "
+                                     f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
+                                     "it again") from None
+
+    def record_text(self, exchange_id: int) -> bytes:
+        """One stored record's JSON bytes, decoded but not parsed (merge passes it through)."""
+        with self._reading(f"exchange {exchange_id}"), self._env.begin(db=self._exchanges) as txn:
+            raw = txn.get(_U64.pack(exchange_id))
+            if raw is None:
+                raise StoreError(f"store {self.path}: exchange {exchange_id} is missing; restore it from a copy")
+            return self._codec.decode(raw, self.max_body)
+
+    def record_texts(self, start: int = 1) -> Iterator[tuple[int, bytes]]:
+        """(id, the stored record's JSON bytes) in write order, decoded but not parsed: for copying."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            cur = txn.cursor()
+            if not cur.set_range(_U64.pack(start)):
+                return
+            for k, raw in cur:
+                yield _U64.unpack(k)[0], self._codec.decode(raw, self.max_body)
 
     def exchanges_after(self, after: int = 0) -> Iterator[Exchange]:
         """Exchanges with an id above `after`, in id order: a cursor, so a reader takes one page of
         a large store without touching the rest (nfview). Stop iterating to end the read."""
-        with self._reading(), self._env.begin(db=self._exchanges, buffers=False) as txn:
-            cur = txn.cursor()
-            if not cur.set_range(_U64.pack(after + 1)):
-                return
-            for _, raw in cur:
-                yield Exchange.from_json(json.loads(self._dctx.decompress(raw)))
+        yield from self.exchanges(start=after + 1)
 
     def recorded_entries(self) -> Iterator[RecordedEntry]:
-        with self._reading(), self._env.begin(db=self._recorded) as txn:
+        with self._reading("replay index"), self._env.begin(db=self._recorded) as txn:
             for _, raw in txn.cursor():
                 yield _entry(json.loads(raw))
 
@@ -513,7 +934,7 @@ class Store:
     def outcome_rows(self) -> list[dict[str, Any]]:
         if self._outcomes is None:
             return []
-        with self._reading(), self._env.begin(db=self._outcomes) as txn:
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
             return [json.loads(v) for _, v in txn.cursor()]
 
     def copy_to(self, folder: Path) -> None:
@@ -524,6 +945,16 @@ class Store:
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:
             return txn.stat(self._exchanges)["entries"]
+
+    def last_id(self) -> int:
+        with self._reading(), self._env.begin(db=self._exchanges) as txn, txn.cursor() as cur:
+            return _U64.unpack(cur.key())[0] if cur.last() else 0
+
+    def usage(self) -> dict[str, int]:
+        """Bytes: `used` by pages holding data, `file` on disk (the reserved map)."""
+        info, st = self._env.info(), self._env.stat()
+        return {"used": (info["last_pgno"] + 1) * st["psize"], "file": os.fstat(self._fd).st_size,
+                "map": info["map_size"]}
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -536,7 +967,8 @@ class Store:
                 with self._env.begin(write=True) as txn:
                     return fn(txn)
             except lmdb.MapFullError:
-                size = self._env.info()["map_size"] * 2
+                size = self._env.info()["map_size"]
+                size += max(_MIN_STEP, size // _GROWTH)
                 _reserve(self.path / "data.mdb", size)  # first: the map may only cover reserved disk
                 self._env.set_mapsize(size)
             except lmdb.Error as exc:

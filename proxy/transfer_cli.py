@@ -36,17 +36,14 @@ def export_cmd(store_path: Path, fmt: str, output: str, session: str | None, all
 
 def flow_items(path: Path) -> Iterator[Incoming]:
     """HTTP flows of a mitmproxy file (`mitmdump -w`), bodies as on the wire."""
-    from mitmproxy import http, io
-    from mitmproxy.exceptions import FlowReadException
+    from noisefloor.proxy import mitm_compat
 
     with path.open("rb") as fh:
         try:
-            for flow in io.FlowReader(fh).stream():
-                if not isinstance(flow, http.HTTPFlow):
-                    continue
+            for flow in mitm_compat.read_http_flows(fh):
                 req, resp = flow.request, flow.response
 
-                def pairs(h: http.Headers) -> tuple[tuple[str, str], ...]:
+                def pairs(h: mitm_compat.http.Headers) -> tuple[tuple[str, str], ...]:
                     return tuple((k.decode("latin-1"), v.decode("utf-8", "surrogateescape")) for k, v in h.fields)
 
                 started = req.timestamp_start
@@ -58,7 +55,8 @@ def flow_items(path: Path) -> Iterator[Incoming]:
                     response_body=(resp.raw_content or b"") if resp is not None else b"",
                     ended=ended, latency_ms=(ended - started) * 1000 if ended else None,
                     error=flow.error.msg if flow.error else None)
-        except (FlowReadException, ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError) as exc:
+        except (mitm_compat.FlowFileError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+                RecursionError) as exc:
             why = "nested too deeply" if isinstance(exc, RecursionError) else f"{exc.__class__.__name__}: {exc}"
             raise TransferError(f"{path} is not a readable mitmproxy flow file ({why[:300]}); write one with "
                                 "mitmdump -w") from None

@@ -68,6 +68,7 @@ class FakeUpstream:
         app.router.add_post("/v1/messages", self._anthropic)
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post(r"/v1beta/models/{model:[^/:]+}:generateContent", self._gemini)
+        app.router.add_post(r"/v1/models/{model:[^/:]+}:generateContent", self._gemini)  # google-genai 2+
         app.router.add_route("*", "/{tail:.*}", self._echo)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True)
         self._loop.run_until_complete(self._runner.setup())

@@ -150,7 +150,7 @@ def test_log_adds_per_condition_counts(tmp_path):
     bad = nfanalyze(str(tmp_path / "nope.lmdb"), "--outcomes", str(out))
     assert bad.returncode != 0 and "no nfproxy store" in bad.stderr
     ungraded = nfanalyze(str(store_path))  # exchanges but no grades: say what to run
-    assert ungraded.returncode == 1 and "no graded outcome rows" in ungraded.stderr and "nfverify" in ungraded.stderr
+    assert ungraded.returncode == 5 and "no graded outcome rows" in ungraded.stderr and "nfverify" in ungraded.stderr
     # rows kept in the log are the input; --outcomes replaces the same (condition, task, replicate)
     with Store.open(store_path, write=True) as s:
         s.put_outcomes(ladder_rows())

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from noisefloor import exit_codes
 from noisefloor.analyzer.cli import main as nfanalyze_main
 
 # An OSC sequence (sets the terminal's title), a CSI one, a C1 CSI, a bidi override, a newline.
@@ -52,7 +53,7 @@ def sample(i: int, epoch: object = 1, value: object = "C") -> dict:
 
 def one_line_error(result, *must: str) -> str:
     out = result.output.strip()
-    assert result.exit_code == 1, out
+    assert result.exit_code == exit_codes.INPUT, out
     assert "Traceback" not in out and len(out.splitlines()) == 1, out
     for m in must:
         assert m in out, out
@@ -107,7 +108,7 @@ def test_a_header_expanding_to_1_gib_and_200k_deep_json_stay_under_1_gb(tmp_path
                           (("--inspect-logs", f"live={deep}"), "nested too deep"),
                           (("--outcomes", str(deep_rows)), "nested too deep")):
         r, rss = _peak_rss_mb([sys.executable, "-m", "noisefloor.analyzer.cli", *args])
-        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+        assert r.returncode == exit_codes.INPUT and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert rss < 1024, f"peak RSS {rss:.0f} MB for {args}"
 

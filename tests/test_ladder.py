@@ -190,8 +190,8 @@ def test_a_proxy_that_cannot_record_stops_the_ladder_and_a_resume_reruns_the_los
                      "--bootstrap", "200", cwd=tmp_path)
     finally:
         upstream.stop()
-    assert r.returncode == 1, r.stderr[-2000:]
-    assert "the live proxy exited 1: it could not record every exchange" in r.stderr
+    assert r.returncode == 5, r.stderr[-2000:]  # exit_codes.INPUT: a state that cannot go on
+    assert "the live proxy exited 5: it could not record every exchange" in r.stderr
     assert not (out / "outcomes.jsonl").exists()  # nothing graded as an agent error
     from noisefloor.ladder.runner import Config, Ladder
     from noisefloor.proxy.store import Store
@@ -200,8 +200,11 @@ def test_a_proxy_that_cannot_record_stops_the_ladder_and_a_resume_reruns_the_los
         logged = {ex.session for ex in st.exchanges()}
     ran = {json.loads(line)["session"] for line in (out / "attempts.jsonl").read_text().splitlines()}
     assert logged and ran - logged  # some runs finished without a record
+    from noisefloor.ladder import designs
+
     resumed = Ladder(Config(out=out, agent=["x"], tasks=builtin_suite()[:10], dataset=out / "suite.jsonl.gz",
-                            upstream="http://127.0.0.1:9", replicates=2, conditions=("live",)))
+                            upstream="http://127.0.0.1:9", replicates=2,
+                            conditions=designs.ladder(2, ("live",)).conditions))
     assert set(resumed.done) == logged  # the runs the log lost run again on resume; the recorded ones do not
 
 
@@ -240,7 +243,7 @@ def test_base_model_agent_completes_the_prompt_on_the_completions_endpoint(tmp_p
         sent = [json.loads(s.body(ex.request["body"])) for ex in exs if ex.condition == "t0"]
     assert sent and all(doc["temperature"] == 0 and "\ndef " in doc["stop"] for doc in sent)
     bad = nfladder("run", "--task-ids", "NF/2,NF/999", "--out", str(tmp_path / "x"), cwd=tmp_path)
-    assert bad.returncode == 2 and "1 ids are not in the suite (e.g. 'NF/999')" in bad.stderr
+    assert bad.returncode == 64 and "1 ids are not in the suite (e.g. 'NF/999')" in bad.stderr
 
 
 def test_provider_model_closed_forms():

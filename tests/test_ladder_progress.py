@@ -8,6 +8,7 @@ import re
 from dataclasses import asdict
 from types import SimpleNamespace
 
+from noisefloor.ladder import designs
 from noisefloor.ladder.agent_run import Attempt
 from noisefloor.ladder.runner import Config, Ladder, _Progress
 
@@ -15,7 +16,7 @@ from noisefloor.ladder.runner import Config, Ladder, _Progress
 class Finishing:
     """Reports every run as finished at once (returncode 1 for task T1)."""
 
-    def run(self, runs, args, store, finished):  # type: ignore[no-untyped-def]
+    def run(self, runs, args, store, finished, replay=False):  # type: ignore[no-untyped-def]
         self.asked = [r.task_id for r in runs]
         for r in runs:
             finished(Attempt(f"{r.condition}-r{r.replicate}-{r.task_id}", r.task_id, r.condition, r.replicate,
@@ -43,11 +44,12 @@ def test_resume_says_what_was_done_before(tmp_path):
     said: list[str] = []
     executor = Finishing()
     cfg = Config(out=out, agent=["agent", "{task_file}"], tasks=tasks, dataset=tmp_path / "d.jsonl",
-                 upstream="http://127.0.0.1:9", replicates=2, conditions=("replay",))
-    Ladder(cfg, said.append, executor).run_condition("replay")
+                 upstream="http://127.0.0.1:9", replicates=2, conditions=designs.ladder(2).conditions)
+    replay = cfg.conditions["replay"]
+    Ladder(cfg, said.append, executor).run_condition(replay)
     assert said[0] == "[replay] resuming: 2 of 6 runs done earlier (1 of them failed); 4 to run"
     assert executor.asked == ["T2", "T0", "T1", "T2"]
     assert any(line.startswith("[replay] replicate 2/2 done: 4/4 runs (100%), 1 failed,") for line in said), said
     said.clear()
-    Ladder(cfg, said.append, executor).run_condition("replay")
+    Ladder(cfg, said.append, executor).run_condition(replay)
     assert said == ["[replay] all 6 runs done earlier"]

@@ -111,7 +111,7 @@ def test_clashing_sessions_different_rules_and_damaged_shards_are_refused_before
         txn.put(key, zstandard.ZstdCompressor().compress(b"not the original body"), db=db)
     env.close()
     r = subprocess.run([NFPROXY, "merge", str(out), str(damaged)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and "is damaged: body" in r.stderr and "nothing was merged" in r.stderr
+    assert r.returncode == 5 and "does not match its sha256" in r.stderr and "nothing was merged" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 2  # the progress line and the error, no traceback
     assert snapshot(out) == kept
 
@@ -185,4 +185,4 @@ def test_a_row_graded_differently_in_two_shards_is_refused_by_merge_and_by_nfana
         assert s.outcome_rows() == []  # refused before anything was written
     nfanalyze = str(Path(sys.executable).with_name("nfanalyze"))
     r = subprocess.run([nfanalyze, *map(str, paths)], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "with different grades" in r.stderr
+    assert r.returncode == 5 and r.stderr.count("\n") == 1 and "with different grades" in r.stderr

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from noisefloor import exit_codes
 from noisefloor.proxy.store import Store
 from tests.conftest import nfproxy_argv, start_nfproxy
 
@@ -117,20 +118,20 @@ def test_quiet_prints_no_ready_line(tmp_path, upstream):
 
 def test_start_refusals_name_the_fix(tmp_path):
     r = _run("--upstream", "127.0.0.1:9100", "--store", str(tmp_path / "a.lmdb"))
-    assert r.returncode == 2 and "http://127.0.0.1:9100" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert r.returncode == exit_codes.USAGE and "http://127.0.0.1:9100" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "a.lmdb").exists()
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
         r = _run("--listen", f"127.0.0.1:{port}", "--upstream", "http://127.0.0.1:9", "--store", str(tmp_path / "b.lmdb"))
-    assert r.returncode == 1, r.stderr
+    assert r.returncode == exit_codes.INPUT, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "--listen 127.0.0.1:0" in lines[0] and "--mode reverse" not in r.stderr, r.stderr
     assert not (tmp_path / "b.lmdb").exists()  # refused before any work
     # a typo is not a command to wrap: no store, no CA folder, no proxy
     r = _run("lgo", "--store", "x.lmdb", cwd=tmp_path)
-    assert r.returncode == 2 and "nfproxy log" in r.stderr and "after `--`" in r.stderr, r.stderr
+    assert r.returncode == exit_codes.USAGE and "nfproxy log" in r.stderr and "after `--`" in r.stderr, r.stderr
     assert list(tmp_path.iterdir()) == []
 
 
@@ -170,5 +171,5 @@ def test_a_hostile_perturbation_file_is_one_line(tmp_path):
         f = tmp_path / name
         f.write_bytes(text if isinstance(text, bytes) else text.encode())
         r = _run("run", "--perturb-file", str(f), "--perturb", "v", "--store", str(tmp_path / "x.lmdb"))
-        assert r.returncode == 2 and "Traceback" not in r.stderr and str(f) in r.stderr, r.stderr
+        assert r.returncode == exit_codes.USAGE and "Traceback" not in r.stderr and str(f) in r.stderr, r.stderr
     assert not (tmp_path / "x.lmdb").exists()

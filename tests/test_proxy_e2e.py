@@ -216,7 +216,7 @@ def test_a_full_disk_withholds_the_answer_and_keeps_every_recorded_exchange(smal
     rec = record(store, upstream, proxies)
     rng = random.Random(7)
     answered, refused = 0, []
-    for i in range(120):  # 32 MB reserved at start; the map cannot double to 64 MB on 40 MB
+    for i in range(120):  # 32 MB reserved at start; the map cannot grow by its 64 MB step on 40 MB
         text = base64.b64encode(rng.randbytes(700_000)).decode()  # under aiohttp's 1 MiB body limit
         r = post(rec, {"model": "m", "messages": [{"role": "user", "content": f"{i} {text}"}]})
         if r.status_code == 200:
@@ -228,7 +228,7 @@ def test_a_full_disk_withholds_the_answer_and_keeps_every_recorded_exchange(smal
     assert answered >= 5 and len(refused) == 2, (answered, [r.status_code for r in refused])
     for r in refused:
         assert r.status_code == 507 and r.headers["x-nf-record"] == "error"
-        assert "cannot reserve 64 MB" in r.json()["error"]["message"]
+        assert "cannot reserve 96 MB" in r.json()["error"]["message"]
     assert rec.proc.poll() is None  # still serving: no SIGBUS, no crash
     assert rec.stop() == 1  # the recording has holes: not a clean exit
     assert "2 errors" in rec.output and "2 exchanges NOT recorded" in rec.output

@@ -90,3 +90,14 @@ def test_a_node_killed_mid_run_loses_only_runs_that_run_again(tmp_path, cluster)
     assert len(sessions) == 72  # every run's exchanges are in the merged log, none twice-counted
     doc = json.loads((out / "report.json").read_text())
     assert doc["log"]["conditions"]["replay"]["misses"] == 0
+
+
+def test_gate_design_on_ray_stamps_its_collections_and_gives_verdicts(tmp_path, cluster):
+    out = tmp_path / "gate"
+    r = subprocess.run([NFLADDER, "run", "--design", "gate", "--tasks", "6", "--k", "4", "--escalate-at", "8",
+                        "-j", "2", "--bootstrap", "200", "--out", str(out), "--executor", "ray",
+                        "--ray-address", cluster.address], capture_output=True, text=True, timeout=600)
+    assert r.returncode in (0, 1), r.stderr[-3000:]  # 1: the demo candidate's broken cases regressed
+    doc = json.loads((out / "report.json").read_text())
+    assert doc["gate"]["refused"] is None and len(doc["gate"]["verdicts"]) == 6
+    assert (r.returncode == 1) == (doc["gate"]["counts"]["regressed"] > 0)

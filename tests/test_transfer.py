@@ -152,7 +152,7 @@ def test_mitmproxy_flow_file_imports(tmp_path):
     bad = tmp_path / "bad.har"
     bad.write_text("{not json")
     r = nfproxy("import", str(tmp_path / "x.lmdb"), str(bad))
-    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is not a HAR file" in r.stderr
+    assert r.returncode == 5 and r.stderr.count("\n") == 1 and "is not a HAR file" in r.stderr
 
 
 

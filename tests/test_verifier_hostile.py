@@ -193,7 +193,7 @@ def test_a_missing_output_folder_is_one_line_before_any_work(tmp_path):
     samples.write_text(json.dumps({"task_id": "T/0", "solution": "def add(a, b):\n    return a + b\n"}) + "\n")
     p = _run_nfverify("--samples", str(samples), "--dataset", str(dataset), "--outcomes", str(tmp_path / "nodir" / "o.jsonl"))
     _, err = p.communicate(timeout=120)
-    assert p.returncode == 1 and "does not exist" in err and "Traceback" not in err
+    assert p.returncode == 5 and "does not exist" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and "reference outputs" not in err and "grading" not in err
 
 

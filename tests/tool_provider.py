@@ -1,37 +1,17 @@
-"""The built-in provider answering BFCL questions with native tool calls, for the tool-calling
-audit tests: each call is drawn (by the provider's own hash of seed, task, temperature and count)
+"""The built-in provider's tool-calling endpoint with chosen outcome shares (the product's own
+endpoint draws from per-question rerun and rewording probabilities instead): each call is drawn (by the provider's own hash of seed, task, temperature and count)
 to grade as a chosen outcome with a chosen share, so the audit's floors have a known truth."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
 
-from noisefloor.ladder.provider import BuiltinProvider, _prompt, _squash
+from noisefloor.ladder.provider import BuiltinProvider, _prompt, _squash, tool_calls_for
 
 TOOL_OUTCOMES = ("correct", "wrong_function", "wrong_arguments", "malformed_output", "other")
-
-
-def tool_calls_for(task: Any, outcome: str) -> list[dict[str, Any]]:
-    """OpenAI tool calls for a BFCL task that grade as `outcome` (built from its ground truth)."""
-    from noisefloor.verifier.bfcl import ground_truth_calls
-
-    calls = [{"name": c.name, "arguments": json.dumps(c.arguments)} for c in ground_truth_calls(task)]
-    if outcome == "wrong_function":
-        calls[0]["name"] = "no_such_function"
-    elif outcome == "wrong_arguments":
-        args = json.loads(calls[0]["arguments"])
-        key = next(iter(args), "unexpected_argument")
-        args[key] = "__not_an_allowed_value__"
-        calls[0]["arguments"] = json.dumps(args)
-    elif outcome == "malformed_output":
-        calls[0]["arguments"] = calls[0]["arguments"][: max(1, len(calls[0]["arguments"]) // 2)]
-    elif outcome == "other":
-        calls.append(dict(calls[0]))
-    return [{"id": f"call_{i}", "type": "function", "function": c} for i, c in enumerate(calls)]
 
 
 @dataclass

@@ -29,7 +29,7 @@ class Attempt:
     replicate: int | None
     exchange: Exchange | None  # the final answered exchange, None if the session got no answer
     body: dict[str, Any] | None  # its response as one JSON document (streams assembled)
-    request_text: str
+    request_text: str  # the first request's body text, kept only when the task was found in it (no task label)
 
 
 def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -81,7 +81,7 @@ def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
 def response_json(store: Store, ex: Exchange) -> dict[str, Any] | None:
     if ex.response is None:
         return None
-    data = (store.decoded_body(ex.response) or b"")
+    data = (store.decoded_body(ex.response, ex.id) or b"")
     ctype = header(ex.response["headers"], "content-type", "")
     if ctype.lower().startswith("text/event-stream"):
         return assemble_stream(sse_data(data))
@@ -114,21 +114,27 @@ def attempts(store: Store, prompts: Mapping[str, str] | None = None, modes: Iter
              ) -> list[Attempt]:
     """One attempt per session, in order of first appearance."""
     wanted = set(modes)
-    sessions: dict[str, list[Exchange]] = defaultdict(list)
+    # one pass, keeping per session only what an attempt needs: memory grows with sessions, not exchanges
+    firsts: dict[str, Exchange] = {}
+    finals: dict[str, Exchange] = {}
+    labelled: dict[str, str] = {}
     for ex in store.exchanges():
         if ex.mode in wanted:
-            sessions[ex.session].append(ex)
+            firsts.setdefault(ex.session, ex)
+            if ex.task and ex.session not in labelled:
+                labelled[ex.session] = ex.task
+            if ex.response is not None and 200 <= ex.response["status"] < 300:
+                finals[ex.session] = ex
     prompts = prompts or {}
     ranked = sorted(prompts.items(), key=lambda kv: -len(kv[1]))
     out: list[Attempt] = []
     counters: dict[tuple[str | None, str], int] = defaultdict(int)
-    for name, exs in sessions.items():
-        answered = [e for e in exs if e.response is not None and 200 <= e.response["status"] < 300]
-        final = answered[-1] if answered else None
-        first = exs[0]
-        req_text = (store.decoded_body(first.request) or b"").decode("utf-8", errors="replace")
-        task = first.task or next((e.task for e in exs if e.task), None)
+    for name, first in firsts.items():
+        final = finals.get(name)
+        task = first.task or labelled.get(name)
+        req_text = ""  # read only when needed: held for every session, it was most of nfverify's memory
         if task is None:
+            req_text = (store.decoded_body(first.request, first.id) or b"").decode("utf-8", errors="replace")
             task = next((tid for tid, p in ranked if p.strip() and _json_text(p) in req_text), None)
         condition = first.condition or "unlabeled"
         if first.replicate is not None and str(first.replicate).lstrip("-").isdigit():

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from noisefloor import exit_codes
 from noisefloor.display import visible
 from noisefloor.errors import NoisefloorError
 
@@ -20,7 +21,25 @@ VERSION = {"package_name": "noisefloor", "message": "%(prog)s (noisefloor) %(ver
 
 
 class OneLineErrors:
-    """A command whose `NoisefloorError`s reach the user as one line (`Error: ...`) and exit 1."""
+    """A command whose `NoisefloorError`s reach the user as one line (`Error: ...`), and whose exit
+    statuses follow `exit_codes`: usage mistakes 64, other errors 5, Ctrl-C 130."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)  # type: ignore[misc]
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)  # type: ignore[misc]
+        except click.UsageError as exc:
+            exc.show()
+            sys.exit(exit_codes.USAGE)
+        except click.ClickException as exc:
+            exc.show()
+            sys.exit(exit_codes.INPUT)
+        except (click.exceptions.Abort, KeyboardInterrupt):
+            click.echo("Aborted!", err=True)
+            sys.exit(exit_codes.INTERRUPTED)
+        sys.exit(rv if isinstance(rv, int) else exit_codes.OK)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -115,3 +134,14 @@ def progress_bar(label: str, enabled: bool | None = None, delay: float = 1.0,
         sys.stderr.flush()
 
     return update
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM ends the command with 143 through normal unwinding, so `finally` blocks stop the
+    processes it started (for commands that own child processes and no signal handling of their own)."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(exit_codes.TERMINATED)
+
+    signal.signal(signal.SIGTERM, stop)

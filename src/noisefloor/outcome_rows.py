@@ -4,7 +4,8 @@ One type, with its writer and its reader beside it, so that the contract in DESI
 one place: `task_id`, `condition`, `replicate`, `outcome` (0/1) are required; the rest is
 optional: the failure category and its detail, a judge's `reference` and `confidence`, the
 tool-calling audit's `endpoint` / `variant` / `fingerprint`, the `session` it came from, and the
-stamp the regression gate compares (`model`, `temperature`, `top_p`, `seed`, `grader_version`).
+stamp the regression gate compares (`model` requested, `served_model`, `temperature`, `top_p`, `seed`,
+`grader_version`).
 """
 
 from __future__ import annotations
@@ -42,7 +43,8 @@ class OutcomeRow:
     variant: str | None = None
     fingerprint: str | None = None
     session: str | None = None
-    model: str | None = None
+    model: str | None = None  # as the request asked for it
+    served_model: str | None = None  # as the answer named it
     temperature: float | None = None
     top_p: float | None = None
     seed: int | None = None

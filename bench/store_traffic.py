@@ -1,0 +1,123 @@
+"""Synthetic LLM agent traffic for the store benchmarks, written through the real recorder.
+
+Each session is one agent run on one task: a system prompt shared by every run of an agent (a
+few agents), the task's prompt (a pool of tasks, each run several times: replicates), then a few
+turns in which the request carries the whole conversation so far, as OpenAI chat requests do.
+Answers are chat.completion documents with the fields and headers an OpenAI response has, their
+text drawn from a Zipf-weighted vocabulary (so it compresses like prose, not like repeats or
+noise). About 5 kB raw per exchange (request body, response body and record), seeded.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.store import Store
+from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+
+_WORDS = ("the of and to a in is that for it as with was on be by this are or an at from which not have but "
+          "function return value list string number error test case input output file line code python class "
+          "method call result data type should must would could first second then next because however "
+          "example given each every only also more most less some any all none true false check compute sum "
+          "index loop element array dictionary key map filter sort order reverse empty length size count "
+          "answer question step solution approach problem edge condition handle raise exception import module "
+          "variable parameter argument default optional required integer float boolean character word sentence").split()
+_CUM = list(__import__("itertools").accumulate(1 / (i + 1) for i in range(len(_WORDS))))
+SYSTEM = ("You are a careful coding assistant. Answer with a short explanation and one Python code block. "
+          "Follow the user's function signature exactly, handle edge cases, and never print debugging output. "
+          "When a tool is available, call it with valid JSON arguments; otherwise answer directly. ") * 4
+
+
+def _prose(rng: random.Random, words: int) -> str:
+    out = rng.choices(_WORDS, cum_weights=_CUM, k=words)
+    return " ".join(out).capitalize() + "."
+
+
+@dataclass(frozen=True)
+class Shape:
+    agents: int = 4
+    tasks: int = 2000
+    turns: tuple[int, int] = (2, 5)
+    answer_words: tuple[int, int] = (120, 220)
+
+
+def sessions(n_exchanges: int, seed: int = 0, shape: Shape = Shape()) -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
+    """(session name, [(request body, response body), ...]) until n_exchanges are produced."""
+    rng = random.Random(seed)
+    made = 0
+    tasks = [_prose(random.Random(seed * 7919 + t), rng.randint(40, 90)) for t in range(shape.tasks)]
+    s = 0
+    while made < n_exchanges:
+        agent = s % shape.agents
+        task = rng.randrange(min(shape.tasks, max(20, n_exchanges // 35)))  # about 10 replicates of each
+        messages = [{"role": "system", "content": f"[agent {agent}] " + SYSTEM},
+                    {"role": "user", "content": tasks[task]}]
+        turns = []
+        for turn in range(min(rng.randint(*shape.turns), n_exchanges - made)):
+            request = {"model": "gpt-4o-mini", "temperature": 0.7, "max_tokens": 1024, "messages": list(messages)}
+            text = _prose(rng, rng.randint(*shape.answer_words))
+            answer = {
+                "id": f"chatcmpl-{rng.getrandbits(96):024x}", "object": "chat.completion",
+                "created": 1_790_000_000 + made, "model": "gpt-4o-mini-2024-07-18",
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
+                                                     "annotations": []}, "logprobs": None, "finish_reason": "stop"}],
+                "usage": {"prompt_tokens": 300 + 150 * turn, "completion_tokens": rng.randint(80, 300),
+                          "total_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
+                          "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
+                                                        "accepted_prediction_tokens": 0,
+                                                        "rejected_prediction_tokens": 0}},
+                "service_tier": "default", "system_fingerprint": f"fp_{rng.choice(('b8bc95a0ac', '0aa8d3e20b'))}",
+            }
+            turns.append((json.dumps(request).encode(), json.dumps(answer).encode()))
+            messages += [{"role": "assistant", "content": text},
+                         {"role": "user", "content": f"The tests failed on case {turn}: " + _prose(rng, 20)}]
+        made += len(turns)
+        yield f"run-{s:07d}-task{task:04d}", turns
+        s += 1
+
+
+def response_headers(rng: random.Random, size: int) -> tuple[tuple[str, str], ...]:
+    return (("date", time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(1_790_000_000 + rng.randrange(10**6)))),
+            ("content-type", "application/json"), ("content-length", str(size)),
+            ("access-control-expose-headers", "X-Request-ID"), ("openai-organization", "user-abc123"),
+            ("openai-processing-ms", str(rng.randint(300, 4000))), ("openai-version", "2020-10-01"),
+            ("x-ratelimit-limit-requests", "10000"), ("x-ratelimit-remaining-requests", str(rng.randint(0, 9999))),
+            ("x-ratelimit-limit-tokens", "2000000"), ("x-ratelimit-remaining-tokens", str(rng.randint(0, 2 * 10**6))),
+            ("x-request-id", f"req_{rng.getrandbits(128):032x}"), ("cf-ray", f"{rng.getrandbits(64):016x}-AMS"))
+
+
+REQUEST_HEADERS = (("host", "api.openai.com"), ("content-type", "application/json"), ("accept", "application/json"),
+                   ("user-agent", "OpenAI/Python 1.54.0"), ("x-stainless-lang", "python"),
+                   ("x-stainless-package-version", "1.54.0"), ("authorization", "Bearer sk-bench-not-a-secret"))
+
+
+def record(store: Store, n_exchanges: int, seed: int = 0) -> dict[str, int]:
+    """Record n_exchanges through Recorder.begin/finish (the path a proxy's requests take); the raw
+    bytes it was given: bodies and the records' JSON."""
+    rec = Recorder(store, Rules())
+    rng = random.Random(seed + 1)
+    raw = {"bodies": 0, "exchanges": 0}
+    replicates: dict[str, int] = {}
+    rows = []
+    for name, turns in sessions(n_exchanges, seed):
+        task = name.rsplit("-", 1)[1]
+        replicate = replicates[task] = replicates.get(task, -1) + 1
+        labels = Labels(name, task, str(replicate), "live")
+        rows.append({"task_id": task, "condition": "live", "replicate": replicate, "outcome": rng.random() < 0.6})
+        for req_body, resp_body in turns:
+            req = RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
+                              "/v1/chat/completions", REQUEST_HEADERS, req_body)
+            pending = rec.begin(req, labels)
+            resp = ResponseData(200, response_headers(rng, len(resp_body)), resp_body)
+            rec.finish(pending, resp, latency_ms=float(rng.randint(300, 4000)))
+            raw["bodies"] += len(req_body) + len(resp_body)
+            raw["exchanges"] += 1
+    # graded, as nfverify would (a task run once has no within-task variance: left out)
+    store.put_outcomes([{**r, "outcome": int(r["outcome"])} for r in rows if replicates[r["task_id"]] > 0])
+    return raw

@@ -1,0 +1,169 @@
+"""How a value is stored: tagged, zstd-compressed with a dictionary the store trained on its own
+traffic, and read back only within a size bound.
+
+LLM request and response bodies are small JSON documents that repeat one another's structure
+(field names, roles, model names, the system prompt); compressed one at a time they shrink less
+than 2x, because each frame starts from nothing. A dictionary trained on the store's first
+exchanges gives every frame that shared start. The stored value says how it was written:
+
+  0x00 + bytes                    stored as is (tiny, or incompressible)
+  0x01 + zstd frame               compressed without a dictionary
+  0x02 + 8-byte dict key + frame  compressed with the dictionary stored under that key
+  0x03 + n + n sha256 + frame     compressed against other stored bodies (their bytes, in order,
+                                  as a raw-content dictionary): a request against the previous
+                                  request and answer of its session, which it mostly repeats
+  zstd frame (magic 28 b5 2f fd)  format noisefloor-log/1: every value before the tags
+
+A dictionary's key is the start of its sha256, so a value copied to another store (merge) stays
+readable once its dictionary is copied with it. Decoding refuses a frame that declares, or turns
+out to hold, more than the caller's bound: a compressed bomb in a store costs no more than on
+the wire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import zstandard
+
+RAW, PLAIN, DICT, REF = 0, 1, 2, 3
+LEGACY_MAGIC = b"\x28\xb5\x2f\xfd"
+KEY_SIZE = 8
+LEVEL = 3
+DICT_SIZE = 64 << 10  # bytes; trained on about 100-200x as much sample data
+_TINY = 24  # shorter values are not worth a frame header
+
+
+class TooLarge(ValueError):
+    """A stored value that would decompress to more than its bound."""
+
+
+class UnknownDictionary(KeyError):
+    """A value names a dictionary the store does not hold."""
+
+
+def dict_key(data: bytes) -> bytes:
+    return hashlib.sha256(data).digest()[:KEY_SIZE]
+
+
+def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
+    """A dictionary for values like `samples`, or None when they are too few or too alike to train on.
+    Fixed fastCover parameters: the parameter search of the default costs seconds, on the record path."""
+    if len(samples) < 64:
+        return None
+    size = min(size, max(4096, sum(map(len, samples)) // 16))
+    try:
+        return zstandard.train_dictionary(size, samples, k=200, d=8).as_bytes()
+    except zstandard.ZstdError:
+        return None
+
+
+class Codec:
+    """Encoder and bounded decoder for one store; `load` fetches a dictionary by key (None if absent)."""
+
+    def __init__(self, load: Callable[[bytes], bytes | None]) -> None:
+        self._load = load
+        self._plain_c = zstandard.ZstdCompressor(level=LEVEL)
+        self._plain_d = zstandard.ZstdDecompressor()
+        self._c: dict[bytes, zstandard.ZstdCompressor] = {}
+        self._d: dict[bytes, zstandard.ZstdDecompressor] = {}
+
+    def encode(self, data: bytes, key: bytes | None = None) -> bytes:
+        if len(data) < _TINY:
+            return bytes([RAW]) + data
+        if key is None:
+            frame = self._plain_c.compress(data)
+            head = bytes([PLAIN])
+        else:
+            frame = self._compressor(key).compress(data)
+            head = bytes([DICT]) + key
+        if len(frame) + len(head) >= len(data) + 1:
+            return bytes([RAW]) + data
+        return head + frame
+
+    def encode_against(self, data: bytes, refs: list[tuple[bytes, bytes]]) -> bytes:
+        """`data` compressed against the bytes of stored bodies `refs` ((sha256, bytes), at most 255)."""
+        prefix = b"".join(b for _, b in refs)
+        # level 1: what the references leave is short; loading them into a level-3 matcher costs more
+        frame = zstandard.ZstdCompressor(level=1, dict_data=_raw_dict(prefix)).compress(data)
+        return bytes([REF, len(refs)]) + b"".join(d for d, _ in refs) + frame
+
+    @staticmethod
+    def refs_of(value: bytes) -> list[bytes]:
+        """The sha256 digests of the bodies a stored value is compressed against (none for most)."""
+        if value[:1] != bytes([REF]):
+            return []
+        n = value[1]
+        return [bytes(value[2 + 32 * i:34 + 32 * i]) for i in range(n)]
+
+    def decode(self, value: bytes, limit: int, resolve: Callable[[bytes], bytes] | None = None) -> bytes:
+        """The stored bytes, at most `limit` of them (TooLarge beyond; zstd errors on damage).
+        `resolve` gives a referenced body's bytes, verified, for values compressed against others."""
+        tag = value[0] if value else None
+        if tag == REF:
+            if resolve is None:
+                raise ValueError("a value compressed against other bodies, read without them")
+            refs = self.refs_of(value)
+            prefix = b"".join(resolve(d) for d in refs)
+            dctx = zstandard.ZstdDecompressor(dict_data=_raw_dict(prefix))
+            return _bounded(dctx, value[2 + 32 * len(refs):], limit)
+        if value[:4] == LEGACY_MAGIC:
+            return _bounded(self._plain_d, value, limit)
+        if tag == RAW:
+            if len(value) - 1 > limit:
+                raise TooLarge(f"{len(value) - 1} bytes, more than the {limit} allowed")
+            return bytes(value[1:])
+        if tag == PLAIN:
+            return _bounded(self._plain_d, value[1:], limit)
+        if tag == DICT:
+            key = bytes(value[1:1 + KEY_SIZE])
+            return _bounded(self._decompressor(key), value[1 + KEY_SIZE:], limit)
+        raise ValueError(f"unknown value encoding {tag!r}")
+
+    def dictionary_of(self, value: bytes) -> bytes | None:
+        """The key of the dictionary a stored value needs, if any (merge copies it along)."""
+        return bytes(value[1:1 + KEY_SIZE]) if value[:1] == bytes([DICT]) else None
+
+    def _dict(self, key: bytes) -> zstandard.ZstdCompressionDict:
+        data = self._load(key)
+        if data is None:
+            raise UnknownDictionary(f"compression dictionary {key.hex()} is missing")
+        return zstandard.ZstdCompressionDict(data)
+
+    def _compressor(self, key: bytes) -> zstandard.ZstdCompressor:
+        c = self._c.get(key)
+        if c is None:
+            d = self._dict(key)
+            d.precompute_compress(level=LEVEL)  # else every frame loads the 64 kB dictionary again
+            c = self._c[key] = zstandard.ZstdCompressor(level=LEVEL, dict_data=d)
+        return c
+
+    def _decompressor(self, key: bytes) -> zstandard.ZstdDecompressor:
+        d = self._d.get(key)
+        if d is None:
+            d = self._d[key] = zstandard.ZstdDecompressor(dict_data=self._dict(key))
+        return d
+
+
+def _raw_dict(prefix: bytes) -> zstandard.ZstdCompressionDict:
+    return zstandard.ZstdCompressionDict(prefix, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+
+
+def _bounded(dctx: zstandard.ZstdDecompressor, frame: bytes, limit: int) -> bytes:
+    """Decompress at most `limit` bytes. A frame's declared size is what one-shot decompression
+    allocates (whatever max_output_size says), so it is checked first; a frame without one is
+    read as a stream, one byte past the limit at most."""
+    declared = zstandard.frame_content_size(frame)
+    if declared > limit:
+        raise TooLarge(f"declares {declared} bytes, more than the {limit} allowed")
+    if declared >= 0:
+        return dctx.decompress(frame)
+    with dctx.stream_reader(frame) as reader:
+        out = bytearray()
+        while len(out) <= limit:
+            chunk = reader.read(min(1 << 20, limit + 1 - len(out)))
+            if not chunk:
+                return bytes(out)
+            out += chunk
+    raise TooLarge(f"holds more than the {limit} bytes allowed")

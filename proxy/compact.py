@@ -1,0 +1,137 @@
+"""`nfproxy compact` and `nfproxy migrate`: rewrite a store whole, in today's format and encoding.
+
+Every value is read verified (a damaged store is refused by name before anything is replaced),
+dictionaries are trained again on a sample spread over the whole store, every body and record is
+encoded with them, and the result is written to a new file of exactly the pages it uses, which
+then replaces the store's data file in one rename. A store of format noisefloor-log/1 (main
+before the versioned format) comes out as noisefloor-log/2; a store of today's format comes out
+smaller (dictionaries trained on all of it, pages full, no reserved map beyond its data).
+Readers that had the store open keep reading the old file until they close it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import lmdb
+
+from noisefloor.proxy import codec
+from noisefloor.proxy.store import FORMAT, Store, StoreError
+
+_SAMPLES = 4000  # values of each kind sampled for training
+_BATCH = 5000  # values per write transaction
+_U64 = struct.Struct(">Q")
+
+
+@dataclass(frozen=True)
+class Rewritten:
+    exchanges: int
+    bodies: int
+    before_bytes: int  # the data file before
+    after_bytes: int
+    from_format: str | None
+
+
+def _every(n: int, want: int) -> int:
+    return max(1, n // want)
+
+
+def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rewritten:
+    path = Path(path)
+    before = (path / "data.mdb").stat().st_size if (path / "data.mdb").exists() else 0
+    with Store.open(path, write=True) as src:
+        src.lock_for_recording()  # no proxy records into it while it is rewritten
+        fmt = src.meta("migrated_from") or src.format
+        n_ex, n_bodies = len(src), src.body_count()
+        progress(f"sampling {n_ex} exchanges and {n_bodies} bodies")
+        step_b, step_r = _every(n_bodies, _SAMPLES), _every(n_ex, _SAMPLES)
+        body_samples = [b for i, (_, b) in enumerate(src.stored_bodies()) if i % step_b == 0 and len(b) < 1 << 16]
+        rec_samples = [t for i, t in src.record_texts() if i % step_r == 0]
+        work = path.parent / f".{path.name}.rewrite"
+        final = path.parent / f".{path.name}.compact"
+        for p in (work, final):
+            shutil.rmtree(p, ignore_errors=True)
+        work.mkdir()
+        final.mkdir()
+        env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=8, sync=False, metasync=False)
+        try:
+            dbs = {name: env.open_db(name.encode()) for name in
+                   ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts")}
+            keys: dict[str, bytes] = {}
+            dicts: dict[bytes, bytes] = {}
+            with env.begin(write=True) as txn:
+                for kind, samples in (("body", body_samples), ("record", rec_samples)):
+                    trained = codec.train(samples)
+                    if trained is not None:
+                        keys[kind] = codec.dict_key(trained)
+                        dicts[keys[kind]] = trained
+                        txn.put(keys[kind], trained, db=dbs["dicts"])
+            out = codec.Codec(dicts.get)
+            _copy_bodies(src, env, dbs["bodies"], out, keys.get("body"), progress)
+            _copy_records(src, env, dbs["exchanges"], out, keys.get("record"), progress)
+            with env.begin(write=True) as txn:
+                for db_name, items in (("recorded", src.raw_table("recorded")), ("outcomes", src.raw_table("outcomes")),
+                                       ("meta", src.raw_table("meta"))):
+                    for k, v in items:
+                        txn.put(k, v, db=dbs[db_name], append=db_name == "recorded")
+                txn.put(b"format", json.dumps(FORMAT).encode(), db=dbs["meta"])
+                txn.put(b"dicts", json.dumps({k: v.hex() for k, v in keys.items()}).encode(), db=dbs["meta"])
+                txn.delete(b"migrated_from", db=dbs["meta"])
+                if fmt != FORMAT:
+                    txn.put(b"migrated_from", json.dumps(fmt).encode(), db=dbs["meta"])
+            env.copy(str(final), compact=True)
+        finally:
+            env.close()
+            shutil.rmtree(work, ignore_errors=True)
+        os.replace(final / "data.mdb", path / "data.mdb")  # one rename: the old file or the new, never half
+        shutil.rmtree(final, ignore_errors=True)
+    with Store.open(path, write=False) as check:  # the result reads back whole
+        if len(check) != n_ex:
+            raise StoreError(f"rewriting {path} lost exchanges ({len(check)} of {n_ex})")
+    return Rewritten(n_ex, n_bodies, before, (path / "data.mdb").stat().st_size, fmt)
+
+
+def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
+                 progress: Callable[[str], None]) -> None:
+    it = src.stored_bodies(encoded=True)
+    done = 0
+    while True:
+        with env.begin(write=True) as txn:  # in digest order, appended: pages filled whole
+            n = 0
+            for digest, data, stored in it:
+                # compressed against other bodies: kept as it is (they are all copied); else encoded again
+                value = stored if codec.Codec.refs_of(stored) else out.encode(data, key)
+                txn.put(digest, value, db=db, append=True)
+                n += 1
+                if n >= _BATCH:
+                    break
+        done += n
+        if n < _BATCH:
+            return
+        progress(f"{done} bodies rewritten")
+
+
+def _copy_records(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
+                  progress: Callable[[str], None]) -> None:
+    it = src.exchanges()  # parsed: a record that is not an exchange record stops the rewrite, by name
+    texts = src.record_texts()
+    done = 0
+    while True:
+        with env.begin(write=True) as txn:
+            n = 0
+            for ex, (i, text) in zip(it, texts):
+                assert ex.id == i
+                txn.put(_U64.pack(i), out.encode(text, key), db=db, append=True)
+                n += 1
+                if n >= _BATCH:
+                    break
+        done += n
+        if n < _BATCH:
+            return
+        progress(f"{done} exchanges rewritten")

@@ -1,0 +1,235 @@
+"""Every mitmproxy internal nfproxy touches, in one place, for both supported lines.
+
+nfproxy runs on mitmproxy 11.0 (Python 3.11) and 12.3 (Python 3.12+). The flow API addons see
+(`flow.request`, `flow.response`, `flow.metadata`) is mitmproxy's public contract; what is not —
+the master built by hand, the connection table a stalled stream is cut through, the direct
+`Response` constructor, `CertStore` and the CA's file name, the flow-file reader — lives here and nowhere else, so an
+upgrade that moves one of them breaks one module, and `probe()` (run by the tests) names which.
+"""
+
+from __future__ import annotations
+
+import inspect
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import mitmproxy.version
+from mitmproxy import ctx, http
+from mitmproxy.net.http import status_codes
+from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+
+# the public names addons are written against, re-exported so nothing else imports mitmproxy
+HTTPFlow = http.HTTPFlow
+Response = http.Response
+ServerHook = ServerConnectionHookData
+
+VERSION: str = mitmproxy.version.VERSION
+LINE: int = int(VERSION.split(".")[0])  # 11 or 12
+SUPPORTED_LINES = (11, 12)
+
+# mitmproxy writes its CA as <basename>-ca.pem (key and certificate) and <basename>-ca-cert.pem
+# (the certificate clients trust) in its confdir.
+CA_BASENAME = "mitmproxy"
+CA_CERT_FILE = f"{CA_BASENAME}-ca-cert.pem"
+CA_KEY_SIZE = 2048
+
+
+def ca_cert_path(confdir: Path) -> Path:
+    """The certificate a client must trust to accept nfproxy's TLS interception."""
+    return confdir / CA_CERT_FILE
+
+
+def ensure_ca(confdir: Path) -> Path:
+    """Creates the CA in `confdir` on first use (as the proxy would); its certificate's path."""
+    from mitmproxy.certs import CertStore
+
+    confdir.mkdir(parents=True, exist_ok=True)
+    CertStore.from_store(confdir, CA_BASENAME, CA_KEY_SIZE)
+    return ca_cert_path(confdir)
+
+
+def build_response(status: int, headers: Iterable[tuple[bytes, bytes]], raw_body: bytes) -> http.Response:
+    """A response with the body bytes as given (already encoded per its Content-Encoding).
+
+    Built with the constructor, not Response.make: make() re-encodes the body and costs a replayed
+    answer more than the lookup."""
+    now = time.time()
+    reason = status_codes.RESPONSES.get(status, "").encode()
+    return http.Response(b"HTTP/1.1", status, reason, http.Headers(headers), raw_body, None, now, now)
+
+
+def make_response(status: int, body: bytes, headers: dict[str, str]) -> http.Response:
+    """A response nfproxy composes itself (its error answers): mitmproxy encodes as it would."""
+    return http.Response.make(status, body, headers)
+
+
+def close_server_connection(flow: http.HTTPFlow, reason: str) -> bool:
+    """Cuts the flow's upstream connection (a stalled stream): mitmproxy then fails the flow and
+    closes the client's stream. Whether a connection was found."""
+    proxyserver = ctx.master.addons.get("proxyserver")
+    for handler in list(proxyserver.connections.values()):
+        io = handler.transports.get(flow.server_conn)
+        if io is not None and io.writer is not None:
+            io.writer.close()
+            if io.handler is not None:
+                io.handler.cancel(reason)
+            return True
+    return False
+
+
+class FlowFileError(Exception):
+    """A file that is not a readable mitmproxy flow file (`mitmdump -w`)."""
+
+
+def read_http_flows(fh: IO[bytes]) -> Iterator[http.HTTPFlow]:
+    """The HTTP flows of a mitmproxy flow file, in order (other flow types skipped)."""
+    from mitmproxy import io
+    from mitmproxy.exceptions import FlowReadException
+
+    try:
+        for flow in io.FlowReader(fh).stream():
+            if isinstance(flow, http.HTTPFlow):
+                yield flow
+    except FlowReadException as exc:
+        raise FlowFileError(str(exc)) from None
+
+
+def listen_addrs() -> list[tuple[Any, ...]]:
+    """The addresses the running proxy listens on (the port, when 0 was asked for)."""
+    return list(ctx.master.addons.get("proxyserver").listen_addrs())
+
+
+def lean_master(log_to: IO[str] | None = None) -> Any:
+    """A mitmproxy master with only the addons a recording proxy needs.
+
+    mitmdump's master carries some thirty more (playback, scripts, cookie and header rewriting,
+    saving flows), and mitmproxy offers every flow event to each of them: measured, that dispatch
+    cost a replayed answer more than nfproxy's own lookup. Block stays, so a proxy listening on a
+    public address still refuses clients from the internet. Must be called inside the event loop.
+    """
+    from mitmproxy.addons import (
+        block,
+        core,
+        disable_h2c,
+        errorcheck,
+        next_layer,
+        proxyserver,
+        tlsconfig,
+        update_alt_svc,
+    )
+    from mitmproxy.addons.termlog import TermLog
+    from mitmproxy.master import Master
+    from mitmproxy.options import Options
+
+    master = Master(Options())
+    master.addons.add(
+        core.Core(),
+        block.Block(),
+        disable_h2c.DisableH2C(),
+        proxyserver.Proxyserver(),
+        next_layer.NextLayer(),
+        tlsconfig.TlsConfig(),
+        update_alt_svc.UpdateAltSvc(),
+        errorcheck.ErrorCheck(),
+        TermLog(out=log_to or sys.stderr),  # stdout belongs to a wrapped command
+    )
+    return master
+
+
+# -- probing: what an upgrade must keep ------------------------------------------------------------
+
+
+def _attr(dotted: str) -> Any:
+    """The object at a dotted path (module, then attributes); raises naming the missing part."""
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for i, name in enumerate(parts[cut:], cut):
+            if not hasattr(obj, name):
+                raise LookupError(f"{'.'.join(parts[:i + 1])} is gone")
+            obj = getattr(obj, name)
+        return obj
+    raise LookupError(f"module {parts[0]} is gone")
+
+
+def _params(dotted: str, want: tuple[str, ...]) -> Callable[[], None]:
+    def check() -> None:
+        got = tuple(p for p in inspect.signature(_attr(dotted)).parameters if p not in ("self", "cls"))
+        if got[:len(want)] != want:
+            raise LookupError(f"{dotted}{inspect.signature(_attr(dotted))} no longer takes ({', '.join(want)})")
+    return check
+
+
+def _exists(*dotted: str) -> Callable[[], None]:
+    def check() -> None:
+        for d in dotted:
+            _attr(d)
+    return check
+
+
+def _fields(dotted: str, names: tuple[str, ...]) -> Callable[[], None]:
+    def check() -> None:
+        cls = _attr(dotted)
+        declared = set(getattr(cls, "__dataclass_fields__", ())) | set(getattr(cls, "__annotations__", ()))
+        missing = [n for n in names if n not in declared]
+        if missing:
+            raise LookupError(f"{dotted} lost {', '.join(missing)}")
+    return check
+
+
+def _line() -> None:
+    if LINE not in SUPPORTED_LINES:
+        raise LookupError(f"mitmproxy {VERSION} is not a tested line ({', '.join(map(str, SUPPORTED_LINES))})")
+
+
+# Each internal nfproxy relies on, by the name a failure should print.
+INTERNALS: dict[str, Callable[[], None]] = {
+    "mitmproxy.version.VERSION (a tested line)": _line,
+    "mitmproxy.master.Master(opts)": _params("mitmproxy.master.Master.__init__", ("opts",)),
+    "mitmproxy.options.Options()": _exists("mitmproxy.options.Options"),
+    "lean master addons (core, block, disable_h2c, proxyserver, next_layer, tlsconfig, update_alt_svc, "
+    "errorcheck, termlog)": _exists(
+        "mitmproxy.addons.core.Core", "mitmproxy.addons.block.Block", "mitmproxy.addons.disable_h2c.DisableH2C",
+        "mitmproxy.addons.proxyserver.Proxyserver", "mitmproxy.addons.next_layer.NextLayer",
+        "mitmproxy.addons.tlsconfig.TlsConfig", "mitmproxy.addons.update_alt_svc.UpdateAltSvc",
+        "mitmproxy.addons.errorcheck.ErrorCheck"),
+    "mitmproxy.addons.termlog.TermLog(out)": _params("mitmproxy.addons.termlog.TermLog.__init__", ("out",)),
+    "mitmproxy.addons.proxyserver.Proxyserver.listen_addrs": _exists(
+        "mitmproxy.addons.proxyserver.Proxyserver.listen_addrs"),
+    "mitmproxy.proxy.server.ConnectionHandler.transports": _fields(
+        "mitmproxy.proxy.server.ConnectionHandler", ("transports",)),
+    "mitmproxy.proxy.server.ConnectionIO(handler, reader, writer)": _fields(
+        "mitmproxy.proxy.server.ConnectionIO", ("handler", "reader", "writer")),
+    "mitmproxy.http.Response(http_version, status_code, reason, headers, content, trailers, timestamp_start, "
+    "timestamp_end)": _params("mitmproxy.http.Response.__init__", (
+        "http_version", "status_code", "reason", "headers", "content", "trailers", "timestamp_start",
+        "timestamp_end")),
+    "mitmproxy.http.Response.make(status_code, content, headers)": _params(
+        "mitmproxy.http.Response.make", ("status_code", "content", "headers")),
+    "mitmproxy.net.http.status_codes.RESPONSES": _exists("mitmproxy.net.http.status_codes.RESPONSES"),
+    "mitmproxy.proxy.server_hooks.ServerConnectionHookData(server, client)": _fields(
+        "mitmproxy.proxy.server_hooks.ServerConnectionHookData", ("server", "client")),
+    "mitmproxy.io.FlowReader(fo).stream(), mitmproxy.exceptions.FlowReadException": _exists(
+        "mitmproxy.io.FlowReader.stream", "mitmproxy.exceptions.FlowReadException"),
+    "mitmproxy.certs.CertStore.from_store(path, basename, key_size)": _params(
+        "mitmproxy.certs.CertStore.from_store", ("path", "basename", "key_size")),
+}
+
+
+def probe() -> dict[str, str]:
+    """Each internal that moved, with what changed; empty when this mitmproxy fits."""
+    problems = {}
+    for name, check in INTERNALS.items():
+        try:
+            check()
+        except Exception as exc:  # noqa: BLE001 - any failure is the report
+            problems[name] = f"{type(exc).__name__}: {exc}"
+    return problems

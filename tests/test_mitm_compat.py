@@ -1,0 +1,80 @@
+"""The mitmproxy internals nfproxy relies on, one test each, so an upgrade that moves one fails
+under that internal's name (the end-to-end proxy tests then only confirm it)."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+import pytest
+
+from noisefloor.proxy import mitm_compat
+
+
+@pytest.mark.parametrize("internal", list(mitm_compat.INTERNALS))
+def test_internal_is_where_nfproxy_expects_it(internal):
+    try:
+        mitm_compat.INTERNALS[internal]()
+    except Exception as exc:  # noqa: BLE001 - the report is the point
+        pytest.fail(f"mitmproxy {mitm_compat.VERSION} moved {internal}: {exc}; adapt proxy/mitm_compat.py")
+
+
+def test_probe_reports_a_moved_internal_by_name(monkeypatch):
+    monkeypatch.setitem(mitm_compat.INTERNALS, "mitmproxy.gone.Thing", mitm_compat._exists("mitmproxy.gone.Thing"))
+    monkeypatch.setitem(mitm_compat.INTERNALS, "Response lost trailers",
+                        mitm_compat._params("mitmproxy.http.Response.__init__", ("http_version", "trailers")))
+    problems = mitm_compat.probe()
+    assert set(problems) == {"mitmproxy.gone.Thing", "Response lost trailers"}
+    assert "mitmproxy.gone is gone" in problems["mitmproxy.gone.Thing"]
+    assert "no longer takes (http_version, trailers)" in problems["Response lost trailers"]
+
+
+def test_the_line_matches_the_python_it_is_tested_on():
+    # environment markers choose it: 11.0 on 3.11, 12.3 on 3.12 and later
+    assert mitm_compat.LINE == (11 if sys.version_info < (3, 12) else 12), mitm_compat.VERSION
+
+
+def test_the_ca_is_created_under_the_file_name_clients_are_given(tmp_path):
+    cert = mitm_compat.ensure_ca(tmp_path / "ca")
+    assert cert == tmp_path / "ca" / mitm_compat.CA_CERT_FILE == mitm_compat.ca_cert_path(tmp_path / "ca")
+    assert cert.read_bytes().startswith(b"-----BEGIN CERTIFICATE-----")
+    first = cert.read_bytes()
+    mitm_compat.ensure_ca(tmp_path / "ca")
+    assert cert.read_bytes() == first  # reused, not replaced
+
+
+def test_built_response_keeps_the_encoded_body_as_given():
+    import gzip
+
+    body = gzip.compress(b'{"ok": true}')
+    resp = mitm_compat.build_response(200, ((b"content-encoding", b"gzip"), (b"x-a", b"1"), (b"x-a", b"2")), body)
+    assert resp.status_code == 200 and resp.reason == "OK" and resp.http_version == "HTTP/1.1"
+    assert resp.raw_content == body and resp.content == b'{"ok": true}'
+    assert resp.headers.get_all("x-a") == ["1", "2"]
+    made = mitm_compat.make_response(507, b'{"error": 1}', {"content-type": "application/json"})
+    assert made.status_code == 507 and made.content == b'{"error": 1}'
+
+
+def test_lean_master_has_exactly_the_addons_a_recording_proxy_needs():
+    async def build() -> list[str]:
+        master = mitm_compat.lean_master(sys.stderr)
+        try:
+            return sorted(type(a).__name__ for a in master.addons.chain)
+        finally:
+            master.shutdown()
+
+    names = asyncio.run(build())
+    assert names == sorted(["Core", "Block", "DisableH2C", "Proxyserver", "NextLayer", "TlsConfig", "UpdateAltSvc",
+                            "ErrorCheck", "TermLog"])
+
+
+def test_no_other_module_imports_mitmproxy():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"^\s*(from|import)\s+mitmproxy\b", re.M)
+    parts = [d for d in root.iterdir() if d.is_dir() and (d / "__init__.py").exists() and d.name != "tests"]
+    offenders = [str(p.relative_to(root)) for part in [*parts, root / "src"]
+                 for p in part.rglob("*.py") if p.name != "mitm_compat.py" and pattern.search(p.read_text())]
+    assert offenders == [], f"import mitmproxy only through proxy/mitm_compat.py: {offenders}"

@@ -97,8 +97,8 @@ def test_unrecorded_request_is_a_miss_naming_the_nearest_with_a_diff(store, upst
     err = r.json()["error"]
     assert err["type"] == "nfproxy_replay_miss" and "never recorded" in err["message"]
     diff = "\n".join(err["nearest"]["diff"])
-    assert '-    "content": "Write add(a, b).",' in diff
-    assert '+    "content": "Write sub(a, b).",' in diff
+    assert '-/body/messages/0/content = "Write add(a, b)."' in diff
+    assert '+/body/messages/0/content = "Write sub(a, b)."' in diff
     assert err["nearest"]["exchange_id"] == 1
 
 

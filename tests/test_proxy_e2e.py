@@ -18,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from noisefloor import exit_codes
 from noisefloor.proxy.store import Store
 from tests.conftest import ProxyProcess, delete_exchanges, have_curl, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream
@@ -230,7 +231,7 @@ def test_a_full_disk_withholds_the_answer_and_keeps_every_recorded_exchange(smal
         assert r.status_code == 507 and r.headers["x-nf-record"] == "error"
         assert "cannot reserve 96 MB" in r.json()["error"]["message"]
     assert rec.proc.poll() is None  # still serving: no SIGBUS, no crash
-    assert rec.stop() == 1  # the recording has holes: not a clean exit
+    assert rec.stop() == exit_codes.INPUT  # the recording has holes: not a clean exit (5)
     assert "2 errors" in rec.output and "2 exchanges NOT recorded" in rec.output
     with Store.open(store, write=False) as s:
         kept = list(s.exchanges())

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import noisefloor
+from noisefloor import exit_codes
 from tests.conftest import ROOT
 
 
@@ -100,7 +101,7 @@ def test_gate_outputs_for_ci(tmp_path):
     assert again.returncode == 0 and md.read_text().count("## nfanalyze gate") == 2  # a step summary collects
     both = subprocess.run([str(exe), "gate", *runs, "--json", "-", "--markdown", "-"], capture_output=True,
                           text=True, timeout=120)
-    assert both.returncode == 2 and both.stdout == "" and "would both write stdout" in both.stderr
+    assert both.returncode == exit_codes.USAGE and both.stdout == "" and "would both write stdout" in both.stderr
 
 
 def test_analyze_takes_the_cli_options_as_keywords(tmp_path):

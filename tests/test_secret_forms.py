@@ -21,6 +21,7 @@ import pytest
 import zstandard
 
 from noisefloor.proxy import erasure, secrets
+from noisefloor.proxy.store import Store
 from tests.conftest import nfproxy_argv, start_nfproxy
 
 BEARER = "sk-proj-PLANTEDbearerKEY0123456789abcdefghijklmnopqrstuvwx"
@@ -67,6 +68,11 @@ def every_value(store: Path) -> bytes:
                 except (OSError, EOFError):
                     pass
     env.close()
+    # values the store encodes itself (dictionaries, bodies chained to their session's previous
+    # exchange) are read back through its own verified decoder too
+    with Store.open(store, write=False) as s:
+        chunks += list(s.bodies())
+        chunks += [json.dumps(e.to_json()).encode() for e in s.exchanges()]
     assert len(chunks) > 20, "the scan read nothing"
     return b"\n".join(chunks)
 
@@ -183,7 +189,7 @@ def test_no_secret_form_and_no_20_character_run_is_stored_or_printed(tmp_path, p
         # the upstream did echo each secret to the client (the proxy erases only what it keeps)
         assert sorted(leaks(b"".join(r.content + str(r.headers).encode() for r in answers))) == sorted(PLANTED)
         assert rec.stop() == 0
-    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--replay-log-in-store")
     proxies.append(rep)
     replayed = _requests(rep.url)
     assert [r.status_code for r in replayed] == [200] * 5 + [502], [r.text[:300] for r in replayed]

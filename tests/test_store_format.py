@@ -42,10 +42,10 @@ def chat(content: str, stream: bool = False) -> dict:
     return {"model": "gpt-4o-mini", "stream": stream, "messages": [{"role": "user", "content": content}]}
 
 
-def replay(store: Path, proxies) -> None:
+def replay(store: Path, proxies, *extra: str) -> None:
     from noisefloor.proxy.launch import start
 
-    rep = start("--mode", "replay", "--strict", "--store", str(store), "--upstream", "http://up",
+    rep = start("--mode", "replay", "--strict", "--store", str(store), "--upstream", "http://up", *extra,
                 timeout=START_TIMEOUT)
     proxies.append(rep)
     r = httpx.post(rep.url + "/v1/chat/completions", json=chat("what is 2+2 (sA)"), timeout=20)
@@ -64,7 +64,11 @@ def test_an_old_store_is_read_as_it_is(v1):
 
 
 def test_an_old_store_replays_strictly_and_is_marked_when_written(v1, proxies):
-    replay(v1, proxies)
+    before = {f.name: f.read_bytes() for f in v1.iterdir() if f.name != "lock.mdb"}
+    replay(v1, proxies)  # replay opens the recording read-only: an old fixture stays as it was
+    assert fmt(v1) == "noisefloor-log/1"
+    assert {f.name: f.read_bytes() for f in v1.iterdir() if f.name != "lock.mdb"} == before
+    replay(v1, proxies, "--replay-log-in-store")  # asked to write into it: marked as today's format
     assert fmt(v1) == FORMAT
     assert listed(v1)[: len(EXPECTED)] == EXPECTED and len(listed(v1)) == len(EXPECTED) + 2  # replay's own records
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -56,6 +57,14 @@ def _chat(content: str, **extra: object) -> dict:
     return {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": content}], **extra}
 
 
+def _turn2(i: int) -> dict:
+    """A session's second, streamed request; session 1's carries its first answer (a dependency)."""
+    doc = _chat(f"{BODY} task {i}", stream=True)
+    if i == 1:
+        doc["messages"] += [{"role": "assistant", "content": ANSWER}, {"role": "user", "content": "again"}]
+    return doc
+
+
 def _digest(folder: Path) -> dict[str, str]:
     """Every file's sha256, LMDB's lock file aside (a reader registers itself there by design)."""
     return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -79,21 +88,20 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
                     labels = {"x-nf-session": f"{cond}-r0-{i}", "x-nf-task": task, "x-nf-condition": cond,
                               "x-nf-replicate": "0", **auth}
                     assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task {i}"), headers=labels).status_code == 200
-                    r = c.post("/v1/chat/completions", json=_chat(f"{BODY} task {i}", stream=True), headers=labels)
+                    r = c.post("/v1/chat/completions", json=_turn2(i), headers=labels)
                     assert r.status_code == 200 and "[DONE]" in r.text
         finally:
             assert rec.stop() == 0, rec.output
-        rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--order-wait", "0.2")
+        rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--replay-log-in-store")
         try:
             labels = {"x-nf-session": "replay-r0-0", "x-nf-task": TASK, "x-nf-condition": "replay", **auth}
             with httpx.Client(base_url=rep.url, timeout=20) as c:
                 assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 0"), headers=labels).status_code == 200
                 assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 0, changed"),
                               headers=labels).status_code == 404
-                # the second request of a recorded session asked before its first: a call-order violation
+                # a request carrying an answer this replay session was never served: a call-order violation
                 early = {**labels, "x-nf-session": "replay-r0-1", "x-nf-task": "T2"}
-                assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 1", stream=True),
-                              headers=early).status_code == 412
+                assert c.post("/v1/chat/completions", json=_turn2(1), headers=early).status_code == 412
         finally:
             assert rep.stop() == 3, rep.output  # the strict replay saw its miss
     finally:
@@ -284,10 +292,12 @@ def test_a_miss_beside_its_nearest_recorded_request(browser, viewer):
     settle(d, "miss")
     diff = rows(d, "diff")
     changed = [r for r in diff if r[0] != r[1]]
-    assert changed and any("task 0\"" in r[0] for r in changed) and any("task 0, changed" in r[1] for r in changed)
+    # the nearest recorded request is the replayer's approximate (sketch) choice: "task 0" or its
+    # equally short neighbour "task 1"; the asked text stands beside it either way
+    assert changed and any(re.search(r'task [01]"', r[0]) for r in changed) and any("task 0, changed" in r[1] for r in changed)
     d.find_element("id", "nearest-link").click()
     settle(d)
-    assert d.find_element("tag name", "h1").text == "Exchange 1"
+    assert d.find_element("tag name", "h1").text in ("Exchange 1", "Exchange 3")  # that nearest request
 
 
 @needs_browser

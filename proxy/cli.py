@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import secrets as _random
 import shutil
@@ -18,8 +17,7 @@ import click
 from noisefloor._cli import WrapsAfterDashes, default_group
 from noisefloor.display import json_text, visible
 from noisefloor.proxy import perturb
-from noisefloor.proxy.headers import header
-from noisefloor.proxy.keys import RuleError, Rules, decode_body
+from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.profiles import PROFILES
 from noisefloor.proxy.serve import ServeOptions, ca_environment, serve
@@ -247,24 +245,8 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
         for part in ("request", "response"):
             if doc[part]:
                 doc[part] = dict(doc[part])  # to_json is shallow: the exchange's own objects stay as read
-                doc[part]["body_text"] = _render(store, doc[part], exchange_id, part)
+                doc[part]["body_text"] = store.readable_body(doc[part], exchange_id, part)
         click.echo(json_text(json.dumps(doc, indent=2, ensure_ascii=False)))
-
-
-def _render(store: Store, part: dict[str, Any], exchange_id: int, name: str) -> Any:
-    """A stored body for reading: verified, decoded, parsed as JSON when it is JSON."""
-    raw = store.part_body(part, exchange_id, name)
-    data = None if raw is None else decode_body(raw, header(part["headers"], "content-encoding"))[0]
-    if data is None:
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(data).decode()}
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 

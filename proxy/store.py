@@ -25,6 +25,7 @@ read both encodings. `nfproxy migrate` / `nfproxy compact` rewrite a store whole
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import hashlib
 import json
@@ -566,13 +567,28 @@ class Store:
         with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
             return txn.get(bytes.fromhex(digest))
 
-    def decoded_body(self, part: Mapping[str, Any], exchange_id: int | None = None) -> bytes | None:
+    def decoded_body(self, part: Mapping[str, Any], exchange_id: int | None = None, name: str = "") -> bytes | None:
         """A stored request or response body, verified, with its Content-Encoding undone."""
-        raw = self.part_body(part, exchange_id)
+        raw = self.part_body(part, exchange_id, name)
         if raw is None:
             return None
         encoding = header(part["headers"], "content-encoding")
         return decode_body(raw, encoding)[0]
+
+    def readable_body(self, part: Mapping[str, Any], exchange_id: int | None = None, name: str = "") -> Any:
+        """A body for people (show, log --json, export): verified, decoded, parsed when it is JSON,
+        text when it is UTF-8, else {"base64": ...}; None when there is none."""
+        data = self.decoded_body(part, exchange_id, name)
+        if not data:
+            return None
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return {"base64": base64.b64encode(data).decode()}
+        try:
+            return json.loads(text)
+        except ValueError:
+            return text
 
     # -- dictionaries --------------------------------------------------------------------------
 

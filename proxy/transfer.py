@@ -120,29 +120,15 @@ def export_har(store: Store, out: IO[str], *, session: str | None = None, mode: 
     return n
 
 
-def _readable(store: Store, part: dict[str, Any]) -> Any:
-    data = store.decoded_body(part)
-    if not data:
-        return None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        return {"base64": base64.b64encode(data).decode()}
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
 def jsonl_line(store: Store, ex: Exchange) -> dict[str, Any]:
     """One exchange for review: labels, key, both bodies decoded; no times (they change every run)."""
     doc: dict[str, Any] = {k: getattr(ex, k) for k in (*LABEL_FIELDS, "key", "occurrence", "mode", "model",
                                                        "finish_reason", "error")}
     doc["request"] = {"method": ex.request["method"], "url": ex.request["url"], "headers": ex.request["headers"],
-                      "body": _readable(store, ex.request)}
+                      "body": store.readable_body(ex.request, ex.id, "request")}
     if ex.response is not None:
         doc["response"] = {"status": ex.response["status"], "headers": ex.response["headers"],
-                           "body": _readable(store, ex.response)}
+                           "body": store.readable_body(ex.response, ex.id, "response")}
     return doc
 
 

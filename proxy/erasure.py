@@ -97,6 +97,17 @@ def _windows(data: AnyStr, plan: _Plan) -> list[tuple[int, int]]:
     return out
 
 
+def _extend(data: AnyStr, s: AnyStr, p: int, off: int, width: int, w0: int, w1: int) -> tuple[int, int]:
+    """The longest stretch of data[w0:w1] around data[p:p+width] == s[off:off+width] that is
+    still a substring of the secret s: the match grown left and right while both agree."""
+    lo, hi, a, b = p, p + width, off, off + width
+    while lo > w0 and a > 0 and data[lo - 1] == s[a - 1]:
+        lo, a = lo - 1, a - 1
+    while hi < w1 and b < len(s) and data[hi] == s[b]:
+        hi, b = hi + 1, b + 1
+    return lo, hi
+
+
 def _runs(data: AnyStr, plan: _Plan, w0: int, w1: int, first: bool) -> list[tuple[int, int]]:
     """Runs of RUN or more characters of a secret within data[w0:w1]."""
     found: list[tuple[int, int]] = []
@@ -105,12 +116,7 @@ def _runs(data: AnyStr, plan: _Plan, w0: int, w1: int, first: bool) -> list[tupl
             block = s[off:off + _BLOCK]
             p = data.find(block, w0, w1)
             while p >= 0:
-                lo, hi = p, p + _BLOCK
-                a, b = off, off + _BLOCK
-                while lo > w0 and a > 0 and data[lo - 1] == s[a - 1]:
-                    lo, a = lo - 1, a - 1
-                while hi < w1 and b < len(s) and data[hi] == s[b]:
-                    hi, b = hi + 1, b + 1
+                lo, hi = _extend(data, s, p, off, _BLOCK, w0, w1)
                 if hi - lo >= RUN:
                     found.append((lo, hi))
                     if first:
@@ -139,11 +145,7 @@ def _runs_long(data: bytes, plan: _Plan, w0: int, w1: int, first: bool) -> list[
     for i in np.flatnonzero(np.isin(blocks, np.fromiter(grams, dtype="<u8", count=len(grams)))):
         p = w0 + int(i) * _GRAM
         for s, off in grams[int(blocks[i])]:
-            lo, hi, a, b = p, p + _GRAM, off, off + _GRAM
-            while lo > w0 and a > 0 and data[lo - 1] == s[a - 1]:
-                lo, a = lo - 1, a - 1
-            while hi < w1 and b < len(s) and data[hi] == s[b]:
-                hi, b = hi + 1, b + 1
+            lo, hi = _extend(data, s, p, off, _GRAM, w0, w1)
             if hi - lo >= RUN:
                 found.append((lo, hi))
                 if first:

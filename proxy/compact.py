@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,39 +99,37 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
 
 def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
                  progress: Callable[[str], None]) -> None:
-    it = src.stored_bodies(encoded=True)
-    done = 0
-    while True:
-        with env.begin(write=True) as txn:  # in digest order, appended: pages filled whole
-            n = 0
-            for digest, data, stored in it:
-                # compressed against other bodies: kept as it is (they are all copied); else encoded again
-                value = stored if codec.Codec.refs_of(stored) else out.encode(data, key)
-                txn.put(digest, value, db=db, append=True)
-                n += 1
-                if n >= _BATCH:
-                    break
-        done += n
-        if n < _BATCH:
-            return
-        progress(f"{done} bodies rewritten")
+    # compressed against other bodies: kept as it is (they are all copied); else encoded again
+    items = ((digest, stored if codec.Codec.refs_of(stored) else out.encode(data, key))
+             for digest, data, stored in src.stored_bodies(encoded=True))
+    _append_batched(env, db, items, progress, "bodies")  # in digest order, appended: pages filled whole
 
 
 def _copy_records(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
                   progress: Callable[[str], None]) -> None:
-    it = src.exchanges()  # parsed: a record that is not an exchange record stops the rewrite, by name
-    texts = src.record_texts()
+    def items() -> Iterator[tuple[bytes, bytes]]:
+        # parsed: a record that is not an exchange record stops the rewrite, by name
+        for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
+            if ex.id != i:
+                raise StoreError(f"store {src.path}: exchange {i} is listed out of order; restore it from a copy")
+            yield _U64.pack(i), out.encode(text, key)
+
+    _append_batched(env, db, items(), progress, "exchanges")
+
+
+def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, bytes]],
+                    progress: Callable[[str], None], what: str) -> None:
+    """Append `items` in transactions of _BATCH puts, saying how far it got after each."""
     done = 0
     while True:
         with env.begin(write=True) as txn:
             n = 0
-            for ex, (i, text) in zip(it, texts):
-                assert ex.id == i
-                txn.put(_U64.pack(i), out.encode(text, key), db=db, append=True)
+            for k, v in items:
+                txn.put(k, v, db=db, append=True)
                 n += 1
                 if n >= _BATCH:
                     break
         done += n
         if n < _BATCH:
             return
-        progress(f"{done} exchanges rewritten")
+        progress(f"{done} {what} rewritten")

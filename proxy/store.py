@@ -881,15 +881,7 @@ class Store:
                             break
                         out.append(k[len(prefix):])
                 return out
-            end = replay_index.after(prefix)
-            found = cur.set_range(end) if end is not None else False
-            more = cur.prev() if found else cur.last()
-            while more and len(out) < newest:
-                k = cur.key()
-                if not k.startswith(prefix):
-                    break
-                out.append(k[len(prefix):])
-                more = cur.prev()
+            out = _newest_under(cur, prefix, newest)
         return out[::-1]
 
     def index_scan_newest(self, prefixes: list[bytes], newest: int) -> list[list[bytes]]:
@@ -897,16 +889,7 @@ class Store:
         out = []
         with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn, txn.cursor() as cur:
             for prefix in prefixes:
-                found: list[bytes] = []
-                end = replay_index.after(prefix)
-                more = (cur.prev() if cur.set_range(end) else cur.last()) if end is not None else cur.last()
-                while more and len(found) < newest:
-                    k = cur.key()
-                    if not k.startswith(prefix):
-                        break
-                    found.append(k[len(prefix):])
-                    more = cur.prev()
-                out.append(found)
+                out.append(_newest_under(cur, prefix, newest))
         return out
 
     def index_get(self, key: bytes) -> bytes | None:
@@ -1009,3 +992,17 @@ def _reserve(data: Path, size: int) -> None:
         ) from None
     finally:
         os.close(fd)
+
+
+def _newest_under(cur: lmdb.Cursor, prefix: bytes, newest: int) -> list[bytes]:
+    """The last `newest` keys under `prefix` (newest first), with the prefix cut off."""
+    found: list[bytes] = []
+    end = replay_index.after(prefix)
+    more = cur.prev() if end is not None and cur.set_range(end) else cur.last()
+    while more and len(found) < newest:
+        k = cur.key()
+        if not k.startswith(prefix):
+            break
+        found.append(k[len(prefix):])
+        more = cur.prev()
+    return found

@@ -41,6 +41,7 @@ _SPLIT = "nf_split"
 _STALLED = "nf_stalled"
 _DECODED = "nf_decoded"
 CLIENT_GONE_GRACE_S = 0.5
+WAIT_HEADER = "x-nf-wait-ms"  # on every replayed answer: milliseconds the proxy held the request
 
 
 def _where(flow: http.HTTPFlow) -> str:
@@ -358,14 +359,16 @@ class Replay:
             except Exception as exc:  # noqa: BLE001 - as below: never forwarded
                 flow.response = to_mitmproxy(self.replayer.failure(exc))
             return
+        loop = asyncio.get_running_loop()
+        taken_up = loop.time()
         try:
             matched = self.replayer.match(request_data(flow), flow.metadata[_LABELS])
             if isinstance(matched, Answer):
                 answer = matched
             else:
                 self._announce()
-                waited = await self._wait_for_predecessors(matched)
-                answer = self.replayer.settle(matched, waited)
+                await self._wait_for_predecessors(matched)
+                answer = self.replayer.settle(matched, loop.time() - taken_up)
         except Exception as exc:  # noqa: BLE001 - unanswered, mitmproxy would forward the request upstream
             log.error("nfproxy: replay failed for %s: %s", _where(flow), _scrub(flow, repr(exc)))
             flow.response = to_mitmproxy(self.replayer.failure(exc))
@@ -373,10 +376,13 @@ class Replay:
         if answer.result not in ("hit", "miss"):  # a miss has its own line, from the replayer
             log.warning("nfproxy: replay %s for %s", answer.result, _where(flow))
         resp = answer.response
+        # how long the proxy held this request before its answer was chosen (pairing included)
+        held = (WAIT_HEADER, f"{(loop.time() - taken_up) * 1000:.3f}")
         if resp.layout is None:
             flow.response = to_mitmproxy(resp)
+            flow.response.headers[held[0]] = held[1]
             return
-        plan = StreamPlan(resp.status, resp.headers, resp.raw_body, resp.layout, self.timed)
+        plan = StreamPlan(resp.status, (*resp.headers, held), resp.raw_body, resp.layout, self.timed)
         flow.request.headers[TICKET_HEADER] = self.streams.register(plan)
         flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", self.streams.port
         flow.metadata[_SPLIT] = [n for _, n in resp.layout]
@@ -385,13 +391,12 @@ class Replay:
         old, self._asked = self._asked, asyncio.Event()
         old.set()
 
-    async def _wait_for_predecessors(self, matched: Matched) -> float:
-        """Seconds waited until every recorded predecessor was asked, or the wait ran out."""
+    async def _wait_for_predecessors(self, matched: Matched) -> None:
+        """Wait until every recorded predecessor was asked, or the wait ran out."""
         if self.replayer.blocker(matched) is None:
-            return 0.0
+            return
         loop = asyncio.get_running_loop()
-        start = loop.time()
-        deadline = start + self.order_wait
+        deadline = loop.time() + self.order_wait
         while self.replayer.blocker(matched) is not None:
             left = deadline - loop.time()
             if left <= 0:
@@ -400,7 +405,6 @@ class Replay:
                 await asyncio.wait_for(self._asked.wait(), left)
             except TimeoutError:
                 break
-        return round(loop.time() - start, 3)
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         sizes = flow.metadata.get(_SPLIT)

@@ -30,7 +30,7 @@ class BodyTooLarge(InputError):
 
 def decode(raw: bytes, content_encoding: str | None, limit: int = DEFAULT_LIMIT) -> bytes:
     """`raw` with every listed encoding undone (last applied first). Raises BodyTooLarge past
-    `limit`, ValueError (or a decoder's own error) on a body that is not what it claims to be."""
+    `limit`, InputError (or a decoder's own error) on a body that is not what it claims to be."""
     if len(raw) > limit:
         raise BodyTooLarge(limit)
     if not raw or not content_encoding:
@@ -61,7 +61,7 @@ def _decode_one(data: bytes, enc: str, limit: int) -> bytes:
         if len(out) > limit:
             raise BodyTooLarge(limit, enc)
         return out
-    raise ValueError(f"unknown content-encoding {enc}")
+    raise InputError(f"unknown content-encoding {enc}")
 
 
 class _Sink:

@@ -4,13 +4,17 @@ the two differ, and a short diff of their canonical forms (only a miss pays for 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
-from noisefloor.proxy.keys import CanonicalRequest, Rules, short_diff, similarity
+from noisefloor.proxy import replay_index
+from noisefloor.proxy.keys import CanonicalRequest, Rules, short_diff
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Prepared, RequestData
 
 _MISSING = object()
+_PATHS_COUNTED = 1000  # differing paths counted per candidate (a tie-break: enough to order them)
 
 
 def recorded_request(store: Store, rules: Rules, exchange_id: int) -> CanonicalRequest | None:
@@ -26,23 +30,21 @@ def recorded_canonical(store: Store, rules: Rules, exchange_id: int) -> str | No
     return None if canon is None else canon.pretty()
 
 
-def first_difference(a: Any, b: Any, path: str = "") -> str | None:
-    """The first JSON pointer (keys in sorted order) where `a` and `b` differ; None if equal."""
+def differing_paths(a: Any, b: Any, path: str = "") -> Iterator[str]:
+    """The JSON pointers (keys in sorted order) of every leaf where `a` and `b` differ."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
-            found = first_difference(a.get(k, _MISSING), b.get(k, _MISSING), f"{path}/{_escape(k)}")
-            if found is not None:
-                return found
-        return None
-    if isinstance(a, list) and isinstance(b, list):
+            yield from differing_paths(a.get(k, _MISSING), b.get(k, _MISSING), f"{path}/{_escape(k)}")
+    elif isinstance(a, list) and isinstance(b, list):
         for i in range(max(len(a), len(b))):
-            found = first_difference(a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING, f"{path}/{i}")
-            if found is not None:
-                return found
-        return None
-    if a is b or (type(a) is type(b) and a == b):
-        return None
-    return path or "/"
+            yield from differing_paths(a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING, f"{path}/{i}")
+    elif not (a is b or (type(a) is type(b) and a == b)):
+        yield path or "/"
+
+
+def first_difference(a: Any, b: Any) -> str | None:
+    """The first JSON pointer (keys in sorted order) where `a` and `b` differ; None if equal."""
+    return next(differing_paths(a, b), None)
 
 
 def flat(doc: Any, path: str = "", out: list[str] | None = None) -> list[str]:
@@ -65,29 +67,28 @@ def _escape(k: str) -> str:
 
 
 def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, Any] | None:
-    """The recorded request most like `p`, found by the replay index, with where they differ."""
+    """The recorded request most like `p`, with where they differ. Deterministic: one asked on
+    the same route and model first; among the few the index found, the most content shared
+    (the exact similarity the index's sketch estimates), then the fewest differing JSON paths,
+    then recorded order."""
     route = f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
     found = index.near(p.canonical, route)
     if not found:
         return None
-    scored = [(i, s) for i, s in found if s is not None]
-    if scored:  # the index ranked them by content already: rebuild only the best
-        pool = scored[:1]
-    else:  # no ranking (a store without the index, or nothing alike): compare each
-        pool = found
-    best, best_score, best_canon = None, -1.0, None
-    for exchange_id, score in pool:
-        canon = recorded_request(store, rules, exchange_id)
+    same = found[0].same_route_model
+    asked, mine = p.canonical.as_dict(), replay_index.features(p.canonical, route)
+    ranked = []
+    for n in found:
+        canon = recorded_request(store, rules, n.id) if n.same_route_model == same else None
         if canon is None:
             continue
-        if score is None:
-            score = similarity(canon.pretty(), p.canonical.pretty())
-        if score > best_score:
-            best, best_score, best_canon = exchange_id, score, canon
-    if best is None or best_canon is None:
+        shared = round(replay_index.jaccard(mine, replay_index.features(canon, route)), 4)
+        paths = sum(1 for _ in islice(differing_paths(canon.as_dict(), asked), _PATHS_COUNTED))
+        ranked.append(((-shared, paths, n.id), n.id, shared, canon))
+    if not ranked:
         return None
-    entry = store.recorded_entry(best)
-    where = first_difference(best_canon.as_dict(), p.canonical.as_dict())
-    return {"key": best_canon.key, "exchange_id": best, "session": entry.session if entry else None,
-            "similarity": round(best_score, 4), "differs_at": where,
-            "diff": short_diff("\n".join(flat(best_canon.as_dict())), "\n".join(flat(p.canonical.as_dict())))}
+    _, chosen, score, canon = min(ranked, key=lambda r: r[0])
+    entry = store.recorded_entry(chosen)
+    return {"key": canon.key, "exchange_id": chosen, "session": entry.session if entry else None,
+            "similarity": score, "differs_at": first_difference(canon.as_dict(), asked),
+            "diff": short_diff("\n".join(flat(canon.as_dict())), "\n".join(flat(asked)))}

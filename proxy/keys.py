@@ -265,7 +265,3 @@ def short_diff(recorded: str, asked: str, *, limit: int = 40) -> list[str]:
     if len(lines) > limit:
         lines = lines[:limit] + [f"... ({len(lines) - limit} more diff lines)"]
     return lines
-
-
-def similarity(a: str, b: str) -> float:
-    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()

@@ -108,11 +108,20 @@ def _features(value: Any, path: str, out: list[int]) -> None:
         out.append(zlib.crc32(f"{path}={value!r}".encode()))
 
 
-def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:
-    """(bucket, bands, sketch bytes) of a request's canonical form."""
+def features(canonical: CanonicalRequest, route: str) -> set[int]:
+    """What the sketch summarizes: its exact Jaccard similarity is what the sketch estimates."""
     feats: list[int] = [zlib.crc32(route.encode())]
     _features(canonical.body, "", feats)
-    x = np.fromiter(set(feats), dtype=np.uint64)
+    return set(feats)
+
+
+def jaccard(a: set[int], b: set[int]) -> float:
+    return len(a & b) / len(a | b) if a or b else 1.0
+
+
+def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:
+    """(bucket, bands, sketch bytes) of a request's canonical form."""
+    x = np.fromiter(features(canonical, route), dtype=np.uint64)
     sig = ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1).astype("<u4")
     buck = bucket(route, canonical.body)
     bands = tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * _ROWS:(i + 1) * _ROWS].tobytes(), digest_size=8).digest()
@@ -128,6 +137,21 @@ def agreement(a: bytes, others: list[bytes]) -> np.ndarray:
 
 
 # -- the two index kinds -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class Near:
+    """A recorded request the miss search found: its id, the sketch's estimate of how much of its
+    content it shares with the asked request (None: not estimated), and whether it was asked on
+    the same route and model."""
+
+    id: int
+    score: float | None
+    same_route_model: bool
+
+    def rank(self) -> tuple[bool, float, int]:
+        """Sort key, best first; equal estimates fall back to recorded order (the smaller id)."""
+        return (not self.same_route_model, -(self.score or 0.0), self.id)
 
 
 @dataclass
@@ -169,25 +193,30 @@ class LmdbIndex:
             self._sessions[name] = _Session(entries, {e.seq: e for e in entries})
         return self._sessions[name]
 
-    def near(self, canonical: CanonicalRequest, route: str) -> list[tuple[int, float | None]]:
-        """The recorded requests most like this one, best first (a handful): (id, estimated
-        similarity of their content, None where unknown)."""
+    def near(self, canonical: CanonicalRequest, route: str) -> list[Near]:
+        """The recorded requests most like this one, best first (see `Near.rank`): those on the
+        same route and model before the others, then by the sketch's estimated similarity, then
+        in recorded order. Those the bands find, or else the newest on the route and model."""
         buck, bands, mine = sketch(canonical, route)
         hits: Counter[int] = Counter()
         for found in self.store.index_scan_newest([BAND + band for band in bands], BAND_READ):
             for s in found:
                 hits[_U64.unpack(s)[0]] += 1
         if not hits:  # nothing shares a band: the newest on the same route and model, then any
-            ids = [_U64.unpack(s)[0] for s in self.store.index_scan(BUCKET + buck, newest=4)][::-1]
-            return [(i, None) for i in ids or self.store.latest_recorded_ids(4)]
-        pool = [i for i, _ in hits.most_common(RANKED)]
-        sketches = self.store.index_get_many([SKETCH + _U64.pack(i) for i in pool])
-        kept = [(i, s) for i, s in zip(pool, sketches) if s]
+            ids = [_U64.unpack(s)[0] for s in self.store.index_scan(BUCKET + buck, newest=4)]
+            if ids:
+                return sorted(Near(i, None, True) for i in ids)
+            return sorted(Near(i, None, False) for i in self.store.latest_recorded_ids(4))
+        pool = sorted(hits, key=lambda i: (-hits[i], i))[:RANKED]
+        got = self.store.index_get_many([SKETCH + _U64.pack(i) for i in pool]
+                                        + [BUCKET + buck + _U64.pack(i) for i in pool])
+        sketches, same = got[:len(pool)], [g is not None for g in got[len(pool):]]
+        kept = [(i, s, b) for i, s, b in zip(pool, sketches, same) if s]
         if not kept:
-            return [(i, None) for i in pool[:4]]
-        scores = agreement(mine, [s for _, s in kept])
-        order = np.argsort(-scores, kind="stable")
-        return [(kept[j][0], round(float(scores[j]), 4)) for j in order[:4]]
+            return sorted(Near(i, None, b) for i, b in zip(pool, same))[:4]
+        scores = agreement(mine, [s for _, s, _ in kept])
+        found = [Near(i, round(float(x), 4), b) for (i, _, b), x in zip(kept, scores)]
+        return sorted(found, key=Near.rank)[:4]
 
 
 class MemoryIndex:
@@ -227,14 +256,15 @@ class MemoryIndex:
     def session(self, name: str) -> _Session:
         return self._sessions.get(name) or _Session([], {})
 
-    def near(self, canonical: CanonicalRequest, route: str) -> list[tuple[int, float | None]]:
+    def near(self, canonical: CanonicalRequest, route: str) -> list[Near]:
         """The newest distinct requests on the same route (or any): a scan, as before the index;
         the caller compares each with the request."""
         latest: dict[str, RecordedEntry] = {}
         for e in self._entries:
             latest[e.key] = e
-        pool = [e for e in latest.values() if e.route == route] or list(latest.values())
-        return [(e.id, None) for e in pool[-RANKED:]][::-1]
+        pool = [e for e in latest.values() if e.route == route]
+        same = bool(pool)
+        return sorted(Near(e.id, None, same) for e in (pool or list(latest.values()))[-RANKED:])
 
 
 def open_index(store: Store, rules: Any) -> LmdbIndex | MemoryIndex:

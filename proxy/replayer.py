@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
+from noisefloor.errors import InputError
 from noisefloor.proxy import diagnosis, exchange_record, replay_index, replies
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
@@ -104,7 +105,7 @@ class Replayer:
         bodies; calling it later keeps that work off the answer's path (default: written at once).
         `say` gets one line per miss (stderr in the proxy)."""
         if order not in ORDERS:
-            raise ValueError(f"unknown replay order {order!r}; choose one of {', '.join(ORDERS)}")
+            raise InputError(f"unknown replay order {order!r}; choose one of {', '.join(ORDERS)}")
         store.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
         self.store = store
         self.rules = rules
@@ -118,7 +119,7 @@ class Replayer:
         self.index = replay_index.open_index(store, rules)
         self.sources = frozenset(sources)
         if self.sources and all(self.index.first_id(s) is None for s in self.sources):
-            raise ValueError(f"no recorded session named {sorted(self.sources)} in {store.path}; "
+            raise StoreError(f"no recorded session named {sorted(self.sources)} in {store.path}; "
                              "list them with `nfproxy log`")
         self._progress: dict[tuple[str, str], _Progress] = {}
         self._orders: dict[str, _Order] = {}
@@ -175,18 +176,19 @@ class Replayer:
         return self._first_unasked(m.session, m.entry)
 
     def settle(self, m: Matched, waited: float = 0.0) -> Answer:
-        """Answer a matched request: a hit, or a call-order violation."""
+        """Answer a matched request: a hit, or a call-order violation. `waited`: the seconds the
+        proxy held it before this (kept in its replay record as `wait_ms`)."""
         if self.order == "recorded":
             first = self.blocker(m)
             if first is None:
-                return self._hit(m)
+                return self._hit(m, waited)
             why = (f"recorded session {m.entry.session!r} asked {first.route} (exchange {first.id}, key "
                    f"{first.key[:12]}) and had its answer before it asked this request; this replay session "
-                   f"has not asked it" + (f" (waited {waited:g} s)" if waited else ""))
-            return self._violation(m, why, first)
+                   f"has not asked it" + (f" (waited {waited:.3g} s)" if waited >= 0.001 else ""))
+            return self._violation(m, why, first, waited)
         if m.violation is not None:
-            return self._violation(m, m.violation, m.carried)
-        return self._hit(m)
+            return self._violation(m, m.violation, m.carried, waited)
+        return self._hit(m, waited)
 
     def summary_lines(self) -> list[str]:
         """What the exit summary adds: each miss and what it affected, the order notes."""
@@ -285,18 +287,18 @@ class Replayer:
 
     # -- answers -------------------------------------------------------------------------------
 
-    def _hit(self, m: Matched) -> Answer:
+    def _hit(self, m: Matched, waited: float) -> Answer:
         source, response = self._source(m.entry.id)
-        return self._log(m.prepared, "hit", response, m.entry, None, source, note=m.note)
+        return self._log(m.prepared, "hit", response, m.entry, None, source, note=m.note, waited=waited)
 
-    def _violation(self, m: Matched, why: str, first: RecordedEntry | None) -> Answer:
+    def _violation(self, m: Matched, why: str, first: RecordedEntry | None, waited: float) -> Answer:
         if self.strict:
             return self._log(m.prepared, "order_violation", replies.order_violation(m.prepared, m.entry, why, first),
-                             m.entry, why)
+                             m.entry, why, waited=waited)
         if self.order != "recorded":
             self._take(m.session, m.entry)
         source, response = self._source(m.entry.id)
-        return self._log(m.prepared, "order_violation", response, m.entry, why, source)
+        return self._log(m.prepared, "order_violation", response, m.entry, why, source, waited=waited)
 
     def _miss(self, p: Prepared, candidates: list[RecordedEntry]) -> Answer:
         near = None if candidates else diagnosis.nearest(self.store, self.rules, self.index, p)
@@ -340,6 +342,7 @@ class Replayer:
         why: str | None,
         source: Exchange | None = None,
         note: str | None = None,
+        waited: float = 0.0,
     ) -> Answer:
         if result != "hit":  # replay's own answer (a miss's diff) quotes the asked request: erase its secrets
             response = response.without(p.request.secret_values)
@@ -348,7 +351,8 @@ class Replayer:
             # what was served carries the recorded answer's identity and usage
             identity = None if source is None else {k: getattr(source, k) for k in exchange_record.ANSWER_FIELDS}
             record.update(exchange_record.answer_part(response, identity))
-            record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why}
+            record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why,
+                                "wait_ms": round(waited * 1000, 3)}
             if note is not None:
                 record["replay"]["order_note"] = note
             record["latency_ms"] = 0.0

@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, StateError
+from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, NoisefloorError, StateError
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.replay_log import DeferredLog
@@ -164,11 +164,11 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
             if engine.recorded == 0:
                 raise StoreError(f"store {store_path} holds no recorded exchanges; record with --mode record first")
             upstream = upstream or store.meta("upstream")
-    except (StoreError, ValueError) as exc:
+    except NoisefloorError:  # a user's error, already one line; a bug keeps its traceback
         if writer is not None:
             writer.close()
         store.close()
-        raise StoreError(str(exc)) from None
+        raise
     return store, engine, upstream, writer
 
 

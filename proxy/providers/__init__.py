@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from noisefloor.errors import InputError
 from noisefloor.proxy.providers import anthropic, bedrock, gemini, generic, mistral, openai_chat, openai_responses
 from noisefloor.proxy.providers.base import Answered, Marks, Provider, sse_events
 
@@ -33,7 +34,7 @@ def detect(host: str, path: str) -> Provider:
 def pick(forced: str | None, host: str, path: str) -> Provider:
     if forced is not None:
         if forced not in PROVIDERS:
-            raise ValueError(f"unknown profile {forced!r}; choose one of {', '.join(PROVIDERS)}")
+            raise InputError(f"unknown profile {forced!r}; choose one of {', '.join(PROVIDERS)}")
         return PROVIDERS[forced]
     return detect(host, path)
 

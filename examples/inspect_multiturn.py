@@ -16,10 +16,14 @@ from inspect_ai.solver import generate, user_message
 
 
 @task
-def nf_multiturn(samples: int = 6) -> Task:
+def nf_multiturn(samples: int = 6, reworded: int = -1) -> Task:
+    """`-T reworded=N` changes sample N's prompt (a replay then misses only that sample)."""
+    def prompt(i: int) -> str:
+        return f"Reply with one sentence containing the number {i}." if i == reworded else \
+            f"Reply with a sentence that contains the number {i}."
+
     return Task(
-        dataset=[Sample(id=f"s{i}", input=f"Reply with a sentence that contains the number {i}.", target=str(i))
-                 for i in range(samples)],
+        dataset=[Sample(id=f"s{i}", input=prompt(i), target=str(i)) for i in range(samples)],
         solver=[generate(), user_message("Now reply once more, with the same number."), generate()],
         scorer=includes(),
     )

@@ -21,18 +21,30 @@ INSPECT = Path(sys.executable).with_name("inspect")
 
 
 def inspect_through(mode: str, store: Path, logs: Path, responses_api: bool, upstream: str | None = None,
-                    ) -> subprocess.CompletedProcess[str]:
+                    *extra: str) -> subprocess.CompletedProcess[str]:
     proxy = [*nfproxy_argv(), "run", "--listen", "127.0.0.1:0", "--mode", mode, "--store", str(store)]
     proxy += ["--upstream", upstream] if upstream else ["--strict"]
     agent = [str(INSPECT), "eval", "inspect_multiturn.py", "--model", "openai/gpt-4o-mini", "--epochs", "2",
              "-M", f"responses_api={'true' if responses_api else 'false'}", "--max-connections", "4",
-             "--log-dir", str(logs), "--display", "plain", "--no-log-realtime"]
+             "--log-dir", str(logs), "--display", "plain", "--no-log-realtime", *extra]
     env = {**os.environ, "OPENAI_API_KEY": "sk-test-inspect-0001", "INSPECT_LOG_LEVEL": "warning"}
     return subprocess.run([*proxy, "--", *agent], capture_output=True, text=True, timeout=300, cwd=EXAMPLES, env=env)
 
 
 def scored(logs: Path) -> list[tuple[str, int, int]]:
     return sorted((r["task_id"], r["replicate"], r["outcome"]) for _, r in inspect_logs.rows(str(logs)))
+
+
+def samples(logs: Path) -> dict[tuple[str, int], tuple[str | None, str | None]]:
+    """Each sample's (final answer, error message), by (sample id, epoch), read by inspect itself."""
+    from inspect_ai.log import read_eval_log
+
+    out = {}
+    for f in inspect_logs.log_files(logs):
+        for s in read_eval_log(str(f)).samples or []:
+            score = next(iter(s.scores.values())).answer if s.scores else None
+            out[(str(s.id), s.epoch)] = (score, s.error.message if s.error else None)
+    return out
 
 
 def answers(logs: Path) -> list[tuple[str, int, str]]:
@@ -67,3 +79,25 @@ def test_inspect_eval_records_and_replays_strictly_with_identical_scores(tmp_pat
     doc = json.loads(an.stdout)
     assert doc["conditions"]["live"]["tasks"] == 6 and doc["conditions"]["live"]["replicates"] == 2
     assert doc["conditions"]["replay"]["score"] == doc["conditions"]["live"]["score"]
+
+
+def test_inspect_eval_with_one_sample_reworded_misses_only_that_sample(tmp_path, upstream):
+    """Replay is by content: the reworded sample's first turn misses in both epochs (its second
+    turn is never asked); the 5 other samples' 20 requests hit, whenever they come, and score as
+    they did live."""
+    store = tmp_path / "log.lmdb"
+    rec = inspect_through("record", store, tmp_path / "live", False, upstream.url)
+    assert rec.returncode == 0, rec.stdout[-2000:] + rec.stderr[-3000:]
+    upstream.stop()
+    rep = inspect_through("replay", store, tmp_path / "replay", False, None, "-T", "reworded=2", "--no-fail-on-error")
+    assert "20 hits, 2 misses, 0 order violations, 0 errors" in rep.stderr, rep.stderr[-3000:]
+    misses = [ln for ln in rep.stderr.splitlines() if ln.startswith("nfproxy: replay miss ")]
+    assert len(misses) == 2 and all("differs first at /body/messages/0/content" in ln for ln in misses), misses
+    assert rep.returncode == 3, rep.stderr[-3000:]  # a strict replay with misses fails
+    live, replayed = samples(tmp_path / "live"), samples(tmp_path / "replay")
+    assert set(live) == set(replayed) and len(live) == 12
+    for (sample, epoch), (answer, error) in replayed.items():
+        if sample == "s2":
+            assert error is not None and "nfproxy replay miss" in error, (sample, epoch, error)
+        else:
+            assert error is None and answer == live[(sample, epoch)][0], (sample, epoch)

@@ -92,3 +92,37 @@ def test_current_sdk_records_in_the_wrap_form_and_replays_strictly_in_the_base_u
         secrets = [k.encode() for k in RECORD_KEYS.values()]
         assert not any(key in body for body in s.bodies() for key in secrets)
         assert not any(key.decode() in json.dumps(ex.request) for ex in s.exchanges() for key in secrets)
+
+
+@pytest.mark.slow
+def test_langchain_with_question_two_of_six_changed_misses_once_and_answers_the_rest_as_recorded(store, upstream,
+                                                                                                  proxies):
+    if importlib.util.find_spec("langchain_openai") is None:
+        pytest.skip("langchain-openai is not installed (the test extra on Python 3.12+ brings it)")
+    from langchain_openai import ChatOpenAI
+
+    questions = [f"Question {i} of six: name a colour that starts with the letter {'BGRYPW'[i]}." for i in range(6)]
+
+    def run(proxy, asked: list[str]) -> list[str]:
+        llm = ChatOpenAI(model="gpt-4o-mini", temperature=0, max_retries=0, base_url=proxy.url + "/v1",
+                         api_key="sk-langchain-test-0123456789")
+        out = []
+        for q in asked:
+            try:
+                out.append(str(llm.invoke(q).content))
+            except Exception as exc:  # noqa: BLE001 - the SDK's error for a miss, as a user would see it
+                out.append(f"error: {exc}")
+        return out
+
+    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
+    proxies.append(rec)
+    live = run(rec, questions)
+    assert rec.stop() == 0 and len(set(live)) == 6, rec.output[-2000:]
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
+    proxies.append(rep)
+    changed = [q.replace("name a colour", "name one colour") if i == 2 else q for i, q in enumerate(questions)]
+    replayed = run(rep, changed)
+    assert rep.stop() == 3
+    assert replayed[2].startswith("error: ") and "nfproxy replay miss" in replayed[2], replayed[2]
+    assert replayed[:2] + replayed[3:] == live[:2] + live[3:]
+    assert "5 hits, 1 misses, 0 order violations, 0 errors" in rep.output, rep.output[-3000:]

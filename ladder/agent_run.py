@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from noisefloor.proxy.providers import sdk_env
+
 STDERR_TAIL = 2000
 _RUNNING: set[subprocess.Popen[str]] = set()  # agents started here and not finished: killed on an interrupt
 _LOCK = threading.Lock()
@@ -77,8 +79,7 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     task_file = taskdir / f"{run.session.replace('/', '_')}.json"
     task_file.write_text(json.dumps({**(json.loads(run.extra) if run.extra else {}), "task_id": run.task_id,
                                      "prompt": run.prompt, "entry_point": run.entry_point}))
-    env = {**os.environ, "OPENAI_BASE_URL": base + "/v1", "ANTHROPIC_BASE_URL": base, "GOOGLE_GEMINI_BASE_URL": base,
-           "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
+    env = {**os.environ, **sdk_env(base), "NF_TASK_FILE": str(task_file), "OPENAI_API_KEY": os.environ.get("OPENAI_API_KEY", "sk-nfladder"),
            "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder"), **dict(run.env)}
     argv = [a.replace("{task_file}", str(task_file)) for a in run.agent]
     start = time.monotonic()

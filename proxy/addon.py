@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from noisefloor.proxy import decoding, perturb, secrets
+from noisefloor.proxy import decoding, perturb, providers, secrets
 from noisefloor.proxy import mitm_compat as mitm
 from noisefloor.proxy import overrides as ov
 from noisefloor.proxy.mitm_compat import ServerHook, http  # mitmproxy's public flow types
@@ -167,9 +167,11 @@ class BodyRewrites:
     """Rewrites JSON request bodies before they are keyed and forwarded: `--set` overrides, then a
     `--perturb` variant of the last user message. Both are stamped on the exchange."""
 
-    def __init__(self, overrides: Sequence[ov.Override], perturbation: tuple[str, Rewrite] | None = None) -> None:
+    def __init__(self, overrides: Sequence[ov.Override], perturbation: tuple[str, Rewrite] | None = None,
+                 profile: str | None = None) -> None:
         self.overrides = list(overrides)
         self.perturbation = perturbation
+        self.profile = profile  # a forced provider; None: by host and path, as keying picks it
 
     def request(self, flow: http.HTTPFlow) -> None:
         if not (self.overrides or self.perturbation) or not flow.request.raw_content or flow.response is not None:
@@ -188,7 +190,8 @@ class BodyRewrites:
                 stamp["overrides"] = ov.describe(self.overrides)
             if self.perturbation:
                 name, rewrite = self.perturbation
-                changed = perturb.apply(doc, rewrite)
+                provider = providers.pick(self.profile, flow.request.host, flow.request.path)
+                changed = perturb.apply(doc, rewrite, provider)
                 if changed is None:
                     notes.append(f"no user message to perturb: {name} not applied")
                 else:

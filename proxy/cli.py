@@ -19,7 +19,7 @@ from noisefloor.display import json_text, visible
 from noisefloor.proxy import perturb
 from noisefloor.proxy.keys import RuleError, Rules
 from noisefloor.proxy.overrides import Override
-from noisefloor.proxy.profiles import PROFILES
+from noisefloor.proxy.providers import PROVIDERS
 from noisefloor.proxy.serve import ServeOptions, ca_environment, serve
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Labels
@@ -50,7 +50,7 @@ def main() -> None:
 @click.option("--condition", help="Condition label (live, t0, replay, ...) stamped on every exchange.")
 @click.option("--ignore-field", "ignore_fields", multiple=True, metavar="POINTER",
               help="JSON pointer dropped from the key (not from the forwarded body); repeatable; * matches any member.")
-@click.option("--profile", type=click.Choice(sorted(PROFILES)), help="Force a provider profile (default: by host and path).")
+@click.option("--profile", type=click.Choice(sorted(PROVIDERS)), help="Force a provider profile (default: by host and path).")
 @click.option("--set", "sets", multiple=True, metavar="POINTER=VALUE",
               help="Rewrite the JSON request body before keying and forwarding, e.g. --set /temperature=0; repeatable.")
 @click.option("--perturb", "perturbation", metavar="VARIANT",

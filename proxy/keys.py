@@ -30,7 +30,9 @@ _V1_PROFILES = {"openai": ["/user", "/prompt_cache_key", "/safety_identifier"],
                 "anthropic": ["/metadata/user_id"], "gemini": [], "generic": []}
 _V1_SECRET_QUERY_PARAMS = ["access_token", "api-key", "api_key", "apikey", "key", "token"]
 
-# Headers that change what the provider does with an otherwise identical body.
+# Headers kept in every key, whatever the provider: the version headers of the providers there
+# were when the rules id took this form. Part of the id, so frozen: a provider's own version
+# headers (`Provider.version_headers`) are kept in its requests' keys on top of these.
 DEFAULT_HEADER_ALLOWLIST: tuple[str, ...] = ("anthropic-beta", "anthropic-version", "openai-beta")
 
 
@@ -203,7 +205,7 @@ def canonicalize(
     rules: Rules,
 ) -> CanonicalRequest:
     """Build the canonical request from an already decoded body."""
-    volatile = providers.pick(rules.profile, host, path_and_query).ignore_fields
+    provider = providers.pick(rules.profile, host, path_and_query)
     parts = urlsplit(path_and_query)
     query = tuple(
         sorted(
@@ -212,7 +214,7 @@ def canonicalize(
             if k.lower() not in secrets.SECRET_QUERY_PARAMS
         )
     ) if parts.query else ()
-    allow = set(rules.header_allowlist)
+    allow = {*rules.header_allowlist, *provider.version_headers}
     kept = tuple(sorted((k.lower(), v.strip()) for k, v in headers if k.lower() in allow))
     notes: list[str] = []
     if not body:
@@ -227,7 +229,7 @@ def canonicalize(
             notes.append("body is not JSON; keyed on its raw bytes")
         else:
             kind = "json"
-            for pointer in (*rules.ignore_fields, *volatile):
+            for pointer in (*rules.ignore_fields, *provider.ignore_fields):
                 parsed = drop_pointer(parsed, _tokens(pointer))
             value = parsed
     canon = CanonicalRequest(

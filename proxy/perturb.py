@@ -8,22 +8,20 @@ Four named variants (the audit's family; the wording here is this project's own)
 User-defined variants come from a JSON file: {"name": {"prefix": "...", "suffix": "...",
 "template": "... {text} ..."}} (template wins when given).
 
-Request shapes: OpenAI chat `messages` and Responses `input`, Anthropic `messages` (string or
-text-block content), Gemini `contents` (text parts). Only the last user turn's text changes.
+Only the last user turn's text changes; each provider module says where it is.
 """
 
 from __future__ import annotations
 
-import json
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from noisefloor import bounded
 from noisefloor.errors import InputError
-
-Rewrite = Callable[[str], str]
+from noisefloor.proxy import providers
+from noisefloor.proxy.providers import Provider, Rewrite
 
 BUILTIN: dict[str, Rewrite] = {
     "compact_user_request": lambda t: re.sub(r"\s+", " ", t).strip(),
@@ -72,40 +70,7 @@ def pick(name: str, variants: Mapping[str, Rewrite]) -> Rewrite:
     return variants[name]
 
 
-def apply(doc: dict[str, Any], rewrite: Rewrite) -> dict[str, Any] | None:
-    """A copy of the request with its last user text rewritten, or None if it has no user text."""
-    doc = json.loads(json.dumps(doc))  # deep copy: the caller's parsed body stays untouched
-    for key, role_key, user, text_of in (("messages", "role", "user", _chat_text),
-                                         ("contents", "role", "user", _gemini_text),
-                                         ("input", "role", "user", _chat_text)):
-        turns = doc.get(key)
-        if key == "input" and isinstance(turns, str):
-            doc["input"] = rewrite(turns)
-            return doc
-        if not isinstance(turns, list):
-            continue
-        for turn in reversed(turns):
-            if isinstance(turn, dict) and turn.get(role_key, "user") == user and text_of(turn, rewrite):
-                return doc
-    return None
-
-
-def _chat_text(turn: dict[str, Any], rewrite: Rewrite) -> bool:
-    content = turn.get("content")
-    if isinstance(content, str):
-        turn["content"] = rewrite(content)
-        return True
-    if isinstance(content, list):
-        for part in reversed(content):
-            if isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str):
-                part["text"] = rewrite(part["text"])
-                return True
-    return False
-
-
-def _gemini_text(turn: dict[str, Any], rewrite: Rewrite) -> bool:
-    for part in reversed(turn.get("parts") or []):
-        if isinstance(part, dict) and isinstance(part.get("text"), str):
-            part["text"] = rewrite(part["text"])
-            return True
-    return False
+def apply(doc: dict[str, Any], rewrite: Rewrite, provider: Provider | None = None) -> dict[str, Any] | None:
+    """A copy of the request with its last user text rewritten, or None if it has no user text.
+    Where that text is, the request's provider says (default: the first known shape it has)."""
+    return providers.rewrite_user(provider or providers.PROVIDERS["generic"], doc, rewrite)

@@ -11,7 +11,6 @@ from typing import Any
 from noisefloor.proxy import exchange_record, providers, replay_index, secrets
 from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.profiles import extract_meta
 from noisefloor.proxy.providers import Provider
 from noisefloor.proxy.store import RecordedEntry, Store
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
@@ -80,7 +79,8 @@ class Recorder:
         if response is not None:
             response = response.without(p.request.secret_values)
             bodies[response.digest] = response.raw_body
-            meta = extract_meta(response.decoded_body, response.header("content-type"))
+            meta = providers.served(pending.provider or providers.PROVIDERS["generic"], response.decoded_body,
+                                    response.header("content-type"))
             identity = {"model": meta.model, "fingerprint": meta.fingerprint,
                         "usage": {"input": meta.input_tokens, "output": meta.output_tokens},
                         "finish_reason": meta.finish_reason, "truncated": meta.truncated}

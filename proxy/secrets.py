@@ -25,31 +25,31 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
-from noisefloor.proxy import erasure
+from noisefloor.proxy import erasure, providers
 from noisefloor.proxy.erasure import REDACTED as REDACTED
 from noisefloor.proxy.erasure import RUN as RUN
 
-# Credential headers of the major providers' SDKs: OpenAI, Anthropic, Gemini / Vertex (Google),
-# Azure OpenAI (and API Management), AWS Bedrock (SigV4 and session tokens), and common gateways.
-SECRET_HEADERS = frozenset(
+# Credential headers that belong to no provider module: proxies, cookies, Vertex's IAM token,
+# Azure OpenAI (and API Management) and common gateways. Each provider module declares its own.
+_OTHER_SECRET_HEADERS = frozenset(
     {
         "authorization",
         "proxy-authorization",
-        "x-api-key",
         "api-key",
-        "x-goog-api-key",
         "x-goog-iam-authorization-token",
-        "x-amz-security-token",
         "ocp-apim-subscription-key",
         "cf-aig-authorization",
         "x-portkey-api-key",
         "helicone-auth",
         "cookie",
         "set-cookie",
-        "openai-organization",
-        "openai-project",
     }
 )
+
+
+def is_secret_header(name: str) -> bool:
+    """`name` (lowercase) carries a credential."""
+    return name in _OTHER_SECRET_HEADERS or name in providers.credential_headers()
 SECRET_QUERY_PARAMS = frozenset({"key", "api_key", "apikey", "api-key", "access_token", "token"})
 MIN_SECRET = 8  # shorter values are too likely to occur by chance to be worth erasing
 
@@ -61,7 +61,7 @@ def _text(b: bytes | str) -> str:
 def scrub_headers(headers: Iterable[tuple[str, str]], values: Sequence[str] = ()) -> list[tuple[str, str]]:
     """Header pairs with secret values replaced (the name stays, so a reader sees one was sent),
     and the known secret `values` erased from every other header, whatever its name."""
-    pairs = [(k, REDACTED if k.lower() in SECRET_HEADERS else v) for k, v in headers]
+    pairs = [(k, REDACTED if is_secret_header(k.lower()) else v) for k, v in headers]
     return list(erase_header_values(pairs, values))
 
 
@@ -116,7 +116,7 @@ def secret_values(url: str, headers: Iterable[tuple[str, str]], body: bytes = b"
         name = k.lower()
         if name == "content-type":
             content_type = _text(v).lower()
-        if name in SECRET_HEADERS:
+        if is_secret_header(name):
             v = _text(v)
             values.append(v)
             values.extend(_header_parts(v))

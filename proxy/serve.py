@@ -250,10 +250,9 @@ class _Serve:
     def environment(self, port: int) -> dict[str, str]:
         url = f"http://{self.host}:{port}"
         if self.upstream:  # each provider module names the variables its SDKs read
-            from noisefloor.proxy.providers import PROVIDERS
+            from noisefloor.proxy.providers import sdk_env
 
-            sdk = {var: url + tail for p in PROVIDERS.values() for var, tail in p.base_url_env}
-            return {"NFPROXY_URL": url, **sdk}
+            return {"NFPROXY_URL": url, **sdk_env(url)}
         from noisefloor.proxy.mitm_compat import ca_cert_path
 
         ca = os.path.abspath(ca_cert_path(self.confdir))  # a command may change directory

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 
-from noisefloor.proxy.providers import PROVIDERS
+from noisefloor.proxy import providers
 from noisefloor.proxy.traffic import HOP_BY_HOP
 
 TICKET_HEADER = "x-nf-stream-ticket"
@@ -34,15 +34,12 @@ def is_stream(headers: Sequence[tuple[str, str]]) -> bool:
     return "chunked" in h.get("transfer-encoding", "") and "content-length" not in h
 
 
-# How the providers end a stream (each provider module declares its API's closing events).
-_TERMINAL = tuple(dict.fromkeys(m for p in PROVIDERS.values() for m in p.terminal_events))
-
 
 def delivered_terminal_event(body: bytes) -> bool:
     """Whether a stream got as far as its provider's closing event: a client that hangs up after
     it (openai-python does) received the whole answer."""
     tail = body[-4096:]
-    return any(marker in tail for marker in _TERMINAL)
+    return any(marker in tail for marker in providers.terminal_events())  # each provider declares its own
 
 
 @dataclass

@@ -61,14 +61,18 @@ class FakeUpstream:
     def url(self) -> str:
         return f"{'https' if self.ssl_context else 'http'}://{self.host}:{self.port}"
 
-    def _run(self, ready: threading.Event) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
+    def _routes(self, app: web.Application) -> None:
+        """The APIs it speaks (a subclass adds its own before the echo route)."""
         app.router.add_post("/v1/chat/completions", self._openai)
         app.router.add_post("/v1/messages", self._anthropic)
         app.router.add_post("/v1/responses", self._responses)
         app.router.add_post(r"/v1beta/models/{model:[^/:]+}:generateContent", self._gemini)
         app.router.add_post(r"/v1/models/{model:[^/:]+}:generateContent", self._gemini)  # google-genai 2+
+
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        self._routes(app)
         app.router.add_route("*", "/{tail:.*}", self._echo)
         self._runner = web.AppRunner(app, shutdown_timeout=1.0, handler_cancellation=True)
         self._loop.run_until_complete(self._runner.setup())

@@ -1,13 +1,17 @@
 """The providers package: each API's dependency rule, error shape and keying; the rules id; the
-nearest-request index. Real LMDB stores written by the real recorder, no proxy."""
+nearest-request index. Real LMDB stores written by the real recorder; a provider added from
+outside the package, through its entry point, recorded and replayed through real nfproxy."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import pytest
+from aiohttp import web
 
 from noisefloor.proxy import providers, replay_index
 from noisefloor.proxy.keys import Rules
@@ -15,6 +19,10 @@ from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from tests.conftest import start_nfproxy
+from tests.fake_upstream import FakeUpstream
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "providers"
 
 JSON = (("content-type", "application/json"),)
 
@@ -197,3 +205,84 @@ def test_a_store_without_lookup_rows_is_indexed_in_memory_with_dependencies_reco
         assert rep.answer(calls[1][0], Labels("R")).result == "order_violation"  # carries an unserved answer
         assert rep.answer(calls[0][0], Labels("R")).result == "hit"
         assert rep.answer(calls[1][0], Labels("R")).result == "hit"
+
+
+class AcmeUpstream(FakeUpstream):
+    """The made-up Acme API of examples/providers/acme.py, on a real aiohttp server."""
+
+    def _routes(self, app: web.Application) -> None:
+        async def generate(request: web.Request) -> web.Response:
+            n, doc = await self._record(request)
+            return web.json_response({"engine": "acme-engine-7", "text": f"acme answer {n} to {doc.get('prompt')}",
+                                      "halt": "budget", "meter": {"in": 11, "out": 5 + n}})
+
+        app.router.add_post("/acme/v1/generate", generate)
+
+
+def installed_plugin(where: Path) -> dict[str, str]:
+    """The example module installed as a distribution would be: its entry point in a dist-info."""
+    shutil.copy(EXAMPLES / "acme.py", where / "acme.py")
+    info = where / "acme_provider-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-provider\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[noisefloor.providers]\nacme = acme:PROVIDER\n")
+    return {"PYTHONPATH": str(where)}
+
+
+def test_a_provider_added_from_outside_records_and_replays_strictly_through_nfproxy(tmp_path, proxies):
+    """examples/providers/acme.py, registered by its entry point and nothing else edited: its
+    keying (ignored field, version header), credential header, served model and usage, error shape
+    and base-URL variable all come from that one module; the rules id does not move."""
+    env = installed_plugin(tmp_path)
+    store = tmp_path / "log.lmdb"
+    up = AcmeUpstream().start()
+    try:
+        rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", up.url, env=env)
+        proxies.append(rec)
+        head = {"x-acme-key": "acme-secret-record-0123456789", "acme-version": "2026-01"}
+        with httpx.Client(base_url=rec.url, timeout=20) as c:
+            live = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r1"}, headers=head)
+        assert live.status_code == 200 and rec.stop() == 0, rec.output
+    finally:
+        up.stop()
+    with Store.open(store, write=False) as s:
+        assert s.meta("rules_id") == Rules().id  # the same id as without the module
+        (ex,) = list(s.exchanges())
+        assert ex.model == "acme-engine-7" and ex.usage == {"input": 11, "output": 6} and ex.finish_reason == "budget"
+        assert not any(b"acme-secret-record" in body for body in s.bodies())
+        assert "acme-secret-record" not in json.dumps(ex.request)
+
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), env=env)
+    proxies.append(rep)
+    rotated = {"x-acme-key": "acme-secret-rotated-987654321", "acme-version": "2026-01"}
+    with httpx.Client(base_url=rep.url, timeout=20) as c:
+        hit = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r2"}, headers=rotated)
+        newer = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r3"},
+                       headers={**rotated, "acme-version": "2026-02"})
+    assert hit.status_code == 200 and hit.content == live.content  # another request id, another key: a hit
+    assert newer.status_code == 404 and "nfproxy replay miss" in newer.json()["acme_error"]["detail"]
+    assert rep.stop() == 3 and "1 hits, 1 misses" in rep.output, rep.output
+
+
+def test_a_registered_provider_is_asked_before_the_generic_one_and_rewrites_its_own_prompt(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("acme_example", EXAMPLES / "acme.py")
+    acme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acme)
+    before = Rules().id
+    monkeypatch.setattr(providers, "_ORDER", list(providers._ORDER))
+    monkeypatch.setattr(providers, "PROVIDERS", dict(providers.PROVIDERS))
+    providers.register(acme.PROVIDER)
+    try:
+        assert providers.detect("acme.example", "/acme/v1/generate").name == "acme"
+        assert providers.detect("acme.example", "/other").name == "generic"
+        assert providers.sdk_env("http://p")["ACME_BASE_URL"] == "http://p"
+        assert "x-acme-key" in providers.credential_headers()
+        assert providers.rewrite_user(acme.PROVIDER, {"prompt": "hi"}, str.upper) == {"prompt": "HI"}
+        assert Rules().id == before
+        with pytest.raises(ValueError, match="already registered"):
+            providers.register(acme.PROVIDER)
+    finally:
+        providers.credential_headers.cache_clear()
+        providers.terminal_events.cache_clear()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.proxy.headers import header
-from noisefloor.proxy.profiles import sse_data
+from noisefloor.proxy.providers import sse_events
 from noisefloor.proxy.store import Exchange, Store
 
 
@@ -84,7 +84,7 @@ def response_json(store: Store, ex: Exchange) -> dict[str, Any] | None:
     data = (store.decoded_body(ex.response, ex.id) or b"")
     ctype = header(ex.response["headers"], "content-type", "")
     if ctype.lower().startswith("text/event-stream"):
-        return assemble_stream(sse_data(data))
+        return assemble_stream(sse_events(data))
     try:
         doc = json.loads(data)
     except ValueError:

@@ -4,7 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+from noisefloor.proxy.providers.base import (
+    Answered,
+    Marks,
+    Provider,
+    Served,
+    add,
+    answered_from,
+    dicts,
+    id_mark,
+    obj,
+    opt_int,
+    opt_str,
+    text_mark,
+)
 
 
 def matches(host: str, route: str) -> bool:
@@ -61,6 +74,22 @@ def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> d
     return {"type": "error", "error": {"type": kind, "message": message, **extra}}
 
 
+def served(doc: Any) -> Served:
+    usage = obj(doc, "usage")
+    return Served(model=opt_str(doc.get("model")), input_tokens=opt_int(usage.get("input_tokens")),
+                  output_tokens=opt_int(usage.get("output_tokens")), finish_reason=opt_str(doc.get("stop_reason")))
+
+
+def served_event(ev: dict[str, Any]) -> Served:
+    """The message comes in `message_start`; the stop reason and output tokens in `message_delta`."""
+    if ev.get("type") == "message_start":
+        return served(obj(ev, "message"))
+    if ev.get("type") == "message_delta":
+        return Served(finish_reason=opt_str(obj(ev, "delta").get("stop_reason")),
+                      output_tokens=opt_int(obj(ev, "usage").get("output_tokens")))
+    return Served()
+
+
 PROVIDER = Provider(
     name="anthropic",
     matches=matches,
@@ -72,4 +101,6 @@ PROVIDER = Provider(
     carried=carried,
     answered=answered,
     error_body=error_body,
+    served_doc=served,
+    served_event=served_event,
 )

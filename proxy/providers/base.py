@@ -4,7 +4,9 @@ A provider module answers, for one HTTP API, every question nfproxy asks about i
 belong to it, which body fields never change the answer (keying), which headers carry credentials
 or select an API version, how its answers are framed and end, what text an answer holds, which
 earlier answers a request carries (replay pairs by them), what an error body looks like so the
-SDK prints it, and which environment variables point its SDKs at a base URL.
+SDK prints it, which environment variables point its SDKs at a base URL, what the log keeps of
+an answer (served model, usage, finish reason), and where the last user message is (perturbations
+rewrite it).
 """
 
 from __future__ import annotations
@@ -12,10 +14,88 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 Marks = set[str]
+Rewrite = Callable[[str], str]
+# finish reasons that mean "the model was cut off by the token limit"
+TRUNCATION = frozenset({"length", "max_tokens", "MAX_TOKENS"})
+
+
+@dataclass(frozen=True)
+class Served:
+    """What the log keeps of an answer, pulled out once at record time: the analyzer groups by
+    served model and fingerprint and counts truncations without re-reading bodies."""
+
+    model: str | None = None
+    fingerprint: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    finish_reason: str | None = None
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason in TRUNCATION
+
+
+def first_of(parts: Iterable[Served]) -> Served:
+    """Each field from the first part that has it (shapes tried in order)."""
+    found: dict[str, Any] = {}
+    for part in parts:
+        for f in fields(Served):
+            if found.get(f.name) is None:
+                found[f.name] = getattr(part, f.name)
+    return Served(**found)
+
+
+def folded(parts: Iterable[Served]) -> Served:
+    """A stream's events folded: later events fill what earlier ones left empty, or update it."""
+    return first_of(reversed(list(parts)))
+
+
+def opt_str(v: Any) -> str | None:
+    return v if isinstance(v, str) and v else None
+
+
+def opt_int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def obj(doc: Any, name: str) -> dict[str, Any]:
+    v = doc.get(name) if isinstance(doc, dict) else None
+    return v if isinstance(v, dict) else {}
+
+
+def first(doc: Any, name: str) -> dict[str, Any]:
+    v = doc.get(name) if isinstance(doc, dict) else None
+    return v[0] if isinstance(v, list) and v and isinstance(v[0], dict) else {}
+
+
+def rewrite_chat_turn(turn: dict[str, Any], rewrite: Rewrite) -> bool:
+    """A chat turn's text rewritten in place: string content, or its last text part."""
+    content = turn.get("content")
+    if isinstance(content, str):
+        turn["content"] = rewrite(content)
+        return True
+    for part in reversed(content if isinstance(content, list) else []):
+        if isinstance(part, dict) and part.get("type") in ("text", "input_text") and isinstance(part.get("text"), str):
+            part["text"] = rewrite(part["text"])
+            return True
+    return False
+
+
+def rewrite_last_user(turns: Any, rewrite: Rewrite, turn_text: Callable[[dict[str, Any], Rewrite], bool]) -> bool:
+    """The last user turn of a list that has text, rewritten in place."""
+    for turn in reversed(turns if isinstance(turns, list) else []):
+        if isinstance(turn, dict) and turn.get("role", "user") == "user" and turn_text(turn, rewrite):
+            return True
+    return False
+
+
+def rewrite_messages(doc: dict[str, Any], rewrite: Rewrite) -> bool:
+    """Chat-shaped requests (`messages`): OpenAI chat, Anthropic, Mistral."""
+    return rewrite_last_user(doc.get("messages"), rewrite, rewrite_chat_turn)
 
 
 def text_mark(text: Any) -> str | None:
@@ -73,6 +153,12 @@ class Provider:
     # (status, nfproxy error kind, message, extra fields) -> the error body this API's SDKs print
     error_body: Callable[[int, str, str, dict[str, Any]], dict[str, Any]] = _openai_error
     substring_deps: bool = False  # no structure to read: a request carries an answer whose text it contains
+    # (response JSON document) -> served model, usage, finish reason
+    served_doc: Callable[[Any], Served] = field(default=lambda doc: Served())
+    # (one stream event) -> its part of the same; a stream's events are folded (default: as documents)
+    served_event: Callable[[dict[str, Any]], Served] | None = None
+    # (request JSON object, rewrite) -> whether its last user text was rewritten (in place)
+    rewrite_user: Callable[[dict[str, Any], Rewrite], bool] = rewrite_messages
 
 
 def sse_events(body: bytes) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from noisefloor.proxy.providers import anthropic
+from noisefloor.proxy.providers import anthropic, generic
 from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
 
 
@@ -64,4 +64,7 @@ PROVIDER = Provider(
     carried=carried,
     answered=answered,
     error_body=error_body,
+    served_doc=generic.served,  # Converse's own fields are not read yet: what the known shapes find
+    served_event=generic.served_event,
+    rewrite_user=generic.rewrite_user,
 )

@@ -5,7 +5,22 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, text_mark
+from noisefloor.proxy.providers.base import (
+    Answered,
+    Marks,
+    Provider,
+    Rewrite,
+    Served,
+    add,
+    answered_from,
+    dicts,
+    first,
+    obj,
+    opt_int,
+    opt_str,
+    rewrite_last_user,
+    text_mark,
+)
 
 
 def matches(host: str, route: str) -> bool:
@@ -41,6 +56,25 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return answered_from(["".join(p) for _, p in sorted(pieces.items())], marks)
 
 
+def served(doc: Any) -> Served:
+    usage = obj(doc, "usageMetadata")
+    return Served(model=opt_str(doc.get("modelVersion")), input_tokens=opt_int(usage.get("promptTokenCount")),
+                  output_tokens=opt_int(usage.get("candidatesTokenCount")),
+                  finish_reason=opt_str(first(doc, "candidates").get("finishReason")))
+
+
+def _turn_text(turn: dict[str, Any], rewrite: Rewrite) -> bool:
+    for part in reversed(turn.get("parts") if isinstance(turn.get("parts"), list) else []):
+        if isinstance(part, dict) and isinstance(part.get("text"), str):
+            part["text"] = rewrite(part["text"])
+            return True
+    return False
+
+
+def rewrite_user(doc: dict[str, Any], rewrite: Rewrite) -> bool:
+    return rewrite_last_user(doc.get("contents"), rewrite, _turn_text)
+
+
 _STATUS = {400: "INVALID_ARGUMENT", 404: "NOT_FOUND", 412: "FAILED_PRECONDITION", 500: "INTERNAL",
            501: "UNIMPLEMENTED", 502: "UNAVAILABLE"}
 
@@ -58,4 +92,6 @@ PROVIDER = Provider(
     carried=carried,
     answered=answered,
     error_body=error_body,
+    served_doc=served,
+    rewrite_user=rewrite_user,
 )

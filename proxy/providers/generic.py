@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from noisefloor.proxy.providers import anthropic, gemini, openai_chat, openai_responses
-from noisefloor.proxy.providers.base import Answered, Provider
+from noisefloor.proxy.providers.base import Answered, Provider, Rewrite, Served, first_of, rewrite_messages
+
+_SHAPES = (openai_chat, anthropic, gemini, openai_responses)  # the order fields are looked for
 
 
 def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
@@ -19,4 +21,24 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return Answered(frozenset(marks), tuple(texts))
 
 
-PROVIDER = Provider(name="generic", matches=lambda host, route: True, answered=answered, substring_deps=True)
+def served(doc: Any) -> Served:
+    """Each field from the first known shape that has it."""
+    return first_of(p.served(doc) for p in _SHAPES)
+
+
+def served_event(ev: dict[str, Any]) -> Served:
+    if ev.get("type") in ("message_start", "message_delta"):
+        return anthropic.served_event(ev)
+    if ev.get("type") in ("response.completed", "response.incomplete"):
+        return openai_responses.served_event(ev)
+    return served(ev)
+
+
+def rewrite_user(doc: dict[str, Any], rewrite: Rewrite) -> bool:
+    """The first known shape the request has: chat `messages`, Gemini `contents`, Responses `input`."""
+    return rewrite_messages(doc, rewrite) or gemini.rewrite_user(doc, rewrite) or \
+        openai_responses.rewrite_user(doc, rewrite)
+
+
+PROVIDER = Provider(name="generic", matches=lambda host, route: True, answered=answered, substring_deps=True,
+                    served_doc=served, served_event=served_event, rewrite_user=rewrite_user)

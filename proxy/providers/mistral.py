@@ -30,4 +30,5 @@ PROVIDER = Provider(
     carried=openai_chat.carried,
     answered=openai_chat.answered,
     error_body=error_body,
+    served_doc=openai_chat.served,
 )

@@ -4,7 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+from noisefloor.proxy.providers.base import (
+    Answered,
+    Marks,
+    Provider,
+    Served,
+    add,
+    answered_from,
+    dicts,
+    first,
+    id_mark,
+    obj,
+    opt_int,
+    opt_str,
+    text_mark,
+)
 
 IGNORE = ("/user", "/prompt_cache_key", "/safety_identifier")  # end-user ids and cache hints
 
@@ -56,6 +70,13 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return answered_from(texts, marks)
 
 
+def served(doc: Any) -> Served:
+    """A completion, or one chunk of a stream (usage comes in the last)."""
+    usage = obj(doc, "usage")
+    return Served(opt_str(doc.get("model")), opt_str(doc.get("system_fingerprint")), opt_int(usage.get("prompt_tokens")),
+                  opt_int(usage.get("completion_tokens")), opt_str(first(doc, "choices").get("finish_reason")))
+
+
 PROVIDER = Provider(
     name="openai",
     matches=matches,
@@ -66,4 +87,5 @@ PROVIDER = Provider(
     terminal_events=(b"data: [DONE]", b"data:[DONE]"),
     carried=carried,
     answered=answered,
+    served_doc=served,
 )

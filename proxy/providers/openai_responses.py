@@ -5,7 +5,23 @@ from __future__ import annotations
 from typing import Any
 
 from noisefloor.proxy.providers import openai_chat
-from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+from noisefloor.proxy.providers.base import (
+    Answered,
+    Marks,
+    Provider,
+    Rewrite,
+    Served,
+    add,
+    answered_from,
+    dicts,
+    id_mark,
+    obj,
+    opt_int,
+    opt_str,
+    rewrite_chat_turn,
+    rewrite_last_user,
+    text_mark,
+)
 
 
 def matches(host: str, route: str) -> bool:
@@ -45,6 +61,31 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return answered_from(texts, marks)
 
 
+def served(doc: Any) -> Served:
+    usage = obj(doc, "usage")
+    finish = None
+    if doc.get("status") == "incomplete":
+        reason = obj(doc, "incomplete_details").get("reason")
+        finish = "length" if reason == "max_output_tokens" else reason
+    return Served(model=opt_str(doc.get("model")), input_tokens=opt_int(usage.get("input_tokens")),
+                  output_tokens=opt_int(usage.get("output_tokens")), finish_reason=opt_str(finish))
+
+
+def served_event(ev: dict[str, Any]) -> Served:
+    """The closing event carries the whole response."""
+    if ev.get("type") in ("response.completed", "response.incomplete"):
+        return served(obj(ev, "response"))
+    return Served()
+
+
+def rewrite_user(doc: dict[str, Any], rewrite: Rewrite) -> bool:
+    """`input` is a string, or a list of turns and items."""
+    if isinstance(doc.get("input"), str):
+        doc["input"] = rewrite(doc["input"])
+        return True
+    return rewrite_last_user(doc.get("input"), rewrite, rewrite_chat_turn)
+
+
 PROVIDER = Provider(
     name="openai-responses",
     matches=matches,
@@ -56,4 +97,7 @@ PROVIDER = Provider(
                      b"event: response.incomplete", b"event: response.failed"),
     carried=carried,
     answered=answered,
+    served_doc=served,
+    served_event=served_event,
+    rewrite_user=rewrite_user,
 )

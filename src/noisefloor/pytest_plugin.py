@@ -120,8 +120,9 @@ def _recording(request: pytest.FixtureRequest, marker: pytest.Mark | None) -> Pa
 
 
 def _environment(url: str) -> dict[str, str]:
-    return {"NFPROXY_URL": url, "OPENAI_BASE_URL": url + "/v1", "ANTHROPIC_BASE_URL": url,
-            "GOOGLE_GEMINI_BASE_URL": url}
+    from noisefloor.proxy.providers import sdk_env  # each provider module names its SDKs' variables
+
+    return {"NFPROXY_URL": url, **sdk_env(url)}
 
 
 @pytest.fixture

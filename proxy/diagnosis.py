@@ -14,6 +14,7 @@ from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Prepared, RequestData
 
 _MISSING = object()
+SKETCH_TIE = 3 / 32  # three of the sketch's 32 values: estimates closer than that are within its noise
 _PATHS_COUNTED = 1000  # differing paths counted per candidate (a tie-break: enough to order them)
 
 
@@ -68,18 +69,19 @@ def _escape(k: str) -> str:
 
 def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, Any] | None:
     """The recorded request most like `p`, with where they differ. Deterministic: one asked on
-    the same route and model first; among the few the index found, the most content shared
-    (the exact similarity the index's sketch estimates), then the fewest differing JSON paths,
-    then recorded order."""
+    the same route and model first, then the nearest by the index's sketch; those it cannot tell
+    apart (estimates within its noise) by the content they share exactly (what the sketch
+    estimates), then the fewest differing JSON paths, then recorded order."""
     route = f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
     found = index.near(p.canonical, route)
     if not found:
         return None
-    same = found[0].same_route_model
+    best = found[0]
     asked, mine = p.canonical.as_dict(), replay_index.features(p.canonical, route)
     ranked = []
     for n in found:
-        canon = recorded_request(store, rules, n.id) if n.same_route_model == same else None
+        close = best.score is None or (n.score is not None and n.score >= best.score - SKETCH_TIE)
+        canon = recorded_request(store, rules, n.id) if close and n.same_route_model == best.same_route_model else None
         if canon is None:
             continue
         shared = round(replay_index.jaccard(mine, replay_index.features(canon, route)), 4)

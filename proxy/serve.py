@@ -195,12 +195,12 @@ class _Serve:
             BodyRewrites,
             Group,
             NoUpstream,
-            Record,
-            Replay,
             SessionLabels,
             Streams,
             TlsFailures,
         )
+        from noisefloor.proxy.addon_record import Record
+        from noisefloor.proxy.addon_replay import Replay
         from noisefloor.proxy.sse import StreamServer
 
         master = mitm_compat.lean_master(sys.stderr)

@@ -22,20 +22,20 @@ that had its answer before it was asked has been asked in this replay session (t
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from noisefloor.errors import InputError
-from noisefloor.proxy import diagnosis, exchange_record, replay_index, replies
+from noisefloor.proxy import diagnosis, exchange_record, replay_index, replay_report, replies
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.replay_order import RecordedOrder
+from noisefloor.proxy.replay_report import MissReport
 from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
 
 ORDERS = ("content", "recorded")
-_SHOWN = 10  # misses and order notes listed in the summary
 
 
 @dataclass(frozen=True)
@@ -55,37 +55,6 @@ class Matched:
     violation: str | None = None  # why it is a call-order violation (content pairing)
     carried: RecordedEntry | None = None  # the answer it carries that was not served
     note: str | None = None  # an order note: recorded order departed from, no pairing changed
-
-
-@dataclass(frozen=True)
-class MissReport:
-    """One miss, for the summary: what it replaced and which recorded requests carry that answer."""
-
-    session: str
-    task: str | None
-    key: str
-    route: str
-    nearest: dict[str, Any] | None
-    affected: tuple[int, ...]  # recorded exchanges that carry the nearest request's answer
-
-
-@dataclass
-class _Progress:
-    """One replay session's progress through one recorded session: which of its requests have
-    been asked, and how long a prefix of them, in order of completion, is complete."""
-
-    asked: set[int]
-    frontier: int = 0
-
-
-@dataclass
-class _Order:
-    """One recorded session's requests in order of completion, and for each how many of them had
-    completed before it arrived (its recorded predecessors are that prefix)."""
-
-    by_end: list[RecordedEntry]
-    needs: dict[int, int]
-    dependents: dict[int, list[int]] = field(default_factory=dict)  # seq -> seqs that carry its answer
 
 
 class Replayer:
@@ -119,10 +88,9 @@ class Replayer:
         self.index = replay_index.open_index(store, rules)
         self.sources = frozenset(sources)
         if self.sources and all(self.index.first_id(s) is None for s in self.sources):
-            raise StoreError(f"no recorded session named {sorted(self.sources)} in {store.path}; "
+            raise InputError(f"no recorded session named {sorted(self.sources)} in {store.path}; "
                              "list them with `nfproxy log`")
-        self._progress: dict[tuple[str, str], _Progress] = {}
-        self._orders: dict[str, _Order] = {}
+        self._order = RecordedOrder(lambda name: self._session(name)[0])
         self._used: dict[str, set[int]] = {}  # replay session -> recorded ids it was served
         self._served: dict[str, set[tuple[str, int]]] = {}  # ... as (recorded session, seq)
         self.misses: list[MissReport] = []
@@ -145,7 +113,7 @@ class Replayer:
         if self.order == "recorded":
             if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
                 entry = candidates[min(p.occurrence, len(candidates) - 1)]
-                self._ask(labels.session, entry)
+                self._order.ask(labels.session, entry)
                 return Matched(p, entry, labels.session)
             return self._miss(p, candidates)
         used = self._used.setdefault(labels.session, set())
@@ -173,7 +141,7 @@ class Replayer:
         answered. Content pairing never waits: always None."""
         if self.order != "recorded":
             return None
-        return self._first_unasked(m.session, m.entry)
+        return self._order.first_unasked(m.session, m.entry)
 
     def settle(self, m: Matched, waited: float = 0.0) -> Answer:
         """Answer a matched request: a hit, or a call-order violation. `waited`: the seconds the
@@ -192,28 +160,7 @@ class Replayer:
 
     def summary_lines(self) -> list[str]:
         """What the exit summary adds: each miss and what it affected, the order notes."""
-        lines = []
-        for r in self.misses[:_SHOWN]:
-            near = r.nearest
-            head = f"  miss {r.key[:12]} (session {r.session}" + (f", task {r.task})" if r.task else ")")
-            if near is None:
-                lines.append(head + ": no recorded request like it")
-                continue
-            total = len(self._session(near["session"])[0]) if near.get("session") else 0
-            if r.affected:
-                ids = ", ".join(str(i) for i in r.affected[:8]) + (" ..." if len(r.affected) > 8 else "")
-                lines.append(f"{head} replaced recorded exchange {near['exchange_id']}: {len(r.affected)} later "
-                             f"recorded requests carry its answer and are affected (exchanges {ids}); the other "
-                             f"{max(total - 1 - len(r.affected), 0)} of session {near['session']!r} are not")
-            else:
-                lines.append(f"{head} replaced recorded exchange {near['exchange_id']}: no recorded request carries "
-                             "its answer, the others are unaffected")
-        if len(self.misses) > _SHOWN:
-            lines.append(f"  ... {len(self.misses) - _SHOWN} more misses (see the replay log)")
-        if self.order_notes:
-            lines.append(f"  {len(self.order_notes)} order notes (recorded order departed from, no answer changed), "
-                         "e.g.: " + self.order_notes[0])
-        return lines
+        return replay_report.summary_lines(self.misses, self.order_notes, lambda name: len(self._session(name)[0]))
 
     # -- pairing -------------------------------------------------------------------------------
 
@@ -225,10 +172,10 @@ class Replayer:
     def _take(self, session: str, entry: RecordedEntry) -> None:
         self._used[session].add(entry.id)
         self._served[session].add((entry.session, entry.seq))
-        self._ask(session, entry)
+        self._order.ask(session, entry)
 
     def _order_note(self, session: str, entry: RecordedEntry) -> str | None:
-        first = self._first_unasked(session, entry)
+        first = self._order.first_unasked(session, entry)
         if first is None:
             return None
         note = (f"exchange {entry.id} ({entry.route}) was asked before exchange {first.id}, which had its answer "
@@ -239,51 +186,6 @@ class Replayer:
     def _session(self, name: str) -> tuple[list[RecordedEntry], dict[int, RecordedEntry]]:
         s = self.index.session(name)
         return s.entries, s.by_seq
-
-    def _order(self, name: str) -> _Order:
-        if name not in self._orders:
-            entries = self._session(name)[0]
-            span = _spans(entries)
-            ordered = sorted(entries, key=lambda e: (span[e.id][1], e.seq))
-            ends = [span[e.id][1] for e in ordered]
-            needs = {e.id: bisect_right(ends, span[e.id][0]) for e in entries}
-            dependents: dict[int, list[int]] = {}
-            for e in entries:
-                for d in e.deps:
-                    dependents.setdefault(d, []).append(e.seq)
-            self._orders[name] = _Order(ordered, needs, dependents)
-        return self._orders[name]
-
-    def _ask(self, session: str, entry: RecordedEntry) -> None:
-        prog = self._progress.setdefault((session, entry.session), _Progress(set()))
-        prog.asked.add(entry.id)
-        order = self._order(entry.session).by_end
-        while prog.frontier < len(order) and order[prog.frontier].id in prog.asked:
-            prog.frontier += 1
-
-    def _first_unasked(self, session: str, entry: RecordedEntry) -> RecordedEntry | None:
-        prog = self._progress.get((session, entry.session))
-        order = self._order(entry.session)
-        need = order.needs.get(entry.id, 0)
-        if prog is None or prog.frontier >= need:
-            return None
-        return next((e for e in order.by_end[:need] if e.id not in prog.asked), None)
-
-    def _affected(self, session: str, exchange_id: int) -> tuple[int, ...]:
-        """Recorded requests that carry the answer of `exchange_id`, directly or through others."""
-        _, by_seq = self._session(session)
-        start = next((e for e in by_seq.values() if e.id == exchange_id), None)
-        if start is None:
-            return ()
-        dependents = self._order(session).dependents
-        seen: set[int] = set()
-        todo = [start.seq]
-        while todo:
-            for s in dependents.get(todo.pop(), ()):
-                if s not in seen:
-                    seen.add(s)
-                    todo.append(s)
-        return tuple(sorted(by_seq[s].id for s in seen if s in by_seq))
 
     # -- answers -------------------------------------------------------------------------------
 
@@ -302,11 +204,13 @@ class Replayer:
 
     def _miss(self, p: Prepared, candidates: list[RecordedEntry]) -> Answer:
         near = None if candidates else diagnosis.nearest(self.store, self.rules, self.index, p)
-        affected = self._affected(near["session"], near["exchange_id"]) if near and near.get("session") else ()
+        affected = ()
+        if near and near.get("session"):
+            affected = self._order.affected(near["session"], near["exchange_id"], self._session(near["session"])[1])
         route = f"{p.canonical.method} {p.canonical.path}"
         self.misses.append(MissReport(p.labels.session, p.labels.task, p.key, route, near, affected))
         if self._say is not None:
-            self._say(_miss_line(p, route, len(candidates), near, affected))
+            self._say(replay_report.miss_line(p, route, len(candidates), near, affected))
         return self._log(p, "miss", replies.miss(p, len(candidates), near, list(affected)), None, None)
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one replayer per process; replicates serve the same answers again
@@ -373,24 +277,3 @@ class Replayer:
 
 
 LogEntry = Callable[[], tuple[dict[str, Any], dict[str, bytes]]]
-
-
-def _miss_line(p: Prepared, route: str, recorded: int, near: dict[str, Any] | None, affected: tuple[int, ...]) -> str:
-    """One compact stderr line per miss."""
-    who = f"session {p.labels.session}" + (f" task {p.labels.task}" if p.labels.task else "")
-    head = f"nfproxy: replay miss {who} key {p.key[:12]} {route}"
-    if recorded:
-        return f"{head}: occurrence {p.occurrence}, the recording holds {recorded}"
-    if near is None:
-        return f"{head}: nothing like it was recorded"
-    tail = f"; {len(affected)} recorded requests carry its answer" if affected else ""
-    return (f"{head}: nearest recorded exchange {near['exchange_id']} (session {near['session']}, similarity "
-            f"{near['similarity']}) differs first at {near['differs_at']}{tail}")
-
-
-def _spans(session: list[RecordedEntry]) -> dict[int, tuple[float, float]]:
-    """(start, end) per request. A session recorded before times were kept gets its arrival order
-    as a total order: each request then follows every earlier one."""
-    if all(e.start is not None and e.end is not None for e in session):
-        return {e.id: (float(e.start), float(e.end)) for e in session}  # type: ignore[arg-type]
-    return {e.id: (float(e.seq), e.seq + 0.5) for e in session}

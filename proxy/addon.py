@@ -37,7 +37,8 @@ from noisefloor.proxy.sse import (
     StreamServer,
     is_stream,
 )
-from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, Stats, split_label_prefix
+from noisefloor.proxy.stats import Stats
+from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, split_label_prefix
 
 
 class Group:

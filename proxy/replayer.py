@@ -32,8 +32,9 @@ from noisefloor.proxy import diagnosis, exchange_record, replay_index, replay_re
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.replay_order import RecordedOrder
 from noisefloor.proxy.replay_report import MissReport
+from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
-from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
+from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, prepare
 
 ORDERS = ("content", "recorded")
 

@@ -25,8 +25,9 @@ from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, Noisefloo
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.replay_log import DeferredLog
+from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store, StoreError, is_read_only
-from noisefloor.proxy.traffic import Labels, Stats
+from noisefloor.proxy.traffic import Labels
 
 EXIT_INTERRUPTED_BASE = 128  # ended by signal N: 128 + N (SIGINT 130, SIGTERM 143), as a shell reports it
 READY_LINE_ENV = "NFPROXY_READY_LINE"  # set by `launch.start`: print the machine-readable line even with -q

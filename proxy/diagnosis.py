@@ -77,12 +77,18 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
     if not found:
         return None
     best = found[0]
-    asked, mine = p.canonical.as_dict(), replay_index.features(p.canonical, route)
+    pool = [n for n in found if n.same_route_model == best.same_route_model
+            and (best.score is None or (n.score is not None and n.score >= best.score - SKETCH_TIE))]
+    asked = p.canonical.as_dict()
+    exact = len(pool) > 1 or best.score is None  # else the sketch alone has chosen: nothing to compare
+    mine = replay_index.features(p.canonical, route) if exact else set()
     ranked = []
-    for n in found:
-        close = best.score is None or (n.score is not None and n.score >= best.score - SKETCH_TIE)
-        canon = recorded_request(store, rules, n.id) if close and n.same_route_model == best.same_route_model else None
+    for n in pool:
+        canon = recorded_request(store, rules, n.id)
         if canon is None:
+            continue
+        if not exact:
+            ranked.append(((0.0, 0, n.id), n.id, n.score, canon))
             continue
         shared = round(replay_index.jaccard(mine, replay_index.features(canon, route)), 4)
         paths = sum(1 for _ in islice(differing_paths(canon.as_dict(), asked), _PATHS_COUNTED))

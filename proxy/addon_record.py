@@ -98,18 +98,18 @@ class Record:
         if pending is None:
             return
         message = flow.metadata.get(STALLED) or (flow.error.msg if flow.error else "unknown upstream error")
-        if message.startswith("Client disconnected") and not self.stopping():
-            # Ctrl-C reaches a wrapped client and nfproxy at once, and the client's hang-up may be
-            # seen first: give the interrupt a moment to arrive before calling this an error
-            await asyncio.sleep(CLIENT_GONE_GRACE_S)
         capture: ChunkCapture | None = flow.metadata.get(CAPTURE)
         partial = None
         if flow.response is not None and capture is not None:  # a stream that broke off: keep what came
             if delivered_terminal_event(capture.body):  # it had ended: the client hung up after the answer
-                capture.complete = True
+                capture.complete = True  # recorded at once: a shutdown right after must not lose it
                 self._record_complete(flow, pending, response_data(flow.response, capture))
                 return
             partial = response_data(flow.response, capture)
+        if message.startswith("Client disconnected") and not self.stopping():
+            # Ctrl-C reaches a wrapped client and nfproxy at once, and the client's hang-up may be
+            # seen first: give the interrupt a moment to arrive before calling this an error
+            await asyncio.sleep(CLIENT_GONE_GRACE_S)
         if self.stopping():  # the interrupt's doing, not the upstream's: left for a rerun to ask again
             return
         log.warning("nfproxy: error recorded for %s: %s", where(flow), scrub(flow, message))

@@ -14,6 +14,7 @@ from statistics import median
 from typing import Any
 
 from noisefloor.analyzer import audit as audit_mod
+from noisefloor.analyzer import audit_checks, floors_report
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
@@ -75,19 +76,19 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
         rows.append(replace(base, outcome=v.outcome, failure=v.failure, detail=v.detail))
     pipeline.keep_rows(ladder, rows)
     say("analyzing")
-    audits = audit_mod.audit(rows, seed=cfg.seed)
+    audits = audit_mod.audit(rows, seed=cfg.seed, resamples=cfg.bootstrap)
     main = audit_mod.main_arm(rows)
     if not main:
         raise LadderError("the audit has no main-arm rows; declare a condition without a perturbation variant")
     result, doc, drifted = pipeline.analysis_doc(cfg, design, ladder, rows, analyzed=main)
-    doc["floors"] = audit_mod.to_json(audits)
-    doc["warnings"] = [*doc["warnings"], *audit_mod.drift_messages(audits)]
+    doc["floors"] = floors_report.to_json(audits)
+    doc["warnings"] = [*doc["warnings"], *audit_checks.drift_messages(audits)]
     if builtin is not None:
         doc["truth"] = truth(builtin, cfg, doc["floors"])
-    text = audit_mod.table(audits)
+    text = floors_report.table(audits)
     if doc.get("truth"):
         text += "\n" + truth_line(doc["truth"])
-    md = "\n".join(["## Floors", "", *audit_mod.lines(audits, "- ")]) + (
+    md = "\n".join(floors_report.markdown(audits, "Floors")) + (
         "\n\n" + truth_line(doc["truth"]) if doc.get("truth") else "")
     pipeline.write_reports(cfg, result, doc, rows, [text], [md], plot=False)
     return pipeline.LadderResult(result, doc, drifted, [], False, [text])

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from noisefloor.analyzer.gate import (
     wilson_upper,
 )
 from noisefloor.analyzer.outcomes import Row
+from noisefloor.outcome_rows import OutcomeError
 
 
 def simulate_reruns(n: int, runs: int, flip_share: float, flip_p: float, rng: np.random.Generator) -> np.ndarray:
@@ -57,7 +59,7 @@ def test_deterministic_reruns_have_a_zero_floor_and_full_correlation():
     y = simulate_reruns(100, 5, 0.0, 0.0, rng)
     f = floors.rerun_floor(y)
     assert f.flip == 0 and f.paired_sd == 0.0 and f.marginal_sd == 0.0 and f.paired_to_marginal is None
-    assert "0/0" in f.undefined["paired_to_marginal"] and f.ci["paired_sd"].hi > 0  # an exact bound, not [0, 0]
+    assert "0/0" in f.undefined["paired_to_marginal"] and f.ci["paired_sd"].high > 0  # an exact bound, not [0, 0]
 
 
 def test_perturbation_paired_sd_matches_its_closed_form():
@@ -74,7 +76,7 @@ def test_perturbation_paired_sd_matches_its_closed_form():
     for pair in pf.pairs:
         assert pair.matched == n * runs
         assert pair.paired_sd == pytest.approx(expected, abs=0.02)
-        assert pair.ci["paired_sd"].lo < pair.paired_sd < pair.ci["paired_sd"].hi
+        assert pair.ci["paired_sd"].low < pair.paired_sd < pair.ci["paired_sd"].high
         assert pair.aggregate_sd == 0.0  # each variant changes the same instances on every run
     rerun = floors.rerun_floor(main, resamples=100)
     # one scale at a time: per unit over per unit, and the seed's mixed ratio beside them
@@ -95,7 +97,7 @@ def test_sd_curve_narrows_with_more_instances():
     assert all(p.resamples == 2000 for p in curve)
     again = floors.sd_curve(y, floors.curve_sizes(150), seed=4)  # the ends are stable across seeds
     for p, q in zip(curve, again):
-        assert abs(p.ci.hi - q.ci.hi) < 0.25 * (p.ci.hi - p.ci.lo)
+        assert abs(p.ci.high - q.ci.high) < 0.25 * (p.ci.high - p.ci.low)
     width = [p.ci[1] - p.ci[0] for p in curve]
     assert width[0] > width[-1]
     assert curve[-1].mean == pytest.approx(floors.rerun_paired_sd(y), rel=0.5)
@@ -117,7 +119,7 @@ def test_fingerprint_split_and_taxonomy():
                          (0, None), (1, "malformed_output"), (0, "timeout")])
     assert t.counts == {"malformed_output": 2, "wrong_arguments": 1, "other": 2}
     assert t.failures == 5 and t.malformed_share == pytest.approx(2 / 5)
-    assert t.malformed_ci.lo < 0.4 < t.malformed_ci.hi
+    assert t.malformed_ci.low < 0.4 < t.malformed_ci.high
 
 
 def seed003_groq_8b() -> np.ndarray:
@@ -164,7 +166,7 @@ def test_rerun_intervals_cover_the_truth_in_simulation():
     hits = 0
     for i in range(60):
         f = floors.rerun_floor(simulate_reruns(n, runs, 0.2, 0.3, rng), resamples=400, seed=i, permutations=0)
-        hits += f.ci["paired_sd"].lo <= truth <= f.ci["paired_sd"].hi
+        hits += f.ci["paired_sd"].low <= truth <= f.ci["paired_sd"].high
     assert hits >= 0.8 * 60
 
 
@@ -179,12 +181,15 @@ def test_matched_design_drops_unrecoverable_instances_everywhere_and_flags_drift
     y = simulate_reruns(20, 4, 0.2, 0.3, rng)
     rows = rows_for("e1", y) + rows_for("e1", y, "call_only_suffix") + rows_for("e1", y, "compact_user_request")
     rows = [r for r in rows if not (r.task_id == "i3" and r.variant == "call_only_suffix" and r.replicate == 2)]
-    rows.append(Row("i0", "e1", 0, 1, endpoint="e1", model="m2"))
-    (a,) = audit(rows, curve_resamples=50)
+    drifted = [replace(r, model="m2") if (r.task_id, r.variant, r.replicate) == ("i0", "", 0) else r for r in rows]
+    (a,) = audit(drifted, curve_resamples=50, resamples=200)
     assert a.excluded == (("i3", "missing in call_only_suffix run 2"),)
     assert a.instances == 19 and a.study_set == study_hash([f"i{i}" for i in range(20) if i != 3])
     assert a.drift and a.models == ("m1", "m2")
     assert a.perturbation is not None and len(a.perturbation.pairs) == 1
+    # a second row for one (arm, run, instance) is refused, as the ladder refuses it, not silently replaced
+    with pytest.raises(OutcomeError, match="task 'i0': replicate 0 appears twice"):
+        audit([*rows, Row("i0", "e1", 0, 1, endpoint="e1", model="m2")], curve_resamples=50, resamples=200)
 
 
 def nfanalyze(*args: str) -> subprocess.CompletedProcess[str]:

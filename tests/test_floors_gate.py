@@ -213,7 +213,7 @@ def test_cli_floors_section_and_drift_abort(tmp_path):
     assert f["rerun"]["runs"] == 5 and f["instances"] == 60 and f["drift"] is False
     assert f["perturbation"]["pairs"][0]["paired_sd"] == pytest.approx(np.std((y - (1 - y)).ravel(), ddof=1))
     assert doc["conditions"]["groq-8b"]["replicates"] == 5  # the ladder section uses the main arm only
-    wrong = nfanalyze("--outcomes", str(path), "--study-set", "0" * 64)
+    wrong = nfanalyze("--outcomes", str(path), "--study-set", "0" * 64, "--bootstrap", "200")
     assert wrong.returncode != 0 and "study set changed" in wrong.stderr
     drifted = tmp_path / "drift.jsonl"
     drifted.write_text(path.read_text() + json.dumps({"task_id": "i0", "condition": "groq-8b", "replicate": 9,
@@ -226,8 +226,19 @@ def test_cli_floors_section_and_drift_abort(tmp_path):
     md = tmp_path / "report.md"
     assert nfanalyze("--outcomes", str(path), "--bootstrap", "200", "--markdown", str(md)).returncode == 0
     text = md.read_text()
-    assert "## Rerun and perturbation floors" in text and "ever-flip" in text and "perturbation / rerun multiple" in text
-    assert text.count("[") > 10  # intervals on the floors numbers
+    assert "## Rerun and perturbation floors" in text and "perturbation / rerun multiple" in text
+    # the Markdown carries the JSON's own numbers and intervals, nested by endpoint, statistic and pair
+    rr, pair = f["rerun"], f["perturbation"]["pairs"][0]
+
+    def shown(v: float, ci: list[float]) -> str:
+        return f"{v:.4f} \\[{ci[0]:.4f}, {ci[1]:.4f}\\]"
+
+    assert "\n- groq-8b: 60 matched instances \\(study set " in text
+    assert f"\n  - marginal SD {shown(rr['marginal_sd'], rr['ci']['marginal_sd'])}" in text
+    assert f"rerun paired SD {shown(rr['paired_sd'], rr['ci']['paired_sd'])}" in text
+    assert f"ever-flip {rr['ever_flip_fraction']:.2%} \\[{rr['ci']['ever_flip_fraction'][0]:.2%}, " in text
+    assert f"\n    - tool\\_instruction\\_prefix vs request\\_label\\_wrap: accuracy {pair['left_accuracy']:.3f}" in text
+    assert f"paired SD {shown(pair['paired_sd'], pair['ci']['paired_sd'])}" in text
 
 
 def test_wilson_worked_numbers_and_bounds():
@@ -340,3 +351,68 @@ def test_gate_refuses_unstamped_duplicated_and_pooled_runs(tmp_path):
     r = nfanalyze("gate", str(a), str(a), str(mixed))
     assert r.returncode != 0 and "several conditions" in r.stderr
     assert nfanalyze("gate", str(a), str(a), str(mixed), "--condition", "run").returncode == 0
+
+
+# -- pass^k: a statistic added to the floors report by its own module alone ---------------------
+
+
+def test_pass_k_is_unbiased_in_closed_form_and_in_simulation():
+    from scipy import stats
+
+    from noisefloor.analyzer.floors.pass_k import pass_k, per_task
+
+    n = 8
+    for p in (0.0, 0.3, 0.5, 0.9, 1.0):  # exact: E[C(C,k)/C(n,k)] = p^k for C ~ Bin(n, p)
+        c = np.arange(n + 1)
+        for k in (1, 2, 5, 8):
+            assert stats.binom.pmf(c, n, p) @ per_task(c, n, k) == pytest.approx(p**k, abs=1e-12)
+    assert per_task(np.array([3]), 4, 2)[0] == pytest.approx(math.comb(3, 2) / math.comb(4, 2))
+    # known truth: 60 tasks with their own pass rates; the plug-in (c/n)^k is biased, the estimate is not
+    rng = np.random.default_rng(7)
+    q = rng.uniform(0, 1, 60)
+    truth = float(np.mean(q**3))
+    est, plug = [], []
+    for _ in range(2000):
+        y = (rng.uniform(size=(60, n)) < q[:, None]).astype(float)
+        est.append(per_task(y.sum(axis=1), n, 3).mean())
+        plug.append(((y.mean(axis=1)) ** 3).mean())
+    se = np.std(est, ddof=1) / math.sqrt(len(est))
+    assert abs(np.mean(est) - truth) < 3 * se
+    assert np.mean(plug) - truth > 10 * se  # the bias the unbiased form avoids
+    (point,) = pass_k((rng.uniform(size=(60, n)) < q[:, None]).astype(float), ks=(3,), resamples=500)
+    assert point.k == 3 and point.tasks == 60 and point.runs == n and point.ci.covers(point.estimate)
+
+
+def test_pass_k_task_bootstrap_interval_covers_in_simulation():
+    from noisefloor.analyzer.floors.pass_k import pass_k
+
+    rng = np.random.default_rng(11)
+    hits, studies = 0, 200
+    for i in range(studies):  # tasks drawn from a population whose pass^2 is known: E[q^2] for q ~ Beta(2, 2) = 0.3
+        q = rng.beta(2, 2, 80)
+        y = (rng.uniform(size=(80, 6)) < q[:, None]).astype(float)
+        (p2,) = pass_k(y, ks=(2,), resamples=400, seed=i)
+        hits += p2.ci.covers(0.3)
+    assert hits / studies >= 0.9  # nominal 0.95; 200 studies put 0.9 about 3 SE below it
+
+
+def test_pass_k_shows_in_terminal_json_and_markdown_from_its_own_module(tmp_path):
+    from noisefloor.analyzer import floors_report
+    from noisefloor.analyzer.floors import registry
+
+    stat = registry.STATISTICS["pass_k"]
+    assert stat.compute.__module__ == "noisefloor.analyzer.floors.pass_k"
+    root = Path(floors.__file__).parents[1]  # analyzer/: no other module names it, the registry finds it
+    others = [p for p in root.rglob("*.py") if p.name != "pass_k.py" and "pass_k" in p.read_text()]
+    assert others == []
+    y = np.array([[1, 1, 1, 1], [1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]] * 5, dtype=float)
+    rows = rows_for("e1", y)
+    (a,) = audit(rows, curve_resamples=20, resamples=300)
+    want = np.mean([1, 0.5, 0, 1 / 6])  # C(c,2)/C(4,2) for c = 4, 3, 0, 2
+    doc = floors_report.to_json([a])["e1"]["pass_k"]
+    assert [p["k"] for p in doc] == [1, 2, 4] and doc[1]["estimate"] == pytest.approx(want)
+    lo, hi = doc[1]["ci"]
+    assert lo <= want <= hi and hi - lo > 0
+    assert f"k=2: {want:.4f} [{lo:.4f}, {hi:.4f}]" in floors_report.table([a])
+    md = "\n".join(floors_report.markdown([a]))
+    assert "pass^k" in md and f"k=2: {want:.4f} \\[{lo:.4f}, {hi:.4f}\\]" in md

@@ -26,6 +26,17 @@ def sd(x: np.ndarray, axis: int = -1) -> np.ndarray:
     return np.where(same, 0.0, x.std(axis=axis, ddof=1))
 
 
+def sd_from_sums(x: np.ndarray) -> np.ndarray:
+    """`sd` along the last axis from the sums of x and x^2 (one pass, no deviations array): for
+    small-integer values such as 0/1 outcome differences, where it is exact up to rounding."""
+    n = x.shape[-1]
+    if n <= 1:
+        return np.zeros(x.shape[:-1])
+    s1, s2 = x.sum(axis=-1), (x * x).sum(axis=-1)
+    var = np.maximum((s2 - s1 * s1 / n) / (n - 1), 0.0)
+    return np.where(x.max(axis=-1) == x.min(axis=-1), 0.0, np.sqrt(var))
+
+
 def paired_sd(m: np.ndarray) -> np.ndarray:
     """SD of the aggregate-score differences over run pairs."""
     scores = m.mean(axis=-2)  # (..., R)
@@ -38,22 +49,41 @@ def marginal_sd(m: np.ndarray) -> np.ndarray:
 
 
 def unit_paired_sd(m: np.ndarray) -> np.ndarray:
-    """SD of the instance-level differences over (instance, run pair)."""
-    a, b = pairs(m.shape[-1])
-    d = (m[..., a] - m[..., b]).reshape(*m.shape[:-2], -1)
-    return sd(d)
+    """SD of the instance-level differences d = y_ia - y_ib over (instance, run pair), from each
+    instance's sums (no N x P array): over pairs a < b, sum d = y @ (R-1-2j) and sum d^2 =
+    R sum y^2 - (sum y)^2. Exactly 0 where every difference is equal: with three or more runs
+    that means every instance is constant across runs; with two, every d is the same."""
+    r = m.shape[-1]
+    units = m.shape[-2] * r * (r - 1) // 2
+    if units <= 1:
+        return np.zeros(m.shape[:-2])
+    s1 = (m @ (r - 1 - 2 * np.arange(r, dtype=float))).sum(axis=-1)
+    s2 = (r * (m**2).sum(axis=-1) - m.sum(axis=-1) ** 2).sum(axis=-1)
+    var = np.maximum((s2 - s1**2 / units) / (units - 1), 0.0)
+    if r == 2:
+        d = m[..., 0] - m[..., 1]
+        same = d.max(axis=-1) == d.min(axis=-1)
+    else:
+        same = (m.max(axis=-1) == m.min(axis=-1)).all(axis=-1)
+    return np.where(same, 0.0, np.sqrt(var))
 
 
 def mean_correlation(m: np.ndarray) -> np.ndarray:
-    """Mean Pearson correlation over run pairs, pairs with a constant run left out (NaN if none)."""
-    a, b = pairs(m.shape[-1])
-    x, z = m[..., a], m[..., b]  # (..., N, P)
-    xc, zc = x - x.mean(axis=-2, keepdims=True), z - z.mean(axis=-2, keepdims=True)
-    den = np.sqrt((xc**2).sum(axis=-2) * (zc**2).sum(axis=-2))
-    r = np.where(den > 0, (xc * zc).sum(axis=-2) / np.where(den > 0, den, 1), np.nan)
-    ok = ~np.isnan(r)
-    count = ok.sum(axis=-1)
-    total = np.where(ok, r, 0).sum(axis=-1)
+    """Mean Pearson correlation over run pairs, pairs with a constant run left out (NaN if none),
+    from the runs' sums and cross products (an R x R Gram matrix per resample)."""
+    n, r = m.shape[-2], m.shape[-1]
+    a, b = pairs(r)
+    s1 = m.sum(axis=-2)  # (..., R)
+    gram = np.swapaxes(m, -1, -2) @ m  # (..., R, R)
+    var = n * np.diagonal(gram, axis1=-2, axis2=-1) - s1**2
+    constant = m.max(axis=-2) == m.min(axis=-2)
+    ok = ~constant[..., a] & ~constant[..., b]
+    cov = n * gram[..., a, b] - s1[..., a] * s1[..., b]
+    den = np.sqrt(np.maximum(var[..., a], 0) * np.maximum(var[..., b], 0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        rho = np.where(ok & (den > 0), cov / np.where(den > 0, den, 1), np.nan)
+    count = (~np.isnan(rho)).sum(axis=-1)
+    total = np.where(np.isnan(rho), 0, rho).sum(axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 

@@ -71,7 +71,7 @@ def _stats(names: Sequence[str], with_main: bool) -> Callable[[Mapping[str, np.n
         units, aggs = [], []
         for left, right in combinations(names, 2):
             d = a[left] - a[right]  # (..., N, R)
-            unit = arrays.sd(d.reshape(*d.shape[:-2], -1))
+            unit = arrays.sd_from_sums(d.reshape(*d.shape[:-2], -1))
             agg = arrays.sd(d.mean(axis=-2)) if d.shape[-1] > 1 else np.full(unit.shape, np.nan)
             out[PairKey(left, right, "paired_sd")], out[PairKey(left, right, "aggregate_sd")] = unit, agg
             units.append(unit)

@@ -416,3 +416,20 @@ def test_pass_k_shows_in_terminal_json_and_markdown_from_its_own_module(tmp_path
     assert f"k=2: {want:.4f} [{lo:.4f}, {hi:.4f}]" in floors_report.table([a])
     md = "\n".join(floors_report.markdown([a]))
     assert "pass^k" in md and f"k=2: {want:.4f} \\[{lo:.4f}, {hi:.4f}\\]" in md
+
+
+def test_stamps_are_typed_so_a_jsonl_0_and_a_csv_0_0_are_one_stamp(tmp_path):
+    from noisefloor.analyzer.gate_input import load_run
+    from noisefloor.analyzer.gate_run import run_files
+
+    jsonl = write_run(tmp_path / "a.jsonl", {"x": 6, "y": 8}, temperature=0)
+    csv = tmp_path / "b.csv"
+    csv.write_text("task_id,condition,replicate,outcome,model,temperature,seed,grader_version\n" + "".join(
+        f"{c},run,{r}.0,{int(r < p)},m,0.0,,g7\n" for c, p in (("x", 6), ("y", 8)) for r in range(8)))
+    a, b = load_run(jsonl), load_run(csv)
+    assert a.run_stamp.temperature == b.run_stamp.temperature == (0.0,) and b.run_stamp.seed == ()
+    assert a.stamp == b.stamp and a.missing == "" and "sampling={'temperature': [0.0]}" in a.description
+    result = run_files(jsonl, csv, jsonl)  # refused as different stamps before the stamp was typed
+    assert result.stamp == a.stamp and result.counts["within_noise"] == 2
+    hot = load_run(write_run(tmp_path / "hot.jsonl", {"x": 6, "y": 8}, temperature=0.5))
+    assert hot.stamp != a.stamp

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.outcome_rows import replicate_of
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.profiles import sse_data
 from noisefloor.proxy.store import Exchange, Store
@@ -137,9 +138,8 @@ def attempts(store: Store, prompts: Mapping[str, str] | None = None, modes: Iter
             req_text = (store.decoded_body(first.request, first.id) or b"").decode("utf-8", errors="replace")
             task = next((tid for tid, p in ranked if p.strip() and _json_text(p) in req_text), None)
         condition = first.condition or "unlabeled"
-        if first.replicate is not None and str(first.replicate).lstrip("-").isdigit():
-            replicate = int(first.replicate)
-        else:
+        replicate = replicate_of(first.replicate)  # the exchange's text label as the row's int
+        if replicate is None:
             replicate = counters[(task, condition)]
             counters[(task, condition)] += 1
         out.append(Attempt(name, task, condition, replicate, final,

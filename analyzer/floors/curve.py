@@ -43,9 +43,9 @@ def curve_sizes(n: int, step: int = 25) -> list[int]:
     return [*sizes, n] if n not in sizes else sizes
 
 
-def _compute(arms: Arms, s: FloorSettings) -> tuple[CurvePoint, ...] | None:
+def _compute(arms: Arms, s: FloorSettings) -> tuple[CurvePoint, ...]:
     if arms.main is None:
-        return None
+        return ()  # no curve without reruns: an empty one, as the report has always written it
     return sd_curve(arms.main, curve_sizes(len(arms.instances)), s.curve_resamples or CURVE_RESAMPLES, s.seed)
 
 

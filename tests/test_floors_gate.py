@@ -433,3 +433,22 @@ def test_stamps_are_typed_so_a_jsonl_0_and_a_csv_0_0_are_one_stamp(tmp_path):
     assert result.stamp == a.stamp and result.counts["within_noise"] == 2
     hot = load_run(write_run(tmp_path / "hot.jsonl", {"x": 6, "y": 8}, temperature=0.5))
     assert hot.stamp != a.stamp
+
+
+def test_sum_based_unit_sd_and_run_correlation_equal_their_definitions():
+    from itertools import combinations
+
+    from noisefloor.analyzer.floors import arrays
+
+    rng = np.random.default_rng(3)
+    cases = [(rng.uniform(size=(n, r)) < 0.6).astype(float) for n, r in ((1, 2), (7, 2), (30, 3), (50, 10))]
+    cases += [np.ones((5, 4)), np.tile([1.0, 0, 1, 0], (5, 1)), np.array([[1.0, 0], [0, 1]]), np.array([[1.0, 0], [1, 0]])]
+    for y in cases:
+        pairs = list(combinations(range(y.shape[1]), 2))
+        d = np.concatenate([y[:, a] - y[:, b] for a, b in pairs])
+        want = 0.0 if d.size < 2 or d.min() == d.max() else np.std(d, ddof=1)
+        got = float(arrays.unit_paired_sd(y))
+        assert got == pytest.approx(want, abs=1e-12) and (got == 0.0) == (want == 0.0)
+        rs = [np.corrcoef(y[:, a], y[:, b])[0, 1] for a, b in pairs if y[:, a].std() > 0 and y[:, b].std() > 0]
+        corr = float(arrays.mean_correlation(y))
+        assert (np.isnan(corr) and not rs) or corr == pytest.approx(np.mean(rs), abs=1e-12)

@@ -27,14 +27,19 @@ def sd(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 def sd_from_sums(x: np.ndarray) -> np.ndarray:
-    """`sd` along the last axis from the sums of x and x^2 (one pass, no deviations array): for
-    small-integer values such as 0/1 outcome differences, where it is exact up to rounding."""
+    """`sd` along the last axis from the sums of x and x^2 (one pass, no deviations array), for
+    whole-number values such as 0/1 outcome differences: n sum x^2 - (sum x)^2 is then computed
+    exactly, so it is exactly 0 when every value is the same."""
     n = x.shape[-1]
     if n <= 1:
         return np.zeros(x.shape[:-1])
     s1, s2 = x.sum(axis=-1), (x * x).sum(axis=-1)
-    var = np.maximum((s2 - s1 * s1 / n) / (n - 1), 0.0)
-    return np.where(x.max(axis=-1) == x.min(axis=-1), 0.0, np.sqrt(var))
+    return _sd_of_sums(s1, s2, n)
+
+
+def _sd_of_sums(s1: np.ndarray, s2: np.ndarray, n: int) -> np.ndarray:
+    num = n * s2 - s1 * s1  # n (n - 1) var: exact for whole-number data
+    return np.where(num > 0, np.sqrt(np.maximum(num, 0.0) / (n * (n - 1))), 0.0)
 
 
 def paired_sd(m: np.ndarray) -> np.ndarray:
@@ -51,21 +56,16 @@ def marginal_sd(m: np.ndarray) -> np.ndarray:
 def unit_paired_sd(m: np.ndarray) -> np.ndarray:
     """SD of the instance-level differences d = y_ia - y_ib over (instance, run pair), from each
     instance's sums (no N x P array): over pairs a < b, sum d = y @ (R-1-2j) and sum d^2 =
-    R sum y^2 - (sum y)^2. Exactly 0 where every difference is equal: with three or more runs
-    that means every instance is constant across runs; with two, every d is the same."""
+    R sum y^2 - (sum y)^2. For 0/1 outcomes both sums are whole numbers, so the SD is exactly 0
+    where every difference is equal."""
     r = m.shape[-1]
     units = m.shape[-2] * r * (r - 1) // 2
     if units <= 1:
         return np.zeros(m.shape[:-2])
     s1 = (m @ (r - 1 - 2 * np.arange(r, dtype=float))).sum(axis=-1)
-    s2 = (r * (m**2).sum(axis=-1) - m.sum(axis=-1) ** 2).sum(axis=-1)
-    var = np.maximum((s2 - s1**2 / units) / (units - 1), 0.0)
-    if r == 2:
-        d = m[..., 0] - m[..., 1]
-        same = d.max(axis=-1) == d.min(axis=-1)
-    else:
-        same = (m.max(axis=-1) == m.min(axis=-1)).all(axis=-1)
-    return np.where(same, 0.0, np.sqrt(var))
+    total = m.sum(axis=-1)
+    s2 = (r * (m * m).sum(axis=-1) - total * total).sum(axis=-1)
+    return _sd_of_sums(s1, s2, units)
 
 
 def mean_correlation(m: np.ndarray) -> np.ndarray:

@@ -69,10 +69,11 @@ def _stats(names: Sequence[str], with_main: bool) -> Callable[[Mapping[str, np.n
     def stat(a: Mapping[str, np.ndarray]) -> dict[Key, np.ndarray]:
         out: dict[Key, np.ndarray] = {}
         units, aggs = [], []
+        scores = {v: a[v].mean(axis=-2) for v in names}  # (..., R): a pair's run-level difference is theirs
         for left, right in combinations(names, 2):
             d = a[left] - a[right]  # (..., N, R)
             unit = arrays.sd_from_sums(d.reshape(*d.shape[:-2], -1))
-            agg = arrays.sd(d.mean(axis=-2)) if d.shape[-1] > 1 else np.full(unit.shape, np.nan)
+            agg = arrays.sd(scores[left] - scores[right]) if d.shape[-1] > 1 else np.full(unit.shape, np.nan)
             out[PairKey(left, right, "paired_sd")], out[PairKey(left, right, "aggregate_sd")] = unit, agg
             units.append(unit)
             aggs.append(agg)

@@ -225,7 +225,7 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
         locate("humaneval+", tmp_path / "nope.jsonl.gz")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    with pytest.raises(DatasetError, match="not JSON"):
+    with pytest.raises(DatasetError, match=r"bad\.jsonl:1: not valid JSON"):
         load_code_tasks("humaneval+", bad)
 
 
@@ -270,7 +270,9 @@ def test_candidates_from_a_proxy_log_become_outcome_rows(tmp_path, proxies):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6
     assert {(row["task_id"], row["replicate"]) for row in rows} == {(t, k) for t in chosen for k in (0, 1)}
-    assert all(row["condition"] == "live" and row["model"] == "m-2024-07-18" for row in rows)
+    # the model asked for and the one that answered, as nfladder's rows say them
+    assert all(row["condition"] == "live" and row["model"] == "m" and row["served_model"] == "m-2024-07-18"
+               for row in rows)
     assert Counter(row["failure"] for row in rows) == Counter({"pass": 3, "wrong_output": 3})
     assert "3/6 passed" in r.stderr
     # the analyzer reads them as they are

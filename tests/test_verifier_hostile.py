@@ -20,10 +20,12 @@ import pytest
 
 from noisefloor.verifier.datasets import CodeTask
 from noisefloor.verifier.differential import verdict
-from noisefloor.verifier.sandbox import CandidateLines, Limits, Sandbox
+from noisefloor.verifier.isolation import Limits
+from noisefloor.verifier.protocol import CandidateLines
+from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.values import encode
 
-TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,), (2,)), 2, 0.0, "humaneval")
+TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,), (2,)), 0.0, "humaneval")
 GOOD = "def f(x):\n    return x\n"
 
 

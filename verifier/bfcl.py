@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from noisefloor.errors import InputError
 from noisefloor.verifier.datasets import ToolTask
 
-TAXONOMY = ("correct", "wrong_function", "wrong_arguments", "malformed_output", "other")
 MAX_ARGUMENT_CHARS = 1 << 16
 _STRIP = re.compile(r"[ ,./\-_*^]")
 _TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
@@ -68,12 +68,12 @@ class Call:
 class ToolVerdict:
     task_id: str
     outcome: int
-    failure: str  # one of TAXONOMY
+    failure: str  # correct, or a class of the taxonomy above (the analyzer counts them: floors.TAXONOMY_CLASSES)
     detail: str = ""
 
 
-class Malformed(ValueError):
-    """A tool-call payload that cannot be read as calls."""
+class Malformed(InputError):
+    """A tool-call payload that cannot be read as calls (the candidate's: graded malformed_output)."""
 
 
 def calls_from_response(body: dict[str, Any]) -> list[Call]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from noisefloor.verifier.bfcl import Call, grade, grade_response, ground_truth_calls, openai_body
+from noisefloor.verifier.bfcl import Call, grade, grade_response, ground_truth_calls
 from noisefloor.verifier.datasets import DatasetError, load_bfcl, load_code_tasks, locate
 from noisefloor.verifier.differential import Differential
 from noisefloor.verifier.extract import assemble, extract_code
@@ -182,6 +182,22 @@ def test_extraction_rules_without_data():
     # a base model's continuation ends at its first unindented line: what it wrote after is not run
     body = "    y = x  # keep\n\n    # still the body\n    return y\n\nf(0) / 0\nprint('junk')\n"
     assert assemble(body, "f", "def f(x):\n", "") == "def f(x):\n    y = x  # keep\n\n    # still the body\n    return y\n\n"
+
+
+def openai_body(calls: list[Call], finish_reason: str = "tool_calls") -> dict:
+    """An OpenAI chat completion carrying these calls (what a provider would return)."""
+    return {
+        "object": "chat.completion",
+        "choices": [{
+            "index": 0,
+            "finish_reason": finish_reason,
+            "message": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{i}", "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                for i, c in enumerate(calls)
+            ]},
+        }],
+    }
 
 
 @needs_bfcl

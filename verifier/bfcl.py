@@ -341,19 +341,3 @@ def _render(value: Any) -> Any:
     if isinstance(value, list):
         return [_render(v) for v in value]
     return value
-
-
-def openai_body(calls: Sequence[Call], finish_reason: str = "tool_calls") -> dict[str, Any]:
-    """An OpenAI chat completion carrying these calls (what a provider would return)."""
-    return {
-        "object": "chat.completion",
-        "choices": [{
-            "index": 0,
-            "finish_reason": finish_reason,
-            "message": {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{i}", "type": "function",
-                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                for i, c in enumerate(calls)
-            ]},
-        }],
-    }

@@ -163,7 +163,8 @@ def _code_task(path: Path, n: int, doc: dict[str, Any], kind: str, max_inputs: i
             base = deserialize_inputs(task_id, base)
             plus = deserialize_inputs(task_id, plus)
         except (TypeError, ValueError, KeyError, IndexError) as exc:
-            raise DatasetError(f"{path}:{n}: task {task_id}: inputs not readable ({exc}); the file is damaged") from None
+            raise DatasetError(f"{path}:{n}: task {task_id}: inputs not readable ({exc}); the file is "
+                               "damaged") from None
     prompt = _field(path, n, doc, "prompt", str)
     entry = _field(path, n, doc, "entry_point", str)
     if not entry.isidentifier():

@@ -30,9 +30,12 @@ def open_log(log: Path) -> Any:
     return Store.open(log, write=False)  # a StoreError is one line: the command's error handling
 
 
-def log_sessions(logs: Sequence[Path], prompts: dict[str, str]) -> tuple[list[tuple[Path, SessionRef]], dict[str, Path]]:
+Refs = list[tuple[Path, SessionRef]]  # (the store it is in, the session)
+
+
+def log_sessions(logs: Sequence[Path], prompts: dict[str, str]) -> tuple[Refs, dict[str, Path]]:
     """Every store's sessions, and which store each is in; a session in two stores is refused."""
-    found: list[tuple[Path, SessionRef]] = []
+    found: Refs = []
     where: dict[str, Path] = {}
     for log in logs:
         with open_log(log) as store:
@@ -45,7 +48,7 @@ def log_sessions(logs: Sequence[Path], prompts: dict[str, str]) -> tuple[list[tu
     return found, where
 
 
-def log_candidates(refs: Sequence[tuple[Path, SessionRef]]) -> Iterator[Candidate]:
+def log_candidates(refs: Refs) -> Iterator[Candidate]:
     """The candidates of `refs`, in order, each read when it is reached (each store opened once)."""
     for log in dict.fromkeys(log for log, _ in refs):
         with open_log(log) as store:
@@ -95,8 +98,7 @@ def code_rows(suite: str, diff: Any, logs: Sequence[Path], samples: Path | None,
         click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped (e.g. {unknown[0]}); "
                    "label them with x-nf-task", err=True)
     refs = [(log, ref) for log, ref in refs if ref.task_id in diff.tasks]
-    keys = [_key(OutcomeRow(ref.task_id, ref.condition, ref.replicate, 0, session=ref.session))  # type: ignore[arg-type]
-            for _, ref in refs]
+    keys = [_key(OutcomeRow(str(ref.task_id), ref.condition, ref.replicate, 0, session=ref.session)) for _, ref in refs]
     left = [r for r, k in zip(refs, keys) if k not in progress.done]
     todo = (Pending(candidate_row(c), response_text(c.body)) for c in log_candidates(left))
     grade_code(diff, todo, len(left), progress, programs=False)

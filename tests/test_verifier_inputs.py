@@ -130,6 +130,9 @@ def test_the_whole_file_is_capped_after_expansion():
     with pytest.raises(InputError, match=r"x\.jsonl:114: more than 0 MiB"):
         list(bounded.json_lines(lines, "x.jsonl", total_limit=1024))
     assert len(list(bounded.json_lines(io.BytesIO(b'{"a": 1}\n' * 1000), "x.jsonl"))) == 1000
+    # values add up across lines too (a reader may keep every line): 4 per line, refused past 10
+    with pytest.raises(InputError, match=r"x\.jsonl:3: more than 10 JSON values"):
+        list(bounded.json_lines(io.BytesIO(b'{"a": [1, 2], "b": 3}\n' * 5), "x.jsonl", values_limit=10))
 
 
 BFCL_Q = {"id": "multiple_0", "question": [[{"role": "user", "content": "What is 5!?"}]],

@@ -54,11 +54,12 @@ MAX_LINES_BYTES = 256 << 20  # a whole JSON Lines file, expanded
 
 def json_lines(fh: IO[bytes], where: str, error: type[InputError] = InputError, line_limit: int = MAX_LINE_BYTES,
                total_limit: int = MAX_LINES_BYTES, what: str = "one JSON object per line",
-               ) -> Iterator[tuple[int, dict[str, Any]]]:
+               values_limit: int = MAX_JSON_VALUES) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of a JSON Lines stream, read in bounded lines (a compressed file may
     expand without limit): UTF-8 (a BOM allowed), each line a JSON object within the caps above,
-    blank lines skipped. Every failure is one `error` naming `where` and the line."""
-    total = 0
+    blank lines skipped. The values of all lines together are capped too, since a reader may keep
+    every line's object. Every failure is one `error` naming `where` and the line."""
+    total = values = 0
     for n in itertools.count(1):
         raw = fh.readline(line_limit + 1)
         if not raw:
@@ -69,6 +70,10 @@ def json_lines(fh: IO[bytes], where: str, error: type[InputError] = InputError, 
                         f"the kind expected ({what})")
         if total > total_limit:
             raise error(f"{where}:{n}: more than {total_limit >> 20} MiB (expanded); refused as damaged or "
+                        "hostile; split the file")
+        values += raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+        if values > values_limit:
+            raise error(f"{where}:{n}: more than {values_limit:,} JSON values in the file; refused as damaged or "
                         "hostile; split the file")
         if n == 1 and raw.startswith(codecs.BOM_UTF8):
             raw = raw[len(codecs.BOM_UTF8):]

@@ -27,7 +27,6 @@ _REQUIRED = object()
 
 @dataclass(frozen=True)
 class Release:
-    name: str
     filename: str
     url: str
     sha256: str
@@ -35,12 +34,12 @@ class Release:
 
 RELEASES = {
     "humaneval+": Release(
-        "humaneval+", "HumanEvalPlus-v0.1.10.jsonl.gz",
+        "HumanEvalPlus-v0.1.10.jsonl.gz",
         "https://github.com/evalplus/humanevalplus_release/releases/download/v0.1.10/HumanEvalPlus.jsonl.gz",
         "272720b90ac375502c8ed23cd791c2a93dfb22a911641a494da74a426c09f101",
     ),
     "mbpp+": Release(
-        "mbpp+", "MbppPlus-v0.2.0.jsonl.gz",
+        "MbppPlus-v0.2.0.jsonl.gz",
         "https://github.com/evalplus/mbppplus_release/releases/download/v0.2.0/MbppPlus.jsonl.gz",
         "af43697e8791c4c149bdfd6b489d8b5412507551ac20e28a439f650b8225db63",
     ),

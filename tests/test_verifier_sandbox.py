@@ -334,3 +334,28 @@ def _sweep_a_straggler(uid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_uid_claims_live_in_one_private_folder(tmp_path):
+    """Claims in a folder another user could write would not be claims: such a folder is refused,
+    and the claims' folder never follows TMPDIR (two verifiers with different TMPDIRs see each other)."""
+    planted = tmp_path / "locks"
+    planted.mkdir(mode=0o777)
+    os.chmod(planted, 0o777)
+    with pytest.raises(SandboxError, match="not a private folder"):
+        uids.claim_uid(planted)
+    mine = tmp_path / "mine"
+    uid, lock = uids.claim_uid(mine)
+    try:
+        assert oct(mine.stat().st_mode & 0o777) == "0o700" and uids.BASE_UID <= uid < uids.BASE_UID + uids.UID_RANGE
+        again, other = uids.claim_uid(mine)  # held: the next claim gets the next uid
+        other.close()
+        assert again != uid
+    finally:
+        lock.close()
+    import subprocess
+    import sys
+
+    seen = subprocess.run([sys.executable, "-c", "from noisefloor.verifier import uids; print(uids.LOCKS)"],
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, check=True)
+    assert seen.stdout.strip() == str(uids.LOCKS) and str(tmp_path) not in seen.stdout

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -353,9 +355,6 @@ def test_uid_claims_live_in_one_private_folder(tmp_path):
         assert again != uid
     finally:
         lock.close()
-    import subprocess
-    import sys
-
     seen = subprocess.run([sys.executable, "-c", "from noisefloor.verifier import uids; print(uids.LOCKS)"],
                           env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, check=True)
     assert seen.stdout.strip() == str(uids.LOCKS) and str(tmp_path) not in seen.stdout

@@ -191,3 +191,23 @@ def test_gzip_is_read_as_gzip(tmp_path):
                           "-j", "1")
     assert rc == 0, err
     assert json.loads(out.read_text())["failure"] == "pass"
+
+
+def test_outcomes_into_a_pipe_leave_the_pipe_a_pipe(tmp_path, dataset):
+    """`--outcomes /dev/null` must not rename a file over the device: a FIFO stands in for it here."""
+    import os
+    import stat
+    import threading
+
+    fifo = tmp_path / "rows.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    samples = jsonl(tmp_path / "s.jsonl", [GOOD_SAMPLE])
+    rc, err, _ = nfverify("humaneval+", "--samples", str(samples), "--dataset", str(dataset), "--outcomes", str(fifo),
+                          "-j", "1")
+    reader.join(30)
+    assert rc == 0, err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert [json.loads(line)["failure"] for line in got[0].splitlines()] == ["pass"]

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from noisefloor import exit_codes
 from noisefloor.outcome_rows import replicate_label
 
 STDERR_TAIL = 2000
@@ -96,7 +97,7 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     except OSError as exc:
-        proc, code, err = None, 127, f"cannot start agent: {exc}"
+        proc, code, err = None, exit_codes.NOT_STARTED, f"cannot start agent: {exc}"
     if proc is not None:
         with _LOCK:
             _RUNNING.add(proc)

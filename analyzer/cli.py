@@ -18,7 +18,7 @@ from noisefloor.analyzer.ladder import Planning
 from noisefloor.analyzer.outcomes import build
 from noisefloor.display import visible
 from noisefloor.errors import EXIT_DRIFT, EXIT_OK, EXIT_REGRESSED, EXIT_STAMPS, NoisefloorError
-from noisefloor.outcome_rows import OutcomeError, attempt_key, parse_rows, read_rows
+from noisefloor.outcome_rows import OutcomeError, key_of, parse_rows, read_rows
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -103,9 +103,9 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         else:
             rows = parse_rows(read_rows(outcomes), str(outcomes)) if outcomes else []
             if logged:  # the log's own rows, where --outcomes does not give the same (condition, task, replicate)
-                given = {attempt_key(r) for r in rows}
+                given = {key_of(r) for r in rows}
                 mine = parse_rows(enumerate(logged, 1), f"outcome rows in {log}")
-                rows += [r for r in mine if attempt_key(r) not in given]
+                rows += [r for r in mine if key_of(r) not in given]
             for spec in inspect_specs:
                 from noisefloor.analyzer import inspect_logs
 

@@ -181,12 +181,12 @@ def row_key(r: Mapping[str, Any]) -> tuple[Any, Any, Any]:
     return (r.get("condition"), r.get("task_id"), r.get("replicate"))
 
 
-def attempt_key(r: OutcomeRow) -> tuple[str, str, int]:
+def key_of(r: OutcomeRow) -> tuple[str, str, int]:
     """`row_key` of a typed row."""
     return (r.condition, r.task_id, r.replicate)
 
 
-def unique_rows(rows: Sequence[OutcomeRow], key: Callable[[OutcomeRow], Hashable] = attempt_key, where: str = "",
+def unique_rows(rows: Sequence[OutcomeRow], key: Callable[[OutcomeRow], Hashable] = key_of, where: str = "",
                 lines: Sequence[int] | None = None) -> None:
     """The one duplicate-row rule: an attempt is one row. A key seen twice is refused with one line
     naming it and both places (`lines`: the rows' line numbers in `where`, else their positions)."""

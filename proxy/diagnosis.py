@@ -3,13 +3,14 @@ the two differ, and a short diff of their canonical forms (only a miss pays for 
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
 
 from noisefloor.proxy import replay_index
-from noisefloor.proxy.keys import CanonicalRequest, Rules, short_diff
+from noisefloor.proxy.keys import CanonicalRequest, Rules
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Prepared, RequestData
 
@@ -100,3 +101,15 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
     return {"key": canon.key, "exchange_id": chosen, "session": entry.session if entry else None,
             "similarity": score, "differs_at": first_difference(canon.as_dict(), asked),
             "diff": short_diff("\n".join(flat(canon.as_dict())), "\n".join(flat(asked)))}
+
+
+def short_diff(recorded: str, asked: str, *, limit: int = 40) -> list[str]:
+    """A unified diff of two pretty canonical forms, capped so a miss response stays small."""
+    lines = list(
+        difflib.unified_diff(
+            recorded.splitlines(), asked.splitlines(), "recorded", "request", n=1, lineterm=""
+        )
+    )
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... ({len(lines) - limit} more diff lines)"]
+    return lines

@@ -8,7 +8,6 @@ replay under different rules is refused instead of silently missing or, worse, s
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from collections.abc import Iterable, Sequence
@@ -255,15 +254,3 @@ def _raw(body: bytes) -> dict[str, Any]:
 
 
 _NOT_JSON = object()
-
-
-def short_diff(recorded: str, asked: str, *, limit: int = 40) -> list[str]:
-    """A unified diff of two pretty canonical forms, capped so a miss response stays small."""
-    lines = list(
-        difflib.unified_diff(
-            recorded.splitlines(), asked.splitlines(), "recorded", "request", n=1, lineterm=""
-        )
-    )
-    if len(lines) > limit:
-        lines = lines[:limit] + [f"... ({len(lines) - limit} more diff lines)"]
-    return lines

@@ -18,6 +18,7 @@ the content dependencies recomputed from their exchanges, and nothing is written
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import struct
 import zlib
@@ -84,36 +85,70 @@ def bucket(route: str, body: Any) -> bytes:
     return hashlib.sha256(f"{route}|{model if isinstance(model, str) else ''}".encode()).digest()[:8]
 
 
-def _features(value: Any, path: str, out: list[int]) -> None:
-    """Hashes of (path, leaf) for every leaf, and of each run of `_CHUNK` words of a long string,
-    so that a changed word keeps most of a long message's features."""
-    if len(out) >= _MAX_FEATURES:
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _features(v, f"{path}/{k}", out)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _features(v, f"{path}/{i}", out)
-    elif isinstance(value, str):
-        data = f"{path}={value}".encode("utf-8", "surrogatepass")
-        out.append(zlib.crc32(data))
-        if len(value) > 40:
-            words = value.split()
-            seed = zlib.crc32(path.encode())
-            crc, join = zlib.crc32, " ".join
-            out.extend(crc(join(words[i:i + _CHUNK]).encode("utf-8", "surrogatepass"), seed)
-                       for i in range(0, min(len(words), _CHUNK * (_MAX_FEATURES - len(out))), _CHUNK))
-    else:
-        out.append(zlib.crc32(f"{path}={value!r}".encode()))
+def _signature(features: Any) -> np.ndarray:
+    """The MinHash signature (32 minima) of a set of feature hashes."""
+    x = np.fromiter(features, dtype=np.uint64)
+    return ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1)
+
+
+@functools.lru_cache(maxsize=8192)
+def _long_string(path: str, value: str) -> tuple[tuple[int, ...], np.ndarray]:
+    """A long string's features (the whole leaf, then each run of `_CHUNK` words, so that a changed
+    word keeps most of a long message's features) and their signature. Cached: a conversation's
+    next request repeats its earlier messages and the system prompt at the same paths, so only the
+    new turn is hashed (a signature is the minimum over features: parts combine by minimum)."""
+    crc, join = zlib.crc32, " ".join
+    words = value.split()
+    seed = crc(path.encode())
+    feats = [crc(f"{path}={value}".encode("utf-8", "surrogatepass"))]
+    feats.extend(crc(join(words[i:i + _CHUNK]).encode("utf-8", "surrogatepass"), seed)
+                 for i in range(0, min(len(words), _CHUNK * (_MAX_FEATURES - 1)), _CHUNK))
+    sig = _signature(feats)
+    sig.flags.writeable = False  # shared by every request that repeats the string
+    return tuple(feats), sig
+
+
+class _Features:
+    """Hashes of (path, leaf) for every leaf of a JSON body, at most `_MAX_FEATURES` in all (the
+    first, in document order); long strings that fit whole contribute their cached signature."""
+
+    def __init__(self, route: str) -> None:
+        self.loose = [zlib.crc32(route.encode())]
+        self.parts: list[np.ndarray] = []
+        self.count = 1
+
+    def walk(self, value: Any, path: str) -> None:
+        if self.count >= _MAX_FEATURES:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self.walk(v, f"{path}/{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.walk(v, f"{path}/{i}")
+        elif isinstance(value, str) and len(value) > 40:
+            feats, sig = _long_string(path, value)
+            room = _MAX_FEATURES - self.count
+            if len(feats) <= room:
+                self.parts.append(sig)
+            else:
+                self.loose.extend(feats[:room])
+            self.count += min(len(feats), room)
+        else:
+            text = f"{path}={value}" if isinstance(value, str) else f"{path}={value!r}"
+            self.loose.append(zlib.crc32(text.encode("utf-8", "surrogatepass")))
+            self.count += 1
+
+    def signature(self) -> np.ndarray:
+        sig = _signature(set(self.loose))
+        return np.minimum.reduce([sig, *self.parts]) if self.parts else sig
 
 
 def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:
     """(bucket, bands, sketch bytes) of a request's canonical form."""
-    feats: list[int] = [zlib.crc32(route.encode())]
-    _features(canonical.body, "", feats)
-    x = np.fromiter(set(feats), dtype=np.uint64)
-    sig = ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1).astype("<u4")
+    feats = _Features(route)
+    feats.walk(canonical.body, "")
+    sig = feats.signature().astype("<u4")
     buck = bucket(route, canonical.body)
     bands = tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * _ROWS:(i + 1) * _ROWS].tobytes(), digest_size=8).digest()
                   for i in range(_HASHES // _ROWS))

@@ -191,11 +191,10 @@ def hit_miss(store: Path, n: int, shards: int, queries: int = 100) -> dict[str, 
     """In this process: replay opened on the store (seconds, RSS after), then `queries` recorded
     requests (hits) and the same with one word of the last message changed (misses), through
     Replayer.answer: p50 / p95 milliseconds and CPU per request."""
+    from bench.store_traffic import REQUEST_HEADERS
     from noisefloor.proxy.keys import Rules
     from noisefloor.proxy.replayer import Replayer
     from noisefloor.proxy.traffic import Labels, RequestData
-
-    from bench.store_traffic import REQUEST_HEADERS
 
     picked: list[tuple[str, bytes]] = []
     for name, turns in sessions(n // shards, seed=0, prefix="run" if shards == 1 else "sh0"):

@@ -150,9 +150,31 @@ def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes,
     feats.walk(canonical.body, "")
     sig = feats.signature().astype("<u4")
     buck = bucket(route, canonical.body)
-    bands = tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * _ROWS:(i + 1) * _ROWS].tobytes(), digest_size=8).digest()
-                  for i in range(_HASHES // _ROWS))
-    return buck, bands, sig.tobytes()
+    return buck, bands(buck, sig.tobytes()), sig.tobytes()
+
+
+def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
+    """The locality-sensitive bands of a sketch (`_ROWS` values each) within its bucket."""
+    step = 4 * _ROWS
+    return tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * step:(i + 1) * step], digest_size=8).digest()
+                 for i in range(_HASHES // _ROWS))
+
+
+def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None]:
+    """The nearest-request entries of recorded exchanges as their store holds them (None for one
+    without: a body that is not JSON), to write them again elsewhere (merge): the sketch row, its
+    bucket found among the store's few, the bands computed again from both."""
+    if not store.has_replay_index():
+        return [None] * len(ids)
+    buckets = store.index_distinct(BUCKET, 8)
+    sketches = store.index_get_many([SKETCH + _U64.pack(i) for i in ids])
+    probes = [BUCKET + b + _U64.pack(i) for i, sk in zip(ids, sketches) if sk for b in buckets]
+    present = iter(store.index_get_many(probes))
+    out: list[tuple[bytes, tuple[bytes, ...], bytes] | None] = []
+    for sk in sketches:
+        found = [b for b in buckets if next(present) is not None] if sk else []
+        out.append((found[0], bands(found[0], sk), sk) if found else None)
+    return out
 
 
 def agreement(a: bytes, others: list[bytes]) -> np.ndarray:

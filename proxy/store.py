@@ -566,6 +566,11 @@ class Store:
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:
             yield from txn.cursor()
 
+    def raw_bodies(self, digests: list[str]) -> list[bytes | None]:
+        """`raw_body` of several, in one read."""
+        with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
+            return [txn.get(bytes.fromhex(d)) for d in digests]
+
     def raw_body(self, digest: str) -> bytes | None:
         """A body as stored (encoded): merging copies it without recompressing (with `dictionary_of`)."""
         with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
@@ -678,7 +683,7 @@ class Store:
         return new_id
 
     @contextmanager
-    def batch(self, size: int = 500) -> Iterator[None]:
+    def batch(self, size: int = 100) -> Iterator[None]:
         """Appends inside commit `size` at a time, in one transaction each, rather than one each:
         for bulk writers (import, benchmarks), never for a proxy, which commits an exchange before
         its answer is released. What was appended is committed when the block ends, even by an error."""
@@ -889,13 +894,16 @@ class Store:
                                      f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
                                      "it again") from None
 
-    def record_text(self, exchange_id: int) -> bytes:
-        """One stored record's JSON bytes, decoded but not parsed (merge passes it through)."""
-        with self._reading(f"exchange {exchange_id}"), self._env.begin(db=self._exchanges) as txn:
-            raw = txn.get(_U64.pack(exchange_id))
-            if raw is None:
-                raise StoreError(f"store {self.path}: exchange {exchange_id} is missing; restore it from a copy")
-            return self._codec.decode(raw, self.max_body)
+    def record_texts_of(self, ids: list[int]) -> list[bytes]:
+        """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges) as txn:
+            out = []
+            for i in ids:
+                raw = txn.get(_U64.pack(i))
+                if raw is None:
+                    raise StoreError(f"store {self.path}: exchange {i} is missing; restore it from a copy")
+                out.append(self._codec.decode(raw, self.max_body))
+            return out
 
     def record_texts(self, start: int = 1) -> Iterator[tuple[int, bytes]]:
         """(id, the stored record's JSON bytes) in write order, decoded but not parsed: for copying."""
@@ -953,6 +961,21 @@ class Store:
             for prefix in prefixes:
                 out.append(_newest_under(cur, prefix, newest))
         return out
+
+    def index_distinct(self, prefix: bytes, width: int) -> list[bytes]:
+        """The distinct `width` bytes that follow `prefix` in index keys: one seek each."""
+        found: list[bytes] = []
+        if self._rindex is None:
+            return found
+        with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn, txn.cursor() as cur:
+            at: bytes | None = prefix
+            while at is not None and cur.set_range(at):
+                k = cur.key()
+                if not k.startswith(prefix) or len(k) < len(prefix) + width:
+                    break
+                found.append(k[len(prefix):len(prefix) + width])
+                at = replay_index.after(k[:len(prefix) + width])
+        return found
 
     def index_get(self, key: bytes) -> bytes | None:
         with self._reading(), self._env.begin(db=self._rindex, buffers=False) as txn:

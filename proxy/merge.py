@@ -31,8 +31,10 @@ from typing import Any
 from noisefloor.errors import NoisefloorError
 from noisefloor.outcome_rows import new_rows, row_key
 from noisefloor.proxy import replay_index
+from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
+from noisefloor.proxy.replay_index import RecordedEntry
+from noisefloor.proxy.store import Store, StoreError
 
 _BATCH = 2000  # exchanges per write transaction (whole sessions only)
 _VERIFIED = 1 << 17  # body digests remembered as verified (a bounded cache: bodies repeat across replicates)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import struct
 import zlib
 from collections import Counter, defaultdict
@@ -31,7 +32,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.keys import CanonicalRequest
-    from noisefloor.proxy.store import RecordedEntry, Store
+    from noisefloor.proxy.store import Store
 
 VERSION = 1
 _U64 = struct.Struct(">Q")
@@ -47,6 +48,41 @@ _MAX_FEATURES = 2048
 _CHUNK = 4  # words per feature of a long string
 BAND_READ = 32  # newest ids read per band
 RANKED = 64  # candidates whose sketches are compared
+
+
+@dataclass(frozen=True)
+class RecordedEntry:
+    """What replay needs to know about one recorded exchange, without loading it (the `recorded`
+    table's value: `entry_json` writes it, `entry` reads it)."""
+
+    id: int
+    key: str
+    session: str
+    occurrence: int
+    seq: int
+    route: str  # "METHOD host path": narrows the nearest-request search on a miss
+    start: float | None = None  # when the request arrived and when its answer was complete: the
+    end: float | None = None  # recorded happens-before order (None in stores recorded before it)
+    deps: tuple[int, ...] = ()  # seqs (same session) of the recorded answers this request carries
+    # the nearest-request index's entry, written with the exchange (not part of the JSON entry)
+    near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # (bucket, bands, signature)
+
+
+_ENTRY_REQUIRED = ("id", "key", "session", "occurrence", "seq", "route")
+
+
+def entry(raw: bytes) -> RecordedEntry:
+    doc = json.loads(raw)
+    return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
+                         deps=tuple(doc.get("deps", ())))
+
+
+def entry_json(exchange_id: int, e: RecordedEntry) -> bytes:
+    doc: dict[str, Any] = {"id": exchange_id, "key": e.key, "session": e.session, "occurrence": e.occurrence,
+                           "seq": e.seq, "route": e.route, "start": e.start, "end": e.end}
+    if e.deps:
+        doc["deps"] = list(e.deps)
+    return json.dumps(doc).encode()
 
 
 def session_tag(session: str) -> bytes:

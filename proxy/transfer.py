@@ -23,11 +23,12 @@ from typing import IO, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from noisefloor.errors import InputError
+from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.secrets import SECRET_QUERY_PARAMS, erase, erase_text
-from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData
 
 HAR_CREATOR = {"name": "nfproxy", "version": "1"}

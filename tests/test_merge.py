@@ -16,7 +16,8 @@ import pytest
 
 from noisefloor.errors import NoisefloorError
 from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import RecordedEntry, Store, StoreError
+from noisefloor.proxy.replay_index import RecordedEntry
+from noisefloor.proxy.store import Store, StoreError
 from tests.conftest import ProxyProcess, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy import codec
+from noisefloor.proxy import codec, store_dicts, store_env
 from noisefloor.proxy import store as store_mod
 from noisefloor.proxy.compact import rewrite
 from noisefloor.proxy.keys import Rules
@@ -95,7 +95,7 @@ def test_a_damaged_body_another_is_compressed_against_fails_both_by_name(tmp_pat
 
 
 def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "TRAIN_AFTER", 150)
+    monkeypatch.setattr(store_dicts, "TRAIN_AFTER", 150)
     path = tmp_path / "s.lmdb"
     sent = []
     with Store.open(path, write=True, create=True) as s:
@@ -116,11 +116,13 @@ def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp
     assert r.exchanges == 240 and (copy / "data.mdb").stat().st_size < before
     all_bodies_read_back(copy, sent)
     assert tags(copy).get(codec.REF, 0) == tags(path).get(codec.REF, 0)  # chains kept as they were
+    with Store.open(path, write=False) as a, Store.open(copy, write=False) as b:  # replay still opens lazily
+        assert b.has_replay_index() and list(b.raw_table("rindex")) == list(a.raw_table("rindex"))
 
 
 def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "_INITIAL_MAP", 1 << 20)
-    monkeypatch.setattr(store_mod, "_MIN_STEP", 1 << 20)
+    monkeypatch.setattr(store_env, "_INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(store_env, "_MIN_STEP", 1 << 20)
     path = tmp_path / "s.lmdb"
     with Store.open(path, write=True, create=True) as s:
         rec = Recorder(s, Rules())

@@ -16,9 +16,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.profiles import sse_data
-from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.store import Store
 
 
 @dataclass(frozen=True)

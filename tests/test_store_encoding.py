@@ -131,3 +131,39 @@ def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, mo
             rec.finish(p, ResponseData(200, (), bytes(range(256)) * 400 + str(i).encode()))
         used, size = s.usage()["used"], (path / "data.mdb").stat().st_size
     assert size < used * 1.25 + (1 << 20), (used, size)  # doubling would leave up to 2x
+
+
+def test_a_batch_that_fails_leaves_no_request_compressed_against_its_bodies(tmp_path, monkeypatch):
+    """A batch's transaction extends its sessions' chains as it goes; when it fails, those links
+    are undone, so the next request is compressed against bodies that were committed."""
+    path = tmp_path / "s.lmdb"
+
+    def ask(rec: Recorder, session: str, text: str) -> tuple[bytes, bytes]:
+        body = json.dumps({"model": "m", "messages": [{"role": "system", "content": SYSTEM},
+                                                      {"role": "user", "content": text}]}).encode()
+        answer = json.dumps({"choices": [{"message": {"content": f"answer to {text} " * 20}}]}).encode()
+        p = rec.begin(RequestData("POST", "http://up/v1/chat/completions", "up", "/v1/chat/completions", (), body),
+                      Labels(session))
+        rec.finish(p, ResponseData(200, (("content-type", "application/json"),), answer))
+        return body, answer
+
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        kept = [ask(rec, "A", "first question"), ask(rec, "A", "second question")]
+        real = s._codec.encode
+
+        def fails_on_b(data: bytes, key: bytes | None = None) -> bytes:
+            if b"session B" in data:
+                raise OSError("the disk went away")
+            return real(data, key)
+
+        with pytest.raises(OSError, match="disk went away"):
+            with s.batch():
+                ask(rec, "A", "third question, lost with its batch")  # chained against the second: a new link
+                monkeypatch.setattr(s._codec, "encode", fails_on_b)
+                ask(rec, "B", "session B")
+        monkeypatch.setattr(s._codec, "encode", real)
+        assert len(s) == 2
+        kept.append(ask(rec, "A", "third question, again"))  # must chain to the second, which is stored
+    assert tags(path).get(codec.REF, 0) >= 2
+    all_bodies_read_back(path, kept)

@@ -11,13 +11,14 @@ import click
 from noisefloor import outputs
 from noisefloor._cli import default_group, progress_bar
 from noisefloor.analyzer import audit as audit_mod
-from noisefloor.analyzer import report
+from noisefloor.analyzer import audit_checks, floors_report, report
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.analyzer.ladder import Planning
-from noisefloor.analyzer.outcomes import OutcomeError, build, parse_rows, read_rows
+from noisefloor.analyzer.outcomes import build
 from noisefloor.display import visible
 from noisefloor.errors import EXIT_DRIFT, EXIT_OK, EXIT_REGRESSED, EXIT_STAMPS, NoisefloorError
+from noisefloor.outcome_rows import OutcomeError, key_of, parse_rows, read_rows
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -102,15 +103,15 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
         else:
             rows = parse_rows(read_rows(outcomes), str(outcomes)) if outcomes else []
             if logged:  # the log's own rows, where --outcomes does not give the same (condition, task, replicate)
-                given = {(r.condition, r.task_id, r.replicate) for r in rows}
+                given = {key_of(r) for r in rows}
                 mine = parse_rows(enumerate(logged, 1), f"outcome rows in {log}")
-                rows += [r for r in mine if (r.condition, r.task_id, r.replicate) not in given]
+                rows += [r for r in mine if key_of(r) not in given]
             for spec in inspect_specs:
                 from noisefloor.analyzer import inspect_logs
 
                 rows += parse_rows(inspect_logs.rows(spec, inspect_pass_at), spec)
         if floors_flag or (floors_flag is None and audit_mod.is_audit(rows)):
-            audits = audit_mod.audit(rows, seed=seed)
+            audits = audit_mod.audit(rows, seed=seed, resamples=resamples)
             rows = audit_mod.main_arm(rows, audits)
             _check_study(audits, study_set, abort_on_drift)
         data = build(rows, missing_tasks=missing_tasks, unbalanced=unbalanced)
@@ -120,12 +121,12 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
     except NoisefloorError as exc:
         raise click.ClickException(visible(str(exc))) from None
     doc = result.to_json()
-    notes = audit_mod.drift_messages(audits or []) + audit_mod.excluded_messages(audits or [])
+    notes = audit_checks.drift_messages(audits or []) + audit_checks.excluded_messages(audits or [])
     doc["warnings"] = [*doc["warnings"], *notes]
     if log_doc is not None:
         doc["log"] = log_doc
     if audits is not None:
-        doc["floors"] = audit_mod.to_json(audits)
+        doc["floors"] = floors_report.to_json(audits)
     kept = logstats_study(logs)
     if kept:
         doc.update({k: v for k, v in kept.items() if k in ("design", "provenance", "judge_parse", "truth")})
@@ -135,7 +136,7 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
     if not quiet and json_path != "-":
         click.echo(report.table(result, log_doc))
         if audits is not None:
-            click.echo("\n" + audit_mod.table(audits))
+            click.echo("\n" + floors_report.table(audits))
         if kept and kept.get("judge_parse"):
             click.echo("\njudge replies: " + "; ".join(f"{c}: {', '.join(f'{k} {n}' for k, n in sorted(v.items()))}"
                                                      for c, v in kept["judge_parse"].items()))
@@ -153,7 +154,7 @@ def analyze_cmd(logs: tuple[Path, ...], outcomes: Path | None, example: bool, js
     if json_path:
         report.write_json(doc, json_path)
     if md_path:
-        outputs.write_text(md_path, report.markdown(result, log_doc, audit_mod.lines(audits) if audits else None))
+        outputs.write_text(md_path, report.markdown(result, log_doc, floors_report.markdown(audits) if audits else None))
     if plot_path:
         report.plot(result, plot_path)
         if not quiet:
@@ -181,8 +182,8 @@ def _gate_section(rows: list) -> Any:
 
 
 def _check_study(audits: list[audit_mod.EndpointAudit], expected: str | None, abort_on_drift: bool) -> None:
-    audit_mod.check_study_set(audits, expected)
-    drifted = audit_mod.drift_messages(audits)
+    audit_checks.check_study_set(audits, expected)
+    drifted = audit_checks.drift_messages(audits)
     if drifted and abort_on_drift:
         click.echo(f"Error: {visible(drifted[0])}; rerun on one model or split the endpoint (or pass --allow-drift)", err=True)
         sys.exit(EXIT_DRIFT)

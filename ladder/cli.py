@@ -16,10 +16,8 @@ from noisefloor._cli import VERSION, Group, exit_on_sigterm
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.errors import EXIT_DRIFT, EXIT_REGRESSED, EXIT_REPLAY_FAILED, EXIT_STAMPS, InputError
 from noisefloor.ladder import designs, pipeline, provenance, study_file
-from noisefloor.ladder.conditions import ConditionError, Override
+from noisefloor.ladder.conditions import LADDER_DEFAULT, LADDER_NAMES, RECORDED, ConditionError, Override
 from noisefloor.ladder.runner import Config, LadderError, parse_agent
-
-LADDER = ("live", "t0", "replay")
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -186,13 +184,14 @@ def _design(name: str, p: dict[str, Any], grader: str, builtin: bool) -> designs
     except (ValueError, ConditionError) as exc:
         raise click.BadParameter(str(exc), param_hint="--design options") from None
     conds = tuple(c.strip() for c in p["conditions"].split(",") if c.strip())
-    unknown = [c for c in conds if c not in LADDER]
+    unknown = [c for c in conds if c not in LADDER_NAMES]
     if unknown:
-        raise click.BadParameter(f"unknown condition {unknown[0]!r}; choose from {', '.join(LADDER)}",
+        raise click.BadParameter(f"unknown condition {unknown[0]!r}; choose from {', '.join(LADDER_NAMES)}",
                                  param_hint="--conditions")
     src_cond, _, src_rep = p["replay_source"].partition(":")
-    if src_cond not in ("live", "t0") or not src_rep.isdigit() or int(src_rep) >= p["replicates"]:
-        raise click.BadParameter(f"{p['replay_source']!r} is not live:N or t0:N with N < --replicates",
+    if src_cond not in RECORDED or not src_rep.isdigit() or int(src_rep) >= p["replicates"]:
+        raise click.BadParameter(f"{p['replay_source']!r} is not CONDITION:N with N < --replicates and CONDITION "
+                                 f"one of {', '.join(RECORDED)}",
                                  param_hint="--replay-source")
     if "replay" in conds and src_cond not in conds:
         raise click.BadParameter(f"replay serves the {src_cond} recording: include {src_cond} in --conditions",
@@ -226,7 +225,8 @@ def _json(text: str) -> Any:
 @click.option("--tasks", "limit", type=click.IntRange(min=1), help="Use the first N tasks of the suite.")
 @click.option("--task-ids", help="Only these tasks: comma-separated ids, or @FILE with one id per line.")
 @click.option("--replicates", "-R", default=5, show_default=True, type=click.IntRange(min=2))
-@click.option("--conditions", default=",".join(LADDER), show_default=True, help="ladder: which of live, t0, replay.")
+@click.option("--conditions", default=",".join(LADDER_DEFAULT), show_default=True,
+              help=f"ladder: which of {', '.join(LADDER_NAMES)}.")
 @click.option("--provider", default="builtin", show_default=True, help="builtin, or the provider's base URL (origin).")
 @click.option("--replay-source", default="t0:0", show_default=True, help="CONDITION:REPLICATE whose recording replay serves.")
 @click.option("--agent-timeout", default=120.0, show_default=True, type=float, help="Seconds before an agent run is killed.")
@@ -326,7 +326,7 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, design: str, **p: A
     if out == Path("nf-ladder"):
         out = Path("nf-demo")
     p = {**p, "replicates": replicates, "out": out, "design": design, "agent_cmd": "builtin", "suite": "builtin",
-         "limit": None, "task_ids": None, "conditions": ",".join(LADDER), "provider": "builtin", "replay_source": "t0:0",
+         "limit": None, "task_ids": None, "conditions": ",".join(LADDER_DEFAULT), "provider": "builtin", "replay_source": "t0:0",
          "agent_timeout": 60.0, "inject_violation": False, "fault_429": 0.0, "fault_drop": 0.0, "latency_ms": 0.0,
          "abort_on_drift": True, "executor": "local", "ray_address": None}
     for k, v in DEMO_SIZES[design].items():

@@ -12,8 +12,9 @@ from noisefloor.proxy import exchange_record, providers, replay_index, secrets
 from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.providers import Provider
+from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.stats import Stats
-from noisefloor.proxy.store import RecordedEntry, Store
+from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, prepare
 
 

@@ -26,7 +26,8 @@ from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.stats import Stats
-from noisefloor.proxy.store import Store, StoreError, is_read_only
+from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store_env import is_read_only
 from noisefloor.proxy.traffic import Labels
 
 EXIT_INTERRUPTED_BASE = 128  # ended by signal N: 128 + N (SIGINT 130, SIGTERM 143), as a shell reports it

@@ -56,6 +56,13 @@ class Group(OneLineErrors, click.Group):
     pass
 
 
+class OneLineUsage(click.UsageError):
+    """A usage error shown as its one line, without the usage text (a typo needs the fix, not the manual)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"Error: {self.format_message()}", err=True)
+
+
 class WrapsAfterDashes(Command):
     """A command whose trailing words (a command to wrap) are taken only after `--`: a mistyped
     subcommand (`nfproxy lgo --store x`) is a usage error naming the nearest subcommand, never a
@@ -69,9 +76,9 @@ class WrapsAfterDashes(Command):
             stray = next(w for w in words[: len(words) - len(after)] or words)
             names = list(ctx.parent.command.commands) if ctx.parent and isinstance(ctx.parent.command, click.Group) else []
             near = difflib.get_close_matches(stray, names, n=1)
-            hint = f"did you mean `{ctx.parent.info_name if ctx.parent else ''} {near[0]}`? " if near else ""
-            raise click.UsageError(f"{stray!r} is not a subcommand; {hint}a command to wrap goes after `--` "
-                                   f"(... {ctx.info_name} [OPTIONS] -- {' '.join(words)})", ctx)
+            hint = f" (did you mean `{ctx.parent.info_name if ctx.parent else ''} {near[0]}`?)" if near else ""
+            raise OneLineUsage(f"no such command {visible(stray)!r}{hint}; to wrap a command, put it after `--`: "
+                               f"{ctx.command_path} [OPTIONS] -- {visible(' '.join(words))}", ctx)
         return rest
 
 
@@ -106,6 +113,18 @@ def default_group(command: str, **kwargs: Any) -> Any:
     def wrap(f: Any) -> Any:
         group = click.group(cls=cls, context_settings={"help_option_names": ["-h", "--help"]}, **kwargs)(f)
         return click.version_option(**VERSION)(group)
+
+    return wrap
+
+
+def options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Several click options (or other decorators) as one decorator, shown in --help in the order
+    listed: how a family of options is declared once and shared by every command that takes it."""
+
+    def wrap(f: Any) -> Any:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
 
     return wrap
 

@@ -18,7 +18,11 @@ from noisefloor.ladder.design_options import DEFAULT_OUT, LADDER, design_from, d
 from noisefloor.ladder.runner import Config, LadderError, parse_agent
 
 
-@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(Group):
+    interrupted = "nfladder: interrupted; the agent runs that finished are kept in --out: the same command resumes"
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(**VERSION)
 def main() -> None:
     """Noise-floor study designs for your agent: the determinism ladder (live, temperature 0, replay), a

@@ -84,6 +84,8 @@ def test_ctrl_c_of_nfladder_exits_130_without_a_traceback_and_the_rerun_resumes(
             p.wait(10)
     assert p.returncode == exit_codes.INTERRUPTED, err[-3000:]
     assert "Traceback" not in err and "Error" not in err, err[-3000:]
+    assert err.rstrip().endswith("interrupted; the agent runs that finished are kept in --out: the same command "
+                                 "resumes"), err[-3000:]
     done = _finished(out)
     assert 2 <= len(done) < 12 and all(a["returncode"] == 0 for a in done), done
     again = subprocess.run(_nfladder(out), capture_output=True, text=True, timeout=300)

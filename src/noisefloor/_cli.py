@@ -24,6 +24,8 @@ class OneLineErrors:
     """A command whose `NoisefloorError`s reach the user as one line (`Error: ...`), and whose exit
     statuses follow `exit_codes`: usage mistakes 64, other errors 5, Ctrl-C 130."""
 
+    interrupted = "Aborted!"  # the line Ctrl-C prints: a command that keeps its work says so
+
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
@@ -37,7 +39,7 @@ class OneLineErrors:
             exc.show()
             sys.exit(exit_codes.INPUT)
         except (click.exceptions.Abort, KeyboardInterrupt):
-            click.echo("Aborted!", err=True)
+            click.echo(self.interrupted, err=True)
             sys.exit(exit_codes.INTERRUPTED)
         sys.exit(rv if isinstance(rv, int) else exit_codes.OK)
 

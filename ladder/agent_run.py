@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from noisefloor import exit_codes
+
 STDERR_TAIL = 2000
 _RUNNING: set[subprocess.Popen[str]] = set()  # agents started here and not finished: killed on an interrupt
 _LOCK = threading.Lock()
@@ -94,7 +96,7 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     except OSError as exc:
-        proc, code, err = None, 127, f"cannot start agent: {exc}"
+        proc, code, err = None, exit_codes.NOT_STARTED, f"cannot start agent: {exc}"
     if proc is not None:
         with _LOCK:
             _RUNNING.add(proc)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 from statistics import median
@@ -18,7 +18,7 @@ from noisefloor.analyzer import report_doc
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
-from noisefloor.ladder.runner import Config, LadderError
+from noisefloor.ladder.runner import Config, LadderError, unanswered
 from noisefloor.outcome_rows import OutcomeRow
 
 
@@ -52,6 +52,7 @@ def audit_tasks(folder: Path | None, categories: str, per_category: int) -> tupl
 def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Executor,
               say: Callable[[str], None]) -> pipeline.LadderResult:
     from noisefloor.verifier.bfcl import grade_response
+    from noisefloor.verifier.rows import with_verdict
 
     ladder = pipeline.start(cfg, executor, builtin, say)
     extra = {t.task_id: json.dumps({"tools": t.tools()}) for t in cfg.tasks}
@@ -69,11 +70,9 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
         cand = found.get(session)
         base = ladder.base_row(session, att, cand)
         if cand is None or cand.body is None:
-            rows.append(replace(base, failure="agent_timeout" if att.timed_out else "agent_error",
-                                detail=att.stderr_tail[-500:]))
+            rows.append(unanswered(base, att))
             continue
-        v = grade_response(by_id[att.task_id].tool, cand.body)
-        rows.append(replace(base, outcome=v.outcome, failure=v.failure, detail=v.detail))
+        rows.append(with_verdict(base, grade_response(by_id[att.task_id].tool, cand.body)))
     pipeline.keep_rows(ladder, rows)
     say("analyzing")
     audits = audit_mod.audit(rows, seed=cfg.seed)

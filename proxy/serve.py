@@ -247,7 +247,9 @@ class _Serve:
             proc = await asyncio.create_subprocess_exec(*self.command, env=env)
         except OSError as exc:
             click.echo(f"nfproxy: cannot run {self.command[0]!r}: {exc.strerror}", err=True)
-            self.returncode = 127
+            from noisefloor.exit_codes import NOT_STARTED
+
+            self.returncode = NOT_STARTED
             master.shutdown()
             return
         try:

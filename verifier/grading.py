@@ -14,7 +14,8 @@ import click
 from noisefloor._cli import options
 from noisefloor.verifier.datasets import DEFAULT_MAX_INPUTS, load_code_tasks, sha256_file
 from noisefloor.verifier.differential import Differential
-from noisefloor.verifier.sandbox import Limits, Sandbox
+from noisefloor.verifier.isolation import Limits
+from noisefloor.verifier.sandbox import Sandbox
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -46,7 +46,7 @@ _SURFACE = {
     "GradeOptions": "noisefloor.verifier.grading",
     "code_grader": "noisefloor.verifier.grading",
     "Sandbox": "noisefloor.verifier.sandbox",
-    "SandboxError": "noisefloor.verifier.sandbox",
+    "SandboxError": "noisefloor.verifier.isolation",
 }
 
 __all__ = [  # written out so that tools see the names the lazy loader serves
@@ -82,4 +82,5 @@ if TYPE_CHECKING:
     from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize
     from noisefloor.proxy.store import Exchange, Store, StoreError
     from noisefloor.verifier.grading import GradeOptions, code_grader
-    from noisefloor.verifier.sandbox import Sandbox, SandboxError
+    from noisefloor.verifier.isolation import SandboxError
+    from noisefloor.verifier.sandbox import Sandbox

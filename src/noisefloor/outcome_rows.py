@@ -14,13 +14,13 @@ import codecs
 import csv
 import itertools
 import json
-import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from noisefloor.errors import InputError
+from noisefloor.outputs import atomic_path
 
 REQUIRED = ("task_id", "condition", "replicate", "outcome")
 
@@ -77,12 +77,10 @@ def new_rows(seen: dict[tuple[Any, Any, Any], tuple[Mapping[str, Any], str]], ro
 
 
 def write_jsonl(rows: Iterable[OutcomeRow], path: Path) -> None:
-    """Write atomically: a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w") as fh:
+    """Write atomically: a reader never sees half a file (`outputs.atomic_path`)."""
+    with atomic_path(path) as tmp, tmp.open("w") as fh:
         for r in rows:
             fh.write(json.dumps(r.to_json()) + "\n")
-    os.replace(tmp, path)
 
 
 MAX_LINE = 16 << 20  # one JSON line or CSV record at most (a detail column may be long, not endless)

@@ -45,8 +45,8 @@ class ConditionResult:
     name: str
     stats: ConditionStats
     w_interval: WInterval
-    score_ci: tuple[float, float]
-    budget_ci: tuple[int, int]
+    score_ci: Interval
+    budget_ci: Interval  # whole numbers of reruns
     carriers: tuple[LeaveOneOut, ...]
     failures: dict[str, int]
     trimmed_from: tuple[int, int] | None
@@ -64,11 +64,11 @@ class Contrast:
     a: str
     b: str
     estimate: float
-    ci: tuple[float, float]
+    ci: Interval
     leave_one_out: tuple[tuple[str, float], ...]  # (task, estimate without it), the tasks that move it most first
     method: str = TASK_BOOTSTRAP  # or task_bootstrap+condition_bounds when a side's w interval is not the bootstrap's
     note: str = ""
-    bootstrap: tuple[float, float] | None = None  # the joint task-bootstrap interval, when `ci` is wider
+    bootstrap: Interval | None = None  # the joint task-bootstrap interval, when `ci` is wider
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class Analysis:
             "conditions": conds,
             "contrasts": [_contrast_json(c) for c in self.contrasts],
             "batches": _contrast_json(self.batches) if self.batches else None,
-            "judge": {k: asdict(v) for k, v in self.judge.items()},
+            "judge": {k: v.to_json() for k, v in self.judge.items()},
             "settings": {
                 "bootstrap": self.settings.resamples,
                 "seed": self.settings.seed,
@@ -191,7 +191,7 @@ def _condition(data: OutcomeSet, c: str, s2: np.ndarray, draws: Any, settings: S
         stats=condition_stats(d.outcomes, plan),
         w_interval=wi,
         score_ci=draws.ci(f"score:{c}", alpha),
-        budget_ci=(int(budget(wi.ci[0], n, plan)), int(budget(wi.ci[1], n, plan))),
+        budget_ci=Interval(int(budget(wi.ci[0], n, plan)), int(budget(wi.ci[1], n, plan))),
         carriers=leave_one_out(data.tasks, s2, settings.top_tasks),
         failures=dict(d.failures),
         trimmed_from=d.trimmed_from,
@@ -215,10 +215,10 @@ def _contrast(tasks: Sequence[str], ra: ConditionResult, rb: ConditionResult, s2
                     f"bound added to each side's upper end", boot)
 
 
-def contrast_bounds(boot: tuple[float, float], wa: WInterval, wb: WInterval) -> Interval:
+def contrast_bounds(boot: Interval, wa: WInterval, wb: WInterval) -> Interval:
     """The joint bootstrap interval of w_A - w_B, its upper end raised by what A's exact bound
     added above A's bootstrap interval and its lower end lowered by what B's added."""
-    return Interval(boot[0] - (wb.ci.hi - wb.bootstrap.hi), boot[1] + (wa.ci.hi - wa.bootstrap.hi))
+    return Interval(boot[0] - (wb.ci.high - wb.bootstrap.high), boot[1] + (wa.ci.high - wa.bootstrap.high))
 
 
 def _pairs(names: Sequence[str], settings: Settings, judged: Sequence[str] = ()) -> list[tuple[str, str]]:

@@ -15,7 +15,7 @@ import click
 from noisefloor import outputs
 from noisefloor._cli import default_group, progress_bar
 from noisefloor.analyzer import audit as audit_mod
-from noisefloor.analyzer import gate_cli, report, report_doc
+from noisefloor.analyzer import audit_checks, floors_report, gate_cli, report, report_doc
 from noisefloor.analyzer.analysis import Analysis, analyze
 from noisefloor.analyzer.analyze_options import AnalyzeOptions, analyze_options, from_cli
 from noisefloor.analyzer.inputs import Inputs, gather
@@ -55,7 +55,7 @@ def analyze_cmd(**params: Any) -> None:
     study = compute(o, inputs.rows)
     parts = report_doc.Parts.kept(
         inputs.kept, log=inputs.log, gate=study.gate.to_json() if study.gate is not None else None,
-        floors=audit_mod.to_json(study.audits) if study.audits is not None else None,
+        floors=floors_report.to_json(study.audits) if study.audits is not None else None,
         floor_notes=report_doc.floor_notes(study.audits or []))
     doc = report_doc.build(study.analysis, parts)
     if not o.quiet and o.json_path != "-":
@@ -68,10 +68,10 @@ def compute(o: AnalyzeOptions, rows: list[Any]) -> Study:
     unless --allow-drift."""
     audits = None
     if o.floors or (o.floors is None and audit_mod.is_audit(rows)):
-        audits = audit_mod.audit(rows, seed=o.seed)
+        audits = audit_mod.audit(rows, seed=o.seed, resamples=o.resamples)
         rows = audit_mod.main_arm(rows, audits)
-        audit_mod.check_study_set(audits, o.study_set)
-        drifted = audit_mod.drift_messages(audits)
+        audit_checks.check_study_set(audits, o.study_set)
+        drifted = audit_checks.drift_messages(audits)
         if drifted and o.abort_on_drift:
             click.echo(f"Error: {visible(drifted[0])}; rerun on one model or split the endpoint (or pass "
                        "--allow-drift)", err=True)
@@ -96,7 +96,7 @@ def _gate_section(rows: list[Any]) -> Any:
 def _print(study: Study, inputs: Inputs, doc: dict[str, Any]) -> None:
     click.echo(report.table(study.analysis, inputs.log))
     if study.audits is not None:
-        click.echo("\n" + audit_mod.table(study.audits))
+        click.echo("\n" + floors_report.table(study.audits))
     kept = inputs.kept or {}
     if kept.get("judge_parse"):
         click.echo("\njudge replies: " + "; ".join(f"{c}: {', '.join(f'{k} {n}' for k, n in sorted(v.items()))}"
@@ -120,7 +120,7 @@ def _write(o: AnalyzeOptions, study: Study, inputs: Inputs, doc: dict[str, Any])
     if o.json_path:
         report.write_json(doc, o.json_path)
     if o.md_path:
-        floors = audit_mod.lines(study.audits) if study.audits else None
+        floors = floors_report.markdown(study.audits) if study.audits else None
         outputs.write_text(o.md_path, report.markdown(study.analysis, inputs.log, floors))
     if o.plot_path:
         report.plot(study.analysis, o.plot_path)

@@ -8,9 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.analyzer.analyze_options import AnalyzeOptions
-from noisefloor.analyzer.outcomes import parse_rows, read_rows
 from noisefloor.errors import InputError
-from noisefloor.outcome_rows import OutcomeRow
+from noisefloor.outcome_rows import OutcomeRow, key_of, parse_rows, read_rows
 
 
 @dataclass(frozen=True)
@@ -41,9 +40,9 @@ def gather(o: AnalyzeOptions) -> Inputs:
         return Inputs(list(example().rows), log_doc, kept)
     rows = parse_rows(read_rows(o.outcomes), str(o.outcomes)) if o.outcomes else []
     if logged:
-        given = {(r.condition, r.task_id, r.replicate) for r in rows}
+        given = {key_of(r) for r in rows}
         mine = parse_rows(enumerate(logged, 1), f"outcome rows in {where}")
-        rows += [r for r in mine if (r.condition, r.task_id, r.replicate) not in given]
+        rows += [r for r in mine if key_of(r) not in given]
     for spec in o.inspect_specs:
         from noisefloor.analyzer import inspect_logs
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from noisefloor.analyzer import audit
+from noisefloor.analyzer import audit, audit_checks
 from noisefloor.analyzer.analysis import Analysis
 
 SCHEMA = 1  # bump when a key's meaning or layout changes
@@ -56,7 +56,7 @@ def drift_warnings(served_by_requested: Mapping[str, Sequence[str]]) -> list[str
 
 def floor_notes(audits: Sequence[audit.EndpointAudit]) -> tuple[str, ...]:
     """The floors' warnings: an endpoint whose served model changed, instances left out."""
-    return (*audit.drift_messages(audits), *audit.excluded_messages(audits))
+    return (*audit_checks.drift_messages(audits), *audit_checks.excluded_messages(audits))
 
 
 def build(analysis: Analysis, parts: Parts = Parts()) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from statistics import median
 from typing import Any
 
 from noisefloor.analyzer import audit as audit_mod
-from noisefloor.analyzer import report_doc
+from noisefloor.analyzer import floors_report, report_doc
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
@@ -75,18 +75,18 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
         rows.append(with_verdict(base, grade_response(by_id[att.task_id].tool, cand.body)))
     pipeline.keep_rows(ladder, rows)
     say("analyzing")
-    audits = audit_mod.audit(rows, seed=cfg.seed)
+    audits = audit_mod.audit(rows, seed=cfg.seed, resamples=cfg.bootstrap)
     main = audit_mod.main_arm(rows)
     if not main:
         raise LadderError("the audit has no main-arm rows; declare a condition without a perturbation variant")
     result, parts, drifted = pipeline.analysis_doc(cfg, design, ladder, rows, analyzed=main)
-    floors = audit_mod.to_json(audits)
+    floors = floors_report.to_json(audits)
     known = truth(builtin, cfg, floors) if builtin is not None else None
     parts = replace(parts, floors=floors, floor_notes=report_doc.floor_notes(audits), truth=known)
-    text = audit_mod.table(audits)
+    text = floors_report.table(audits)
     if known:
         text += "\n" + truth_line(known)
-    md = "\n".join(["## Floors", "", *audit_mod.lines(audits, "- ")]) + ("\n\n" + truth_line(known) if known else "")
+    md = "\n".join(floors_report.markdown(audits, "Floors")) + ("\n\n" + truth_line(known) if known else "")
     doc = pipeline.write_reports(cfg, result, parts, rows, [text], [md], plot=False)
     return pipeline.LadderResult(result, doc, drifted, [], False, [text])
 

@@ -14,7 +14,8 @@ from noisefloor import outputs
 from noisefloor._cli import VERSION, Group, exit_on_sigterm
 from noisefloor.errors import EXIT_DRIFT, EXIT_REGRESSED, EXIT_REPLAY_FAILED, EXIT_STAMPS, InputError
 from noisefloor.ladder import designs, pipeline, provenance, study_file, task_choice
-from noisefloor.ladder.design_options import DEFAULT_OUT, LADDER, design_from, design_options
+from noisefloor.ladder.conditions import LADDER_DEFAULT, LADDER_NAMES
+from noisefloor.ladder.design_options import DEFAULT_OUT, design_from, design_options
 from noisefloor.ladder.runner import Config, LadderError, parse_agent
 
 
@@ -80,7 +81,8 @@ def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None,
 @click.option("--tasks", "limit", type=click.IntRange(min=1), help="Use the first N tasks of the suite.")
 @click.option("--task-ids", help="Only these tasks: comma-separated ids, or @FILE with one id per line.")
 @click.option("--replicates", "-R", default=5, show_default=True, type=click.IntRange(min=2))
-@click.option("--conditions", default=",".join(LADDER), show_default=True, help="ladder: which of live, t0, replay.")
+@click.option("--conditions", default=",".join(LADDER_DEFAULT), show_default=True,
+              help=f"ladder: which of {', '.join(LADDER_NAMES)}.")
 @click.option("--provider", default="builtin", show_default=True, help="builtin, or the provider's base URL (origin).")
 @click.option("--replay-source", default="t0:0", show_default=True, help="CONDITION:REPLICATE whose recording replay serves.")
 @click.option("--agent-timeout", default=120.0, show_default=True, type=float, help="Seconds before an agent run is killed.")
@@ -183,7 +185,7 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, design: str, **p: A
     if out == DEFAULT_OUT:
         out = Path("nf-demo")
     p = {**p, "replicates": replicates, "out": out, "design": design, "agent_cmd": "builtin", "suite": "builtin",
-         "limit": None, "task_ids": None, "conditions": ",".join(LADDER), "provider": "builtin", "replay_source": "t0:0",
+         "limit": None, "task_ids": None, "conditions": ",".join(LADDER_DEFAULT), "provider": "builtin", "replay_source": "t0:0",
          "agent_timeout": 60.0, "inject_violation": False, "fault_429": 0.0, "fault_drop": 0.0, "latency_ms": 0.0,
          "abort_on_drift": True, "executor": "local", "ray_address": None}
     for k, v in DEMO_SIZES[design].items():

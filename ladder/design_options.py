@@ -14,10 +14,9 @@ import click
 from noisefloor._cli import options
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.ladder import designs
-from noisefloor.ladder.conditions import ConditionError, Override, Registry
+from noisefloor.ladder.conditions import LADDER_NAMES, RECORDED, ConditionError, Override, Registry
 from noisefloor.ladder.runner import parse_agent
 
-LADDER = ("live", "t0", "replay")
 DEFAULT_OUT = Path("nf-ladder")
 
 design_options = options(
@@ -99,14 +98,14 @@ def _gate(p: dict[str, Any], grader: str, builtin: bool) -> designs.Design:
 
 def _ladder(p: dict[str, Any], grader: str) -> designs.Design:
     conds = _names(p["conditions"])
-    unknown = [c for c in conds if c not in LADDER]
+    unknown = [c for c in conds if c not in LADDER_NAMES]
     if unknown:
-        raise click.BadParameter(f"unknown condition {unknown[0]!r}; choose from {', '.join(LADDER)}",
+        raise click.BadParameter(f"unknown condition {unknown[0]!r}; choose from {', '.join(LADDER_NAMES)}",
                                  param_hint="--conditions")
     src_cond, _, src_rep = p["replay_source"].partition(":")
-    if src_cond not in ("live", "t0") or not src_rep.isdigit() or int(src_rep) >= p["replicates"]:
-        raise click.BadParameter(f"{p['replay_source']!r} is not live:N or t0:N with N < --replicates",
-                                 param_hint="--replay-source")
+    if src_cond not in RECORDED or not src_rep.isdigit() or int(src_rep) >= p["replicates"]:
+        raise click.BadParameter(f"{p['replay_source']!r} is not CONDITION:N with N < --replicates and CONDITION "
+                                 f"one of {', '.join(RECORDED)}", param_hint="--replay-source")
     if "replay" in conds and src_cond not in conds:
         raise click.BadParameter(f"replay serves the {src_cond} recording: include {src_cond} in --conditions",
                                  param_hint="--conditions")

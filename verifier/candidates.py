@@ -16,6 +16,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.outcome_rows import replicate_of
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.profiles import sse_data
 from noisefloor.proxy.store import Exchange, Store
@@ -165,9 +166,8 @@ def sessions(store: Store, prompts: Mapping[str, str] | None = None, modes: Iter
     for name, (first_id, task, condition, replicate) in firsts.items():
         task = task or labelled.get(name) or _task_in_request(store, first_id, ranked)
         condition = condition or "unlabeled"
-        if replicate is not None and str(replicate).lstrip("-").isdigit():
-            rank = int(replicate)
-        else:
+        rank = replicate_of(replicate)  # the exchange's text label as the row's int
+        if rank is None:
             rank = counters[(task, condition)]
             counters[(task, condition)] += 1
         out.append(SessionRef(name, task, condition, rank, finals.get(name)))

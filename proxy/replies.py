@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from noisefloor.proxy import providers
-from noisefloor.proxy.store import RecordedEntry
+from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.traffic import Prepared, ResponseData
 
 MISS_STATUS = 404  # SDKs do not retry 4xx (except 408/409/429), so a miss surfaces at once

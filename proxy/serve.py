@@ -22,7 +22,8 @@ import click
 from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, StateError
 from noisefloor.proxy.options import ServeOptions
 from noisefloor.proxy.replay_log import DeferredLog
-from noisefloor.proxy.store import Store, StoreError, is_read_only
+from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store_env import is_read_only
 from noisefloor.proxy.traffic import Stats
 
 EXIT_INTERRUPTED_BASE = 128  # ended by signal N: 128 + N (SIGINT 130, SIGTERM 143), as a shell reports it

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.outcome_rows import replicate_of
+from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.profiles import sse_data
-from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.store import Store
 
 
 @dataclass(frozen=True)

@@ -123,7 +123,8 @@ def bfcl_rows(logs: Sequence[Path], dataset: Path | None, progress: Progress, ru
 
 def keep_in_log(log: Path, rows: list[OutcomeRow]) -> None:
     """The rows also go into the log beside the exchanges they grade: `nfanalyze LOG` needs nothing else."""
-    from noisefloor.proxy.store import Store, StoreError, is_read_only
+    from noisefloor.proxy.store import Store, StoreError
+    from noisefloor.proxy.store_env import is_read_only
 
     if not rows:
         return

@@ -40,7 +40,7 @@ _SURFACE = {
     "CanonicalRequest": "noisefloor.proxy.keys",
     "Rules": "noisefloor.proxy.keys",
     "canonicalize": "noisefloor.proxy.keys",
-    "Exchange": "noisefloor.proxy.store",
+    "Exchange": "noisefloor.proxy.exchange_record",
     "Store": "noisefloor.proxy.store",
     "StoreError": "noisefloor.proxy.store",
     "GradeOptions": "noisefloor.verifier.grading",
@@ -80,8 +80,9 @@ if TYPE_CHECKING:
     from noisefloor.analyzer.outcomes import build as build_outcomes
     from noisefloor.api import analyze, gate, load_outcomes
     from noisefloor.outcome_rows import OutcomeError
+    from noisefloor.proxy.exchange_record import Exchange
     from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize
-    from noisefloor.proxy.store import Exchange, Store, StoreError
+    from noisefloor.proxy.store import Store, StoreError
     from noisefloor.verifier.grading import GradeOptions, code_grader
     from noisefloor.verifier.isolation import SandboxError
     from noisefloor.verifier.sandbox import Sandbox

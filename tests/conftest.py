@@ -42,11 +42,12 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["NF_CACHE_DIR"] = old
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own pass over the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist's loadgroup (pyproject's addopts) each worker builds its own copy of a
-    module-scoped fixture: tests that share one (a Ray cluster, a browser, a ladder run) are put in
-    one xdist_group so it is built once. A test with an explicit xdist_group keeps only that."""
+    module- or session-scoped fixture: tests that share one defined in their module (a Ray cluster,
+    a browser, a ladder run, graders) get one xdist_group so it is built once. A test with an
+    explicit xdist_group keeps only that."""
     parent: dict[str, str] = {}
 
     def root(x: str) -> str:
@@ -56,17 +57,35 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
     shared: dict[pytest.Item, list[str]] = {}
     for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        if info is None or item.get_closest_marker("xdist_group"):
+        info, module = getattr(item, "_fixtureinfo", None), getattr(item, "module", None)
+        if info is None or module is None or item.get_closest_marker("xdist_group"):
             continue
-        keys = [f"{item.path.name}::{name}" for name, defs in info.name2fixturedefs.items()
-                if defs and defs[-1].scope == "module"]
+        keys = [f"{item.path.stem}.{name}" for name, defs in info.name2fixturedefs.items()
+                if defs and defs[-1].scope in ("module", "session")
+                and getattr(defs[-1].func, "__module__", None) == module.__name__]
         for key in keys[1:]:
             parent[root(key)] = root(keys[0])
         if keys:
             shared[item] = keys
     for item, keys in shared.items():
         item.add_marker(pytest.mark.xdist_group(root(keys[0])))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for item in items:
+            _name_group(item)
+
+
+def _name_group(item: pytest.Item) -> None:
+    """loadgroup schedules by a `@group` suffix on the node id, which pytest-xdist 3.8 writes to a
+    field pytest 9.2 no longer reads (pytest-xdist issue 1386): written here where it is missing."""
+    groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                     for m in item.iter_markers("xdist_group")})
+    if not groups or "@" in item.nodeid.rpartition("]")[2]:
+        return
+    named = f"{item.nodeid}@{'_'.join(groups)}"
+    if hasattr(item, "_id"):
+        item._id = type(item._id).parse(named)
+    else:
+        item._nodeid = named
 
 
 # The tests start nfproxy the way nfladder does: one launcher.

@@ -1,32 +1,48 @@
-"""The one bootstrap engine: joint task (instance) resampling (ladder paper, App. A.2).
+"""The one bootstrap engine: instances (tasks) resampled with replacement (ladder paper, App. A.2).
 
 `index_blocks` is the random stream every bootstrap in the package draws from: blocks of
 resampled task indices, whose values depend only on the seed (numpy's bounded-integer stream does
 not depend on how it is cut into blocks), so the block size is a memory bound and nothing else.
-The floors statistics apply their own functions to resampled matrices; the ladder's statistics
-are all task means and take the faster route below.
+Two ways to use it:
 
-Every statistic here is a mean over tasks of a per-task quantity (a task's variance, its mean
-outcome, whether it varied, whether the judge disagreed). So one resample is a vector of task
-multiplicities c (summing to N), and every statistic of that resample is c @ column / N. Drawing
-c once per resample and applying it to all columns at once is what makes the bootstrap joint:
-conditions and contrasts see the same tasks, and it is a matrix product instead of a loop.
+- `task_bootstrap`, for statistics that are means over tasks of a per-task quantity (a task's
+  variance, its mean outcome, whether the judge disagreed): one resample is a vector of task
+  multiplicities c, and every statistic of it is c @ column / N, all columns at once. Drawing c
+  once per resample for every column is what makes the bootstrap joint: conditions and contrasts
+  see the same tasks.
+- `instance_bootstrap`, for any statistic of resampled matrices (SDs over runs, correlations,
+  ratios): the function gets every array's rows drawn with the same indices, so a main arm and its
+  variants stay matched.
+
+One default number of resamples, `DEFAULT_RESAMPLES`, serves both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from noisefloor.analyzer.intervals import Interval, percentile
 from noisefloor.errors import InputError
 
-DEFAULT_RESAMPLES = 20_000  # ladder intervals: as seed 000 App. A.2 (20,000 task resamples)
-FLOORS_RESAMPLES = 2_000  # floors intervals: each resample recomputes SDs over N x R cells, so fewer; 2.5% ends on 50
-MAX_CELLS = 4_000_000  # resampled values held at once (block x N, or block x N x R for the floors)
+DEFAULT_RESAMPLES = 20_000  # every interval: the ladder paper's 20,000 task resamples (2.5% ends on 500 draws)
+MAX_CELLS = 4_000_000  # resampled values held at once (block x N, or block x N x R for matrices)
 MAX_BLOCK = 2000  # resamples per block at most: the progress bar's step
+
+K = TypeVar("K", bound=Hashable)
+
+
+def block_sizes(total: int, cells_per_item: int) -> Iterator[int]:
+    """Split `total` draws into blocks that hold at most MAX_CELLS values (and MAX_BLOCK draws)."""
+    block = max(1, min(MAX_BLOCK, MAX_CELLS // max(1, cells_per_item)))
+    done = 0
+    while done < total:
+        b = min(block, total - done)
+        yield b
+        done += b
 
 
 def index_blocks(n: int, resamples: int, seed: int | np.random.SeedSequence, cells_per_resample: int | None = None,
@@ -40,12 +56,8 @@ def index_blocks(n: int, resamples: int, seed: int | np.random.SeedSequence, cel
         raise InputError("cannot bootstrap zero tasks")
     size = n if size is None else size
     rng = np.random.default_rng(seed)
-    block = max(1, min(MAX_BLOCK, MAX_CELLS // max(1, cells_per_resample or size)))
-    done = 0
-    while done < resamples:
-        b = min(block, resamples - done)
+    for b in block_sizes(resamples, cells_per_resample or size):
         yield rng.integers(0, n, size=(b, size))
-        done += b
 
 
 @dataclass(frozen=True)
@@ -85,3 +97,37 @@ def task_bootstrap(
         if progress is not None:
             progress(done, resamples)
     return Draws(resamples, seed, {k: out[:, i] for i, k in enumerate(names)})
+
+
+@dataclass(frozen=True)
+class Resampled:
+    """What the resamples of one statistic were: the share left out as undefined (0/0) and the
+    share that was +inf (kept in the interval, which is then open above)."""
+
+    undefined: float
+    infinite: float
+
+
+def instance_bootstrap(arrays: Mapping[str, np.ndarray], stat: Callable[[Mapping[str, np.ndarray]], Mapping[K, np.ndarray]],
+                       resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
+                       alpha: float = 0.05) -> tuple[dict[K, Interval], dict[K, Resampled]]:
+    """Percentile intervals of every statistic `stat` returns, with the instances (axis 0 of
+    every array) drawn jointly: the same draw for the main arm and every variant. `stat` takes
+    stacks (..., N, R) and returns one value per resample under each key. Undefined (NaN)
+    resamples are left out and counted; infinite ones stay in."""
+    n = next(iter(arrays.values())).shape[0]
+    draws: dict[K, list[np.ndarray]] = {}
+    cells = sum(int(np.prod(a.shape)) for a in arrays.values())
+    for idx in index_blocks(n, resamples, seed, cells):
+        for k, v in stat({name: arr[idx] for name, arr in arrays.items()}).items():
+            draws.setdefault(k, []).append(np.asarray(v, dtype=float))
+    out: dict[K, Interval] = {}
+    notes: dict[K, Resampled] = {}
+    for k, parts in draws.items():
+        v = np.concatenate(parts)
+        nan = np.isnan(v)
+        v = v[~nan]
+        notes[k] = Resampled(float(nan.mean()), float(np.isinf(v).sum() / nan.size))
+        if v.size:
+            out[k] = percentile(v, alpha)
+    return out, notes

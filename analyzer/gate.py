@@ -23,12 +23,11 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 import numpy as np
 from scipy import stats
 
-from noisefloor.analyzer.outcomes import OutcomeError, parse_rows, read_rows
 from noisefloor.errors import InputError
 from noisefloor.outcome_rows import OutcomeRow
 
@@ -127,11 +126,6 @@ def case_verdict(case_id: str, a: CaseCounts, b: CaseCounts, c: CaseCounts, s: G
     if c.passes == 0 or c.n >= s.escalate_at:
         return CaseVerdict(case_id, "regressed", a, b, c, floor, None, p)
     return CaseVerdict(case_id, "inconclusive", a, b, c, floor, repeats_to_decide(c, floor, s.z), p)
-
-
-def stamp(model: str | None, sampling: Mapping[str, object], grader: str | None, case_ids: list[str]) -> str:
-    doc = {"model": model, "sampling": dict(sorted(sampling.items())), "grader": grader, "cases": sorted(case_ids)}
-    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def adjust(p: Sequence[float], method: str) -> list[float]:
@@ -255,61 +249,77 @@ def operating_characteristics(a: Mapping[str, CaseCounts], b: Mapping[str, CaseC
                                     repeats_for(rates, target, s, start))
 
 
-# -- reading runs (the CLI's input) --------------------------------------------------------------
+# -- one run's counts and stamp -------------------------------------------------------------------
 
 
-NO_CONDITION = "(none)"  # the condition column is optional in gate input
+@dataclass(frozen=True)
+class RunStamp:
+    """What makes two runs comparable: the models requested, the sampling, the grader and the case
+    ids, each as the set of normalized values the rows carry (typed by the row reader, so a
+    temperature written 0 in one file and 0.0 in another is the same 0.0)."""
+
+    model: tuple[str, ...]
+    temperature: tuple[float, ...]
+    top_p: tuple[float, ...]
+    seed: tuple[int, ...]
+    grader_version: tuple[str, ...]
+    cases: tuple[str, ...]
+
+    @classmethod
+    def of(cls, rows: Sequence[OutcomeRow]) -> RunStamp:
+        def values(attr: str) -> tuple[Any, ...]:
+            return tuple(sorted({getattr(r, attr) for r in rows if getattr(r, attr) not in (None, "")}))
+
+        return cls(values("model"), values("temperature"), values("top_p"), values("seed"),
+                   values("grader_version"), tuple(sorted({r.task_id for r in rows})))
+
+    @property
+    def sampling(self) -> dict[str, list[float] | list[int]]:
+        pairs = (("temperature", self.temperature), ("top_p", self.top_p), ("seed", self.seed))
+        return {k: list(v) for k, v in pairs if v}
+
+    @property
+    def missing(self) -> str:
+        """The stamp fields absent from every row, "" when stamped."""
+        have = (("model", self.model), ("temperature/top_p/seed", self.sampling), ("grader_version", self.grader_version))
+        return ", ".join(name for name, v in have if not v)
+
+    def digest(self) -> str:
+        doc = {"model": ",".join(self.model) or None, "sampling": self.sampling,
+               "grader": ",".join(self.grader_version) or None, "cases": list(self.cases)}
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        return (f"model={','.join(self.model) or None} sampling={self.sampling} "
+                f"grader={','.join(self.grader_version) or None} cases={len(self.cases)} -> {self.digest()}")
 
 
 @dataclass(frozen=True)
 class GateRun:
     counts: dict[str, CaseCounts]
-    stamp: str
-    description: str
-    missing: str  # the stamp fields absent from every row, "" when stamped
+    run_stamp: RunStamp
+
+    @property
+    def stamp(self) -> str:
+        return self.run_stamp.digest()
+
+    @property
+    def description(self) -> str:
+        return self.run_stamp.describe()
+
+    @property
+    def missing(self) -> str:
+        return self.run_stamp.missing
 
 
-def load_run(path: Path, condition: str | None = None) -> GateRun:
-    """Per-case counts and the stamp of one run file; duplicated (case, replicate) rows and rows of
-    several conditions are refused, as `analyze` refuses them."""
-    raw = [(i, rec if rec.get("condition") not in (None, "") else {**rec, "condition": NO_CONDITION})
-           for i, rec in read_rows(path)]
-    rows = parse_rows(raw, str(path))
-    conds = sorted({r.condition for r in rows})
-    if condition is not None:
-        rows = [r for r in rows if r.condition == condition]
-        raw = [(i, rec) for i, rec in raw if rec["condition"] == condition]
-        if not rows:
-            raise OutcomeError(f"{path}: no rows of condition {condition!r} (it has {', '.join(conds)})")
-    elif len(conds) > 1:
-        raise OutcomeError(f"{path}: rows of several conditions ({', '.join(conds)}) would be pooled; "
-                           "pass --condition NAME")
-    seen: dict[tuple[str, int], int] = {}
-    for (line, _), r in zip(raw, rows):
-        if (r.task_id, r.replicate) in seen:
-            raise OutcomeError(f"{path}:{line}: case {r.task_id!r} replicate {r.replicate} appears twice "
-                               f"(first at line {seen[(r.task_id, r.replicate)]}); keep one row per repeat")
-        seen[(r.task_id, r.replicate)] = line
-    return run_of(rows, [rec for _, rec in raw])
-
-
-def run_of(rows: Sequence[OutcomeRow], recs: Sequence[Mapping[str, object]] | None = None) -> GateRun:
+def run_of(rows: Sequence[OutcomeRow]) -> GateRun:
     """Per-case counts and the stamp of one run's rows (model as requested, sampling, grader, cases)."""
     counts: dict[str, list[int]] = {}
     for r in rows:
         c = counts.setdefault(r.task_id, [0, 0])
         c[0] += r.outcome
         c[1] += 1
-    recs = recs if recs is not None else [r.to_json() for r in rows]
-    model = ",".join(sorted({str(x["model"]) for x in recs if x.get("model")})) or None
-    sampling = {k: sorted({str(x[k]) for x in recs if x.get(k) not in (None, "")}) for k in ("temperature", "top_p", "seed")}
-    sampling = {k: v for k, v in sampling.items() if v}
-    grader = ",".join(sorted({str(x["grader_version"]) for x in recs if x.get("grader_version")})) or None
-    missing = ", ".join(name for name, have in (("model", model), ("temperature/top_p/seed", sampling),
-                                                ("grader_version", grader)) if not have)
-    run_stamp = stamp(model, sampling, grader, list(counts))
-    desc = f"model={model} sampling={sampling} grader={grader} cases={len(counts)} -> {run_stamp}"
-    return GateRun({k: CaseCounts(p, n) for k, (p, n) in counts.items()}, run_stamp, desc, missing)
+    return GateRun({k: CaseCounts(p, n) for k, (p, n) in counts.items()}, RunStamp.of(rows))
 
 
 GATE_CONDITIONS = ("base_a", "base_b", "candidate")  # the names nfladder's gate design gives its collections

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from noisefloor.analyzer import gate as g
+from noisefloor.analyzer.gate_input import load_run
 from noisefloor.errors import InputError
 
 VERDICTS = ("within_noise", "inconclusive", "regressed", "quarantine")
@@ -76,7 +77,7 @@ def run_files(base_a: str | os.PathLike[str], base_b: str | os.PathLike[str], ca
               allow_unstamped: bool = False, target_false_block: float = 0.05) -> GateResult:
     settings = settings or g.GateSettings()
     paths = (Path(base_a), Path(base_b), Path(candidate))
-    runs = [g.load_run(p, condition) for p in paths]
+    runs = [load_run(p, condition) for p in paths]
     check_stamps(paths, runs, allow_unstamped)
     return run_counts(runs[0].counts, runs[1].counts, runs[2].counts, settings, target_false_block, runs[0].stamp)
 

@@ -26,7 +26,7 @@ from typing import Any
 import zstandard
 
 from noisefloor import bounded
-from noisefloor.analyzer.outcomes import OutcomeError
+from noisefloor.outcome_rows import OutcomeError
 
 _ZSTD = 93
 _PASS = {"C": 1, "I": 0, "N": 0}
@@ -146,7 +146,7 @@ def log_files(spec: Path) -> list[Path]:
 
 
 def rows(spec: str, pass_at: float | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Outcome rows (line-numbered like `outcomes.read_rows`) from `[CONDITION=]PATH`, a log file or a
+    """Outcome rows (line-numbered like `outcome_rows.read_rows`) from `[CONDITION=]PATH`, a log file or a
     folder of them. Without CONDITION, a folder's name is the condition (`logs/live` -> live).
     Several logs in one condition are its replicates, in file-name order (inspect names them by time)."""
     condition, sep, where = spec.partition("=")

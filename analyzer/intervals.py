@@ -15,19 +15,48 @@ open end as `[15.1, inf)`.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
 
+from noisefloor.analyzer.matrices import runs_matrix
 from noisefloor.errors import InputError
 
 
-class Interval(NamedTuple):
-    """A two-sided interval; a tuple, so it unpacks as (lo, hi) and serializes as [lo, hi]."""
+@dataclass(frozen=True, eq=False)
+class Interval:
+    """A two-sided interval, named as scipy.stats names its `ConfidenceInterval` (`low`, `high`).
+    It unpacks as `low, high = ci` and indexes as `ci[0]`, so code that held a pair keeps working;
+    `to_json` writes it as [low, high] with an infinite end as "Infinity"."""
 
-    lo: float
-    hi: float
+    low: float
+    high: float
+
+    def __iter__(self) -> Iterator[float]:
+        return iter((self.low, self.high))
+
+    def __getitem__(self, i: int) -> float:
+        return (self.low, self.high)[i]
+
+    def __len__(self) -> int:
+        return 2
+
+    def __eq__(self, other: object) -> bool:
+        """Equal to another interval, or to a (low, high) pair, with the same ends."""
+        if isinstance(other, (Interval, tuple, list)) and len(other) == 2:
+            return (self.low, self.high) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.low, self.high))
+
+    def covers(self, x: float) -> bool:
+        return self.low <= x <= self.high
+
+    def to_json(self) -> list[float | str | None]:
+        return [jsonable(self.low), jsonable(self.high)]
 
 
 def percentile(draws: np.ndarray, alpha: float = 0.05) -> Interval:
@@ -89,7 +118,7 @@ def jsonable(x: float | None) -> float | str | None:
     return x
 
 
-def ci_json(ci: tuple[float, float] | None) -> list[float | str | None] | None:
+def ci_json(ci: Interval | tuple[float, float] | None) -> list[float | str | None] | None:
     return None if ci is None else [jsonable(ci[0]), jsonable(ci[1])]
 
 
@@ -108,7 +137,8 @@ def fmt_ci(ci: tuple[float, float], fmt: str = ".5f") -> str:
 FEW_VARYING = 10  # below this many varying tasks the task bootstrap alone under-covers (bench/coverage.py)
 
 
-class FlipBound(NamedTuple):
+@dataclass(frozen=True)
+class FlipBound:
     """An exact bound on the per-replicate minority rate of a set of 0/1 reruns.
 
     For task i with pass probability p_i, its minority probability is m_i = min(p_i, 1 - p_i), and
@@ -134,6 +164,10 @@ class FlipBound(NamedTuple):
         m = min(self.rate_upper, 0.5)
         return m * (1 - m)
 
+    def json_extra(self) -> dict[str, float | str]:
+        """What JSON carries beside the fields: the variance bound and the sentence."""
+        return {"variance_upper": self.variance_upper, "sentence": self.sentence()}
+
     def sentence(self) -> str:
         cells = self.tasks * self.replicates
         what = (f"no task varied in {self.tasks} x {self.replicates} outcomes" if self.varying == 0 else
@@ -145,9 +179,7 @@ class FlipBound(NamedTuple):
 def flip_bound(outcomes: np.ndarray, alpha: float = 0.05) -> FlipBound:
     """The exact bound of `FlipBound` at one-sided level 1 - alpha/2 (the upper end of a
     two-sided 1 - alpha interval) for an (N, R) 0/1 matrix."""
-    y = np.asarray(outcomes, dtype=float)
-    if y.ndim != 2 or y.shape[0] < 1 or y.shape[1] < 1:
-        raise InputError(f"need an (N, R) matrix, got shape {y.shape}")
+    y = runs_matrix(outcomes)
     n, r = y.shape
     k = y.sum(axis=1)
     minority = int(np.minimum(k, r - k).sum())

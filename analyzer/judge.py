@@ -7,11 +7,12 @@ the majority verdict against the executed reference.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
-from noisefloor.analyzer.intervals import clopper_pearson
+from noisefloor.analyzer.intervals import Interval, clopper_pearson
 
 
 @dataclass(frozen=True)
@@ -29,12 +30,15 @@ class JudgeStats:
     tasks: int
     disagreements: int
     disagreement: float
-    disagreement_ci: tuple[float, float]
+    disagreement_ci: Interval
     false_accepts: int
     false_rejects: int
     ties: int
     mean_confidence: float | None
     disagreement_ci_method: str = "task_bootstrap"  # clopper_pearson when no task (or every task) disagreed
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {"disagreement_ci": self.disagreement_ci.to_json()}
 
 
 def judge_columns(verdicts: np.ndarray, reference: np.ndarray) -> JudgeColumns:
@@ -49,7 +53,7 @@ def judge_columns(verdicts: np.ndarray, reference: np.ndarray) -> JudgeColumns:
                         false_reject=fr.astype(float), tie=tie.astype(float))
 
 
-def judge_stats(cols: JudgeColumns, ci: tuple[float, float], confidence: np.ndarray | None) -> JudgeStats:
+def judge_stats(cols: JudgeColumns, ci: Interval, confidence: np.ndarray | None) -> JudgeStats:
     """`ci`: the task-bootstrap interval of the disagreement share. When no task (or every task)
     disagreed it is [0, 0] (or [1, 1]), which no finite sample supports: the exact binomial
     interval for the share replaces it."""

@@ -12,6 +12,7 @@ import numpy as np
 from scipy import special
 
 from noisefloor.analyzer.intervals import FEW_VARYING, FlipBound, Interval, clopper_pearson, flip_bound
+from noisefloor.analyzer.matrices import runs_matrix
 from noisefloor.errors import InputError
 
 
@@ -44,16 +45,14 @@ class ConditionStats:
     score: float
     w: float
     variable_tasks: int
-    variable_tasks_ci: tuple[float, float]
+    variable_tasks_ci: Interval
     budget: int
     mde: float
 
 
 def task_variances(outcomes: np.ndarray) -> np.ndarray:
     """Per-task sample variance across replicates (ddof=1); outcomes is (N, R) with R >= 2."""
-    y = np.asarray(outcomes, dtype=float)
-    if y.ndim != 2 or y.shape[1] < 2:
-        raise InputError(f"need an (N, R) matrix with R >= 2, got shape {y.shape}")
+    y = runs_matrix(outcomes, 2)
     return np.where(y.min(axis=1) == y.max(axis=1), 0.0, y.var(axis=1, ddof=1))  # exact 0, no float residue
 
 
@@ -127,7 +126,7 @@ class WInterval:
         return self.bound.variance_upper
 
 
-def w_interval(outcomes: np.ndarray, bootstrap: tuple[float, float], alpha: float = 0.05,
+def w_interval(outcomes: np.ndarray, bootstrap: Interval, alpha: float = 0.05,
                few: int = FEW_VARYING) -> WInterval:
     """The w interval: the task-bootstrap percentile interval when at least `few` tasks varied;
     otherwise its upper end raised to the exact bound (and, with no task varying, [0, bound])."""
@@ -147,7 +146,7 @@ def w_interval(outcomes: np.ndarray, bootstrap: tuple[float, float], alpha: floa
         return WInterval(Interval(0.0, up), EXACT, boot, b,
                          f"no task varied in {b.tasks} x {b.replicates} outcomes: w <= {up:.3g} at {level} "
                          f"(exact binomial bound on the per-replicate flip rate; the task bootstrap gives [0, 0])")
-    return WInterval(Interval(boot.lo, max(boot.hi, up)), WIDENED, boot, b,
+    return WInterval(Interval(boot.low, max(boot.high, up)), WIDENED, boot, b,
                      f"only {b.varying} of {b.tasks} tasks varied (< {few}): task bootstrap lower end, upper end "
                      f"the larger of the bootstrap's and the exact bound w <= {up:.3g} on what {b.replicates} "
                      f"replicates could have missed")

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from noisefloor.outcome_rows import new_rows
-from noisefloor.proxy.store import Exchange, Head, Store
+from noisefloor.proxy.exchange_record import Exchange, Head
+from noisefloor.proxy.store import Store
 
 UNLABELED = "(unlabeled)"
 

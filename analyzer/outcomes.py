@@ -17,17 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from noisefloor.outcome_rows import REQUIRED as REQUIRED
-from noisefloor.outcome_rows import OutcomeError as OutcomeError
-from noisefloor.outcome_rows import OutcomeRow
-from noisefloor.outcome_rows import read_rows as read_rows
+from noisefloor.outcome_rows import OutcomeError, OutcomeRow, read, unique_rows
 
 Row = OutcomeRow  # the analyzer reads the one row type the graders write
-_TEXT = ("failure", "detail", "endpoint", "variant", "fingerprint", "session", "model", "served_model",
-         "grader_version")
-
-_TRUE = {"1", "1.0", "true", "True", "TRUE", 1}  # 1 == 1.0 == True as set members
-_FALSE = {"0", "0.0", "false", "False", "FALSE", 0}
 # The ladder's rungs, in the order a reader expects them; other names keep file order after these.
 LADDER_ORDER = ("live", "L0", "t0", "L1", "replay", "L2")
 
@@ -51,48 +43,16 @@ class OutcomeSet:
     rows: int
 
 
-def parse_rows(raw: Iterable[tuple[int, Mapping[str, Any]]], source: str) -> list[Row]:
-    rows = []
-    for line, rec in raw:
-        where = f"{source}:{line}"
-        missing = [c for c in REQUIRED if rec.get(c) in (None, "")]
-        if missing:
-            raise OutcomeError(f"{where}: missing {', '.join(missing)}; every row needs {', '.join(REQUIRED)}")
-        given = {k: v for k, v in rec.items() if v not in (None, "")}
-        rows.append(
-            OutcomeRow(
-                task_id=_label(rec["task_id"], where, "task_id"),
-                condition=_label(rec["condition"], where, "condition"),
-                replicate=_int(rec["replicate"], where, "replicate"),
-                outcome=_binary(rec["outcome"], where, "outcome"),
-                reference=_binary(given["reference"], where, "reference") if "reference" in given else None,
-                confidence=_float(given["confidence"], where, "confidence") if "confidence" in given else None,
-                temperature=_float(given["temperature"], where, "temperature") if "temperature" in given else None,
-                top_p=_float(given["top_p"], where, "top_p") if "top_p" in given else None,
-                seed=_int(given["seed"], where, "seed") if "seed" in given else None,
-                **{k: _label(given[k], where, k) for k in _TEXT if k in given},
-            )
-        )
-    if not rows:
-        raise OutcomeError(f"{source} has no outcome rows; it needs one row per graded attempt")
-    return rows
-
-
 def load(path: Path, *, missing_tasks: str = "intersect", unbalanced: str = "trim") -> OutcomeSet:
-    return build(parse_rows(read_rows(path), str(path)), missing_tasks=missing_tasks, unbalanced=unbalanced)
+    return build(read(path), missing_tasks=missing_tasks, unbalanced=unbalanced)
 
 
 def build(rows: Sequence[Row], *, missing_tasks: str = "intersect", unbalanced: str = "trim") -> OutcomeSet:
     """Group rows into aligned matrices, applying (and reporting) the documented rules."""
+    unique_rows(rows, where="outcome rows")
     by_cond: dict[str, dict[str, dict[int, Row]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
-        cell = by_cond[r.condition][r.task_id]
-        if r.replicate in cell:
-            raise OutcomeError(
-                f"condition {r.condition!r}, task {r.task_id!r}: replicate {r.replicate} appears twice; "
-                "each (task_id, condition, replicate) must be one row"
-            )
-        cell[r.replicate] = r
+        by_cond[r.condition][r.task_id][r.replicate] = r
     order = _condition_order([r.condition for r in rows])
     warnings: list[str] = []
     all_tasks = sorted({r.task_id for r in rows}, key=_natural)
@@ -163,36 +123,3 @@ def _natural(task: str) -> tuple[Any, ...]:
     """HumanEval/2 before HumanEval/10."""
     head, _, tail = task.rpartition("/")
     return (head, int(tail), "") if tail.isdigit() else (head, -1, tail)
-
-
-def _label(v: Any, where: str, col: str) -> str:
-    """A text column: a string or a number, nothing else (a list or an object is a wrong file)."""
-    if isinstance(v, bool) or not isinstance(v, (str, int, float)):
-        raise OutcomeError(f"{where}: {col} is a {type(v).__name__}, not text; write it as a string")
-    return str(v)
-
-
-def _binary(v: Any, where: str, col: str) -> int:
-    if isinstance(v, (str, int, float, bool)):
-        if v in _TRUE:
-            return 1
-        if v in _FALSE:
-            return 0
-    raise OutcomeError(f"{where}: {col} {v!r} is not binary; use 0/1, true/false or 0.0/1.0")
-
-
-def _int(v: Any, where: str, col: str) -> int:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        raise OutcomeError(f"{where}: {col} {v!r} is not an integer") from None
-    if not f.is_integer():
-        raise OutcomeError(f"{where}: {col} {v!r} is not an integer")
-    return int(f)
-
-
-def _float(v: Any, where: str, col: str) -> float:
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise OutcomeError(f"{where}: {col} {v!r} is not a number") from None

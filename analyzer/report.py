@@ -117,8 +117,8 @@ def truth_line(truth: dict[str, Any]) -> str:
 
 def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] | None = None,
              truth: dict[str, Any] | None = None) -> str:
-    """The terminal's report as Markdown. `floors`: the floors section's lines (`audit.lines`),
-    when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder)."""
+    """The terminal's report as Markdown. `floors`: the floors section as Markdown lines
+    (`floors_report.markdown`), when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder)."""
     head = "| " + " | ".join(HEADER) + " |"
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a, md)]
@@ -143,9 +143,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     if log:
         out += ["## Proxy log per condition", "", *(f"- {line}" for line in _log_lines(log, md)), ""]
     if floors:
-        out += ["## Rerun and perturbation floors", "", "Matched instances; 95% intervals in brackets.", ""]
-        out += [f"- {md(line.strip())}" if not line.startswith(" ") else f"  - {md(line.strip())}" for line in floors]
-        out.append("")
+        out += [*floors, ""]
     p = a.settings.plan
     out.append(
         f"Settings: {a.settings.resamples} joint task-bootstrap resamples, seed {a.settings.seed}; "

@@ -71,7 +71,7 @@ def run(regime: tuple[int, int, float, float], studies: int, resamples: int, see
             cnf = contrast_bounds(cboot, wi, wb)
         for name, ci, truth in (("boot_pop", boot, pop), ("boot_fixed", boot, fixed), ("nf_pop", wi.ci, pop),
                                 ("nf_fixed", wi.ci, fixed), ("boot_contrast", cboot, pop), ("nf_contrast", cnf, pop)):
-            hits[name] += ci.lo <= truth <= ci.hi
+            hits[name] += ci.low <= truth <= ci.high
         zero += boot == (0.0, 0.0)
         widened += wi.method != TASK_BOOTSTRAP
     out = {k: v / studies for k, v in hits.items()}

@@ -56,7 +56,8 @@ def merge_rate(n: int, root: Path) -> tuple[float, int, int, int]:
     import random
 
     from noisefloor.proxy.merge import merge
-    from noisefloor.proxy.store import RecordedEntry, Store
+    from noisefloor.proxy.replay_index import RecordedEntry
+    from noisefloor.proxy.store import Store
 
     rng = random.Random(0)
     prompts = [rng.randbytes(3000).hex().encode() for _ in range(500)]  # 6 kB requests, the same in every shard

@@ -167,13 +167,13 @@ def texts(a: argparse.Namespace) -> None:
     from collections import defaultdict
 
     from noisefloor.proxy.store import Store
-    from noisefloor.verifier.candidates import attempts, response_text
+    from noisefloor.verifier.candidates import candidates, response_text
 
     for run in a.runs:
         seen: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))
         with Store.open(a.out / run / "log.lmdb", write=False) as store:
-            for att in attempts(store):
-                seen[att.condition][att.task_id or "?"].add(response_text(att.body))
+            for c in candidates(store):
+                seen[c.condition][c.task_id or "?"].add(response_text(c.body))
         for cond, per_task in seen.items():
             counts = [len(v) for v in per_task.values()]
             print(f"{run} {cond}: {sum(n > 1 for n in counts)} of {len(counts)} tasks got more than one answer text "

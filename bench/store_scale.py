@@ -140,25 +140,102 @@ def replay_start(store: Path) -> tuple[float, float]:
     return wall, rss
 
 
-def measure(n: int, where: Path, reuse: bool = False) -> dict[str, object]:
+def build_shard(n: int, store: Path, seed: int, prefix: str) -> dict[str, float]:
+    """One store of n exchanges through the recorder, in this process: its raw bytes and CPU time."""
+    shutil.rmtree(store, ignore_errors=True)
+    cpu = time.process_time()
+    with Store.open(store, write=True, create=True) as s:
+        raw = record(s, n, seed=seed, prefix=prefix)
+    return {**raw, "cpu_s": time.process_time() - cpu}
+
+
+def build(n: int, where: Path, shards: int) -> dict[str, object]:
+    """s{n}.lmdb built through the recorder: in this process, or as `shards` processes recording a
+    shard each at once (2 cores), then `nfproxy merge` (the sharded-study case: merge measured)."""
     store = where / f"s{n}.lmdb"
-    res: dict[str, object] = {"exchanges": n}
-    if not reuse:
+    res: dict[str, object] = {"exchanges": n, "shards": shards}
+    t = time.perf_counter()
+    if shards == 1:
+        raw = build_shard(n, store, 0, "run")
+    else:
+        parts = [where / f"s{n}.shard{i}.lmdb" for i in range(shards)]
+        procs = [subprocess.Popen([sys.executable, __file__, "--build-shard", str(n // shards), "--seed", str(i),
+                                   "--prefix", f"sh{i}", "--out", str(part)], stdout=subprocess.PIPE, text=True)
+                 for i, part in enumerate(parts)]
+        got = [json.loads(p.communicate()[0]) for p in procs]
+        if any(p.returncode for p in procs):
+            raise RuntimeError("a shard build failed")
+        raw = {k: sum(g[k] for g in got) for k in got[0]}
+        res["shard_build_s"] = time.perf_counter() - t
         shutil.rmtree(store, ignore_errors=True)
+        wall, peak = timed([str(BIN / "nfproxy"), "merge", str(store), *map(str, parts)])
+        res["shard_merge_s"], res["shard_merge_rss_mb"], res["shard_merge_per_s"] = wall, peak, n / wall
+        res["shard_merge_private_mb"] = PRIVATE.get("nfproxy merge", 0.0)
+        for part in parts:
+            shutil.rmtree(part, ignore_errors=True)
+    res["build_s"] = time.perf_counter() - t
+    res["build_per_s"] = n / res["build_s"]
+    res["build_cpu_us_per_exchange"] = raw["cpu_s"] / n * 1e6
+    with Store.open(store, write=False) as s:
+        live = s.usage()
+        records = sum(len(text) for _, text in s.record_texts())
+    res["raw_bytes"] = raw_bytes = raw["bodies"] + records
+    res["raw_per_exchange"] = raw_bytes / n
+    res["live_used_x"] = live["used"] / raw_bytes
+    res["live_file_x"] = live["file"] / raw_bytes
+    (where / f"s{n}.build.json").write_text(json.dumps(res))
+    return res
+
+
+def hit_miss(store: Path, n: int, shards: int, queries: int = 100) -> dict[str, float]:
+    """In this process: replay opened on the store (seconds, RSS after), then `queries` recorded
+    requests (hits) and the same with one word of the last message changed (misses), through
+    Replayer.answer: p50 / p95 milliseconds and CPU per request."""
+    from bench.store_traffic import REQUEST_HEADERS
+    from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.replayer import Replayer
+    from noisefloor.proxy.traffic import Labels, RequestData
+
+    picked: list[tuple[str, bytes]] = []
+    for name, turns in sessions(n // shards, seed=0, prefix="run" if shards == 1 else "sh0"):
+        picked += [(name, req) for req, _ in turns]
+        if len(picked) >= queries:
+            break
+    with Store.open(store, write=False) as s:
         t = time.perf_counter()
-        with Store.open(store, write=True, create=True) as s:
-            raw = record(s, n)
-            live = s.usage()
-        res["build_s"] = time.perf_counter() - t
-        res["build_per_s"] = n / res["build_s"]
-        with Store.open(store, write=False) as s:
-            records = sum(len(text) for _, text in s.record_texts())
-        res["raw_bytes"] = raw_bytes = raw["bodies"] + records
-        res["raw_per_exchange"] = raw_bytes / n
-        res["live_used_x"] = live["used"] / raw_bytes
-        res["live_file_x"] = live["file"] / raw_bytes
-    else:  # the readers again, on a store kept from an earlier run (--keep)
-        raw_bytes = None
+        rep = Replayer(s, Rules(), log=lambda build: None)
+        out: dict[str, float] = {"replay_open_s": time.perf_counter() - t, "replay_open_rss_mb": _rss_mb()}
+        for kind in ("hit", "miss"):
+            walls, cpu = [], time.process_time()
+            for q, (name, body) in enumerate(picked[:queries]):
+                if kind == "miss":
+                    doc = json.loads(body)
+                    doc["messages"][-1]["content"] = "Changed " + doc["messages"][-1]["content"]
+                    body = json.dumps(doc).encode()
+                req = RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
+                                  "/v1/chat/completions", REQUEST_HEADERS, body)
+                t = time.perf_counter()
+                a = rep.answer(req, Labels(f"{kind}{q}", replay_from=name))
+                walls.append(time.perf_counter() - t)
+                if (a.result == "miss") != (kind == "miss"):
+                    raise RuntimeError(f"a {kind} query was answered {a.result}")
+            walls.sort()
+            out[f"{kind}_p50_ms"] = walls[len(walls) // 2] * 1000
+            out[f"{kind}_p95_ms"] = walls[int(0.95 * (len(walls) - 1))] * 1000
+            out[f"{kind}_cpu_ms"] = (time.process_time() - cpu) / len(walls) * 1000
+    return out
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
+
+
+def measure(n: int, where: Path, reuse: bool = False, shards: int = 1) -> dict[str, object]:
+    store = where / f"s{n}.lmdb"
+    res = json.loads((where / f"s{n}.build.json").read_text()) if reuse else build(n, where, shards)
+    raw_bytes = res["raw_bytes"]
+    print(json.dumps(res), flush=True)
     nf = [str(BIN / "nfproxy")]
     res["log_s"], res["log_rss_mb"] = timed([*nf, "log", "--store", str(store)])
     res["log_json_s"], res["log_json_rss_mb"] = timed([*nf, "log", "--json", "--store", str(store)])
@@ -168,12 +245,15 @@ def measure(n: int, where: Path, reuse: bool = False) -> dict[str, object]:
         res["nfverify_s"], res["nfverify_rss_mb"] = timed([str(BIN / "nfverify"), "bfcl", str(store), "--outcomes",
                                                            str(where / "o.jsonl")])
     res["replay_start_s"], res["replay_rss_mb"] = replay_start(store)
+    got = subprocess.run([sys.executable, __file__, "--hit-miss", str(n), "--shards", str(shards), "--out", str(store)],
+                         capture_output=True, text=True, check=True)
+    res.update(json.loads(got.stdout))
     out = where / f"m{n}.lmdb"
     shutil.rmtree(out, ignore_errors=True)
     wall, peak = timed([*nf, "merge", str(out), str(store)])
     res["merge_s"], res["merge_rss_mb"], res["merge_per_s"] = wall, peak, n / wall
     shutil.rmtree(out, ignore_errors=True)
-    if raw_bytes is not None:
+    if True:  # last: the readers above read the store as recorded
         res["compact_s"], res["compact_rss_mb"] = timed([*nf, "compact", "--store", str(store)])
         with Store.open(store, write=False) as s:
             after = s.usage()
@@ -190,7 +270,20 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="also write the results here")
     ap.add_argument("--no-limits", action="store_true")
     ap.add_argument("--reuse", action="store_true", help="measure the readers on the stores kept in --keep, unbuilt")
+    ap.add_argument("--shards", type=int, default=1, help="build each store as this many shards at once, merged")
+    ap.add_argument("--build-only", action="store_true", help="build (and keep: give --keep) without measuring")
+    ap.add_argument("--build-shard", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--prefix", default="run", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--hit-miss", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.hit_miss:  # replay latency on one store, in its own process (its RSS is its own)
+        print(json.dumps(hit_miss(a.out, a.hit_miss, a.shards)))
+        return
+    if a.build_shard:  # one shard of --shards, in its own process
+        print(json.dumps(build_shard(a.build_shard, a.out, a.seed, a.prefix)))
+        return
     where = a.keep or Path(tempfile.mkdtemp(prefix="nf-store-scale-"))
     where.mkdir(parents=True, exist_ok=True)
     results: dict[str, object] = {}
@@ -199,7 +292,7 @@ def main() -> None:
             results["limits"] = limits()
             print(json.dumps({"limits": results["limits"]}), flush=True)
         for n in map(int, a.sizes.split(",")):
-            r = measure(n, where, a.reuse)
+            r = build(n, where, a.shards) if a.build_only else measure(n, where, a.reuse, a.shards)
             results[str(n)] = r
             print(json.dumps(r), flush=True)
             if a.keep is None:

@@ -15,6 +15,9 @@ import random
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.recorder import Recorder
@@ -28,15 +31,16 @@ _WORDS = ("the of and to a in is that for it as with was on be by this are or an
           "index loop element array dictionary key map filter sort order reverse empty length size count "
           "answer question step solution approach problem edge condition handle raise exception import module "
           "variable parameter argument default optional required integer float boolean character word sentence").split()
-_CUM = list(__import__("itertools").accumulate(1 / (i + 1) for i in range(len(_WORDS))))
+_CUM = np.cumsum(1 / np.arange(1, len(_WORDS) + 1))
 SYSTEM = ("You are a careful coding assistant. Answer with a short explanation and one Python code block. "
           "Follow the user's function signature exactly, handle edge cases, and never print debugging output. "
           "When a tool is available, call it with valid JSON arguments; otherwise answer directly. ") * 4
 
 
-def _prose(rng: random.Random, words: int) -> str:
-    out = rng.choices(_WORDS, cum_weights=_CUM, k=words)
-    return " ".join(out).capitalize() + "."
+def _prose(gen: np.random.Generator, words: int) -> str:
+    """Zipf-weighted words, drawn in bulk (drawn one at a time they cost as much as recording them)."""
+    picks = np.searchsorted(_CUM, gen.random(words) * _CUM[-1], side="right").tolist()
+    return " ".join([_WORDS[i] for i in picks]).capitalize() + "."
 
 
 @dataclass(frozen=True)
@@ -47,11 +51,14 @@ class Shape:
     answer_words: tuple[int, int] = (120, 220)
 
 
-def sessions(n_exchanges: int, seed: int = 0, shape: Shape = Shape()) -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
-    """(session name, [(request body, response body), ...]) until n_exchanges are produced."""
+def sessions(n_exchanges: int, seed: int = 0, shape: Shape = Shape(),
+             prefix: str = "run") -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
+    """(session name, [(request body, response body), ...]) until n_exchanges are produced; the task
+    prompts are the same whatever the seed (shards of one study run the same tasks)."""
     rng = random.Random(seed)
     made = 0
-    tasks = [_prose(random.Random(seed * 7919 + t), rng.randint(40, 90)) for t in range(shape.tasks)]
+    gen = np.random.default_rng(seed)
+    tasks = [_prose(np.random.default_rng(7919 + t), rng.randint(40, 90)) for t in range(shape.tasks)]
     s = 0
     while made < n_exchanges:
         agent = s % shape.agents
@@ -61,7 +68,7 @@ def sessions(n_exchanges: int, seed: int = 0, shape: Shape = Shape()) -> Iterato
         turns = []
         for turn in range(min(rng.randint(*shape.turns), n_exchanges - made)):
             request = {"model": "gpt-4o-mini", "temperature": 0.7, "max_tokens": 1024, "messages": list(messages)}
-            text = _prose(rng, rng.randint(*shape.answer_words))
+            text = _prose(gen, rng.randint(*shape.answer_words))
             answer = {
                 "id": f"chatcmpl-{rng.getrandbits(96):024x}", "object": "chat.completion",
                 "created": 1_790_000_000 + made, "model": "gpt-4o-mini-2024-07-18",
@@ -76,9 +83,9 @@ def sessions(n_exchanges: int, seed: int = 0, shape: Shape = Shape()) -> Iterato
             }
             turns.append((json.dumps(request).encode(), json.dumps(answer).encode()))
             messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": f"The tests failed on case {turn}: " + _prose(rng, 20)}]
+                         {"role": "user", "content": f"The tests failed on case {turn}: " + _prose(gen, 20)}]
         made += len(turns)
-        yield f"run-{s:07d}-task{task:04d}", turns
+        yield f"{prefix}-{s:07d}-task{task:04d}", turns
         s += 1
 
 
@@ -97,16 +104,25 @@ REQUEST_HEADERS = (("host", "api.openai.com"), ("content-type", "application/jso
                    ("x-stainless-package-version", "1.54.0"), ("authorization", "Bearer sk-bench-not-a-secret"))
 
 
-def record(store: Store, n_exchanges: int, seed: int = 0) -> dict[str, int]:
+def record(store: Store, n_exchanges: int, seed: int = 0, prefix: str = "run") -> dict[str, int]:
     """Record n_exchanges through Recorder.begin/finish (the path a proxy's requests take); the raw
     bytes it was given: bodies and the records' JSON."""
     rec = Recorder(store, Rules())
     rng = random.Random(seed + 1)
     raw = {"bodies": 0, "exchanges": 0}
+    rows: list[dict[str, Any]] = []
+    with store.batch():  # the recorder's bulk form (nfproxy import's): 100 exchanges per transaction
+        replicates = _record_sessions(rec, rng, n_exchanges, seed, raw, rows, prefix)
+    # graded, as nfverify would (a task run once has no within-task variance: left out)
+    store.put_outcomes([{**r, "outcome": int(r["outcome"])} for r in rows if replicates[r["task_id"]] > 0])
+    return raw
+
+
+def _record_sessions(rec: Recorder, rng: random.Random, n_exchanges: int, seed: int, raw: dict[str, int],
+                     rows: list[dict[str, Any]], prefix: str) -> dict[str, int]:
     replicates: dict[str, int] = {}
-    rows = []
-    for name, turns in sessions(n_exchanges, seed):
-        task = name.rsplit("-", 1)[1]
+    for name, turns in sessions(n_exchanges, seed, prefix=prefix):
+        task = f"{prefix}-{name.rsplit('-', 1)[1]}"  # a task per shard: shards grade apart
         replicate = replicates[task] = replicates.get(task, -1) + 1
         labels = Labels(name, task, str(replicate), "live")
         rows.append({"task_id": task, "condition": "live", "replicate": replicate, "outcome": rng.random() < 0.6})
@@ -118,6 +134,4 @@ def record(store: Store, n_exchanges: int, seed: int = 0) -> dict[str, int]:
             rec.finish(pending, resp, latency_ms=float(rng.randint(300, 4000)))
             raw["bodies"] += len(req_body) + len(resp_body)
             raw["exchanges"] += 1
-    # graded, as nfverify would (a task run once has no within-task variance: left out)
-    store.put_outcomes([{**r, "outcome": int(r["outcome"])} for r in rows if replicates[r["task_id"]] > 0])
-    return raw
+    return replicates

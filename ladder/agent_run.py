@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 
+from noisefloor import exit_codes
+from noisefloor.outcome_rows import replicate_label
+
 STDERR_TAIL = 2000
 _RUNNING: set[subprocess.Popen[str]] = set()  # agents started here and not finished: killed on an interrupt
 _LOCK = threading.Lock()
@@ -69,7 +72,7 @@ def session_name(condition: str, replicate: int, task_id: str) -> str:
 
 def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     """Run the agent once against the proxy on loopback `port`; the session is named in its base URL."""
-    labels = {"session": run.session, "task": run.task_id, "replicate": str(run.replicate), "condition": run.condition}
+    labels = {"session": run.session, "task": run.task_id, "replicate": replicate_label(run.replicate), "condition": run.condition}
     if run.replay_from:
         labels["replay_from"] = run.replay_from
     base = f"http://127.0.0.1:{port}/_nf/" + ",".join(f"{k}={quote(v, safe='')}" for k, v in labels.items())
@@ -94,7 +97,7 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
     except OSError as exc:
-        proc, code, err = None, 127, f"cannot start agent: {exc}"
+        proc, code, err = None, exit_codes.NOT_STARTED, f"cannot start agent: {exc}"
     if proc is not None:
         with _LOCK:
             _RUNNING.add(proc)

@@ -14,10 +14,11 @@ from statistics import median
 from typing import Any
 
 from noisefloor.analyzer import audit as audit_mod
+from noisefloor.analyzer import floors_report, report_doc
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
-from noisefloor.ladder.runner import Config, LadderError
+from noisefloor.ladder.runner import Config, LadderError, unanswered
 from noisefloor.outcome_rows import OutcomeRow
 
 
@@ -51,6 +52,7 @@ def audit_tasks(folder: Path | None, categories: str, per_category: int) -> tupl
 def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Executor,
               say: Callable[[str], None]) -> pipeline.LadderResult:
     from noisefloor.verifier.bfcl import grade_response
+    from noisefloor.verifier.rows import with_verdict
 
     ladder = pipeline.start(cfg, executor, builtin, say)
     extra = {t.task_id: json.dumps({"tools": t.tools()}) for t in cfg.tasks}
@@ -68,28 +70,24 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
         cand = found.get(session)
         base = ladder.base_row(session, att, cand)
         if cand is None or cand.body is None:
-            rows.append(replace(base, failure="agent_timeout" if att.timed_out else "agent_error",
-                                detail=att.stderr_tail[-500:]))
+            rows.append(unanswered(base, att))
             continue
-        v = grade_response(by_id[att.task_id].tool, cand.body)
-        rows.append(replace(base, outcome=v.outcome, failure=v.failure, detail=v.detail))
+        rows.append(with_verdict(base, grade_response(by_id[att.task_id].tool, cand.body)))
     pipeline.keep_rows(ladder, rows)
     say("analyzing")
-    audits = audit_mod.audit(rows, seed=cfg.seed)
+    audits = audit_mod.audit(rows, seed=cfg.seed, resamples=cfg.bootstrap)
     main = audit_mod.main_arm(rows)
     if not main:
         raise LadderError("the audit has no main-arm rows; declare a condition without a perturbation variant")
-    result, doc, drifted = pipeline.analysis_doc(cfg, design, ladder, rows, analyzed=main)
-    doc["floors"] = audit_mod.to_json(audits)
-    doc["warnings"] = [*doc["warnings"], *audit_mod.drift_messages(audits)]
-    if builtin is not None:
-        doc["truth"] = truth(builtin, cfg, doc["floors"])
-    text = audit_mod.table(audits)
-    if doc.get("truth"):
-        text += "\n" + truth_line(doc["truth"])
-    md = "\n".join(["## Floors", "", *audit_mod.lines(audits, "- ")]) + (
-        "\n\n" + truth_line(doc["truth"]) if doc.get("truth") else "")
-    pipeline.write_reports(cfg, result, doc, rows, [text], [md], plot=False)
+    result, parts, drifted = pipeline.analysis_doc(cfg, design, ladder, rows, analyzed=main)
+    floors = floors_report.to_json(audits)
+    known = truth(builtin, cfg, floors) if builtin is not None else None
+    parts = replace(parts, floors=floors, floor_notes=report_doc.floor_notes(audits), truth=known)
+    text = floors_report.table(audits)
+    if known:
+        text += "\n" + truth_line(known)
+    md = "\n".join(floors_report.markdown(audits, "Floors")) + ("\n\n" + truth_line(known) if known else "")
+    doc = pipeline.write_reports(cfg, result, parts, rows, [text], [md], plot=False)
     return pipeline.LadderResult(result, doc, drifted, [], False, [text])
 
 

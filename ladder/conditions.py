@@ -176,3 +176,27 @@ def parse_overrides(spec: Mapping[str, Any] | None, where: str) -> tuple[Overrid
             raise ConditionError(f"{where}: override {pointer!r} is not a JSON pointer such as /temperature")
         out.append(Override(pointer, value))
     return tuple(out)
+
+
+# -- the ladder's conditions: every rung a ladder can run, the one place a new one is declared ------
+
+LADDER_DEFAULT = ("live", "t0", "replay")  # the determinism ladder's three rungs, in order
+PINNED_SEED = 1234  # the sampling seed `seed-pinned` fixes
+LIVE_TEMPERATURE = 0.7
+
+
+def ladder_conditions(replay_source: tuple[str, int] = ("t0", 0), grader: str | None = None) -> tuple[Condition, ...]:
+    """Every condition `--conditions` can pick for a ladder, in report order: live at the agent's own
+    sampling; seed-pinned at T=0.7 with a fixed sampling seed (does the provider honour a seed?);
+    t0 with the proxy imposing temperature 0; replay answering strictly from one recorded replicate."""
+    return (
+        Condition("live", rank=0, grader_version=grader),
+        Condition("seed-pinned", overrides=(Override("/temperature", LIVE_TEMPERATURE), Override("/seed", PINNED_SEED)),
+                  rank=1, grader_version=grader),
+        Condition("t0", overrides=(Override("/temperature", 0),), rank=2, grader_version=grader),
+        Condition("replay", proxy="replay", replay_from=replay_source, rank=3, grader_version=grader),
+    )
+
+
+LADDER_NAMES = tuple(c.name for c in ladder_conditions())
+RECORDED = tuple(c.name for c in ladder_conditions() if not c.replays)  # what a replay can serve from

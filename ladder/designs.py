@@ -1,7 +1,8 @@
 """The seeds' four designs as sets of conditions (`conditions.py`) with their own few settings.
 
-- ladder (seed 000's generation ladder, the default): live at the agent's own sampling, t0 with the
-  proxy imposing temperature 0, replay answering strictly from one recorded replicate;
+- ladder (the generation ladder, the default): the rungs of `conditions.ladder_conditions` (live at
+  the agent's own sampling, t0 with the proxy imposing temperature 0, replay answering strictly
+  from one recorded replicate, and any other declared there);
 - judge (seed 000 §3.1, §5.3, App. D): one frozen candidate per task, judged R times at T=0.7 and R
   times at T=0 through the proxy; the reference is the candidate's executed outcome;
 - audit (seed 003): BFCL tasks by native tool calling, a main arm at T=0 x 10 and named prompt
@@ -16,7 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from noisefloor.ladder.conditions import Condition, ConditionError, Override, Registry
+from noisefloor.ladder.conditions import (
+    LADDER_DEFAULT,
+    LADDER_NAMES,
+    Condition,
+    ConditionError,
+    Override,
+    Registry,
+    ladder_conditions,
+)
 from noisefloor.ladder.runner import parse_agent
 
 DESIGNS = ("ladder", "judge", "audit", "gate")
@@ -34,12 +43,13 @@ class Design:
     settings: Mapping[str, Any] = field(default_factory=dict)
 
 
-def ladder(replicates: int = 5, names: Sequence[str] = ("live", "t0", "replay"),
+def ladder(replicates: int = 5, names: Sequence[str] = LADDER_DEFAULT,
            replay_source: tuple[str, int] = ("t0", 0), grader: str | None = None) -> Design:
-    live = Condition("live", rank=0, grader_version=grader)
-    t0 = Condition("t0", overrides=(Override("/temperature", 0),), rank=1, grader_version=grader)
-    replay = Condition("replay", proxy="replay", replay_from=replay_source, rank=2, grader_version=grader)
-    chosen = [c for c in (live, t0, replay) if c.name in names]
+    """The conditions `names` of `conditions.ladder_conditions`, in its order."""
+    unknown = [n for n in names if n not in LADDER_NAMES]
+    if unknown:
+        raise ConditionError(f"unknown ladder condition {unknown[0]!r}; choose from {', '.join(LADDER_NAMES)}")
+    chosen = [c for c in ladder_conditions(replay_source, grader) if c.name in names]
     return Design("ladder", Registry(tuple(chosen)), replicates, {"replay_source": list(replay_source)})
 
 

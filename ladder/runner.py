@@ -145,14 +145,12 @@ class Ladder:
     # -- grading -----------------------------------------------------------------------------
 
     def candidates(self, names: set[str] | None = None) -> dict[str, Any]:
-        """This study's attempts (session -> verifier Attempt) found in the log."""
+        """This study's candidates (session -> verifier Candidate) found in the log."""
         from noisefloor.proxy.store import Store
-        from noisefloor.verifier.candidates import attempts as log_attempts
+        from noisefloor.verifier.candidates import candidates
 
         with Store.open(self.store, write=False) as store:
-            found = {a.session: a for a in log_attempts(store)}
-            self._requests = {a.session: _request_doc(store, a.exchange) for a in found.values() if a.exchange}
-        return {s: a for s, a in found.items() if names is None or a.condition in names}
+            return {c.session: c for c in candidates(store) if names is None or c.condition in names}
 
     def study_attempts(self, names: set[str] | None = None) -> list[tuple[str, Attempt]]:
         """(session, attempt) of this run's study only: a resume with fewer tasks or replicates
@@ -165,44 +163,41 @@ class Ladder:
         return out
 
     def base_row(self, session: str, att: Attempt, cand: Any) -> OutcomeRow:
-        """The row's identity and stamp: the model asked for and the one that answered, the
-        sampling the request carried (after the proxy's overrides), the condition's grader."""
+        """The row's identity and stamp: what the candidate's request carried (after the proxy's
+        overrides), the condition's stamp where it carried nothing, the condition's grader."""
+        from noisefloor.verifier.rows import candidate_row
+
         cond = self.c.conditions[att.condition]
         stamp = self.c.conditions.stamp(cond)
-        ex = cand.exchange if cand is not None else None
-        req = self._requests.get(session, {}) if ex is not None else {}
-        temp = _num(req.get("temperature"), float)
-        return OutcomeRow(att.task_id, att.condition, att.replicate, 0, session=session,
-                          fingerprint=ex.fingerprint if ex else None,
-                          model=_str(req.get("model")) or stamp.model,
-                          served_model=ex.model if ex else None,
-                          temperature=temp if temp is not None else stamp.temperature,
-                          top_p=_num(req.get("top_p"), float) if "top_p" in req else stamp.top_p,
-                          seed=_num(req.get("seed"), int) if "seed" in req else stamp.seed,
-                          grader_version=stamp.grader_version, endpoint=cond.endpoint,
-                          variant=(self.c.conditions.keying(cond).variant or ("main" if cond.endpoint else None)))
+        ident = {"task_id": att.task_id, "condition": att.condition, "replicate": att.replicate, "session": session}
+        row = candidate_row(cand, **ident) if cand is not None else OutcomeRow(**ident, outcome=0)
+        return replace(row, model=row.model or stamp.model,
+                       temperature=stamp.temperature if row.temperature is None else row.temperature,
+                       top_p=stamp.top_p if row.top_p is None else row.top_p,
+                       seed=stamp.seed if row.seed is None else row.seed,
+                       grader_version=stamp.grader_version, endpoint=cond.endpoint,
+                       variant=(self.c.conditions.keying(cond).variant or ("main" if cond.endpoint else None)))
 
     def outcomes(self, grade: Callable[[list[tuple[str, str]]], list[Any]], names: set[str] | None = None,
                  ) -> list[OutcomeRow]:
         """One row per attempt: graded from the log, or failed with the agent's stderr tail."""
         from noisefloor.verifier.candidates import response_text
+        from noisefloor.verifier.rows import Pending, grade_pending
 
         found = self.candidates(names)
-        rows: list[OutcomeRow] = []
-        to_grade: list[tuple[int, str, str]] = []
+        rows: dict[str, OutcomeRow] = {}
+        pending: list[Pending] = []
         for session, att in self.study_attempts(names):
             cand = found.get(session)
             base = self.base_row(session, att, cand)
             if cand is None or cand.body is None:
-                why = "agent_timeout" if att.timed_out else "agent_error"
-                rows.append(replace(base, failure=why, detail=att.stderr_tail[-500:]))
-                continue
-            rows.append(base)
-            to_grade.append((len(rows) - 1, att.task_id, response_text(cand.body)))
-        verdicts = grade([(tid, text) for _, tid, text in to_grade])
-        for (i, _, _), v in zip(to_grade, verdicts):
-            rows[i] = replace(rows[i], outcome=v.outcome, failure=v.failure, detail=v.detail)
-        return rows
+                rows[session] = unanswered(base, att)
+            else:
+                rows[session] = base
+                pending.append(Pending(base, response_text(cand.body)))
+        for row in grade_pending(pending, grade):  # type: ignore[arg-type]
+            rows[row.session or ""] = row
+        return list(rows.values())
 
     def _logged_sessions(self) -> set[str]:
         from noisefloor.proxy.store import Store
@@ -216,6 +211,7 @@ class Ladder:
         """(condition, model as requested) -> the models that answered, over every recorded exchange
         of this study's conditions (an agent's every call, not only its final one)."""
         from noisefloor.proxy.store import Store
+        from noisefloor.verifier.candidates import request_doc, requested
 
         names = set(self.c.conditions.names)
         out: dict[tuple[str, str], set[str]] = {}
@@ -223,7 +219,7 @@ class Ladder:
             for ex in store.exchanges():
                 if ex.mode != "record" or ex.condition not in names or not ex.model:
                     continue
-                asked = _str(_request_doc(store, ex).get("model")) or "?"
+                asked = requested(request_doc(store, ex)).model or "?"
                 out.setdefault((ex.condition, asked), set()).add(ex.model)
         return out
 
@@ -241,6 +237,7 @@ class Ladder:
     def provider_counts(self) -> dict[tuple[str, float], int]:
         """Requests per (task, temperature) already recorded: restores a provider's draw counters on resume."""
         from noisefloor.proxy.store import Store
+        from noisefloor.verifier.candidates import request_doc, requested
 
         counts: dict[tuple[str, float], int] = {}
         if not (self.store / "data.mdb").exists():
@@ -249,29 +246,15 @@ class Ladder:
             for ex in store.exchanges():
                 if ex.mode != "record" or not ex.task:
                     continue
-                temp = _num(_request_doc(store, ex).get("temperature", 1.0), float)
+                temp = requested({"temperature": 1.0} | request_doc(store, ex)).temperature
                 if temp is not None:
                     counts[(ex.task, temp)] = counts.get((ex.task, temp), 0) + 1
         return counts
 
 
-def _request_doc(store: Any, ex: Any) -> dict[str, Any]:
-    """The request body as recorded (after the proxy's overrides), {} when not a JSON object."""
-    try:
-        doc = json.loads(store.part_body(ex.request, ex.id, "request") or b"{}")
-    except (ValueError, AttributeError, TypeError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _num(value: Any, kind: type) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return kind(value)
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
+def unanswered(base: OutcomeRow, att: Attempt) -> OutcomeRow:
+    """The row of an attempt whose agent left no answer in the log: failed, with its stderr tail."""
+    return replace(base, failure="agent_timeout" if att.timed_out else "agent_error", detail=att.stderr_tail[-500:])
 
 
 BUILTIN_AGENTS = {"builtin": ("agent", []), "completions": ("agent", ["--completions"])}

@@ -14,7 +14,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
-from noisefloor.proxy import decoding, perturb, secrets
+from noisefloor.proxy import decoding, perturb, replies, secrets
 from noisefloor.proxy import mitm_compat as mitm
 from noisefloor.proxy import overrides as ov
 from noisefloor.proxy.mitm_compat import ServerHook, http  # mitmproxy's public flow types
@@ -107,8 +107,7 @@ class Group:
 
 def _error(status: int, kind: str, message: str, headers: dict[str, str]) -> http.Response:
     """An answer nfproxy gives itself, in the JSON error shape the SDKs print."""
-    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
-    return mitm.make_response(status, body, {"content-type": "application/json", **headers})
+    return mitm.make_response(status, replies.error_body(kind, message), {"content-type": "application/json", **headers})
 
 
 def _decoded(flow: http.HTTPFlow) -> bytes:

@@ -62,7 +62,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=8, sync=False, metasync=False)
         try:
             dbs = {name: env.open_db(name.encode()) for name in
-                   ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts")}
+                   ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts", "rindex")}
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
             with env.begin(write=True) as txn:
@@ -75,6 +75,8 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             out = codec.Codec(dicts.get)
             _copy_bodies(src, env, dbs["bodies"], out, keys.get("body"), progress)
             _copy_records(src, env, dbs["exchanges"], out, keys.get("record"), progress)
+            # the replay index's lookup rows, in key order (a compacted store replays without loading it)
+            _append_batched(env, dbs["rindex"], src.raw_table("rindex"), progress, "index rows")
             with env.begin(write=True) as txn:
                 for db_name, items in (("recorded", src.raw_table("recorded")), ("outcomes", src.raw_table("outcomes")),
                                        ("meta", src.raw_table("meta"))):

@@ -1,4 +1,4 @@
-"""The exchange record (DESIGN.md): built here only, by every mode.
+"""The exchange record: built here, by every mode, and read here (its one typed definition).
 
 A record is assembled in parts: the request's part when the request arrives (serialized while
 the upstream works, so the client never waits for it), the answer's part when the answer is
@@ -10,17 +10,25 @@ path would cost as much as the rest of recording.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 if TYPE_CHECKING:  # the store imports this module too: no import of traffic at run time
     from noisefloor.proxy.traffic import Prepared, ResponseData
 
 ANSWER_FIELDS = ("model", "fingerprint", "usage", "finish_reason", "truncated")
+RECORD_VERSION = 1  # the layout `request_part` writes and `parse` reads without migrating
+# layout version -> the function that rewrites a record of it into the next layout (none yet)
+_MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {}
 
 
 def request_part(p: Prepared, mode: str, rules_id: str) -> dict[str, Any]:
     """The fields every exchange record has, whatever happened next."""
     return {
+        "version": RECORD_VERSION,
         "time": p.started,
         "mode": mode,
         "session": p.labels.session,
@@ -55,3 +63,213 @@ def join(head: str, tail: dict[str, Any]) -> str:
 def with_id(text: str, exchange_id: int) -> str:
     """The stored text: the id first, then the record (a JSON object without "id")."""
     return f'{{"id":{exchange_id},{text[1:]}'
+
+
+# -- reading -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """One request the proxy saw and what it answered: the one typed definition of the stored
+    record, read by `parse` and written by the builders above (`version` says which layout; keys
+    this version does not know are kept in `unknown` and written back, never dropped)."""
+
+    id: int
+    time: float  # the request arrived
+    mode: str
+    session: str
+    key: str
+    occurrence: int
+    seq: int
+    rules_id: str
+    request: dict[str, Any]
+    response: dict[str, Any] | None
+    task: str | None = None
+    replicate: str | None = None
+    condition: str | None = None
+    latency_ms: float | None = None
+    model: str | None = None
+    fingerprint: str | None = None
+    usage: dict[str, Any] | None = field(default_factory=dict)
+    finish_reason: str | None = None
+    truncated: bool | None = False
+    replay: dict[str, Any] | None = None
+    overrides: dict[str, Any] | None = None
+    perturbation: str | None = None
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+    end: float | None = None  # the answer was complete (recorded exchanges)
+    version: int = 1  # the record's layout; records written before the field existed are 1
+    unknown: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, as stored
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON object. Shallow: the nested request / response / usage objects are
+        the exchange's own (dataclasses.asdict deep-copied them, and dominated listing a store)."""
+        doc = {name: getattr(self, name) for name in _FIELD_NAMES}
+        doc.update(self.unknown)
+        return doc
+
+    def json_bytes(self) -> bytes:
+        """The record as compact JSON (UTF-8, every field): what `nfproxy log --json` prints."""
+        try:
+            return _ENCODER.encode(self.to_json())  # a dict: every field, in order
+        except (UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate (bytes no header should hold)
+            return json.dumps(self.to_json(), ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Exchange:
+        """The record, or TypeError / ValueError naming the first field that is not what the record
+        type says; keys it does not know are kept in `unknown`."""
+        if not isinstance(doc, dict):
+            raise TypeError(f"a JSON {type(doc).__name__}, not an object")
+        doc = migrate(doc)
+        _check(doc, _RECORD_TYPES, "")
+        for name in ("request", "response"):
+            if doc.get(name) is not None:
+                _check(doc[name], _PART_TYPES[name], name + ".")
+        unknown = {k: v for k, v in doc.items() if k not in _KNOWN}
+        return cls(**{k: v for k, v in doc.items() if k in _KNOWN}, unknown=unknown)
+
+    @property
+    def replay_result(self) -> str | None:
+        return (self.replay or {}).get("result")
+
+
+_FIELD_NAMES = tuple(n for n in Exchange.__dataclass_fields__ if n != "unknown")
+_KNOWN = frozenset(_FIELD_NAMES)
+# every known key, its value left unparsed, and no other: how `parse` tells that a record has keys
+# this version does not know (the typed decoder skips them) without parsing it twice
+_KEYS_ONLY = msgspec.json.Decoder(msgspec.defstruct("_Keys", [(n, msgspec.Raw, msgspec.Raw()) for n in _FIELD_NAMES],
+                                                    forbid_unknown_fields=True))
+_NUM = (int, float)
+_OPT_STR = (str, type(None))
+_RECORD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {  # field -> (types, required)
+    "id": ((int,), True), "time": (_NUM, True), "mode": ((str,), True), "session": ((str,), True),
+    "key": ((str,), True), "occurrence": ((int,), True), "seq": ((int,), True), "rules_id": ((str,), True),
+    "request": ((dict,), True), "response": ((dict, type(None)), True), "task": (_OPT_STR, False),
+    "replicate": (_OPT_STR, False), "condition": (_OPT_STR, False), "latency_ms": ((*_NUM, type(None)), False),
+    "model": (_OPT_STR, False), "fingerprint": (_OPT_STR, False), "usage": ((dict, type(None)), False),
+    "finish_reason": (_OPT_STR, False), "truncated": ((bool, type(None)), False), "replay": ((dict, type(None)), False),
+    "overrides": ((dict, type(None)), False), "perturbation": (_OPT_STR, False), "error": (_OPT_STR, False),
+    "notes": ((list,), False), "end": ((*_NUM, type(None)), False), "version": ((int,), False),
+}
+_PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
+    "request": {"method": ((str,), True), "url": ((str,), True), "headers": ((list,), True),
+                "body": (_OPT_STR, False), "body_size": ((int, type(None)), False)},
+    "response": {"status": ((int,), True), "headers": ((list,), True), "body": (_OPT_STR, False),
+                 "body_size": ((int, type(None)), False), "chunks": ((list, type(None)), False)},
+}
+
+
+class _Part(msgspec.Struct):
+    """A part of a head, read like the record's dict (`part["status"]`, `part.get("url")`)."""
+
+    def __getitem__(self, name: str) -> Any:
+        return getattr(self, name)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name, default)
+
+
+class _RequestHead(_Part):
+    method: str
+    url: str
+
+
+class _ResponseHead(_Part):
+    status: int
+
+
+class Head(msgspec.Struct):
+    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
+    status and identity, decoded and type-checked without the headers and the rest."""
+
+    id: int
+    time: float
+    mode: str
+    session: str
+    key: str
+    occurrence: int
+    request: _RequestHead
+    response: _ResponseHead | None
+    task: str | None = None
+    replicate: str | None = None
+    condition: str | None = None
+    model: str | None = None
+    fingerprint: str | None = None
+    usage: dict[str, Any] | None = None
+    truncated: bool | None = False
+    replay: dict[str, Any] | None = None
+    error: str | None = None
+    notes: list[str] = msgspec.field(default_factory=list)
+
+    @property
+    def status(self) -> int | None:
+        return None if self.response is None else self.response.status
+
+    @property
+    def replay_result(self) -> str | None:
+        return (self.replay or {}).get("result")
+
+
+_DECODER = msgspec.json.Decoder(Exchange)
+_HEAD_DECODER = msgspec.json.Decoder(Head)
+_ENCODER = msgspec.json.Encoder()
+
+
+def parse(data: bytes) -> Exchange:
+    """One stored record, typed: msgspec checks every field against Exchange's annotations in C
+    (json.loads plus checks in Python cost five times as much and dominated listing a store);
+    TypeError / ValueError name what is wrong. A record with keys this version does not know, or of
+    an earlier layout, takes the slow path, which keeps them."""
+    try:
+        ex = _DECODER.decode(data)
+        _KEYS_ONLY.decode(data)
+    except msgspec.ValidationError as exc:
+        if "unknown field" not in str(exc):
+            raise TypeError(str(exc)) from None
+        return Exchange.from_json(json.loads(data))
+    except msgspec.DecodeError:  # JSON that msgspec refuses and json reads (a lone surrogate): the slow path
+        return Exchange.from_json(json.loads(data))
+    if ex.version != RECORD_VERSION:
+        return Exchange.from_json(json.loads(data))
+    for name in ("request", "response"):
+        part = getattr(ex, name)
+        if part is not None:
+            _check(part, _PART_TYPES[name], name + ".")
+    return ex
+
+
+def migrate(doc: dict[str, Any]) -> dict[str, Any]:
+    """A record of an earlier layout in today's; one of a later layout is refused (ValueError)."""
+    version = doc.get("version", 1)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise TypeError(f"field version is a {type(version).__name__}")
+    if version > RECORD_VERSION:
+        raise ValueError(f"the record has layout version {version}, newer than this noisefloor reads "
+                         f"({RECORD_VERSION}); upgrade noisefloor")
+    while version < RECORD_VERSION:  # the seam: each step rewrites one layout into the next
+        doc, version = _MIGRATIONS[version](doc), version + 1
+    return doc
+
+
+def parse_head(data: bytes) -> Head:
+    """What listings read of a stored record (ValidationError / DecodeError as msgspec raises them)."""
+    return _HEAD_DECODER.decode(data)
+
+
+def head_of(ex: Exchange) -> Head:
+    return msgspec.convert(ex.to_json(), Head)
+
+
+def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
+    if not isinstance(doc, dict):
+        raise TypeError(f"{where[:-1]} is a JSON {type(doc).__name__}, not an object")
+    for name, (allowed, required) in types.items():
+        if name not in doc:
+            if required:
+                raise TypeError(f"field {where}{name} is missing")
+            continue
+        value = doc[name]
+        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+            raise TypeError(f"field {where}{name} is a {type(value).__name__}")

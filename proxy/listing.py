@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.errors import InputError
-from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.exchange_record import Exchange
+from noisefloor.proxy.store import Store
 
 SHOWN_BODY = 2 << 20  # bytes of a body searched (and shown by nfview)
 STATUS = re.compile(r"[1-5][0-9][0-9]|[1-5]xx|error")

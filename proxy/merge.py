@@ -24,16 +24,21 @@ import re
 from array import array
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from noisefloor.errors import NoisefloorError
 from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
+from noisefloor.proxy import replay_index
+from noisefloor.proxy.exchange_record import Exchange
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.replay_index import RecordedEntry
+from noisefloor.proxy.store import Store, StoreError
 
 _BATCH = 2000  # exchanges per write transaction (whole sessions only)
 _VERIFIED = 1 << 17  # body digests remembered as verified (a bounded cache: bodies repeat across replicates)
-_BODY = re.compile(rb'"body": "([0-9a-f]{64})"')
+_BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
 _ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
 
 
@@ -136,9 +141,8 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
                         new_ids[old] = new
             todo = [name for name in shard.sessions if plan.get(name) is shard]
             with Store.open(shard.path, write=False) as src:
-                entries = {e.id: e for e in src.recorded_entries()} if todo else {}
                 for batch in _batches(todo, shard.sessions):
-                    _write_batch(dest, src, shard, batch, entries, new_ids, added)
+                    _write_batch(dest, src, shard, batch, new_ids, added)
                     progress(f"{shard.path}: {added['exchanges']} exchanges merged")
         if rows:
             dest.put_outcomes(rows)
@@ -150,17 +154,41 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:
-    """The one rule set of OUT and every shard (id, description); different ones are refused."""
+    """The one keying of OUT and every shard (id, description); a different one is refused. A
+    store recorded under an earlier id scheme of the same keys (`Rules.legacy_ids`) merges: OUT
+    takes today's id when it has none."""
     have = (dest.meta("rules_id"), dest.meta("rules")) if dest.meta("rules_id") is not None else None
+    same = _same_keys(*have) if have is not None else frozenset()
     for shard in shards:
         if shard.rules_id is None:
             continue
-        if have is not None and shard.rules_id != have[0]:
+        theirs = _same_keys(shard.rules_id, shard.rules)
+        if have is not None and not same & theirs:
             raise StoreError(f"shard {shard.path} was recorded with normalization rules {shard.rules_id}, the others "
                              f"with {have[0]}: their keys do not match, so they cannot replay as one store; merge "
                              "shards recorded with the same --ignore-field flags")
-        have = have or (shard.rules_id, shard.rules)
+        if have is None:
+            today = _today(shard.rules)
+            have = (today.id, today.describe()) if today is not None and today.id in theirs else (shard.rules_id,
+                                                                                              shard.rules)
+            same = theirs
     return have
+
+
+def _today(described: Any) -> Rules | None:
+    """The rule set a stored description names, or None when it is not one this version reads."""
+    try:
+        return Rules(tuple(described["header_allowlist"]), tuple(described["ignore_fields"]), described.get("profile"))
+    except (TypeError, KeyError, ValueError, AttributeError, NoisefloorError):
+        return None
+
+
+def _same_keys(rules_id: str, described: Any) -> frozenset[str]:
+    """Every id of the keying a store was recorded with: today's and the earlier schemes' ids of the
+    same keys (just its own when its description is not a rule set today's code rebuilds)."""
+    rules = _today(described)
+    ids = {rules.id, *rules.legacy_ids} if rules is not None else set()
+    return frozenset(ids) if rules_id in ids else frozenset({rules_id})
 
 
 def _plan(present: dict[str, _Session], shards: list[_Shard]) -> dict[str, _Shard | None]:
@@ -195,30 +223,22 @@ def _batches(names: list[str], sessions: dict[str, _Session]) -> Iterator[list[s
         yield batch
 
 
-def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], entries: dict[int, RecordedEntry],
-                 new_ids: array, added: dict[str, int]) -> None:
-    """Whole sessions in one transaction; a replay record's source id follows its source into OUT
-    (sources are recorded before the replays that serve them, so they are merged first)."""
+def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], new_ids: array,
+                 added: dict[str, int]) -> None:
+    """Whole sessions in one transaction, with their replay-index entries and nearest-request
+    sketches; a replay record's source id follows its source into OUT (sources are recorded before
+    the replays that serve them, so they are merged first)."""
+    olds = [old for name in names for old in shard.sessions[name].ids]
+    entries = {e.id: e for e in src.recorded_entries_by_id(olds)}
+    recorded = [i for i in olds if i in entries]
+    for i, near in zip(recorded, replay_index.stored_near(src, recorded)):
+        entries[i] = replace(entries[i], near=near)
     items: list[tuple[str, RecordedEntry | None]] = []
-    olds: list[int] = []
     digests: set[str] = set()
-    for name in names:
-        for old in shard.sessions[name].ids:
-            text = src.record_text(old)
-            digests.update(m.decode() for m in _BODY.findall(text))
-            if b'"replay": {' in text:  # a replay record: its source has another id in OUT
-                doc = json.loads(text)
-                doc.pop("id")
-                if doc["replay"].get("source_id") is not None:
-                    source = doc["replay"]["source_id"]
-                    mapped = new_ids[source] if 0 < source < len(new_ids) else 0
-                    doc["replay"] = {**doc["replay"], "source_id": mapped or None}
-                record = json.dumps(doc)
-            else:
-                record = "{" + _ID_PREFIX.sub(b"", text, count=1).decode()
-            items.append((record, entries.get(old)))
-            olds.append(old)
-    raw = {d: src.raw_body(d) for d in sorted(digests)}
+    for old, text in zip(olds, src.record_texts_of(olds)):
+        digests.update(m.decode() for m in _BODY.findall(text))
+        items.append((_moved(text, new_ids), entries.get(old)))
+    raw = dict(zip(sorted(digests), src.raw_bodies(sorted(digests))))
     ids, fresh = dest.absorb(raw, items, source=src)
     for old, new in zip(olds, ids):
         new_ids[old] = new
@@ -226,3 +246,16 @@ def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], entri
     added["exchanges"] += len(items)
     added["bodies"] += fresh
     added["shared"] += len(raw) - fresh
+
+
+def _moved(text: bytes, new_ids: array) -> str:
+    """A stored record as OUT appends it: without its id, a replay record's source id mapped."""
+    if b'"replay": {' not in text and b'"replay":{' not in text:
+        return "{" + _ID_PREFIX.sub(b"", text, count=1).decode()
+    doc = json.loads(text)
+    doc.pop("id")
+    if (doc.get("replay") or {}).get("source_id") is not None:
+        source = doc["replay"]["source_id"]
+        mapped = new_ids[source] if 0 < source < len(new_ids) else 0
+        doc["replay"] = {**doc["replay"], "source_id": mapped or None}
+    return json.dumps(doc)

@@ -13,7 +13,8 @@ from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.profiles import extract_meta
 from noisefloor.proxy.providers import Provider
-from noisefloor.proxy.store import RecordedEntry, Store
+from noisefloor.proxy.replay_index import RecordedEntry
+from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
 
 

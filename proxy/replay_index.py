@@ -18,7 +18,9 @@ the content dependencies recomputed from their exchanges, and nothing is written
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import json
 import struct
 import zlib
 from collections import Counter, defaultdict
@@ -30,7 +32,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.keys import CanonicalRequest
-    from noisefloor.proxy.store import RecordedEntry, Store
+    from noisefloor.proxy.store import Store
 
 VERSION = 1
 _U64 = struct.Struct(">Q")
@@ -46,6 +48,41 @@ _MAX_FEATURES = 2048
 _CHUNK = 4  # words per feature of a long string
 BAND_READ = 32  # newest ids read per band
 RANKED = 64  # candidates whose sketches are compared
+
+
+@dataclass(frozen=True)
+class RecordedEntry:
+    """What replay needs to know about one recorded exchange, without loading it (the `recorded`
+    table's value: `entry_json` writes it, `entry` reads it)."""
+
+    id: int
+    key: str
+    session: str
+    occurrence: int
+    seq: int
+    route: str  # "METHOD host path": narrows the nearest-request search on a miss
+    start: float | None = None  # when the request arrived and when its answer was complete: the
+    end: float | None = None  # recorded happens-before order (None in stores recorded before it)
+    deps: tuple[int, ...] = ()  # seqs (same session) of the recorded answers this request carries
+    # the nearest-request index's entry, written with the exchange (not part of the JSON entry)
+    near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # (bucket, bands, signature)
+
+
+_ENTRY_REQUIRED = ("id", "key", "session", "occurrence", "seq", "route")
+
+
+def entry(raw: bytes) -> RecordedEntry:
+    doc = json.loads(raw)
+    return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
+                         deps=tuple(doc.get("deps", ())))
+
+
+def entry_json(exchange_id: int, e: RecordedEntry) -> bytes:
+    doc: dict[str, Any] = {"id": exchange_id, "key": e.key, "session": e.session, "occurrence": e.occurrence,
+                           "seq": e.seq, "route": e.route, "start": e.start, "end": e.end}
+    if e.deps:
+        doc["deps"] = list(e.deps)
+    return json.dumps(doc).encode()
 
 
 def session_tag(session: str) -> bytes:
@@ -84,40 +121,96 @@ def bucket(route: str, body: Any) -> bytes:
     return hashlib.sha256(f"{route}|{model if isinstance(model, str) else ''}".encode()).digest()[:8]
 
 
-def _features(value: Any, path: str, out: list[int]) -> None:
-    """Hashes of (path, leaf) for every leaf, and of each run of `_CHUNK` words of a long string,
-    so that a changed word keeps most of a long message's features."""
-    if len(out) >= _MAX_FEATURES:
-        return
-    if isinstance(value, dict):
-        for k, v in value.items():
-            _features(v, f"{path}/{k}", out)
-    elif isinstance(value, list):
-        for i, v in enumerate(value):
-            _features(v, f"{path}/{i}", out)
-    elif isinstance(value, str):
-        data = f"{path}={value}".encode("utf-8", "surrogatepass")
-        out.append(zlib.crc32(data))
-        if len(value) > 40:
-            words = value.split()
-            seed = zlib.crc32(path.encode())
-            crc, join = zlib.crc32, " ".join
-            out.extend(crc(join(words[i:i + _CHUNK]).encode("utf-8", "surrogatepass"), seed)
-                       for i in range(0, min(len(words), _CHUNK * (_MAX_FEATURES - len(out))), _CHUNK))
-    else:
-        out.append(zlib.crc32(f"{path}={value!r}".encode()))
+def _signature(features: Any) -> np.ndarray:
+    """The MinHash signature (32 minima) of a set of feature hashes."""
+    x = np.fromiter(features, dtype=np.uint64)
+    return ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1)
+
+
+@functools.lru_cache(maxsize=8192)
+def _long_string(path: str, value: str) -> tuple[tuple[int, ...], np.ndarray]:
+    """A long string's features (the whole leaf, then each run of `_CHUNK` words, so that a changed
+    word keeps most of a long message's features) and their signature. Cached: a conversation's
+    next request repeats its earlier messages and the system prompt at the same paths, so only the
+    new turn is hashed (a signature is the minimum over features: parts combine by minimum)."""
+    crc, join = zlib.crc32, " ".join
+    words = value.split()
+    seed = crc(path.encode())
+    feats = [crc(f"{path}={value}".encode("utf-8", "surrogatepass"))]
+    feats.extend(crc(join(words[i:i + _CHUNK]).encode("utf-8", "surrogatepass"), seed)
+                 for i in range(0, min(len(words), _CHUNK * (_MAX_FEATURES - 1)), _CHUNK))
+    sig = _signature(feats)
+    sig.flags.writeable = False  # shared by every request that repeats the string
+    return tuple(feats), sig
+
+
+class _Features:
+    """Hashes of (path, leaf) for every leaf of a JSON body, at most `_MAX_FEATURES` in all (the
+    first, in document order); long strings that fit whole contribute their cached signature."""
+
+    def __init__(self, route: str) -> None:
+        self.loose = [zlib.crc32(route.encode())]
+        self.parts: list[np.ndarray] = []
+        self.count = 1
+
+    def walk(self, value: Any, path: str) -> None:
+        if self.count >= _MAX_FEATURES:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                self.walk(v, f"{path}/{k}")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                self.walk(v, f"{path}/{i}")
+        elif isinstance(value, str) and len(value) > 40:
+            feats, sig = _long_string(path, value)
+            room = _MAX_FEATURES - self.count
+            if len(feats) <= room:
+                self.parts.append(sig)
+            else:
+                self.loose.extend(feats[:room])
+            self.count += min(len(feats), room)
+        else:
+            text = f"{path}={value}" if isinstance(value, str) else f"{path}={value!r}"
+            self.loose.append(zlib.crc32(text.encode("utf-8", "surrogatepass")))
+            self.count += 1
+
+    def signature(self) -> np.ndarray:
+        sig = _signature(set(self.loose))
+        return np.minimum.reduce([sig, *self.parts]) if self.parts else sig
 
 
 def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:
     """(bucket, bands, sketch bytes) of a request's canonical form."""
-    feats: list[int] = [zlib.crc32(route.encode())]
-    _features(canonical.body, "", feats)
-    x = np.fromiter(set(feats), dtype=np.uint64)
-    sig = ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1).astype("<u4")
+    feats = _Features(route)
+    feats.walk(canonical.body, "")
+    sig = feats.signature().astype("<u4")
     buck = bucket(route, canonical.body)
-    bands = tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * _ROWS:(i + 1) * _ROWS].tobytes(), digest_size=8).digest()
-                  for i in range(_HASHES // _ROWS))
-    return buck, bands, sig.tobytes()
+    return buck, bands(buck, sig.tobytes()), sig.tobytes()
+
+
+def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
+    """The locality-sensitive bands of a sketch (`_ROWS` values each) within its bucket."""
+    step = 4 * _ROWS
+    return tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * step:(i + 1) * step], digest_size=8).digest()
+                 for i in range(_HASHES // _ROWS))
+
+
+def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None]:
+    """The nearest-request entries of recorded exchanges as their store holds them (None for one
+    without: a body that is not JSON), to write them again elsewhere (merge): the sketch row, its
+    bucket found among the store's few, the bands computed again from both."""
+    if not store.has_replay_index():
+        return [None] * len(ids)
+    buckets = store.index_distinct(BUCKET, 8)
+    sketches = store.index_get_many([SKETCH + _U64.pack(i) for i in ids])
+    probes = [BUCKET + b + _U64.pack(i) for i, sk in zip(ids, sketches) if sk for b in buckets]
+    present = iter(store.index_get_many(probes))
+    out: list[tuple[bytes, tuple[bytes, ...], bytes] | None] = []
+    for sk in sketches:
+        found = [b for b in buckets if next(present) is not None] if sk else []
+        out.append((found[0], bands(found[0], sk), sk) if found else None)
+    return out
 
 
 def agreement(a: bytes, others: list[bytes]) -> np.ndarray:

@@ -29,8 +29,10 @@ from functools import lru_cache
 from typing import Any
 
 from noisefloor.proxy import diagnosis, exchange_record, replay_index, replies
+from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.store import Exchange, RecordedEntry, Store, StoreError
+from noisefloor.proxy.replay_index import RecordedEntry
+from noisefloor.proxy.store import Store, StoreError
 from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, Stats, prepare
 
 ORDERS = ("content", "recorded")

@@ -23,11 +23,12 @@ from typing import IO, Any
 from urllib.parse import parse_qsl, urlsplit
 
 from noisefloor.errors import InputError
+from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.secrets import SECRET_QUERY_PARAMS, erase, erase_text
-from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData
 
 HAR_CREATOR = {"name": "nfproxy", "version": "1"}
@@ -181,22 +182,27 @@ def import_into(path: str | os.PathLike[str], items: Iterable[Incoming | Checked
     with Store.open(path, write=True, create=True) as store:
         store.lock_for_recording()
         recorder = Recorder(store, rules)
-        for item, request, labels_found in ready:
-            labels = Labels(session).overlay(labels_found)
-            given = {k: v for k, v in item.labels.items() if k in LABEL_FIELDS and v is not None}
-            if given:
-                labels = replace(labels, **{k: str(v) for k, v in given.items()})
-            response = None
-            if item.status is not None:
-                response = ResponseData(item.status, item.response_headers, item.response_body, item.layout,
-                                        item.partial)
-            error = erase_text(item.error, request.secret_values) if item.error else item.error
-            pending = recorder.begin(request, labels)
-            recorder.finish(pending, response, error=error, latency_ms=item.latency_ms,
-                            notes=["imported"], end=item.ended if item.ended is not None else item.started)
-            if labels.session not in sessions:
-                sessions.append(labels.session)
+        with store.batch():  # committed hundreds at a time: an import is not a proxy answering
+            _record_all(recorder, ready, session, sessions)
     return ImportResult(len(ready), tuple(sessions))
+
+
+def _record_all(recorder: Recorder, ready: list[Checked], session: str, sessions: list[str]) -> None:
+    for item, request, labels_found in ready:
+        labels = Labels(session).overlay(labels_found)
+        given = {k: v for k, v in item.labels.items() if k in LABEL_FIELDS and v is not None}
+        if given:
+            labels = replace(labels, **{k: str(v) for k, v in given.items()})
+        response = None
+        if item.status is not None:
+            response = ResponseData(item.status, item.response_headers, item.response_body, item.layout,
+                                    item.partial)
+        error = erase_text(item.error, request.secret_values) if item.error else item.error
+        pending = recorder.begin(request, labels)
+        recorder.finish(pending, response, error=error, latency_ms=item.latency_ms,
+                        notes=["imported"], end=item.ended if item.ended is not None else item.started)
+        if labels.session not in sessions:
+            sessions.append(labels.session)
 
 
 def checked(item: Incoming | Checked, n: int, source: str = "exchange") -> Checked:

@@ -152,12 +152,21 @@ def test_log_adds_per_condition_counts(tmp_path):
     ungraded = nfanalyze(str(store_path))  # exchanges but no grades: say what to run
     assert ungraded.returncode == 5 and "no graded outcome rows" in ungraded.stderr and "nfverify" in ungraded.stderr
     # rows kept in the log are the input; --outcomes replaces the same (condition, task, replicate)
+    # and the log's other rows stay
     with Store.open(store_path, write=True) as s:
         s.put_outcomes(ladder_rows())
     alone = nfanalyze(str(store_path), "--json", "-", "--bootstrap", "200")
     assert alone.returncode == 0, alone.stderr
-    with_file = nfanalyze(str(store_path), "--outcomes", str(out), "--json", "-", "--bootstrap", "200")
-    assert json.loads(alone.stdout)["conditions"] == json.loads(with_file.stdout)["conditions"]
+    regraded = [{**r, "outcome": 1 - r["outcome"]} if (r["condition"], r["task_id"]) == ("t0", "task/0") else r
+                for r in ladder_rows()]
+    changed = write_jsonl(tmp_path / "changed.jsonl", [r for r in regraded if r["task_id"] == "task/0"])
+    with_file = nfanalyze(str(store_path), "--outcomes", str(changed), "--json", "-", "--bootstrap", "200")
+    assert with_file.returncode == 0, with_file.stderr
+    expected = nfanalyze("--outcomes", str(write_jsonl(tmp_path / "all.jsonl", regraded)), "--json", "-",
+                         "--bootstrap", "200")
+    got = json.loads(with_file.stdout)["conditions"]
+    assert got == json.loads(expected.stdout)["conditions"]
+    assert got["t0"]["score"] != json.loads(alone.stdout)["conditions"]["t0"]["score"]  # the file's grade won
 
 
 def test_example_runs_and_recovers_the_ladder_order():

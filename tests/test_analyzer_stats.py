@@ -182,3 +182,38 @@ def test_leave_one_out_closed_form():
     out = leave_one_out(("a", "b", "c", "d"), s2, top=3)
     assert [x.task for x in out] == ["c", "b"]
     assert out[0].share == pytest.approx(0.75) and out[0].w_without == pytest.approx(0.1 / 3)
+
+
+def test_outcome_rows_carry_a_version_keep_unknown_columns_and_refuse_newer_rows(tmp_path):
+    import json
+
+    from noisefloor.outcome_rows import (
+        ROW_VERSION,
+        OutcomeError,
+        OutcomeRow,
+        new_rows,
+        read,
+        replicate_label,
+        replicate_of,
+        write_jsonl,
+    )
+
+    old = {"task_id": "t", "condition": "c", "replicate": "3", "outcome": "1", "temperature": "0", "note": "by hand"}
+    row = OutcomeRow.from_json(old, "old.jsonl:1")  # no row_version: written before the field, version 1
+    assert (row.replicate, row.outcome, row.temperature) == (3, 1, 0.0) and row.extra == (("note", "by hand"),)
+    doc = row.to_json()
+    assert doc["row_version"] == ROW_VERSION and doc["note"] == "by hand"  # kept, written back, not dropped
+    path = tmp_path / "rows.jsonl"
+    write_jsonl([row], path)
+    assert read(path) == [row] and json.loads(path.read_text()) == doc
+    with pytest.raises(OutcomeError, match=r"old.jsonl:1: outcome row version 99 is newer"):
+        OutcomeRow.from_json({**old, "row_version": 99}, "old.jsonl:1")
+    # the same grade written by two versions is the same grade when stores are combined
+    stored = {"task_id": "t", "condition": "c", "replicate": 3, "outcome": 1}  # as a store kept it before the field
+    seen: dict = {}
+    assert new_rows(seen, [stored], "a") == [stored] and new_rows(seen, [stored | {"row_version": 1}], "b") == []
+    with pytest.raises(OutcomeError, match="with different grades"):
+        new_rows(seen, [stored | {"outcome": 0}], "c")
+    # replicate: an int in rows, a text label on exchanges, converted at that boundary
+    assert replicate_label(4) == "4" and replicate_of("4") == 4 and replicate_of(" 7 ") == 7
+    assert replicate_of(None) is None and replicate_of("r1") is None

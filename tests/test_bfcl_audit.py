@@ -19,7 +19,7 @@ from noisefloor.proxy.store import Store
 from tests.conftest import SHARED_DATA, start_nfproxy
 from tests.tool_provider import ToolProvider
 
-pytestmark = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(), reason=f"no BFCL data at {SHARED_DATA}")
+needs_bfcl = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(), reason=f"no BFCL data at {SHARED_DATA}")
 SHARES = {"correct": 0.6, "wrong_arguments": 0.2, "malformed_output": 0.1, "wrong_function": 0.05, "other": 0.05}
 
 
@@ -39,6 +39,7 @@ def ask_all(url: str, tasks, run: int) -> None:
             assert r.status_code == 200
 
 
+@needs_bfcl
 def test_taxonomy_shares_and_floors_through_the_proxy(tmp_path, proxies):
     from noisefloor.verifier.datasets import load_bfcl
 
@@ -78,7 +79,7 @@ def test_taxonomy_shares_and_floors_through_the_proxy(tmp_path, proxies):
     assert {pair["left"], pair["right"]} == {"compact_user_request", "call_only_suffix"} and pair["matched"] == 120
 
 
-def test_perturbation_variants_from_a_file_and_bad_names(tmp_path):
+def test_perturbation_variants_from_a_file_and_bad_names(tmp_path):  # needs no data: runs always
     spec = tmp_path / "variants.json"
     spec.write_text(json.dumps({"polite": {"prefix": "Please: "}, "quoted": {"template": "\"{text}\""}}))
     variants = perturb.load_variants(spec)

@@ -258,3 +258,53 @@ def test_an_agent_calling_two_models_is_not_drift_and_its_rows_carry_both_names(
     assert doc["provenance"]["models"]["served_by_requested"]["live / planner-gpt"] == ["planner-gpt-2024-07-18"]
     assert "error" in doc["provenance"]["models"]["provider_lists"]  # the fake lists nothing: said so, not guessed
     assert doc["log"]["conditions"]["live"]["models"] == ["coder-claude-2024-07-18", "planner-gpt-2024-07-18"]
+
+
+def test_seed_pinned_is_declared_once_in_the_conditions_registry():
+    from noisefloor.ladder.conditions import LADDER_NAMES, PINNED_SEED, RECORDED
+
+    assert "seed-pinned" in LADDER_NAMES and "seed-pinned" in RECORDED  # a replay may serve from it
+    d = designs.ladder(3, ("live", "seed-pinned"))
+    c = d.conditions["seed-pinned"]
+    assert d.conditions.names == ("live", "seed-pinned")
+    assert c.stamp.temperature == 0.7 and c.stamp.seed == PINNED_SEED
+    args = d.conditions.proxy_args(c, "http://127.0.0.1:1")
+    assert args.count("--set") == 2 and "/temperature=0.7" in args and f"/seed={PINNED_SEED}" in args
+    with pytest.raises(ConditionError, match="unknown ladder condition 'seed-pined'"):
+        designs.ladder(3, ("live", "seed-pined"))
+    # one file declares it: no other module of the package names it
+    others = [p for p in ROOT.glob("*/**/*.py") if "seed-pinned" in p.read_text()
+              and p.parts[len(ROOT.parts)] not in ("tests", "bench", ".venv") and p.name != "conditions.py"]
+    assert others == []
+
+
+def test_seed_pinned_runs_with_its_seed_on_the_wire_and_in_the_rows(tmp_path):
+    """nfladder through a real nfproxy against a fake OpenAI-compatible upstream that records
+    every request: seed-pinned's requests carry T=0.7 and the pinned seed, live's carry neither."""
+    from noisefloor.ladder.conditions import PINNED_SEED
+    from noisefloor.ladder.suite import builtin_suite
+    from tests.fake_upstream import FakeUpstream
+
+    tasks = {t.entry_point: t for t in builtin_suite()[:2]}
+
+    def respond(doc: dict, n: int) -> str:
+        text = json.dumps(doc["messages"])
+        task = next(t for name, t in tasks.items() if f"def {name}(" in text)
+        return f"```python\n{task.program(task.right[0])}```"
+
+    upstream = FakeUpstream(responder=respond).start()
+    try:
+        r = tool("nfladder", "run", "--provider", upstream.url, "--tasks", "2", "-R", "2", "--conditions",
+                 "live,seed-pinned", "-j", "2", "--bootstrap", "200", "--out", str(tmp_path / "o"))
+        seen = [json.loads(s.body) for s in upstream.requests if s.body]
+    finally:
+        upstream.stop()
+    assert r.returncode == 0, r.stderr[-3000:]
+    pinned = [d for d in seen if d.get("seed") == PINNED_SEED]
+    assert len(pinned) == 4 and all(d["temperature"] == 0.7 for d in pinned)  # 2 tasks x 2 replicates
+    assert len([d for d in seen if "seed" not in d]) == 4
+    rows = [json.loads(line) for line in (tmp_path / "o" / "outcomes.jsonl").read_text().splitlines()]
+    assert {(x["seed"], x["temperature"]) for x in rows if x["condition"] == "seed-pinned"} == {(PINNED_SEED, 0.7)}
+    assert all("seed" not in x for x in rows if x["condition"] == "live")
+    doc = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert set(doc["conditions"]) == {"live", "seed-pinned"}

@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,7 @@ from noisefloor.analyzer.gate import (
     wilson_upper,
 )
 from noisefloor.analyzer.outcomes import Row
+from noisefloor.outcome_rows import OutcomeError
 
 
 def simulate_reruns(n: int, runs: int, flip_share: float, flip_p: float, rng: np.random.Generator) -> np.ndarray:
@@ -57,7 +59,7 @@ def test_deterministic_reruns_have_a_zero_floor_and_full_correlation():
     y = simulate_reruns(100, 5, 0.0, 0.0, rng)
     f = floors.rerun_floor(y)
     assert f.flip == 0 and f.paired_sd == 0.0 and f.marginal_sd == 0.0 and f.paired_to_marginal is None
-    assert "0/0" in f.undefined["paired_to_marginal"] and f.ci["paired_sd"].hi > 0  # an exact bound, not [0, 0]
+    assert "0/0" in f.undefined["paired_to_marginal"] and f.ci["paired_sd"].high > 0  # an exact bound, not [0, 0]
 
 
 def test_perturbation_paired_sd_matches_its_closed_form():
@@ -74,7 +76,7 @@ def test_perturbation_paired_sd_matches_its_closed_form():
     for pair in pf.pairs:
         assert pair.matched == n * runs
         assert pair.paired_sd == pytest.approx(expected, abs=0.02)
-        assert pair.ci["paired_sd"].lo < pair.paired_sd < pair.ci["paired_sd"].hi
+        assert pair.ci["paired_sd"].low < pair.paired_sd < pair.ci["paired_sd"].high
         assert pair.aggregate_sd == 0.0  # each variant changes the same instances on every run
     rerun = floors.rerun_floor(main, resamples=100)
     # one scale at a time: per unit over per unit, and the seed's mixed ratio beside them
@@ -95,7 +97,7 @@ def test_sd_curve_narrows_with_more_instances():
     assert all(p.resamples == 2000 for p in curve)
     again = floors.sd_curve(y, floors.curve_sizes(150), seed=4)  # the ends are stable across seeds
     for p, q in zip(curve, again):
-        assert abs(p.ci.hi - q.ci.hi) < 0.25 * (p.ci.hi - p.ci.lo)
+        assert abs(p.ci.high - q.ci.high) < 0.25 * (p.ci.high - p.ci.low)
     width = [p.ci[1] - p.ci[0] for p in curve]
     assert width[0] > width[-1]
     assert curve[-1].mean == pytest.approx(floors.rerun_paired_sd(y), rel=0.5)
@@ -117,7 +119,7 @@ def test_fingerprint_split_and_taxonomy():
                          (0, None), (1, "malformed_output"), (0, "timeout")])
     assert t.counts == {"malformed_output": 2, "wrong_arguments": 1, "other": 2}
     assert t.failures == 5 and t.malformed_share == pytest.approx(2 / 5)
-    assert t.malformed_ci.lo < 0.4 < t.malformed_ci.hi
+    assert t.malformed_ci.low < 0.4 < t.malformed_ci.high
 
 
 def seed003_groq_8b() -> np.ndarray:
@@ -164,7 +166,7 @@ def test_rerun_intervals_cover_the_truth_in_simulation():
     hits = 0
     for i in range(60):
         f = floors.rerun_floor(simulate_reruns(n, runs, 0.2, 0.3, rng), resamples=400, seed=i, permutations=0)
-        hits += f.ci["paired_sd"].lo <= truth <= f.ci["paired_sd"].hi
+        hits += f.ci["paired_sd"].low <= truth <= f.ci["paired_sd"].high
     assert hits >= 0.8 * 60
 
 
@@ -179,12 +181,15 @@ def test_matched_design_drops_unrecoverable_instances_everywhere_and_flags_drift
     y = simulate_reruns(20, 4, 0.2, 0.3, rng)
     rows = rows_for("e1", y) + rows_for("e1", y, "call_only_suffix") + rows_for("e1", y, "compact_user_request")
     rows = [r for r in rows if not (r.task_id == "i3" and r.variant == "call_only_suffix" and r.replicate == 2)]
-    rows.append(Row("i0", "e1", 0, 1, endpoint="e1", model="m2"))
-    (a,) = audit(rows, curve_resamples=50)
+    drifted = [replace(r, model="m2") if (r.task_id, r.variant, r.replicate) == ("i0", "", 0) else r for r in rows]
+    (a,) = audit(drifted, curve_resamples=50, resamples=200)
     assert a.excluded == (("i3", "missing in call_only_suffix run 2"),)
     assert a.instances == 19 and a.study_set == study_hash([f"i{i}" for i in range(20) if i != 3])
     assert a.drift and a.models == ("m1", "m2")
     assert a.perturbation is not None and len(a.perturbation.pairs) == 1
+    # a second row for one (arm, run, instance) is refused, as the ladder refuses it, not silently replaced
+    with pytest.raises(OutcomeError, match="task 'i0': replicate 0 appears twice"):
+        audit([*rows, Row("i0", "e1", 0, 1, endpoint="e1", model="m2")], curve_resamples=50, resamples=200)
 
 
 def nfanalyze(*args: str) -> subprocess.CompletedProcess[str]:
@@ -208,7 +213,7 @@ def test_cli_floors_section_and_drift_abort(tmp_path):
     assert f["rerun"]["runs"] == 5 and f["instances"] == 60 and f["drift"] is False
     assert f["perturbation"]["pairs"][0]["paired_sd"] == pytest.approx(np.std((y - (1 - y)).ravel(), ddof=1))
     assert doc["conditions"]["groq-8b"]["replicates"] == 5  # the ladder section uses the main arm only
-    wrong = nfanalyze("--outcomes", str(path), "--study-set", "0" * 64)
+    wrong = nfanalyze("--outcomes", str(path), "--study-set", "0" * 64, "--bootstrap", "200")
     assert wrong.returncode != 0 and "study set changed" in wrong.stderr
     drifted = tmp_path / "drift.jsonl"
     drifted.write_text(path.read_text() + json.dumps({"task_id": "i0", "condition": "groq-8b", "replicate": 9,
@@ -221,8 +226,19 @@ def test_cli_floors_section_and_drift_abort(tmp_path):
     md = tmp_path / "report.md"
     assert nfanalyze("--outcomes", str(path), "--bootstrap", "200", "--markdown", str(md)).returncode == 0
     text = md.read_text()
-    assert "## Rerun and perturbation floors" in text and "ever-flip" in text and "perturbation / rerun multiple" in text
-    assert text.count("[") > 10  # intervals on the floors numbers
+    assert "## Rerun and perturbation floors" in text and "perturbation / rerun multiple" in text
+    # the Markdown carries the JSON's own numbers and intervals, nested by endpoint, statistic and pair
+    rr, pair = f["rerun"], f["perturbation"]["pairs"][0]
+
+    def shown(v: float, ci: list[float]) -> str:
+        return f"{v:.4f} \\[{ci[0]:.4f}, {ci[1]:.4f}\\]"
+
+    assert "\n- groq-8b: 60 matched instances \\(study set " in text
+    assert f"\n  - marginal SD {shown(rr['marginal_sd'], rr['ci']['marginal_sd'])}" in text
+    assert f"rerun paired SD {shown(rr['paired_sd'], rr['ci']['paired_sd'])}" in text
+    assert f"ever-flip {rr['ever_flip_fraction']:.2%} \\[{rr['ci']['ever_flip_fraction'][0]:.2%}, " in text
+    assert f"\n    - tool\\_instruction\\_prefix vs request\\_label\\_wrap: accuracy {pair['left_accuracy']:.3f}" in text
+    assert f"paired SD {shown(pair['paired_sd'], pair['ci']['paired_sd'])}" in text
 
 
 def test_wilson_worked_numbers_and_bounds():
@@ -335,3 +351,104 @@ def test_gate_refuses_unstamped_duplicated_and_pooled_runs(tmp_path):
     r = nfanalyze("gate", str(a), str(a), str(mixed))
     assert r.returncode != 0 and "several conditions" in r.stderr
     assert nfanalyze("gate", str(a), str(a), str(mixed), "--condition", "run").returncode == 0
+
+
+# -- pass^k: a statistic added to the floors report by its own module alone ---------------------
+
+
+def test_pass_k_is_unbiased_in_closed_form_and_in_simulation():
+    from scipy import stats
+
+    from noisefloor.analyzer.floors.pass_k import pass_k, per_task
+
+    n = 8
+    for p in (0.0, 0.3, 0.5, 0.9, 1.0):  # exact: E[C(C,k)/C(n,k)] = p^k for C ~ Bin(n, p)
+        c = np.arange(n + 1)
+        for k in (1, 2, 5, 8):
+            assert stats.binom.pmf(c, n, p) @ per_task(c, n, k) == pytest.approx(p**k, abs=1e-12)
+    assert per_task(np.array([3]), 4, 2)[0] == pytest.approx(math.comb(3, 2) / math.comb(4, 2))
+    # known truth: 60 tasks with their own pass rates; the plug-in (c/n)^k is biased, the estimate is not
+    rng = np.random.default_rng(7)
+    q = rng.uniform(0, 1, 60)
+    truth = float(np.mean(q**3))
+    est, plug = [], []
+    for _ in range(2000):
+        y = (rng.uniform(size=(60, n)) < q[:, None]).astype(float)
+        est.append(per_task(y.sum(axis=1), n, 3).mean())
+        plug.append(((y.mean(axis=1)) ** 3).mean())
+    se = np.std(est, ddof=1) / math.sqrt(len(est))
+    assert abs(np.mean(est) - truth) < 3 * se
+    assert np.mean(plug) - truth > 10 * se  # the bias the unbiased form avoids
+    (point,) = pass_k((rng.uniform(size=(60, n)) < q[:, None]).astype(float), ks=(3,), resamples=500)
+    assert point.k == 3 and point.tasks == 60 and point.runs == n and point.ci.covers(point.estimate)
+
+
+def test_pass_k_task_bootstrap_interval_covers_in_simulation():
+    from noisefloor.analyzer.floors.pass_k import pass_k
+
+    rng = np.random.default_rng(11)
+    hits, studies = 0, 200
+    for i in range(studies):  # tasks drawn from a population whose pass^2 is known: E[q^2] for q ~ Beta(2, 2) = 0.3
+        q = rng.beta(2, 2, 80)
+        y = (rng.uniform(size=(80, 6)) < q[:, None]).astype(float)
+        (p2,) = pass_k(y, ks=(2,), resamples=400, seed=i)
+        hits += p2.ci.covers(0.3)
+    assert hits / studies >= 0.9  # nominal 0.95; 200 studies put 0.9 about 3 SE below it
+
+
+def test_pass_k_shows_in_terminal_json_and_markdown_from_its_own_module(tmp_path):
+    from noisefloor.analyzer import floors_report
+    from noisefloor.analyzer.floors import registry
+
+    stat = registry.STATISTICS["pass_k"]
+    assert stat.compute.__module__ == "noisefloor.analyzer.floors.pass_k"
+    root = Path(floors.__file__).parents[1]  # analyzer/: no other module names it, the registry finds it
+    others = [p for p in root.rglob("*.py") if p.name != "pass_k.py" and "pass_k" in p.read_text()]
+    assert others == []
+    y = np.array([[1, 1, 1, 1], [1, 0, 1, 1], [0, 0, 0, 0], [1, 1, 0, 0]] * 5, dtype=float)
+    rows = rows_for("e1", y)
+    (a,) = audit(rows, curve_resamples=20, resamples=300)
+    want = np.mean([1, 0.5, 0, 1 / 6])  # C(c,2)/C(4,2) for c = 4, 3, 0, 2
+    doc = floors_report.to_json([a])["e1"]["pass_k"]
+    assert [p["k"] for p in doc] == [1, 2, 4] and doc[1]["estimate"] == pytest.approx(want)
+    lo, hi = doc[1]["ci"]
+    assert lo <= want <= hi and hi - lo > 0
+    assert f"k=2: {want:.4f} [{lo:.4f}, {hi:.4f}]" in floors_report.table([a])
+    md = "\n".join(floors_report.markdown([a]))
+    assert "pass^k" in md and f"k=2: {want:.4f} \\[{lo:.4f}, {hi:.4f}\\]" in md
+
+
+def test_stamps_are_typed_so_a_jsonl_0_and_a_csv_0_0_are_one_stamp(tmp_path):
+    from noisefloor.analyzer.gate_input import load_run
+    from noisefloor.analyzer.gate_run import run_files
+
+    jsonl = write_run(tmp_path / "a.jsonl", {"x": 6, "y": 8}, temperature=0)
+    csv = tmp_path / "b.csv"
+    csv.write_text("task_id,condition,replicate,outcome,model,temperature,seed,grader_version\n" + "".join(
+        f"{c},run,{r}.0,{int(r < p)},m,0.0,,g7\n" for c, p in (("x", 6), ("y", 8)) for r in range(8)))
+    a, b = load_run(jsonl), load_run(csv)
+    assert a.run_stamp.temperature == b.run_stamp.temperature == (0.0,) and b.run_stamp.seed == ()
+    assert a.stamp == b.stamp and a.missing == "" and "sampling={'temperature': [0.0]}" in a.description
+    result = run_files(jsonl, csv, jsonl)  # refused as different stamps before the stamp was typed
+    assert result.stamp == a.stamp and result.counts["within_noise"] == 2
+    hot = load_run(write_run(tmp_path / "hot.jsonl", {"x": 6, "y": 8}, temperature=0.5))
+    assert hot.stamp != a.stamp
+
+
+def test_sum_based_unit_sd_and_run_correlation_equal_their_definitions():
+    from itertools import combinations
+
+    from noisefloor.analyzer.floors import arrays
+
+    rng = np.random.default_rng(3)
+    cases = [(rng.uniform(size=(n, r)) < 0.6).astype(float) for n, r in ((1, 2), (7, 2), (30, 3), (50, 10))]
+    cases += [np.ones((5, 4)), np.tile([1.0, 0, 1, 0], (5, 1)), np.array([[1.0, 0], [0, 1]]), np.array([[1.0, 0], [1, 0]])]
+    for y in cases:
+        pairs = list(combinations(range(y.shape[1]), 2))
+        d = np.concatenate([y[:, a] - y[:, b] for a, b in pairs])
+        want = 0.0 if d.size < 2 or d.min() == d.max() else np.std(d, ddof=1)
+        got = float(arrays.unit_paired_sd(y))
+        assert got == pytest.approx(want, abs=1e-12) and (got == 0.0) == (want == 0.0)
+        rs = [np.corrcoef(y[:, a], y[:, b])[0, 1] for a, b in pairs if y[:, a].std() > 0 and y[:, b].std() > 0]
+        corr = float(arrays.mean_correlation(y))
+        assert (np.isnan(corr) and not rs) or corr == pytest.approx(np.mean(rs), abs=1e-12)

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from noisefloor.analyzer import audit as audit_mod
-from noisefloor.analyzer import floors
+from noisefloor.analyzer import audit_checks, floors, floors_report
 from noisefloor.analyzer.analysis import Settings, _contrast_loo, analyze
 from noisefloor.analyzer.bootstrap import index_blocks, task_bootstrap
+from noisefloor.analyzer.floors.registry import plain
 from noisefloor.analyzer.gate import Z_ONE_SIDED_95, CaseCounts, GateSettings, case_verdict, wilson_lower, z_for
 from noisefloor.analyzer.intervals import ci_json, clopper_pearson_upper, flip_bound, fmt_ci, percentile
 from noisefloor.analyzer.ladder import w_interval
@@ -62,7 +63,7 @@ def test_identical_runs_have_exact_zero_sds_and_an_undefined_ratio():
     assert f.ci["paired_sd"] == (0.0, pytest.approx(math.sqrt(2 * m * (1 - m) / 150), rel=1e-9))
     (a,) = audit_mod.audit([Row(f"i{i}", "e", r, int(y[i, r]), endpoint="e") for i in range(150) for r in range(10)],
                            curve_resamples=20, resamples=50)
-    text = "\n".join(audit_mod.lines([a]))
+    text = "\n".join(floors_report.text_lines([a]))
     assert "undefined (0/0" in text and "no task varied in 150 x 10 outcomes" in text
 
 
@@ -91,7 +92,7 @@ def test_infinite_multiples_stay_in_and_open_the_interval():
         assert math.isfinite(lo) and hi == math.inf
         assert p.resampled[k].infinite == pytest.approx((149 / 150) ** 150, abs=0.035)
     assert fmt_ci(p.ci["multiple_as_published"], ".1f").endswith(", inf)")
-    doc = json.loads(json.dumps(audit_mod._plain(p), allow_nan=False))  # strict JSON: no bare Infinity
+    doc = json.loads(json.dumps(plain(p), allow_nan=False))  # strict JSON: no bare Infinity
     assert doc["ci"]["multiple_as_published"][1] == "Infinity" and float("Infinity") == math.inf
 
 
@@ -157,9 +158,9 @@ def test_w_interval_covers_near_deterministic_truth(n, r):
         s2 = np.where(y.min(1) == y.max(1), 0.0, y.var(axis=1, ddof=1))
         boot = task_bootstrap({"w": s2}, 1000, seed=i).ci("w")
         wi = w_interval(y, boot)
-        hit_pop += wi.ci.lo <= truth <= wi.ci.hi
-        hit_fixed += wi.ci.lo <= fixed <= wi.ci.hi
-        boot_pop += boot.lo <= truth <= boot.hi
+        hit_pop += wi.ci.low <= truth <= wi.ci.high
+        hit_fixed += wi.ci.low <= fixed <= wi.ci.high
+        boot_pop += boot.low <= truth <= boot.high
     assert hit_pop / studies >= 0.93 and hit_fixed / studies >= 0.93
     assert boot_pop / studies < 0.9 and boot_pop < hit_pop  # the bootstrap alone fails here: the test can tell
 
@@ -252,7 +253,7 @@ def test_one_missing_row_drops_the_same_instance_from_floors_and_ladder():
     cond = data.conditions["e1"]
     assert "i3" not in data.tasks and len(data.tasks) == 19 and cond.outcomes.shape == (19, 4)  # not trimmed to 3
     assert cond.trimmed_from is None
-    assert "i3: missing in main run 2" in audit_mod.excluded_messages(audits)[0]
+    assert "i3: missing in main run 2" in audit_checks.excluded_messages(audits)[0]
 
 
 def test_judge_with_no_disagreement_gets_an_exact_interval():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -262,9 +263,11 @@ def test_provider_model_closed_forms():
     models = task_models(tasks, 0)
     assert true_w(models, 0.0) < true_w(models, 0.7)
     p = BuiltinProvider(tasks, seed=1)
-    prompt = tasks[3].prompt
-    draws = [p.answer(prompt, 0.7)[0] for _ in range(40)]
-    q = p.models[tasks[3].task_id].q
-    right_bodies = {tasks[3].program(b) for b in tasks[3].right}
-    share = sum(any(b in d for b in right_bodies) for d in draws) / 40
-    assert abs(share - q) < 0.3
+    task = tasks[3]
+    right_bodies = {task.program(b) for b in task.right}
+    n = 4000  # the share of right answers is Binomial(n, p(T)) / n: within 3 SD of the model's p(T)
+    for temperature in (0.7, 0.0):
+        want = p.models[task.task_id].p(temperature)
+        draws = [p.answer(task.prompt, temperature)[0] for _ in range(n)]
+        share = sum(any(b in d for b in right_bodies) for d in draws) / n
+        assert abs(share - want) <= 3 * math.sqrt(want * (1 - want) / n), (temperature, share, want)

@@ -16,7 +16,8 @@ import pytest
 
 from noisefloor.errors import NoisefloorError
 from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import RecordedEntry, Store, StoreError
+from noisefloor.proxy.replay_index import RecordedEntry
+from noisefloor.proxy.store import Store, StoreError
 from tests.conftest import ProxyProcess, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
@@ -186,3 +187,53 @@ def test_a_row_graded_differently_in_two_shards_is_refused_by_merge_and_by_nfana
     nfanalyze = str(Path(sys.executable).with_name("nfanalyze"))
     r = subprocess.run([nfanalyze, *map(str, paths)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 5 and r.stderr.count("\n") == 1 and "with different grades" in r.stderr
+
+
+def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
+    """(session, seq) -> that exchange's replay-index rows, its id taken out (ids differ after merge)."""
+    with Store.open(path, write=False) as s:
+        where = {e.id: (e.session, e.seq) for e in s.recorded_entries()}
+        env = s._env  # the raw table: what merge must carry is the rows themselves
+        rows: dict[tuple[str, int], set[bytes]] = {}
+        with env.begin(db=s._rindex) as txn:
+            for k, v in txn.cursor():
+                if k[:1] == b"g":
+                    i, row = int.from_bytes(k[1:9], "big"), b"g" + bytes(v)
+                else:
+                    i, row = int.from_bytes(k[-8:], "big"), bytes(k[:-8])
+                rows.setdefault(where[i], set()).add(row)
+        return rows
+
+
+def test_merge_carries_the_miss_index_and_accepts_the_earlier_rules_id(tmp_path):
+    from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.recorder import Recorder
+    from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+
+    legacy = Rules().legacy_ids
+    assert legacy, "these rules have an earlier id scheme"
+    paths = [tmp_path / "a.lmdb", tmp_path / "b.lmdb"]
+    for n, p in enumerate(paths):
+        with Store.open(p, write=True, create=True) as s:
+            rec = Recorder(s, Rules())
+            for i in range(6):
+                body = json.dumps({"model": "m" if i % 2 else "other", "messages": [
+                    {"role": "system", "content": SHARED}, {"role": "user", "content": f"shard {n} question {i} " * 9}]})
+                req = RequestData("POST", "http://up/v1/chat/completions", "up", "/v1/chat/completions", (),
+                                  body.encode())
+                rec.finish(rec.begin(req, Labels(f"s{n}-{i // 2}")), ResponseData(200, (), b'{"text": "ok"}'))
+    with Store.open(paths[1], write=True) as s:  # recorded before today's id scheme: same keys, older id
+        s.set_meta("rules_id", legacy[0])
+    out = tmp_path / "out.lmdb"
+    assert merge(out, paths).exchanges_added == 12
+    with Store.open(out, write=False) as s:
+        assert s.meta("rules_id") == Rules().id and s.has_replay_index()
+    merged, sources = _index_rows(out), {**_index_rows(paths[0]), **_index_rows(paths[1])}
+    assert merged == sources and len(merged) == 12
+    assert all(sum(r[:1] == b"n" for r in rows) == 16 and any(r[:1] == b"b" for r in rows) for rows in merged.values())
+    other = tmp_path / "c.lmdb"
+    shutil.copytree(paths[0], other)
+    with Store.open(other, write=True) as s:
+        s.set_meta("rules_id", "0123456789abcdef")
+    with pytest.raises(StoreError, match="normalization rules 0123456789abcdef"):
+        merge(tmp_path / "refused.lmdb", [paths[0], other])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy import store as store_mod
+from noisefloor.proxy import store_env
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replay_log import DeferredLog
@@ -119,7 +119,7 @@ def test_rules_are_bound_to_the_store(tmp_path):
 
 
 def test_map_grows_instead_of_failing(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "_INITIAL_MAP", 64 * 1024)
+    monkeypatch.setattr(store_env, "_INITIAL_MAP", 64 * 1024)
     path = tmp_path / "small.lmdb"
     with Store.open(path, write=True, create=True) as s:
         rec = Recorder(s, Rules())

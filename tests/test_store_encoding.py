@@ -11,7 +11,7 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy import codec
+from noisefloor.proxy import codec, store_dicts, store_env
 from noisefloor.proxy import store as store_mod
 from noisefloor.proxy.compact import rewrite
 from noisefloor.proxy.keys import Rules
@@ -95,7 +95,7 @@ def test_a_damaged_body_another_is_compressed_against_fails_both_by_name(tmp_pat
 
 
 def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "TRAIN_AFTER", 150)
+    monkeypatch.setattr(store_dicts, "TRAIN_AFTER", 150)
     path = tmp_path / "s.lmdb"
     sent = []
     with Store.open(path, write=True, create=True) as s:
@@ -116,11 +116,13 @@ def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp
     assert r.exchanges == 240 and (copy / "data.mdb").stat().st_size < before
     all_bodies_read_back(copy, sent)
     assert tags(copy).get(codec.REF, 0) == tags(path).get(codec.REF, 0)  # chains kept as they were
+    with Store.open(path, write=False) as a, Store.open(copy, write=False) as b:  # replay still opens lazily
+        assert b.has_replay_index() and list(b.raw_table("rindex")) == list(a.raw_table("rindex"))
 
 
 def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_mod, "_INITIAL_MAP", 1 << 20)
-    monkeypatch.setattr(store_mod, "_MIN_STEP", 1 << 20)
+    monkeypatch.setattr(store_env, "_INITIAL_MAP", 1 << 20)
+    monkeypatch.setattr(store_env, "_MIN_STEP", 1 << 20)
     path = tmp_path / "s.lmdb"
     with Store.open(path, write=True, create=True) as s:
         rec = Recorder(s, Rules())
@@ -129,3 +131,39 @@ def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, mo
             rec.finish(p, ResponseData(200, (), bytes(range(256)) * 400 + str(i).encode()))
         used, size = s.usage()["used"], (path / "data.mdb").stat().st_size
     assert size < used * 1.25 + (1 << 20), (used, size)  # doubling would leave up to 2x
+
+
+def test_a_batch_that_fails_leaves_no_request_compressed_against_its_bodies(tmp_path, monkeypatch):
+    """A batch's transaction extends its sessions' chains as it goes; when it fails, those links
+    are undone, so the next request is compressed against bodies that were committed."""
+    path = tmp_path / "s.lmdb"
+
+    def ask(rec: Recorder, session: str, text: str) -> tuple[bytes, bytes]:
+        body = json.dumps({"model": "m", "messages": [{"role": "system", "content": SYSTEM},
+                                                      {"role": "user", "content": text}]}).encode()
+        answer = json.dumps({"choices": [{"message": {"content": f"answer to {text} " * 20}}]}).encode()
+        p = rec.begin(RequestData("POST", "http://up/v1/chat/completions", "up", "/v1/chat/completions", (), body),
+                      Labels(session))
+        rec.finish(p, ResponseData(200, (("content-type", "application/json"),), answer))
+        return body, answer
+
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        kept = [ask(rec, "A", "first question"), ask(rec, "A", "second question")]
+        real = s._codec.encode
+
+        def fails_on_b(data: bytes, key: bytes | None = None) -> bytes:
+            if b"session B" in data:
+                raise OSError("the disk went away")
+            return real(data, key)
+
+        with pytest.raises(OSError, match="disk went away"):
+            with s.batch():
+                ask(rec, "A", "third question, lost with its batch")  # chained against the second: a new link
+                monkeypatch.setattr(s._codec, "encode", fails_on_b)
+                ask(rec, "B", "session B")
+        monkeypatch.setattr(s._codec, "encode", real)
+        assert len(s) == 2
+        kept.append(ask(rec, "A", "third question, again"))  # must chain to the second, which is stored
+    assert tags(path).get(codec.REF, 0) >= 2
+    all_bodies_read_back(path, kept)

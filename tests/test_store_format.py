@@ -17,7 +17,8 @@ from noisefloor.proxy.store import FORMAT, Store, StoreError
 from tests.conftest import START_TIMEOUT, nfproxy_argv
 
 DATA = Path(__file__).parent / "data"
-EXPECTED = [json.loads(line) for line in (DATA / "v1_store.exchanges.jsonl").read_text().splitlines()]
+# main's listing of the fixture, plus the record layout version its records leave implicit (1)
+EXPECTED = [{**json.loads(line), "version": 1} for line in (DATA / "v1_store.exchanges.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture
@@ -95,3 +96,25 @@ def test_a_newer_format_is_refused_by_name(v1):
     env.close()
     with pytest.raises(StoreError, match="format noisefloor-log/9, newer than this nfproxy reads"):
         Store.open(v1, write=False)
+
+
+def test_a_record_with_unknown_keys_keeps_them_and_a_newer_layout_is_refused(tmp_path):
+    """Keys this version does not know are round-tripped as data (never dropped); a record of a
+    layout newer than this version reads is one line naming the store, the exchange and the fix."""
+    base = {"time": 1.0, "mode": "record", "session": "s", "key": "k" * 64, "occurrence": 0, "seq": 0,
+            "rules_id": "r", "request": {"method": "GET", "url": "http://up/", "headers": []}, "response": None}
+    store = tmp_path / "s.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        s.append({**base, "added_later": {"nested": [1, "two", None]}, "another": "x"}, {}, None)
+        s.append({**base, "version": 2, "seq": 1}, {}, None)
+    with Store.open(store, write=False) as s:
+        ex = s.exchange(1)
+        assert ex.unknown == {"added_later": {"nested": [1, "two", None]}, "another": "x"}
+        written = json.loads(ex.json_bytes())
+        assert {k: written[k] for k in base} == base and written["another"] == "x"
+        assert json.loads(ex.json_bytes())["added_later"] == {"nested": [1, "two", None]}
+        with pytest.raises(StoreError, match=r"exchange 2 is damaged .*layout version 2, newer than this noisefloor"):
+            s.exchange(2)
+    r = subprocess.run([*nfproxy_argv(), "log", "--json", "--store", str(store)], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "layout version 2" in r.stderr and len(r.stderr.strip().splitlines()) == 1

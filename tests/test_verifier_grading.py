@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from noisefloor.verifier.bfcl import Call, grade, grade_response, ground_truth_calls, openai_body
+from noisefloor.verifier.bfcl import Call, grade, grade_response, ground_truth_calls
 from noisefloor.verifier.datasets import DatasetError, load_bfcl, load_code_tasks, locate
 from noisefloor.verifier.differential import Differential
 from noisefloor.verifier.extract import assemble, extract_code
@@ -184,6 +184,22 @@ def test_extraction_rules_without_data():
     assert assemble(body, "f", "def f(x):\n", "") == "def f(x):\n    y = x  # keep\n\n    # still the body\n    return y\n\n"
 
 
+def openai_body(calls: list[Call], finish_reason: str = "tool_calls") -> dict:
+    """An OpenAI chat completion carrying these calls (what a provider would return)."""
+    return {
+        "object": "chat.completion",
+        "choices": [{
+            "index": 0,
+            "finish_reason": finish_reason,
+            "message": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": f"call_{i}", "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
+                for i, c in enumerate(calls)
+            ]},
+        }],
+    }
+
+
 @needs_bfcl
 def test_bfcl_ground_truth_scores_correct_everywhere():
     for category in ("multiple", "parallel"):
@@ -225,7 +241,7 @@ def test_missing_dataset_is_a_clear_error(tmp_path):
         locate("humaneval+", tmp_path / "nope.jsonl.gz")
     bad = tmp_path / "bad.jsonl"
     bad.write_text("{not json\n")
-    with pytest.raises(DatasetError, match="not JSON"):
+    with pytest.raises(DatasetError, match=r"bad\.jsonl:1: not valid JSON"):
         load_code_tasks("humaneval+", bad)
 
 
@@ -270,7 +286,9 @@ def test_candidates_from_a_proxy_log_become_outcome_rows(tmp_path, proxies):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 6
     assert {(row["task_id"], row["replicate"]) for row in rows} == {(t, k) for t in chosen for k in (0, 1)}
-    assert all(row["condition"] == "live" and row["model"] == "m-2024-07-18" for row in rows)
+    # the model asked for and the one that answered, as nfladder's rows say them
+    assert all(row["condition"] == "live" and row["model"] == "m" and row["served_model"] == "m-2024-07-18"
+               for row in rows)
     assert Counter(row["failure"] for row in rows) == Counter({"pass": 3, "wrong_output": 3})
     assert "3/6 passed" in r.stderr
     # the analyzer reads them as they are

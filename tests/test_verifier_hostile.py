@@ -20,10 +20,12 @@ import pytest
 
 from noisefloor.verifier.datasets import CodeTask
 from noisefloor.verifier.differential import verdict
-from noisefloor.verifier.sandbox import CandidateLines, Limits, Sandbox
+from noisefloor.verifier.isolation import Limits
+from noisefloor.verifier.protocol import CandidateLines
+from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.values import encode
 
-TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,), (2,)), 2, 0.0, "humaneval")
+TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,), (2,)), 0.0, "humaneval")
 GOOD = "def f(x):\n    return x\n"
 
 
@@ -212,3 +214,56 @@ def test_sigterm_ends_with_143_and_keeps_the_rows(tmp_path):
     _, err = p.communicate(timeout=120)
     assert p.returncode == 143 and "Traceback" not in err and "interrupted" in err, err
     assert len(partial.read_text().splitlines()) >= 2
+
+
+def _log_of_slow_answers(store_path: Path, n: int) -> None:
+    """A store written through the real recorder: n sessions of task T/0, each answered with a
+    correct but slow program, labelled as an agent run is."""
+    from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.recorder import Recorder
+    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+
+    answer = "```python\nimport time\ndef add(a, b):\n    time.sleep(0.3)\n    return a + b\n```"
+    with Store.open(store_path, write=True, create=True) as store:
+        rec = Recorder(store, Rules())
+        for r in range(n):
+            body = json.dumps({"model": "m", "temperature": 0.5, "messages": [{"role": "user", "content": f"go {r}"}]})
+            req = RequestData("POST", "http://up/v1/chat/completions", "up", "/v1/chat/completions",
+                              (("content-type", "application/json"),), body.encode())
+            pending = rec.begin(req, Labels(f"live-r{r}-T0", "T/0", str(r), "live"))
+            doc = {"object": "chat.completion", "model": "m-1", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": answer}, "finish_reason": "stop"}]}
+            rec.finish(pending, ResponseData(200, (("content-type", "application/json"),), json.dumps(doc).encode()),
+                       latency_ms=1.0)
+
+
+def test_ctrl_c_while_grading_a_log_keeps_the_rows_there_too_and_a_rerun_grades_the_rest(tmp_path):
+    from noisefloor.proxy.store import Store
+
+    dataset = _dataset(tmp_path / "tiny.jsonl")
+    log = tmp_path / "log.lmdb"
+    _log_of_slow_answers(log, 10)
+    out = tmp_path / "out.jsonl"
+    partial = tmp_path / "out.jsonl.partial"
+    args = (str(log), "--dataset", str(dataset), "--outcomes", str(out), "-j", "1")
+    p = _run_nfverify(*args)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not partial.is_file() or len(partial.read_text().splitlines()) < 4):
+        time.sleep(0.05)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    kept = len(partial.read_text().splitlines()) - 1
+    assert 3 <= kept < 10
+    with Store.open(log, write=False) as store:
+        assert len(store.outcome_rows()) == kept  # the log keeps the graded rows as well
+    again = _run_nfverify(*args)
+    _, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert f"resuming: {kept} rows" in err and f"{10 - kept}/{10 - kept}" in err, err
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["replicate"] for r in rows] == list(range(10)) and {r["failure"] for r in rows} == {"pass"}
+    assert {(r["model"], r["served_model"], r["temperature"]) for r in rows} == {("m", "m-1", 0.5)}
+    with Store.open(log, write=False) as store:
+        assert len(store.outcome_rows()) == 10 and "not kept" not in err

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -15,15 +17,17 @@ from pathlib import Path
 import pytest
 
 import noisefloor
-from noisefloor.verifier import sandbox as sandbox_mod
+from noisefloor.verifier import forkserver, uids
 from noisefloor.verifier.datasets import CodeTask
 from noisefloor.verifier.differential import verdict
-from noisefloor.verifier.sandbox import Limits, Sandbox, SandboxError, kill_uid, live_pids
-from noisefloor.verifier.values import encode
+from noisefloor.verifier.isolation import Limits, SandboxError
+from noisefloor.verifier.sandbox import Sandbox
+from noisefloor.verifier.uids import kill_uid, live_pids
+from noisefloor.verifier.values import decode, encode
 from tests.conftest import wait_until
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uid, network and mount isolation need root")
-TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,),), 1, 0.0, "humaneval")
+TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,),), 0.0, "humaneval")
 SECRET = "sk-test-0123456789abcdefNOISEFLOOR"
 
 
@@ -146,7 +150,7 @@ def test_fail_closed_when_the_network_namespace_cannot_be_made(monkeypatch):
     def refuse(flags: int) -> None:
         raise OSError(1, "unshare refused (simulated)")
 
-    monkeypatch.setattr(sandbox_mod._jail, "unshare", refuse)
+    monkeypatch.setattr(forkserver._jail, "unshare", refuse)
     sb = Sandbox(1, Limits())
     try:
         with pytest.raises(SandboxError, match="network namespace"):
@@ -264,15 +268,23 @@ def test_no_network_even_to_loopback(sandbox):
 
 @ROOT_ONLY
 def test_deleting_outside_the_working_directory_fails(sandbox, tmp_path):
+    """The candidate runs (its answer comes back, with what its deletes met) and the canary,
+    world-writable outside, survives: it does not exist in the candidate's view."""
     canary_dir = tmp_path / "canary-dir"
     canary_dir.mkdir()
     canary = canary_dir / "canary.txt"
     canary.write_text("still here")
     os.chmod(tmp_path, 0o777)
     os.chmod(canary_dir, 0o777)
-    code = (f"import os, shutil\ndef f(x):\n    try:\n        os.remove({str(canary)!r})\n    except OSError:\n"
-            f"        pass\n    shutil.rmtree({str(canary_dir)!r}, ignore_errors=True)\n    return x\n")
-    run(sandbox, code)
+    os.chmod(canary, 0o666)
+    code = (f"import os, shutil\ndef f(x):\n    met = [os.path.exists({str(canary)!r})]\n"
+            f"    for rm in (os.remove, shutil.rmtree):\n        try:\n"
+            f"            rm({str(canary)!r} if rm is os.remove else {str(canary_dir)!r})\n"
+            f"            met.append('deleted')\n        except OSError as exc:\n"
+            f"            met.append(type(exc).__name__)\n    return [x * 7, met]\n")
+    res = sandbox.run(code, "f", encode([[6]]))
+    assert res.load == {"phase": "load", "ok": True} and len(res.results) == 1 and res.results[0]["ok"], res
+    assert decode(res.results[0]["out"]) == [42, [False, "FileNotFoundError", "FileNotFoundError"]]
     assert canary.read_text() == "still here"
 
 
@@ -296,8 +308,10 @@ def test_concurrent_sandboxes_never_share_a_uid(sandbox):
 def test_kill_uid_sweeps_a_straggler():
     """The uid is claimed the way a sandbox claims a slot's (its lock held): another suite's
     sandbox on this machine never runs candidates under it while this test kills its processes."""
-    uid, lock = sandbox_mod._claim_uid()
+    uid, lock = uids.claim_uid()
     try:
+        with Sandbox(2, Limits()) as other:  # a sandbox starting meanwhile claims other uids
+            assert uid not in other.uids and len(set(other.uids)) == 2
         _sweep_a_straggler(uid)
     finally:
         lock.close()
@@ -323,3 +337,25 @@ def _sweep_a_straggler(uid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+def test_uid_claims_live_in_one_private_folder(tmp_path):
+    """Claims in a folder another user could write would not be claims: such a folder is refused,
+    and the claims' folder never follows TMPDIR (two verifiers with different TMPDIRs see each other)."""
+    planted = tmp_path / "locks"
+    planted.mkdir(mode=0o777)
+    os.chmod(planted, 0o777)
+    with pytest.raises(SandboxError, match="not a private folder"):
+        uids.claim_uid(planted)
+    mine = tmp_path / "mine"
+    uid, lock = uids.claim_uid(mine)
+    try:
+        assert oct(mine.stat().st_mode & 0o777) == "0o700" and uids.BASE_UID <= uid < uids.BASE_UID + uids.UID_RANGE
+        again, other = uids.claim_uid(mine)  # held: the next claim gets the next uid
+        other.close()
+        assert again != uid
+    finally:
+        lock.close()
+    seen = subprocess.run([sys.executable, "-c", "from noisefloor.verifier import uids; print(uids.LOCKS)"],
+                          env={**os.environ, "TMPDIR": str(tmp_path)}, capture_output=True, text=True, check=True)
+    assert seen.stdout.strip() == str(uids.LOCKS) and str(tmp_path) not in seen.stdout

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from noisefloor.errors import InputError
 from noisefloor.verifier.datasets import ToolTask
 
-TAXONOMY = ("correct", "wrong_function", "wrong_arguments", "malformed_output", "other")
 MAX_ARGUMENT_CHARS = 1 << 16
 _STRIP = re.compile(r"[ ,./\-_*^]")
 _TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
@@ -68,12 +68,12 @@ class Call:
 class ToolVerdict:
     task_id: str
     outcome: int
-    failure: str  # one of TAXONOMY
+    failure: str  # correct, or a class of the taxonomy above (the analyzer counts them: floors.TAXONOMY_CLASSES)
     detail: str = ""
 
 
-class Malformed(ValueError):
-    """A tool-call payload that cannot be read as calls."""
+class Malformed(InputError):
+    """A tool-call payload that cannot be read as calls (the candidate's: graded malformed_output)."""
 
 
 def calls_from_response(body: dict[str, Any]) -> list[Call]:
@@ -341,19 +341,3 @@ def _render(value: Any) -> Any:
     if isinstance(value, list):
         return [_render(v) for v in value]
     return value
-
-
-def openai_body(calls: Sequence[Call], finish_reason: str = "tool_calls") -> dict[str, Any]:
-    """An OpenAI chat completion carrying these calls (what a provider would return)."""
-    return {
-        "object": "chat.completion",
-        "choices": [{
-            "index": 0,
-            "finish_reason": finish_reason,
-            "message": {"role": "assistant", "content": None, "tool_calls": [
-                {"id": f"call_{i}", "type": "function",
-                 "function": {"name": c.name, "arguments": json.dumps(c.arguments)}}
-                for i, c in enumerate(calls)
-            ]},
-        }],
-    }

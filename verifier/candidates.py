@@ -1,4 +1,4 @@
-"""Candidates from the proxy log: one attempt per session, its final answer, and its task.
+"""Candidates from the proxy log: one per session, its final answer, and its task.
 
 A session is one agent run (one task replicate under one condition). Its candidate is the last
 exchange that got a successful (2xx) answer: with the one-retry structure, the retry's answer
@@ -12,24 +12,61 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from noisefloor.outcome_rows import replicate_of
+from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.profiles import sse_data
-from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.store import Store
 
 
 @dataclass(frozen=True)
-class Attempt:
+class Requested:
+    """What the final request asked for (after the proxy's overrides): the model and its sampling."""
+    model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class SessionRef:
+    """One session as a pass over the log keeps it: labels and exchange ids, no bodies, so that
+    memory grows with sessions, never with what they said."""
     session: str
     task_id: str | None
     condition: str
-    replicate: int | None
-    exchange: Exchange | None  # the final answered exchange, None if the session got no answer
-    body: dict[str, Any] | None  # its response as one JSON document (streams assembled)
-    request_text: str  # the first request's body text, kept only when the task was found in it (no task label)
+    replicate: int
+    final_id: int | None  # the last exchange with a 2xx answer; None: the session got no answer
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A session's candidate: its final answered exchange, that answer as one JSON document
+    (streams assembled) and what its request asked for."""
+    ref: SessionRef
+    exchange: Exchange | None
+    body: dict[str, Any] | None
+    requested: Requested
+
+    @property
+    def session(self) -> str:
+        return self.ref.session
+
+    @property
+    def task_id(self) -> str | None:
+        return self.ref.task_id
+
+    @property
+    def condition(self) -> str:
+        return self.ref.condition
+
+    @property
+    def replicate(self) -> int:
+        return self.ref.replicate
 
 
 def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -110,41 +147,79 @@ def response_text(body: Mapping[str, Any] | None) -> str:
     return ""
 
 
-def attempts(store: Store, prompts: Mapping[str, str] | None = None, modes: Iterable[str] = ("record", "replay"),
-             ) -> list[Attempt]:
-    """One attempt per session, in order of first appearance."""
+def sessions(store: Store, prompts: Mapping[str, str] | None = None, modes: Iterable[str] = ("record", "replay"),
+             ) -> list[SessionRef]:
+    """One reference per session, in order of first appearance, from one pass over the records."""
     wanted = set(modes)
-    # one pass, keeping per session only what an attempt needs: memory grows with sessions, not exchanges
-    firsts: dict[str, Exchange] = {}
-    finals: dict[str, Exchange] = {}
+    firsts: dict[str, tuple[int, str | None, str | None, str | None]] = {}  # id, task, condition, replicate
+    finals: dict[str, int] = {}
     labelled: dict[str, str] = {}
     for ex in store.exchanges():
         if ex.mode in wanted:
-            firsts.setdefault(ex.session, ex)
+            firsts.setdefault(ex.session, (ex.id, ex.task, ex.condition, ex.replicate))
             if ex.task and ex.session not in labelled:
                 labelled[ex.session] = ex.task
             if ex.response is not None and 200 <= ex.response["status"] < 300:
-                finals[ex.session] = ex
-    prompts = prompts or {}
-    ranked = sorted(prompts.items(), key=lambda kv: -len(kv[1]))
-    out: list[Attempt] = []
+                finals[ex.session] = ex.id
+    ranked = sorted((prompts or {}).items(), key=lambda kv: -len(kv[1]))
+    out: list[SessionRef] = []
     counters: dict[tuple[str | None, str], int] = defaultdict(int)
-    for name, first in firsts.items():
-        final = finals.get(name)
-        task = first.task or labelled.get(name)
-        req_text = ""  # read only when needed: held for every session, it was most of nfverify's memory
-        if task is None:
-            req_text = (store.decoded_body(first.request, first.id) or b"").decode("utf-8", errors="replace")
-            task = next((tid for tid, p in ranked if p.strip() and _json_text(p) in req_text), None)
-        condition = first.condition or "unlabeled"
-        if first.replicate is not None and str(first.replicate).lstrip("-").isdigit():
-            replicate = int(first.replicate)
-        else:
-            replicate = counters[(task, condition)]
+    for name, (first_id, task, condition, replicate) in firsts.items():
+        task = task or labelled.get(name) or _task_in_request(store, first_id, ranked)
+        condition = condition or "unlabeled"
+        rank = replicate_of(replicate)  # the exchange's text label as the row's int
+        if rank is None:
+            rank = counters[(task, condition)]
             counters[(task, condition)] += 1
-        out.append(Attempt(name, task, condition, replicate, final,
-                           response_json(store, final) if final else None, req_text))
+        out.append(SessionRef(name, task, condition, rank, finals.get(name)))
     return out
+
+
+def _task_in_request(store: Store, first_id: int, ranked: list[tuple[str, str]]) -> str | None:
+    """The task whose prompt the session's first request carries (the longest such prompt)."""
+    if not ranked:
+        return None
+    ex = store.exchange(first_id)
+    if ex is None:
+        return None
+    text = (store.decoded_body(ex.request, ex.id) or b"").decode("utf-8", errors="replace")
+    return next((tid for tid, p in ranked if p.strip() and _json_text(p) in text), None)
+
+
+def candidate(store: Store, ref: SessionRef) -> Candidate:
+    """The session's candidate, its bodies read now (and let go with it)."""
+    ex = store.exchange(ref.final_id) if ref.final_id is not None else None
+    if ex is None:
+        return Candidate(ref, None, None, Requested())
+    return Candidate(ref, ex, response_json(store, ex), requested(request_doc(store, ex)))
+
+
+def candidates(store: Store, prompts: Mapping[str, str] | None = None) -> Iterator[Candidate]:
+    """Every session's candidate, one at a time."""
+    for ref in sessions(store, prompts):
+        yield candidate(store, ref)
+
+
+def request_doc(store: Store, ex: Exchange) -> dict[str, Any]:
+    """The request body as recorded (after the proxy's overrides), {} when not a JSON object."""
+    try:
+        doc = json.loads(store.decoded_body(ex.request, ex.id, "request") or b"{}")
+    except (ValueError, AttributeError, TypeError, RecursionError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def requested(doc: Mapping[str, Any]) -> Requested:
+    """The model and sampling a request carried; a value of the wrong type counts as absent."""
+    model = doc.get("model")
+    return Requested(model if isinstance(model, str) and model else None, _num(doc.get("temperature"), float),
+                     _num(doc.get("top_p"), float), _num(doc.get("seed"), int))
+
+
+def _num(value: Any, kind: type) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return kind(value)
 
 
 def _json_text(prompt: str) -> str:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,10 +12,12 @@ from typing import Any
 
 import click
 
-from noisefloor._cli import VERSION, Command, progress_bar
+from noisefloor import exit_codes
+from noisefloor._cli import VERSION, Command
 from noisefloor.outcome_rows import OutcomeRow, write_jsonl
+from noisefloor.outputs import check_writable
 from noisefloor.verifier.grading import GradeOptions, grade_options
-from noisefloor.verifier.resume import Progress, attempt_key
+from noisefloor.verifier.resume import Progress
 
 SUITES = ("humaneval+", "mbpp+", "bfcl")
 
@@ -52,18 +53,15 @@ def main(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path
          parallel_matching: str) -> None:
     """Grade SUITE candidates from nfproxy LOGs (one per session; several stores are shards of one
     study) or from --samples."""
-    from noisefloor.proxy.store import StoreError
-    from noisefloor.verifier.datasets import DatasetError
-    from noisefloor.verifier.sandbox import SandboxError
+    from noisefloor.verifier.verify import open_log
 
-    options = GradeOptions(jobs, max_inputs, timeout, memory_mb, isolation)
     if bool(logs) == (samples is not None):
         raise click.UsageError("give either nfproxy LOGs or --samples FILE")
     if suite == "bfcl" and samples is not None:
         raise click.UsageError("bfcl grades tool calls from a LOG; --samples is for humaneval+ and mbpp+")
-    _check_writable(out)  # before any work: a missing folder must not cost a whole grading run
+    check_writable(out, "--outcomes")  # before any work: a missing folder must not cost a whole grading run
     for log in logs:
-        _open_log(log).close()  # a wrong path is the user's first problem, before any dataset work
+        open_log(log).close()  # a wrong path is the user's first problem, before any dataset work
     identity = {"suite": suite, "logs": [str(p.resolve()) for p in logs],
                 "samples": str(samples.resolve()) if samples else None,
                 "dataset": str(dataset.resolve()) if dataset else None, "condition": condition,
@@ -75,24 +73,31 @@ def main(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path
         click.echo(f"nfverify: {progress.path} is from another command; grading from the start", err=True)
     try:
         with _interrupts():
-            rows, where = (_bfcl(logs, dataset, progress, function_names, parallel_matching) if suite == "bfcl"
-                           else _code(suite, logs, samples, dataset, options, condition, progress))
-    except (DatasetError, SandboxError, StoreError) as exc:
-        progress.close()
-        raise click.ClickException(str(exc)) from None
+            if suite == "bfcl":
+                rows = _bfcl(logs, dataset, progress, function_names, parallel_matching)
+            else:
+                rows = _code(suite, logs, samples, dataset, GradeOptions(jobs, max_inputs, timeout, memory_mb,
+                                                                          isolation), condition, progress)
     except _Interrupted as stop:
         progress.close()
         graded = list(progress.done.values())
-        for log in logs:  # the log keeps what is graded too, as it does after a whole run
-            _keep_in_log(log, [r for r in graded if progress.where.get(r.session or "") == log])
+        _keep(logs, graded, progress.where)  # the log keeps what is graded too, as after a whole run
         click.echo(f"nfverify: interrupted; {len(graded)} graded rows kept in {progress.path}; run the same "
                    "command again to grade only the rest", err=True)
         raise SystemExit(stop.code) from None
+    finally:
+        progress.close()
     write_jsonl(rows, out)
     progress.finish()
-    for log in logs:
-        _keep_in_log(log, [r for r in rows if where.get(r.session or "") == log])
+    _keep(logs, rows, progress.where)
     click.echo(_summary(rows, out), err=True)
+
+
+def _keep(logs: tuple[Path, ...], rows: list[OutcomeRow], where: dict[str, Path]) -> None:
+    from noisefloor.verifier.verify import keep_in_log
+
+    for log in logs:
+        keep_in_log(log, [r for r in rows if where.get(r.session or "") == log])
 
 
 class _Interrupted(Exception):
@@ -106,166 +111,37 @@ def _interrupts() -> Iterator[None]:
     """SIGINT and SIGTERM end grading with 130 / 143 (the shell's convention) after what is
     running finishes; graded rows are already in the partial file."""
     def on_term(signum: int, frame: Any) -> None:
-        raise _Interrupted(143)
+        raise _Interrupted(exit_codes.TERMINATED)
 
     old = signal.signal(signal.SIGTERM, on_term)
     try:
         yield
     except KeyboardInterrupt:
-        raise _Interrupted(130) from None
+        raise _Interrupted(exit_codes.INTERRUPTED) from None
     finally:
         signal.signal(signal.SIGTERM, old)
 
 
-def _check_writable(out: Path) -> None:
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir():
-        raise click.ClickException(f"cannot write {out}: folder {folder} does not exist; create it or pass "
-                                   "--outcomes PATH in an existing folder")
-    if out.is_dir():
-        raise click.ClickException(f"cannot write {out}: it is a folder; pass --outcomes FILE")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise click.ClickException(f"cannot write {out}: folder {folder} is not writable; pass --outcomes PATH "
-                                   "in a folder you can write")
-
-
-def _keep_in_log(log: Path, rows: list[OutcomeRow]) -> None:
-    """The rows also go into the log beside the exchanges they grade: `nfanalyze LOG` needs nothing else."""
-    from noisefloor.proxy.store import Store, StoreError, is_read_only
-
-    if not rows:
-        return
-    if is_read_only(log):
-        click.echo(f"nfverify: {log} is read-only; outcome rows are only in the outcomes file", err=True)
-        return
-    try:
-        with Store.open(log, write=True) as store:
-            store.put_outcomes([r.to_json() for r in rows])
-    except StoreError as exc:
-        click.echo(f"nfverify: outcome rows not kept in the log ({exc}); they are in the outcomes file", err=True)
-
-
-def _open_log(log: Path) -> Any:
-    from noisefloor.proxy.store import Store
-
-    return Store.open(log, write=False)  # a StoreError is one line: the command's error handling
-
-
-def _log_attempts(logs: tuple[Path, ...], prompts: dict[str, str]) -> tuple[list[Any], dict[str, Path]]:
-    """Every store's attempts, and which store each session is in; a session in two stores is refused."""
-    from noisefloor.verifier.candidates import attempts
-
-    found: list[Any] = []
-    where: dict[str, Path] = {}
-    for log in logs:
-        with _open_log(log) as store:
-            for a in attempts(store, prompts):
-                if a.session in where:
-                    raise click.ClickException(f"session {a.session!r} is in {where[a.session]} and in {log}: the "
-                                               "stores are not shards of one study; grade them apart")
-                where[a.session] = log
-                found.append(a)
-    return found, where
-
-
 def _code(suite: str, logs: tuple[Path, ...], samples: Path | None, dataset: Path | None, options: GradeOptions,
-          condition: str, progress: Progress) -> tuple[list[OutcomeRow], dict[str, Path]]:
+          condition: str, progress: Progress) -> list[OutcomeRow]:
     from noisefloor.verifier.datasets import locate
-    from noisefloor.verifier.differential import ExpectedError
     from noisefloor.verifier.grading import code_grader
+    from noisefloor.verifier.verify import code_rows
 
-    path = locate(suite, dataset)
-    diff = code_grader(suite, path, options)
+    diff = code_grader(suite, locate(suite, dataset), options)
     with diff.sandbox:  # its fork servers and their root folder go with it
-        tasks = list(diff.tasks.values())
-        if samples is not None:
-            items, meta = _read_samples(samples, diff.tasks, condition)
-            where: dict[str, Path] = {}
-        else:
-            from noisefloor.verifier.candidates import response_text
-
-            found, where = _log_attempts(logs, {t.task_id: t.prompt for t in tasks})
-            progress.where = where
-            unknown = [a.session for a in found if a.task_id not in diff.tasks]
-            if unknown:
-                click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped "
-                           f"(e.g. {unknown[0]}); label them with x-nf-task", err=True)
-            found = [a for a in found if a.task_id in diff.tasks]
-            items = [(a.task_id, response_text(a.body)) for a in found]
-            meta = [_attempt_meta(a) for a in found]
-        keys = [attempt_key({**m, "task_id": it[0]}) for it, m in zip(items, meta)]
-        todo = [i for i, k in enumerate(keys) if k not in progress.done]
-        if todo:
-            try:
-                diff.expected(progress_bar("reference outputs", delay=0))
-            except ExpectedError as exc:
-                raise click.ClickException(f"{exc}; check the dataset file, or raise --memory-mb") from None
-
-            def keep(j: int, v: Any) -> None:
-                i = todo[j]
-                progress.add(OutcomeRow(task_id=v.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail,
-                                        **meta[i]))
-
-            diff.grade_many([items[i] for i in todo], progress_bar("grading", delay=0), programs=samples is not None,
-                            on_verdict=keep)
-        return [progress.done[k] for k in keys], where
-
-
-def _attempt_meta(a: Any) -> dict[str, Any]:
-    ex = a.exchange
-    return {"condition": a.condition, "replicate": a.replicate, "session": a.session,
-            "fingerprint": ex.fingerprint if ex else None, "model": ex.model if ex else None}
-
-
-def _read_samples(path: Path, tasks: dict[str, Any], condition: str) -> tuple[list[tuple[str, str]], list[dict]]:
-    items, meta = [], []
-    seen: dict[str, int] = defaultdict(int)
-    with path.open() as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                raise click.ClickException(f"{path}:{n}: not JSON; samples are JSON Lines with task_id and solution") from None
-            tid = doc.get("task_id")
-            if tid not in tasks:
-                raise click.ClickException(f"{path}:{n}: unknown task_id {tid!r} for this dataset")
-            if "solution" in doc:
-                program = doc["solution"]
-            elif "completion" in doc:
-                program = tasks[tid].prompt + doc["completion"]
-            else:
-                raise click.ClickException(f"{path}:{n}: a sample needs 'solution' or 'completion'")
-            items.append((tid, program))
-            meta.append({"condition": condition, "replicate": seen[tid]})
-            seen[tid] += 1
-    return items, meta
+        return code_rows(suite, diff, logs, samples, condition, progress)
 
 
 def _bfcl(logs: tuple[Path, ...], dataset: Path | None, progress: Progress, names: str = "underscore",
-          parallel: str = "first-fit") -> tuple[list[OutcomeRow], dict[str, Path]]:
-    from noisefloor.verifier.bfcl import Rules, grade_response
-    from noisefloor.verifier.datasets import load_bfcl
+          parallel: str = "first-fit") -> list[OutcomeRow]:
+    from noisefloor.verifier.bfcl import Rules
+    from noisefloor.verifier.verify import bfcl_rows
 
     rules = Rules(names=names, parallel=parallel)  # type: ignore[arg-type]
     if rules.departs():
         click.echo(f"nfverify: {rules.departs()}", err=True)
-    tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
-    prompts = {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()}
-    found, where = _log_attempts(logs, prompts)
-    progress.where = where
-    found = [a for a in found if a.task_id in tasks]
-    keys = []
-    for a in found:
-        ex = a.exchange
-        meta = _attempt_meta(a) | {"endpoint": a.condition, "variant": ex.perturbation if ex else None}
-        keys.append(attempt_key({**meta, "task_id": a.task_id}))
-        if keys[-1] in progress.done:
-            continue
-        v = grade_response(tasks[a.task_id], a.body, rules)
-        progress.add(OutcomeRow(task_id=a.task_id, outcome=v.outcome, failure=v.failure, detail=v.detail, **meta))
-    return [progress.done[k] for k in keys], where
+    return bfcl_rows(logs, dataset, progress, rules)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ from noisefloor.errors import StateError
 from noisefloor.verifier import mbpp
 from noisefloor.verifier.datasets import CodeTask, cache_dir
 from noisefloor.verifier.extract import assemble, extract_code
-from noisefloor.verifier.sandbox import RunResult, Sandbox
+from noisefloor.verifier.protocol import RunResult
+from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.values import Opaque, decode, encode
 
 _CACHE_VERSION = 2  # bump: outputs now computed with PYTHONHASHSEED=0
@@ -34,7 +35,6 @@ class Verdict:
     outcome: int
     failure: str  # pass, wrong_output, exception, timeout, syntax_error, no_code, sandbox_violation
     detail: str = ""
-    inputs_run: int = 0
 
 
 class ExpectedError(StateError):
@@ -117,14 +117,14 @@ def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
         r = by_index.get(i)
         if r is None:
             if run.timed_out:
-                return Verdict(task.task_id, 0, "timeout", f"limit reached at input {i}", i)
+                return Verdict(task.task_id, 0, "timeout", f"limit reached at input {i}")
             why = "the sandbox worker was killed" if run.worker_killed else f"ended by {run.signal_name or 'exit'}"
-            return Verdict(task.task_id, 0, "exception", f"no result for input {i}: {why}", i)
+            return Verdict(task.task_id, 0, "exception", f"no result for input {i}: {why}")
         if not r["ok"]:
-            return Verdict(task.task_id, 0, "exception", f"input {i}: {r.get('exc', '')}", i)
+            return Verdict(task.task_id, 0, "exception", f"input {i}: {r.get('exc', '')}")
         if not matches(task, args, decode(r["out"]), expected[i]):
-            return Verdict(task.task_id, 0, "wrong_output", f"input {i}", i)
-    return Verdict(task.task_id, 1, "pass", "", len(task.inputs))
+            return Verdict(task.task_id, 0, "wrong_output", f"input {i}")
+    return Verdict(task.task_id, 1, "pass")
 
 
 def _expected_for(task: CodeTask, run: RunResult) -> list[Any]:

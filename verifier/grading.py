@@ -11,9 +11,11 @@ from typing import Any, TypeVar
 
 import click
 
+from noisefloor._cli import options
 from noisefloor.verifier.datasets import DEFAULT_MAX_INPUTS, load_code_tasks, sha256_file
 from noisefloor.verifier.differential import Differential
-from noisefloor.verifier.sandbox import Limits, Sandbox
+from noisefloor.verifier.isolation import Limits
+from noisefloor.verifier.sandbox import Sandbox
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,6 +53,4 @@ def grade_options(f: F) -> F:
         click.option("--isolation", type=click.Choice(["namespaces", "process"]), default=None,
                      help="Sandbox isolation (default: namespaces as root, which fails closed; process otherwise)."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return options(*opts)(f)

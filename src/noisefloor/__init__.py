@@ -32,7 +32,7 @@ _SURFACE = {
     "GateResult": "noisefloor.analyzer.gate_run",
     "StampError": "noisefloor.analyzer.gate_run",
     "gate": "noisefloor.api",
-    "OutcomeError": "noisefloor.analyzer.outcomes",
+    "OutcomeError": "noisefloor.outcome_rows",
     "OutcomeSet": "noisefloor.analyzer.outcomes",
     "Row": "noisefloor.analyzer.outcomes",
     "load_outcomes": "noisefloor.api",
@@ -40,13 +40,13 @@ _SURFACE = {
     "CanonicalRequest": "noisefloor.proxy.keys",
     "Rules": "noisefloor.proxy.keys",
     "canonicalize": "noisefloor.proxy.keys",
-    "Exchange": "noisefloor.proxy.store",
+    "Exchange": "noisefloor.proxy.exchange_record",
     "Store": "noisefloor.proxy.store",
     "StoreError": "noisefloor.proxy.store",
     "GradeOptions": "noisefloor.verifier.grading",
     "code_grader": "noisefloor.verifier.grading",
     "Sandbox": "noisefloor.verifier.sandbox",
-    "SandboxError": "noisefloor.verifier.sandbox",
+    "SandboxError": "noisefloor.verifier.isolation",
 }
 
 __all__ = [  # written out so that tools see the names the lazy loader serves
@@ -76,10 +76,13 @@ if TYPE_CHECKING:
     from noisefloor.analyzer.gate import CaseCounts, CaseVerdict, GateSettings
     from noisefloor.analyzer.gate_run import GateResult, StampError
     from noisefloor.analyzer.ladder import Planning
-    from noisefloor.analyzer.outcomes import OutcomeError, OutcomeSet, Row
+    from noisefloor.analyzer.outcomes import OutcomeSet, Row
     from noisefloor.analyzer.outcomes import build as build_outcomes
     from noisefloor.api import analyze, gate, load_outcomes
+    from noisefloor.outcome_rows import OutcomeError
+    from noisefloor.proxy.exchange_record import Exchange
     from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize
-    from noisefloor.proxy.store import Exchange, Store, StoreError
+    from noisefloor.proxy.store import Store, StoreError
     from noisefloor.verifier.grading import GradeOptions, code_grader
-    from noisefloor.verifier.sandbox import Sandbox, SandboxError
+    from noisefloor.verifier.isolation import SandboxError
+    from noisefloor.verifier.sandbox import Sandbox

@@ -27,7 +27,7 @@ def _is_store(p: Path) -> bool:
 def _rows(source: Any) -> list[Any]:
     """Outcome rows (typed) from a file, a store, a Store, or several stores."""
     from noisefloor.analyzer import logstats
-    from noisefloor.analyzer.outcomes import OutcomeError, parse_rows, read_rows
+    from noisefloor.outcome_rows import OutcomeError, parse_rows, read_rows
     from noisefloor.proxy.store import Store
 
     if isinstance(source, Store):

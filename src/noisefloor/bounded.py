@@ -8,7 +8,10 @@ recursion. The caps keep the peak memory of any input under a few hundred megaby
 
 from __future__ import annotations
 
+import codecs
+import itertools
 import json
+from collections.abc import Iterator
 from typing import IO, Any
 
 from noisefloor.errors import InputError
@@ -43,3 +46,45 @@ def loads(data: bytes | str, where: str, error: type[InputError] = InputError) -
                     "UTF-8") from None
     except ValueError as exc:
         raise error(f"{where}: not valid JSON ({exc}); the file is damaged or not the kind expected") from None
+
+
+MAX_LINE_BYTES = 16 << 20  # one JSON Lines record (a task with its inputs, a sample's program)
+MAX_LINES_BYTES = 256 << 20  # a whole JSON Lines file, expanded
+
+
+def json_lines(fh: IO[bytes], where: str, error: type[InputError] = InputError, line_limit: int = MAX_LINE_BYTES,
+               total_limit: int = MAX_LINES_BYTES, what: str = "one JSON object per line",
+               values_limit: int = MAX_JSON_VALUES) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) of a JSON Lines stream, read in bounded lines (a compressed file may
+    expand without limit): UTF-8 (a BOM allowed), each line a JSON object within the caps above,
+    blank lines skipped. The values of all lines together are capped too, since a reader may keep
+    every line's object. Every failure is one `error` naming `where` and the line."""
+    total = values = 0
+    for n in itertools.count(1):
+        raw = fh.readline(line_limit + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if len(raw) > line_limit:
+            raise error(f"{where}:{n}: line longer than {line_limit >> 20} MiB; the file is damaged or not "
+                        f"the kind expected ({what})")
+        if total > total_limit:
+            raise error(f"{where}:{n}: more than {total_limit >> 20} MiB (expanded); refused as damaged or "
+                        "hostile; split the file")
+        values += raw.count(b",") + raw.count(b"[") + raw.count(b"{")
+        if values > values_limit:
+            raise error(f"{where}:{n}: more than {values_limit:,} JSON values in the file; refused as damaged or "
+                        "hostile; split the file")
+        if n == 1 and raw.startswith(codecs.BOM_UTF8):
+            raw = raw[len(codecs.BOM_UTF8):]
+        if not raw.strip():
+            continue
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise error(f"{where}:{n}: byte {raw[exc.start]:#04x} at column {exc.start + 1} is not UTF-8; save "
+                        "the file as UTF-8") from None
+        doc = loads(text, f"{where}:{n}", error)
+        if not isinstance(doc, dict):
+            raise error(f"{where}:{n}: a JSON {type(doc).__name__}, not an object; expected {what}")
+        yield n, doc

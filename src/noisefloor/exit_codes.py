@@ -14,6 +14,7 @@ REPLAY_FAILED = 3  # a strict replay saw a miss, a call-order violation or an er
 DRIFT = 4  # the served model changed within a study (drift guard)
 INPUT = 5  # bad input or a state that cannot go on (a file, a store, a dataset, a sandbox)
 USAGE = 64  # the command line is wrong (sysexits' EX_USAGE)
+NOT_STARTED = 127  # a wrapped command or an agent that could not be started (the shell's convention)
 INTERRUPTED = 130  # Ctrl-C (SIGINT)
 TERMINATED = 143  # SIGTERM
 
@@ -25,6 +26,7 @@ TABLE = (
     (DRIFT, "drift: the served model changed within a study (per requested model)"),
     (INPUT, "input or state error: the one-line message names the problem and the fix"),
     (USAGE, "usage error: the command line is wrong"),
+    (NOT_STARTED, "a wrapped command (or an nfladder agent) could not be started"),
     (INTERRUPTED, "interrupted (SIGINT, Ctrl-C)"),
     (TERMINATED, "terminated (SIGTERM)"),
 )

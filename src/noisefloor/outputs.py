@@ -38,8 +38,13 @@ def check_writable(path: str | Path | None, option: str) -> None:
 
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
-    """A temporary path beside `path` to write to; renamed over `path` when the block succeeds."""
+    """A temporary path beside `path` to write to; renamed over `path` when the block succeeds. A
+    path that is not a regular file (`/dev/null`, a pipe) is written in place: renaming over it
+    would replace the device for every program on the machine."""
     p = Path(path)
+    if p.exists() and not p.is_file() and not p.is_dir():
+        yield p
+        return
     fd, tmp = tempfile.mkstemp(dir=p.parent if str(p.parent) else ".", prefix=f".{p.name}.", suffix=".tmp")
     os.close(fd)
     mask = os.umask(0)

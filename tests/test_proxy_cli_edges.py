@@ -18,7 +18,7 @@ import pytest
 
 from noisefloor import exit_codes
 from noisefloor.proxy.store import Store
-from tests.conftest import nfproxy_argv, start_nfproxy
+from tests.conftest import nfproxy_argv, start_nfproxy, wait_until
 
 AGENT = """
 import json, os, signal, sys, urllib.request
@@ -69,7 +69,7 @@ def test_an_interrupt_ends_with_130_or_143_keeps_the_recording_and_leaves_no_err
     proc = _wrapped(tmp_path, upstream.url, store)
     try:
         _wait_for(proc, "FIRST DONE")
-        time.sleep(1.0)  # the second, streamed request is in flight
+        wait_until(lambda: len(upstream.requests) == 2, "the second, streamed request reached the upstream")
         if how == "ctrl-c":  # a terminal's Ctrl-C: SIGINT to the whole foreground group
             os.killpg(proc.pid, signal.SIGINT)
         else:  # SIGTERM to nfproxy alone: it takes the wrapped command with it

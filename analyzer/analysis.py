@@ -147,52 +147,14 @@ def analyze(
     names = list(data.conditions)
     pairs = _pairs(names, settings, [c for c, d in data.conditions.items() if d.reference is not None])
     s2 = {c: task_variances(d.outcomes) for c, d in data.conditions.items()}
-    columns: dict[str, np.ndarray] = {}
-    for c, d in data.conditions.items():
-        columns[f"w:{c}"] = s2[c]
-        columns[f"score:{c}"] = d.outcomes.mean(axis=1)
     judged = {c: judge_columns(d.outcomes, d.reference) for c, d in data.conditions.items() if d.reference is not None}
-    for c, j in judged.items():
-        columns[f"judge:{c}"] = j.disagree
-    draws = task_bootstrap(columns, settings.resamples, settings.seed, progress)
+    draws = task_bootstrap(_columns(data, s2, judged), settings.resamples, settings.seed, progress)
     alpha = settings.plan.alpha
-    n = len(data.tasks)
-
-    results = []
-    for c, d in data.conditions.items():
-        wi = w_interval(d.outcomes, draws.ci(f"w:{c}", alpha), alpha)
-        w_ci = wi.ci
-        results.append(
-            ConditionResult(
-                name=c,
-                stats=condition_stats(d.outcomes, settings.plan),
-                w_interval=wi,
-                score_ci=draws.ci(f"score:{c}", alpha),
-                budget_ci=Interval(int(budget(w_ci[0], n, settings.plan)), int(budget(w_ci[1], n, settings.plan))),
-                carriers=leave_one_out(data.tasks, s2[c], settings.top_tasks),
-                failures=dict(d.failures),
-                trimmed_from=d.trimmed_from,
-            )
-        )
-
+    results = [_condition(data, c, s2[c], draws, settings) for c in data.conditions]
     by_name = {r.name: r for r in results}
 
     def contrast(a: str, b: str) -> Contrast:
-        diff = draws.values[f"w:{a}"] - draws.values[f"w:{b}"]
-        boot = percentile(diff, alpha)
-        loo = _contrast_loo(data.tasks, s2[a], s2[b], settings.top_tasks)
-        est = float(s2[a].mean() - s2[b].mean())
-        wa, wb = by_name[a].w_interval, by_name[b].w_interval
-        if wa.method == TASK_BOOTSTRAP and wb.method == TASK_BOOTSTRAP:
-            return Contrast(a, b, est, boot, loo)
-        # a side whose bootstrap cannot see what its replicates missed: what the exact bound added
-        # to A's upper end may raise the contrast, what it added to B's may lower it
-        ci = contrast_bounds(boot, wa, wb)
-        few = ", ".join(f"{x.name} ({x.w_interval.method})" for x in (by_name[a], by_name[b])
-                        if x.w_interval.method != TASK_BOOTSTRAP)
-        return Contrast(a, b, est, ci, loo, CONTRAST_WIDENED,
-                        f"few tasks varied in {few}: the joint task-bootstrap interval widened by what the exact "
-                        f"bound added to each side's upper end", boot)
+        return _contrast(data.tasks, by_name[a], by_name[b], s2, draws, settings)
 
     judge = {
         c: judge_stats(j, draws.ci(f"judge:{c}", alpha), data.conditions[c].confidence) for c, j in judged.items()
@@ -207,6 +169,50 @@ def analyze(
         warnings=data.warnings,
         dropped_tasks=dict(data.dropped_tasks),
     )
+
+
+def _columns(data: OutcomeSet, s2: dict[str, np.ndarray], judged: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The per-task columns resampled jointly: every condition's w and score, every judge's disagreement."""
+    columns: dict[str, np.ndarray] = {}
+    for c, d in data.conditions.items():
+        columns[f"w:{c}"] = s2[c]
+        columns[f"score:{c}"] = d.outcomes.mean(axis=1)
+    for c, j in judged.items():
+        columns[f"judge:{c}"] = j.disagree
+    return columns
+
+
+def _condition(data: OutcomeSet, c: str, s2: np.ndarray, draws: Any, settings: Settings) -> ConditionResult:
+    d = data.conditions[c]
+    alpha, plan, n = settings.plan.alpha, settings.plan, len(data.tasks)
+    wi = w_interval(d.outcomes, draws.ci(f"w:{c}", alpha), alpha)
+    return ConditionResult(
+        name=c,
+        stats=condition_stats(d.outcomes, plan),
+        w_interval=wi,
+        score_ci=draws.ci(f"score:{c}", alpha),
+        budget_ci=Interval(int(budget(wi.ci[0], n, plan)), int(budget(wi.ci[1], n, plan))),
+        carriers=leave_one_out(data.tasks, s2, settings.top_tasks),
+        failures=dict(d.failures),
+        trimmed_from=d.trimmed_from,
+    )
+
+
+def _contrast(tasks: Sequence[str], ra: ConditionResult, rb: ConditionResult, s2: dict[str, np.ndarray], draws: Any,
+              settings: Settings) -> Contrast:
+    a, b = ra.name, rb.name
+    boot = percentile(draws.values[f"w:{a}"] - draws.values[f"w:{b}"], settings.plan.alpha)
+    loo = _contrast_loo(tasks, s2[a], s2[b], settings.top_tasks)
+    est = float(s2[a].mean() - s2[b].mean())
+    wa, wb = ra.w_interval, rb.w_interval
+    if wa.method == TASK_BOOTSTRAP and wb.method == TASK_BOOTSTRAP:
+        return Contrast(a, b, est, boot, loo)
+    # a side whose bootstrap cannot see what its replicates missed: what the exact bound added
+    # to A's upper end may raise the contrast, what it added to B's may lower it
+    few = ", ".join(f"{x.name} ({x.w_interval.method})" for x in (ra, rb) if x.w_interval.method != TASK_BOOTSTRAP)
+    return Contrast(a, b, est, contrast_bounds(boot, wa, wb), loo, CONTRAST_WIDENED,
+                    f"few tasks varied in {few}: the joint task-bootstrap interval widened by what the exact "
+                    f"bound added to each side's upper end", boot)
 
 
 def contrast_bounds(boot: Interval, wa: WInterval, wb: WInterval) -> Interval:

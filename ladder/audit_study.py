@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
 from statistics import median
 from typing import Any
 
 from noisefloor.analyzer import audit as audit_mod
-from noisefloor.analyzer import audit_checks, floors_report
+from noisefloor.analyzer import floors_report, report_doc
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
@@ -79,17 +79,15 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
     main = audit_mod.main_arm(rows)
     if not main:
         raise LadderError("the audit has no main-arm rows; declare a condition without a perturbation variant")
-    result, doc, drifted = pipeline.analysis_doc(cfg, design, ladder, rows, analyzed=main)
-    doc["floors"] = floors_report.to_json(audits)
-    doc["warnings"] = [*doc["warnings"], *audit_checks.drift_messages(audits)]
-    if builtin is not None:
-        doc["truth"] = truth(builtin, cfg, doc["floors"])
+    result, parts, drifted = pipeline.analysis_doc(cfg, design, ladder, rows, analyzed=main)
+    floors = floors_report.to_json(audits)
+    known = truth(builtin, cfg, floors) if builtin is not None else None
+    parts = replace(parts, floors=floors, floor_notes=report_doc.floor_notes(audits), truth=known)
     text = floors_report.table(audits)
-    if doc.get("truth"):
-        text += "\n" + truth_line(doc["truth"])
-    md = "\n".join(floors_report.markdown(audits, "Floors")) + (
-        "\n\n" + truth_line(doc["truth"]) if doc.get("truth") else "")
-    pipeline.write_reports(cfg, result, doc, rows, [text], [md], plot=False)
+    if known:
+        text += "\n" + truth_line(known)
+    md = "\n".join(floors_report.markdown(audits, "Floors")) + ("\n\n" + truth_line(known) if known else "")
+    doc = pipeline.write_reports(cfg, result, parts, rows, [text], [md], plot=False)
     return pipeline.LadderResult(result, doc, drifted, [], False, [text])
 
 

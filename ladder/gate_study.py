@@ -48,7 +48,7 @@ def table(out: gate_run.GateSection, truth_doc: dict[str, Any] | None = None) ->
         return f"Gate: REFUSED ({out.refused})"
     cases = (truth_doc or {}).get("cases", {})
     esc = out.escalated
-    lines = [f"Gate (seed 004): baselines A and B and the candidate, inconclusive cases re-run to "
+    lines = [f"Gate: baselines A and B and the candidate, inconclusive cases re-run to "
              f"k={out.settings.escalate_at} automatically ({len(esc)} re-run: {', '.join(esc) or 'none'})",
              "case        verdict       base A   base B   candidate  floor" + ("   true base -> candidate" if cases else "")]
     for v in out.verdicts:

@@ -1,11 +1,11 @@
-"""The judge design (seed 000 §3.1, §5.3, App. D): freeze one candidate per task, execute it for
+"""The judge design: freeze one candidate per task, execute it for
 the reference, ask a judge R times per temperature through nfproxy (so the judge study is itself
 recorded and replays), parse every reply, analyze verdict variance and agreement.
 
 Replies are parsed leniently (a verdict word near the start, a confidence anywhere); a reply with
 no verdict is kept in the log, counted per condition and left out of the verdict rows, never
-read as a rejection (the seed's first judge run lost 78% of its verdicts to truncation, which
-as rejections would have looked like a harsh judge).
+read as a rejection (a judge run that loses most of its verdicts to truncation would otherwise
+look like a harsh judge).
 """
 
 from __future__ import annotations
@@ -92,25 +92,8 @@ def _samples(path: Path, tasks: dict[str, Any]) -> dict[str, str]:
 
 def run_judge(cfg: Config, design: Design, kind: str, builtin: Any | None, executor: Executor,
               say: Callable[[str], None]) -> pipeline.LadderResult:
-    from noisefloor.verifier.candidates import response_text
-    from noisefloor.verifier.extract import extract_code
-
     ladder = pipeline.start(cfg, executor, builtin, say)
-    by_id = {t.task_id: t for t in cfg.tasks}
-    if design.settings.get("samples"):
-        programs = _samples(Path(design.settings["samples"]), by_id)
-        source = f"samples file {design.settings['samples']}"
-    else:
-        gen = cfg.conditions["candidates"]
-        say(f"[{gen.name}] freezing one candidate per task ({len(cfg.tasks)} tasks)")
-        ladder.run_condition(gen)
-        found = ladder.candidates({gen.name})
-        programs = {}
-        for session, att in ladder.study_attempts({gen.name}):
-            cand = found.get(session)
-            if cand is not None and cand.body is not None:
-                programs[att.task_id] = extract_code(response_text(cand.body), by_id[att.task_id].entry_point)
-        source = f"the recorded {gen.name} condition (replicate 0)"
+    programs, source = _frozen(cfg, design, ladder, say)
     tasks = [t for t in cfg.tasks if programs.get(t.task_id)]
     if not tasks:
         raise LadderError("no frozen candidate to judge: the generation produced no code; check the agent")
@@ -129,6 +112,44 @@ def run_judge(cfg: Config, design: Design, kind: str, builtin: Any | None, execu
         ladder.run_condition(replace(cond, env=cond.env + env), tasks=tasks, prompts=prompts)
     if builtin is not None:
         builtin.stop()
+    rows, parse = _verdict_rows(ladder, judges, reference)
+    pipeline.keep_rows(ladder, rows)
+    say("analyzing")
+    result, parts, drifted = pipeline.analysis_doc(cfg, design, ladder, rows)
+    known = truth(builtin, cfg, tasks, programs, reference, result) if builtin is not None else None
+    parts = replace(parts, judge_parse={c: dict(n) for c, n in parse.items()}, truth=known,
+                    study_settings={**(parts.study_settings or {}), "candidates_from": source})
+    text = table(result, parts.judge_parse or {}, known, source)
+    doc = pipeline.write_reports(cfg, result, parts, rows, [text], plot=False)
+    return pipeline.LadderResult(result, doc, drifted, [], False, [text])
+
+
+def _frozen(cfg: Config, design: Design, ladder: Any, say: Callable[[str], None]) -> tuple[dict[str, str], str]:
+    """task id -> the program judged, and where the programs came from: a samples file, or one
+    recorded generation per task (the `candidates` condition, replicate 0)."""
+    from noisefloor.verifier.candidates import response_text
+    from noisefloor.verifier.extract import extract_code
+
+    by_id = {t.task_id: t for t in cfg.tasks}
+    if design.settings.get("samples"):
+        return _samples(Path(design.settings["samples"]), by_id), f"samples file {design.settings['samples']}"
+    gen = cfg.conditions["candidates"]
+    say(f"[{gen.name}] freezing one candidate per task ({len(cfg.tasks)} tasks)")
+    ladder.run_condition(gen)
+    found = ladder.candidates({gen.name})
+    programs = {}
+    for session, att in ladder.study_attempts({gen.name}):
+        cand = found.get(session)
+        if cand is not None and cand.body is not None:
+            programs[att.task_id] = extract_code(response_text(cand.body), by_id[att.task_id].entry_point)
+    return programs, f"the recorded {gen.name} condition (replicate 0)"
+
+
+def _verdict_rows(ladder: Any, judges: Sequence[Any], reference: dict[str, int]
+                  ) -> tuple[list[OutcomeRow], dict[str, Counter[str]]]:
+    """A row per parsed verdict, and per judge condition the replies parsed, unparseable and missing."""
+    from noisefloor.verifier.candidates import response_text
+
     names = {c.name for c in judges}
     found = ladder.candidates(names)
     rows: list[OutcomeRow] = []
@@ -145,16 +166,7 @@ def run_judge(cfg: Config, design: Design, kind: str, builtin: Any | None, execu
         parse[att.condition]["parsed"] += 1
         base = ladder.base_row(session, att, cand)
         rows.append(replace(base, outcome=verdict, reference=reference[att.task_id], confidence=conf))
-    pipeline.keep_rows(ladder, rows)
-    say("analyzing")
-    result, doc, drifted = pipeline.analysis_doc(cfg, design, ladder, rows)
-    doc["judge_parse"] = {c: dict(n) for c, n in parse.items()}
-    doc["settings"]["candidates_from"] = source
-    if builtin is not None:
-        doc["truth"] = truth(builtin, cfg, tasks, programs, reference, result)
-    text = table(result, doc["judge_parse"], doc.get("truth"), source)
-    pipeline.write_reports(cfg, result, doc, rows, [text], plot=False)
-    return pipeline.LadderResult(result, doc, drifted, [], False, [text])
+    return rows, parse
 
 
 def truth(builtin: Any, cfg: Config, tasks: Sequence[Any], programs: dict[str, str], reference: dict[str, int],
@@ -194,7 +206,7 @@ def truth(builtin: Any, cfg: Config, tasks: Sequence[Any], programs: dict[str, s
 
 
 def table(result: Any, parse: dict[str, dict[str, int]], truth_doc: dict[str, Any] | None, source: str) -> str:
-    lines = [f"Judge study (seed 000 App. D): candidates frozen from {source}; reference = executed outcome"]
+    lines = [f"Judge study: candidates frozen from {source}; reference = executed outcome"]
     truths = (truth_doc or {}).get("judge", {})
     for c in result.conditions:
         j = result.judge.get(c.name)

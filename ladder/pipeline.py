@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from noisefloor import outputs
-from noisefloor.analyzer import report
+from noisefloor.analyzer import report, report_doc
 from noisefloor.analyzer.analysis import Analysis, Settings, analyze
-from noisefloor.analyzer.logstats import from_store
+from noisefloor.analyzer.logstats import STUDY_META, from_store
 from noisefloor.analyzer.outcomes import build
+from noisefloor.analyzer.report_doc import Parts
 from noisefloor.errors import EXIT_REPLAY_FAILED
 from noisefloor.ladder import provenance
 from noisefloor.ladder.designs import Design
@@ -22,8 +23,6 @@ from noisefloor.ladder.executors import Executor, LocalExecutor
 from noisefloor.ladder.runner import Config, Ladder
 from noisefloor.outcome_rows import OutcomeRow, write_jsonl
 from noisefloor.proxy.store import Store
-
-STUDY_META = "nfladder_study"  # the store's meta entry holding the design, provenance and truth (logstats reads it)
 
 
 @dataclass(frozen=True)
@@ -80,33 +79,38 @@ def keep_rows(ladder: Ladder, rows: Sequence[OutcomeRow]) -> None:
 
 
 def drift(served: dict[tuple[str, str], set[str]]) -> dict[str, list[str]]:
-    """Served models per (condition, requested model): an agent that asks for two models is not
-    drift; one requested model answered by two served ones is."""
-    return {f"{c} / {m}": sorted(s) for (c, m), s in sorted(served.items()) if len(s) > 1}
+    """Served models per (condition, requested model), where one requested model was answered by
+    more than one served model (report_doc.drifted's rule)."""
+    return report_doc.drifted(served_by_requested(served))
+
+
+def served_by_requested(served: dict[tuple[str, str], set[str]]) -> dict[str, list[str]]:
+    return {f"{c} / {m}": sorted(s) for (c, m), s in sorted(served.items())}
 
 
 def analysis_doc(cfg: Config, design: Design, ladder: Ladder, rows: Sequence[OutcomeRow],
-                 analyzed: Sequence[OutcomeRow] | None = None) -> tuple[Analysis, dict[str, Any], dict[str, list[str]]]:
+                 analyzed: Sequence[OutcomeRow] | None = None) -> tuple[Analysis, Parts, dict[str, list[str]]]:
+    """The analysis of the graded rows (or of `analyzed`, a design's main arm), the report's parts
+    so far, and the drift the log shows."""
     data = build(list(analyzed if analyzed is not None else rows))
     result = analyze(data, Settings(resamples=cfg.bootstrap, seed=cfg.seed))
-    doc = result.to_json()
-    doc["log"] = from_store(ladder.store)
-    doc["design"] = design.name
-    doc["settings"] |= {"replicates": cfg.replicates, **design.settings, "agent": cfg.agent, "upstream": cfg.upstream,
-                        "conditions": cfg.conditions.to_json()}
-    served = ladder.served_models()
-    doc["served_by_requested"] = {f"{c} / {m}": sorted(v) for (c, m), v in sorted(served.items())}
-    drifted = drift(served)
-    doc["warnings"] = [*doc["warnings"], *(f"{c}: the served model changed within the study ({', '.join(m)})"
-                                           for c, m in drifted.items())]
-    return result, doc, drifted
+    served = served_by_requested(ladder.served_models())
+    study_settings = {"replicates": cfg.replicates, **design.settings, "agent": cfg.agent, "upstream": cfg.upstream,
+                      "conditions": cfg.conditions.to_json()}
+    parts = Parts(log=from_store(ladder.store), design=design.name, served_by_requested=served,
+                  study_settings=study_settings)
+    return result, parts, report_doc.drifted(served)
 
 
-def write_reports(cfg: Config, result: Analysis, doc: dict[str, Any], rows: Sequence[OutcomeRow],
-                  sections: Sequence[str] = (), md_sections: Sequence[str] | None = None, plot: bool = True) -> None:
-    doc["provenance"] = provenance.manifest(cfg, rows, doc)
-    with Store.open(cfg.out / "log.lmdb", write=True) as store:  # `nfanalyze LOG` shows what the report showed
-        store.set_meta(STUDY_META, {k: doc[k] for k in ("design", "provenance", "judge_parse", "truth") if k in doc})
+def write_reports(cfg: Config, result: Analysis, parts: Parts, rows: Sequence[OutcomeRow],
+                  sections: Sequence[str] = (), md_sections: Sequence[str] | None = None,
+                  plot: bool = True) -> dict[str, Any]:
+    """report.json (built by report_doc, with the provenance manifest), report.md, the plot; the
+    study's parts kept in the log, so `nfanalyze LOG` reports what nfladder did. Returns the report."""
+    parts = replace(parts, provenance=provenance.manifest(cfg, rows, report_doc.build(result, parts)))
+    doc = report_doc.build(result, parts)
+    with Store.open(cfg.out / "log.lmdb", write=True) as store:
+        store.set_meta(STUDY_META, parts.kept_meta())
     outputs.write_text(cfg.out / "report.json", json.dumps(doc, indent=2))  # atomic: never half a report
     truth = doc.get("truth") if "w" in doc.get("truth", {}) else None  # the ladder's truth; designs print their own
     md = report.markdown(result, doc["log"], truth=truth)
@@ -115,6 +119,7 @@ def write_reports(cfg: Config, result: Analysis, doc: dict[str, Any], rows: Sequ
     outputs.write_text(cfg.out / "report.md", md)
     if plot:
         report.plot(result, cfg.out / "ladder.png", truth)
+    return doc
 
 
 # -- the ladder --------------------------------------------------------------------------------
@@ -132,10 +137,10 @@ def _run_ladder(cfg: Config, design: Design, kind: str, builtin: Any | None, exe
     rows = ladder.outcomes(lambda items: executor.grade(kind, cfg.dataset, cfg.grading, items))
     keep_rows(ladder, rows)
     say("analyzing")
-    result, doc, drifted = analysis_doc(cfg, design, ladder, rows)
+    result, parts, drifted = analysis_doc(cfg, design, ladder, rows)
     if builtin is not None:
-        doc["truth"] = _ladder_truth(builtin, result, cfg)
-    write_reports(cfg, result, doc, rows)
+        parts = replace(parts, truth=_ladder_truth(builtin, result, cfg))
+    doc = write_reports(cfg, result, parts, rows)
     replayed = [c.name for c in cfg.conditions if c.replays]
     return LadderResult(result, doc, drifted, ladder.replay_failures(),
                         any(ladder.proxy_exit.get(n) == EXIT_REPLAY_FAILED for n in replayed))
@@ -203,11 +208,10 @@ def _run_gate(cfg: Config, design: Design, kind: str, builtin: Any | None, execu
         builtin.stop()
     keep_rows(ladder, rows)
     say("analyzing")
-    result, doc, drifted = analysis_doc(cfg, design, ladder, rows)
-    doc["gate"] = verdicts.to_json()
-    if builtin is not None:
-        doc["truth"] = gate_study.truth(builtin, cfg, verdicts)
-    text = gate_study.table(verdicts, doc.get("truth"))
-    write_reports(cfg, result, doc, rows, [text], plot=False)
+    result, parts, drifted = analysis_doc(cfg, design, ladder, rows)
+    parts = replace(parts, gate=verdicts.to_json(),
+                    truth=gate_study.truth(builtin, cfg, verdicts) if builtin is not None else None)
+    text = gate_study.table(verdicts, parts.truth)
+    doc = write_reports(cfg, result, parts, rows, [text], plot=False)
     return LadderResult(result, doc, drifted, [], False, [text],
                         regressed=any(v.verdict == "regressed" for v in verdicts.verdicts), refused=verdicts.refused)

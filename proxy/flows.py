@@ -3,11 +3,10 @@ flow metadata keys the hooks share, nfproxy's own error answers, and request tex
 
 from __future__ import annotations
 
-import json
 import logging
 
 from noisefloor.proxy import mitm_compat as mitm
-from noisefloor.proxy import secrets
+from noisefloor.proxy import replies, secrets
 from noisefloor.proxy.mitm_compat import http  # mitmproxy's public flow types
 from noisefloor.proxy.sse import ChunkCapture
 from noisefloor.proxy.traffic import RequestData, ResponseData
@@ -74,8 +73,7 @@ def is_websocket(flow: http.HTTPFlow) -> bool:
 
 def error_response(status: int, kind: str, message: str, headers: dict[str, str]) -> http.Response:
     """An answer nfproxy gives itself, in the JSON error shape the SDKs print."""
-    body = json.dumps({"error": {"type": kind, "message": message}}).encode()
-    return mitm.make_response(status, body, {"content-type": "application/json", **headers})
+    return mitm.make_response(status, replies.error_body(kind, message), {"content-type": "application/json", **headers})
 
 
 def decoded_body(flow: http.HTTPFlow) -> bytes:

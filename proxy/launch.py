@@ -4,7 +4,6 @@ the benchmarks and the tests share."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from noisefloor.errors import StateError
+from noisefloor.proxy.serve import FINISH_SIGNAL
 
 START_TIMEOUT_S = 60.0
 READY = "NFPROXY_READY "
@@ -42,8 +42,9 @@ class RunningProxy:
     def output(self) -> str:
         return "\n".join(self.lines)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Signal it, wait for its exit status (SIGKILL if it hangs)."""
+    def stop(self, sig: int = FINISH_SIGNAL, timeout: float = 30) -> int:
+        """Signal it, wait for its exit status (SIGKILL if it hangs). The default signal ends the
+        proxy with the run's own status (0, 1, 3); SIGINT / SIGTERM end it with 130 / 143."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:

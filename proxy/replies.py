@@ -19,9 +19,14 @@ WEBSOCKET_STATUS = 501
 RECORDED_FAILURE_STATUS = 502
 
 
-def _json(status: int, doc: dict[str, Any], headers: tuple[tuple[str, str], ...], indent: int | None = None
-          ) -> ResponseData:
-    body = json.dumps({"error": doc}, indent=indent).encode()
+def error_body(kind: str, message: str | None) -> bytes:
+    """An answer nfproxy gives itself where no provider shape applies, in the JSON error shape the
+    SDKs print: {"error": {"type": ..., "message": ...}}. The one home of that body."""
+    return json.dumps({"error": {"type": kind, "message": message}}).encode()
+
+
+def _json(status: int, kind: str, message: str | None, headers: tuple[tuple[str, str], ...] = ()) -> ResponseData:
+    body = error_body(kind, message)
     return ResponseData(status, (("content-type", "application/json"), *headers,
                                  ("content-length", str(len(body)))), body)
 
@@ -66,12 +71,10 @@ def websocket_refused(p: Prepared) -> ResponseData:
 
 
 def replay_failed(exc: BaseException) -> ResponseData:
-    return _json(FAILURE_STATUS, {"type": "nfproxy_replay_error", "message": f"nfproxy replay failed: {exc!r}; the "
-                                  "request was not forwarded upstream (check the store and nfproxy's log)"},
-                 (("x-nf-replay", "error"),))
+    return _json(FAILURE_STATUS, "nfproxy_replay_error", f"nfproxy replay failed: {exc!r}; the request was not "
+                 "forwarded upstream (check the store and nfproxy's log)", (("x-nf-replay", "error"),))
 
 
 def recorded_failure(error: str | None) -> ResponseData:
     """The recording holds a connection failure: replayed as one."""
-    return ResponseData(RECORDED_FAILURE_STATUS, (("content-type", "application/json"),),
-                        json.dumps({"error": {"type": "nfproxy_recorded_error", "message": error}}).encode())
+    return _json(RECORDED_FAILURE_STATUS, "nfproxy_recorded_error", error)

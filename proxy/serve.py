@@ -1,9 +1,8 @@
-"""Serving: one nfproxy run, from options to exit status.
+"""Serving: one nfproxy run, from options (`options.ServeOptions`) to exit status.
 
-`ServeOptions` declares every run option in one place (as mitmproxy addons declare theirs); the
-CLI only parses them. `serve` opens the store and the engine (recorder or replayer), runs a lean
-mitmproxy master with the noisefloor addons (and a wrapped command, if any), prints the summary
-and returns the exit status.
+`serve` opens the store and the engine (recorder or replayer), runs a lean mitmproxy master with
+the noisefloor addons (and a wrapped command, if any), prints the summary and returns the exit
+status.
 """
 
 from __future__ import annotations
@@ -15,58 +14,32 @@ import os
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import click
 
 from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, NoisefloorError, StateError
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.overrides import Override
+from noisefloor.proxy.options import ServeOptions
 from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store, StoreError
 from noisefloor.proxy.store_env import is_read_only
-from noisefloor.proxy.traffic import Labels
 
 EXIT_INTERRUPTED_BASE = 128  # ended by signal N: 128 + N (SIGINT 130, SIGTERM 143), as a shell reports it
 READY_LINE_ENV = "NFPROXY_READY_LINE"  # set by `launch.start`: print the machine-readable line even with -q
-
-
-@dataclass(frozen=True)
-class ServeOptions:
-    mode: str  # record, replay or passthrough
-    store_path: Path
-    host: str
-    port: int
-    labels: Labels  # the defaults for requests without x-nf-* labels
-    rules: Rules = Rules()
-    upstream: str | None = None  # reverse mode; None: a regular (forward) proxy
-    strict: bool = True
-    allow_reuse: bool = False
-    replay_sessions: tuple[str, ...] = ()
-    replay_timed: bool = False  # replay streams with the recorded gaps
-    order_wait: float = 5.0
-    replay_order: str = "content"  # how replayed requests are paired with recorded answers (replayer.py)
-    replay_log: Path | None = None  # where replay writes its own exchange records; None: nowhere
-    overrides: tuple[Override, ...] = ()
-    variant: tuple[str, Any] | None = None  # a prompt perturbation: (name, rewrite)
-    stream_timeout: float = 120.0
-    max_body: int = 64 << 20
-    confdir: Path = Path("recordings/mitmproxy-ca")
-    upstream_ca: str | None = None
-    quiet: bool = False
-    command: tuple[str, ...] = ()  # a wrapped command, run with the proxy environment
+# Ends the run like SIGTERM, but the exit status is the run's own (0, 1 exchanges not recorded, 3 a
+# strict replay that failed): how a program that started a proxy stops it and learns what it saw.
+FINISH_SIGNAL = signal.SIGUSR1
 
 
 def serve(o: ServeOptions) -> int:
-    """Run until SIGINT / SIGTERM (or the wrapped command's end); the exit status.
+    """Run until SIGINT / SIGTERM / FINISH_SIGNAL (or the wrapped command's end); the exit status.
 
-    A proxy on its own ends by a signal normally, and its status says what the run saw (0, 1 for
-    exchanges not recorded, 3 for a strict replay that missed). A wrapped command cut short by a
-    signal ends with 128 + the signal (130 for SIGINT, 143 for SIGTERM), which wins over everything;
-    otherwise a failed wrapped command's own status wins over the replay's 3."""
+    SIGINT and SIGTERM end the run with 128 + the signal (130, 143), the summary printed and every
+    recorded exchange kept; that status wins over everything. FINISH_SIGNAL ends it with the run's
+    own status: 0, 1 for exchanges not recorded, 3 for a strict replay that missed. A failed
+    wrapped command's own status wins over the replay's 3."""
     try:
         return _serve(o)
     except KeyboardInterrupt:  # before the proxy's own handlers are in place: nothing recorded yet
@@ -76,14 +49,11 @@ def serve(o: ServeOptions) -> int:
 
 def _serve(o: ServeOptions) -> int:
     check_port(o.host, o.port)  # before any work: mitmproxy's own advice for a busy port is not nfproxy's
-    store, engine, upstream, writer = _open_engine(o.mode, o.store_path, o.rules, o.upstream, o.strict,
-                                                   o.allow_reuse, o.replay_sessions, o.max_body, o.replay_order,
-                                                   o.replay_log)
+    store, engine, upstream, writer = _open_engine(o)
     stats: Stats = engine.stats if engine is not None else Stats()
-    run = _Serve(o.mode, o.host, o.port, upstream, o.confdir, o.store_path, o.quiet, list(o.command), o.upstream_ca)
+    run = _Serve(o, upstream)
     try:
-        asyncio.run(run.run(engine, o.labels, list(o.overrides), o.variant, o.replay_timed, o.stream_timeout, stats,
-                            o.max_body, o.order_wait))
+        asyncio.run(run.run(engine, stats))
     finally:
         try:
             if writer is not None:
@@ -92,18 +62,25 @@ def _serve(o: ServeOptions) -> int:
             if store is not None:
                 store.close()
     if not o.quiet:
-        click.echo(stats.summary(o.mode, str(o.store_path)), err=True)
-        for line in engine.summary_lines() if o.mode == "replay" and engine is not None else ():
-            click.echo(line, err=True)
-        if stats.tls_failures:
-            click.echo(f"nfproxy: {stats.tls_failures} client TLS handshakes failed: the client does not trust the "
-                       f"nfproxy CA; run `nfproxy ca --confdir {o.confdir}` for the file and environment to set",
-                       err=True)
-    if run.signal and o.command:  # the wrapped command was interrupted: 130 / 143, whatever it or the replay did
+        _summary(o, engine, stats)
+    return _status_of(o, run, stats)
+
+
+def _summary(o: ServeOptions, engine: Any, stats: Stats) -> None:
+    click.echo(stats.summary(o.mode, str(o.store_path)), err=True)
+    for line in engine.summary_lines() if o.replaying and engine is not None else ():
+        click.echo(line, err=True)
+    if stats.tls_failures:
+        click.echo(f"nfproxy: {stats.tls_failures} client TLS handshakes failed: the client does not trust the "
+                   f"nfproxy CA; run `nfproxy ca --confdir {o.ca_dir}` for the file and environment to set", err=True)
+
+
+def _status_of(o: ServeOptions, run: _Serve, stats: Stats) -> int:
+    if run.signal and run.signal != FINISH_SIGNAL:  # interrupted: 130 / 143, whatever the command or replay did
         return EXIT_INTERRUPTED_BASE + run.signal
     if run.returncode:  # a wrapped command that failed: its status wins over a strict replay's 3
         return run.returncode
-    if o.mode == "replay" and o.strict and (stats.misses or stats.order_violations or stats.errors):
+    if o.replaying and o.strict and (stats.misses or stats.order_violations or stats.errors):
         return EXIT_REPLAY_FAILED
     if stats.unrecorded:  # a recording with holes must not pass for a whole one
         return EXIT_ERROR
@@ -114,10 +91,8 @@ def _same(a: Path, b: Path) -> bool:
     return a.resolve() == b.resolve()
 
 
-def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None, strict: bool, allow_reuse: bool,
-                 replay_sessions: tuple[str, ...], max_body: int = 64 << 20, replay_order: str = "content",
-                 replay_log: Path | None = None,
-                 ) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
+def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, DeferredLog | None]:
+    mode, store_path, rules, upstream, replay_log = o.mode, o.store_path, o.rules, o.upstream, o.replay_log
     if mode == "passthrough":
         return None, None, upstream, None
     from noisefloor.proxy.recorder import Recorder
@@ -129,7 +104,7 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
     read_only = mode == "replay" and (not into_source or is_read_only(store_path))
     try:
         # a stored body decompresses to no more than --max-body-mb: a bomb in the store costs what one on the wire would
-        store = Store.open(store_path, write=not read_only, create=(mode == "record"), max_body=max_body)
+        store = Store.open(store_path, write=not read_only, create=(mode == "record"), max_body=o.max_body)
         if mode == "record":
             store.lock_for_recording()
     except StoreError:
@@ -161,8 +136,8 @@ def _open_engine(mode: str, store_path: Path, rules: Rules, upstream: str | None
                     target.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
                     writer.closes = target
                 sink = writer.submit
-            engine = Replayer(store, rules, strict=strict, allow_reuse=allow_reuse, sources=replay_sessions, log=sink,
-                              order=replay_order, say=lambda line: click.echo(line, err=True))
+            engine = Replayer(store, rules, strict=o.strict, allow_reuse=o.allow_reuse, sources=o.replay_sessions,
+                              log=sink, order=o.replay_order, say=lambda line: click.echo(line, err=True))
             if engine.recorded == 0:
                 raise StoreError(f"store {store_path} holds no recorded exchanges; record with --mode record first")
             upstream = upstream or store.meta("upstream")
@@ -181,17 +156,50 @@ def _discard(build: Any) -> None:
 class _Serve:
     """One proxy run: mitmproxy with the noisefloor addons, and optionally a wrapped command."""
 
-    def __init__(self, mode: str, host: str, port: int, upstream: str | None, confdir: Path, store_path: Path,
-                 quiet: bool, command: list[str], upstream_ca: str | None) -> None:
-        self.mode, self.host, self.port, self.upstream = mode, host, port, upstream
-        self.confdir, self.store_path, self.quiet, self.command = confdir, store_path, quiet, command
-        self.upstream_ca = upstream_ca
+    def __init__(self, o: ServeOptions, upstream: str | None) -> None:
+        self.o = o
+        self.mode, self.host, self.upstream = o.mode, o.host, upstream  # replay: the recording's upstream
+        self.confdir, self.store_path, self.quiet, self.command = o.ca_dir, o.store_path, o.quiet, list(o.command)
         self.returncode: int | None = None
-        self.signal = 0  # the SIGINT / SIGTERM that ended the run, if one did
+        self.signal = 0  # the signal that ended the run, if one did
 
-    async def run(self, engine: Any, labels: Labels, overrides: list[Override], variant: tuple[str, Any] | None,
-                  timed: bool, stream_timeout: float, stats: Stats, max_body: int, order_wait: float) -> None:
+    async def run(self, engine: Any, stats: Stats) -> None:
         from noisefloor.proxy import mitm_compat
+
+        master = mitm_compat.lean_master(sys.stderr)
+        master.options.update(
+            listen_host=self.host,
+            listen_port=self.o.port,
+            mode=[f"reverse:{self.upstream}" if self.upstream else "regular"],
+            # lazy: no upstream connection before a request needs one (replay needs none at all, and
+            # a dead upstream in record mode becomes a recorded error exchange, not a lost connection)
+            connection_strategy="lazy",
+            confdir=str(self.confdir),
+            termlog_verbosity="warn",
+        )
+        if self.o.upstream_ca:
+            master.options.update(ssl_verify_upstream_trusted_ca=self.o.upstream_ca)
+        streams = await self._add_addons(master, engine, stats)
+        loop = asyncio.get_running_loop()
+
+        def stop(sig: int) -> None:
+            self.signal = self.signal or sig
+            master.shutdown()
+
+        for sig in (signal.SIGINT, signal.SIGTERM, FINISH_SIGNAL):
+            loop.add_signal_handler(sig, stop, sig)
+        master._asyncio_exception_handler = _quiet_cancellations(master._asyncio_exception_handler)
+        try:
+            await master.run()
+        except asyncio.CancelledError:  # a shutdown mid-start: the summary still follows, no traceback
+            pass
+        finally:  # asyncio.run cancels what is left after this, with its own handler: keep that quiet too
+            loop.set_exception_handler(_quiet_cancellations(lambda lp, ctx: lp.default_exception_handler(ctx)))
+            if streams is not None:
+                await streams.stop()
+
+    async def _add_addons(self, master: Any, engine: Any, stats: Stats) -> Any:
+        """The noisefloor addons of this mode, as one chain entry; replay's stream server, if any."""
         from noisefloor.proxy.addon import (
             BodyLimit,
             BodyRewrites,
@@ -205,49 +213,21 @@ class _Serve:
         from noisefloor.proxy.addon_replay import Replay
         from noisefloor.proxy.sse import StreamServer
 
-        master = mitm_compat.lean_master(sys.stderr)
-        master.options.update(
-            listen_host=self.host,
-            listen_port=self.port,
-            mode=[f"reverse:{self.upstream}" if self.upstream else "regular"],
-            # lazy: no upstream connection before a request needs one (replay needs none at all, and
-            # a dead upstream in record mode becomes a recorded error exchange, not a lost connection)
-            connection_strategy="lazy",
-            confdir=str(self.confdir),
-            termlog_verbosity="warn",
-        )
-        if self.upstream_ca:
-            master.options.update(ssl_verify_upstream_trusted_ca=self.upstream_ca)
-        addons: list[Any] = [BodyLimit(max_body, stats), SessionLabels(labels), BodyRewrites(overrides, variant),
-                             TlsFailures(stats)]
+        o = self.o
+        addons: list[Any] = [BodyLimit(o.max_body, stats), SessionLabels(o.labels),
+                             BodyRewrites(list(o.overrides), o.variant), TlsFailures(stats)]
         streams = None
         if self.mode == "record":
-            addons += [Record(engine, lambda: bool(self.signal)), Streams(stream_timeout, capture=True)]
+            addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True)]
         elif self.mode == "replay":
             streams = StreamServer()
             await streams.start()
-            addons.append(Replay(engine, streams, timed, order_wait))
+            addons.append(Replay(engine, streams, o.replay_timed, o.order_wait))
             master.addons.add(NoUpstream(streams, stats))  # its own chain entry: independent of the group
         else:
-            addons.append(Streams(stream_timeout, capture=False))
+            addons.append(Streams(o.stream_timeout, capture=False))
         master.addons.add(Group(*addons, _Ready(self, master)))
-        loop = asyncio.get_running_loop()
-
-        def stop(sig: int) -> None:
-            self.signal = self.signal or sig
-            master.shutdown()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop, sig)
-        master._asyncio_exception_handler = _quiet_cancellations(master._asyncio_exception_handler)
-        try:
-            await master.run()
-        except asyncio.CancelledError:  # a shutdown mid-start: the summary still follows, no traceback
-            pass
-        finally:  # asyncio.run cancels what is left after this, with its own handler: keep that quiet too
-            loop.set_exception_handler(_quiet_cancellations(lambda lp, ctx: lp.default_exception_handler(ctx)))
-            if streams is not None:
-                await streams.stop()
+        return streams
 
     def environment(self, port: int) -> dict[str, str]:
         url = f"http://{self.host}:{port}"

@@ -6,7 +6,8 @@ import os
 import shutil
 import signal
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,52 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ.pop("NF_CACHE_DIR", None)
     else:
         os.environ["NF_CACHE_DIR"] = old
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own pass over the items
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's loadgroup (pyproject's addopts) each worker builds its own copy of a
+    module- or session-scoped fixture: tests that share one defined in their module (a Ray cluster,
+    a browser, a ladder run, graders) get one xdist_group so it is built once. A test with an
+    explicit xdist_group keeps only that."""
+    parent: dict[str, str] = {}
+
+    def root(x: str) -> str:
+        while parent.setdefault(x, x) != x:
+            x = parent[x]
+        return x
+
+    shared: dict[pytest.Item, list[str]] = {}
+    for item in items:
+        info, module = getattr(item, "_fixtureinfo", None), getattr(item, "module", None)
+        if info is None or module is None or item.get_closest_marker("xdist_group"):
+            continue
+        keys = [f"{item.path.stem}.{name}" for name, defs in info.name2fixturedefs.items()
+                if defs and defs[-1].scope in ("module", "session")
+                and getattr(defs[-1].func, "__module__", None) == module.__name__]
+        for key in keys[1:]:
+            parent[root(key)] = root(keys[0])
+        if keys:
+            shared[item] = keys
+    for item, keys in shared.items():
+        item.add_marker(pytest.mark.xdist_group(root(keys[0])))
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        for item in items:
+            _name_group(item)
+
+
+def _name_group(item: pytest.Item) -> None:
+    """loadgroup schedules by a `@group` suffix on the node id, which pytest-xdist 3.8 writes to a
+    field pytest 9.2 no longer reads (pytest-xdist issue 1386): written here where it is missing."""
+    groups = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                     for m in item.iter_markers("xdist_group")})
+    if not groups or "@" in item.nodeid.rpartition("]")[2]:
+        return
+    named = f"{item.nodeid}@{'_'.join(groups)}"
+    if hasattr(item, "_id"):
+        item._id = type(item._id).parse(named)
+    else:
+        item._nodeid = named
 
 
 # The tests start nfproxy the way nfladder does: one launcher.
@@ -85,6 +132,16 @@ def delete_exchanges(store: Path, ids: list[int]) -> None:
                 assert txn.delete(struct.pack(">Q", i), db=db), f"no exchange {i} to delete"
     finally:
         env.close()
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout: float = 60.0) -> None:
+    """Poll `condition` until it holds, failing with `what` after `timeout` s: a test waits for the
+    state it needs, never for a fixed time that a loaded machine may not honour."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        time.sleep(0.02)
 
 
 def have_curl() -> bool:

@@ -31,6 +31,7 @@ class FakeUpstream:
     gzip_responses: bool = False
     ssl_context: Any = None  # an ssl.SSLContext: serve HTTPS
     responder: Any = None  # optional fn(request doc, n) -> assistant text for chat completions
+    served: Any = None  # optional fn(request doc, n) -> the model a chat completion names (default: asked + date)
     requests: list[Seen] = field(default_factory=list)
     connections: int = 0
     port: int = 0
@@ -135,8 +136,8 @@ class FakeUpstream:
         n, doc = await self._record(request)
         if (err := self._maybe_error(doc)) is not None:
             return err
+        model = self.served(doc, n) if self.served else doc.get("model", "gpt-test") + "-2024-07-18"
         if doc.get("stream"):
-            model = doc.get("model", "gpt-test") + "-2024-07-18"
             base = {"id": f"chatcmpl-{n}", "object": "chat.completion.chunk", "created": 1700000000 + n,
                     "model": model, "system_fingerprint": f"fp_{n % 3}"}
             count = int(doc.get("x_events", 5))
@@ -159,7 +160,7 @@ class FakeUpstream:
                 "id": f"chatcmpl-{n}",
                 "object": "chat.completion",
                 "created": 1700000000 + n,
-                "model": doc.get("model", "gpt-test") + "-2024-07-18",
+                "model": model,
                 "system_fingerprint": f"fp_{n % 3}",
                 "choices": [
                     {

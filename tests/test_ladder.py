@@ -24,11 +24,20 @@ def nfladder(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Complete
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
+def local_leftovers() -> set[Path]:
+    """nfladder's folders in /tmp, less the Ray executor's (a Ray test may run beside, on another worker)."""
+    return {p for p in Path(tempfile.gettempdir()).glob("nfladder-*") if not p.name.startswith("nfladder-ray-")}
+
+
 @pytest.fixture(scope="module")
 def mechanism(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """20 tasks x 4 replicates x 3 conditions (240 agent runs; the whole suite at R=6 was 684). At this
+    size and seed, simulated studies of the provider's task models (all three intervals covering
+    their true w, live > t0 > replay) pass 0.955 of the time, and 0.963 of studies fail when t0 is
+    served at the live temperature (the override lost); 38 x 6 with seed 3 gave 0.912 and 1.0."""
     out = tmp_path_factory.mktemp("ladder") / "run"
-    r = nfladder("run", "--out", str(out), "-R", "6", "-j", "2", "--bootstrap", "4000", "--seed", "3",
-                 cwd=out.parent)
+    r = nfladder("run", "--out", str(out), "--tasks", "20", "-R", "4", "-j", "2", "--bootstrap", "4000",
+                 "--seed", "22", cwd=out.parent)
     return r, out
 
 
@@ -47,7 +56,7 @@ def test_mechanism_check_recovers_the_injected_truth(mechanism):
     assert "Known truth" in r.stdout
     # the log alone is enough: nfladder kept its graded rows in it
     alone = subprocess.run([str(Path(sys.executable).with_name("nfanalyze")), str(out / "log.lmdb"), "--json", "-",
-                            "--bootstrap", "4000", "--seed", "3"], capture_output=True, text=True, timeout=300)
+                            "--bootstrap", "4000", "--seed", "22"], capture_output=True, text=True, timeout=300)
     assert alone.returncode == 0, alone.stderr
     again = json.loads(alone.stdout)
     assert again["conditions"] == doc["conditions"] and again["log"]["conditions"] == doc["log"]["conditions"]
@@ -55,7 +64,7 @@ def test_mechanism_check_recovers_the_injected_truth(mechanism):
 
 def test_same_seed_same_report_in_a_fresh_folder_and_resume_skips_finished_sessions(tmp_path):
     args = ["run", "--tasks", "12", "-R", "3", "-j", "2", "--bootstrap", "2000", "--seed", "5"]
-    leftovers = set(Path(tempfile.gettempdir()).glob("nfladder-*"))
+    leftovers = local_leftovers()
     a = nfladder(*args, "--out", str(tmp_path / "a"), cwd=tmp_path)
     b = nfladder(*args, "--out", str(tmp_path / "b"), cwd=tmp_path)
     assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
@@ -69,7 +78,7 @@ def test_same_seed_same_report_in_a_fresh_folder_and_resume_skips_finished_sessi
         assert f"[{cond}] all 36 runs done earlier" in again.stderr
     assert (tmp_path / "a" / "attempts.jsonl").read_text().count("\n") == before
     assert again.stdout.split("Known truth")[0] == a.stdout.split("Known truth")[0]  # the same ladder table
-    assert set(Path(tempfile.gettempdir()).glob("nfladder-*")) == leftovers  # nothing left in /tmp
+    assert local_leftovers() == leftovers  # nothing left in /tmp
 
 
 def test_injected_replay_violation_fails_loudly(tmp_path):

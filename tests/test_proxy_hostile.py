@@ -24,7 +24,7 @@ import pytest
 import zstandard
 
 from noisefloor.proxy.store import Store
-from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy
+from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Write add(a, b)."}]}
@@ -125,15 +125,21 @@ def test_a_byte_no_header_should_hold_does_not_change_how_the_next_request_is_tr
     rec.stop()
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--allow-reuse", "--replay-log-in-store")
     proxies.append(rep)
-    for key in (b"sk-\xff\xfe-not-utf8-PLANTED-0004", b"sk-plain-key-PLANTED-0005", b"sk-\x80-again-PLANTED-0006"):
+    keys = (b"sk-\xff\xfe-not-utf8-PLANTED-0004", b"sk-plain-key-PLANTED-0005", b"sk-\x80-again-PLANTED-0006")
+    for n, key in enumerate(keys, 1):
         r = httpx.post(rep.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": key}, timeout=20)
         assert r.status_code == 200, r.text  # every one answered, the ones after the odd byte too
-        time.sleep(0.1)  # let the deferred log write between them
+        wait_until(lambda n=n: _replayed(store) == n, f"replay record {n} in the log")  # the deferred write, between them
     code = rep.stop()
     assert code == 0, rep.output
     assert "Traceback" not in rep.output and "3 hits" in rep.output
     with Store.open(store, write=False) as s:
         assert [ex.replay_result for ex in s.exchanges() if ex.mode == "replay"] == ["hit"] * 3
+
+
+def _replayed(store: Path) -> int:
+    with Store.open(store, write=False) as s:
+        return sum(ex.mode == "replay" for ex in s.exchanges())
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -176,7 +182,7 @@ def test_a_decompression_bomb_gets_413_and_other_clients_keep_going(store, upstr
 
     t = threading.Thread(target=other_client)
     t.start()
-    time.sleep(0.3)
+    wait_until(lambda: latencies, "the other client's first answer")
     statuses = []
     for _ in range(3):
         r = httpx.post(proxy.url + "/v1/chat/completions", content=bomb, timeout=60,

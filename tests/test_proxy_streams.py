@@ -17,7 +17,7 @@ import openai
 import pytest
 
 from noisefloor.proxy.store import Store
-from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy
+from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream
 from tests.tls import make_server_cert
 
@@ -192,6 +192,11 @@ def test_stalled_upstream_is_cut_and_logged_as_partial_error(store, upstream, pr
     assert stalled.response["partial"] is True and len(stalled.response["chunks"]) == 2
 
 
+def _errors(store: Path) -> int:
+    with Store.open(store, write=False) as s:
+        return sum(ex.error is not None for ex in s.exchanges())
+
+
 def test_client_disconnect_mid_stream_leaves_a_marked_partial_exchange(store, upstream, proxies):
     rec = record(store, upstream, proxies)
     payload = json.dumps(dict(STREAM, x_events=20, x_pause_ms=100)).encode()
@@ -204,7 +209,7 @@ def test_client_disconnect_mid_stream_leaves_a_marked_partial_exchange(store, up
         got += sock.recv(4096)
     assert b"200" in got and b"data:" in got
     sock.close()
-    time.sleep(1.0)
+    wait_until(lambda: _errors(store) == 1, "the proxy recorded the cut-off stream")
     ok = httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
     assert ok.status_code == 200
     rec.stop()

@@ -7,11 +7,12 @@ import os
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import wait_until
 
 # Before Ray is imported: every node, the driver and nfladder bind to loopback, not the host's address.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
@@ -45,6 +46,13 @@ def finish(p: subprocess.Popen[str]) -> tuple[str, str]:
     return out, err
 
 
+def finished_runs(out: Path, condition: str) -> int:
+    """Runs of `condition` that nfladder has written to attempts.jsonl so far."""
+    path = out / "attempts.jsonl"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return sum(line.endswith("\n") and json.loads(line)["condition"] == condition for line in lines)
+
+
 def test_ray_ladder_equals_the_local_ladder_for_the_same_seed(tmp_path, cluster):
     _, err = finish(ladder(tmp_path / "ray", address=cluster.address))
     finish(ladder(tmp_path / "local"))
@@ -71,10 +79,8 @@ def test_a_node_killed_mid_run_loses_only_runs_that_run_again(tmp_path, cluster)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("[t0] 3 replicates" in line for line in lines):
-        time.sleep(0.2)
-    time.sleep(3.0)  # warm workers: runs have finished on both nodes, and more are under way
+    # warm workers: a first wave of t0 runs has finished (2 nodes x 2 CPUs), and 20 more are to come
+    wait_until(lambda: finished_runs(out, "t0") >= 4, "four t0 runs finished", timeout=300)
     cluster.remove_node(cluster.workers[0], allow_graceful=False)
     p.wait(600)
     reader.join(10)

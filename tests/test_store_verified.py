@@ -40,7 +40,8 @@ def recorded(tmp_path_factory) -> Path:
         rec = start("--mode", "record", "--store", str(store), "--upstream", up.url, timeout=START_TIMEOUT)
         try:
             for i in range(QUESTIONS):
-                assert httpx.post(rec.url + "/v1/chat/completions", json=chat(i), timeout=20).status_code == 200
+                assert httpx.post(rec.url + "/v1/chat/completions", json=chat(i), timeout=20,
+                                  headers={"x-nf-task": "multiple_0"}).status_code == 200  # graded by nfverify
         finally:
             assert rec.stop() == 0
     finally:

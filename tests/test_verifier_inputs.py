@@ -211,3 +211,28 @@ def test_outcomes_into_a_pipe_leave_the_pipe_a_pipe(tmp_path, dataset):
     assert rc == 0, err
     assert stat.S_ISFIFO(os.stat(fifo).st_mode)
     assert [json.loads(line)["failure"] for line in got[0].splitlines()] == ["pass"]
+
+
+def test_a_log_with_no_session_of_the_suite_is_refused_not_0_of_0(tmp_path):
+    """A log recorded for something else is the wrong log: one line and exit 5, not "0/0 passed"."""
+    import httpx
+
+    from noisefloor.proxy.launch import start
+    from tests.fake_upstream import FakeUpstream
+
+    folder = bfcl_folder(tmp_path / "bfcl", BFCL_Q, BFCL_A)
+    log = tmp_path / "log.lmdb"
+    up = FakeUpstream().start()
+    try:
+        rec = start("--mode", "record", "--store", str(log), "--upstream", up.url, timeout=60)
+        try:
+            body = {"model": "m", "messages": [{"role": "user", "content": "not a BFCL question"}]}
+            assert httpx.post(rec.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
+        finally:
+            assert rec.stop() == 0
+    finally:
+        up.stop()
+    out = tmp_path / "o.jsonl"
+    rc, err, _ = nfverify("bfcl", str(log), "--dataset", str(folder), "--outcomes", str(out))
+    one_line_refusal(rc, err, "no session of the log matches a BFCL task", "x-nf-task")
+    assert not out.exists()

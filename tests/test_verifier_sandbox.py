@@ -24,6 +24,7 @@ from noisefloor.verifier.isolation import Limits, SandboxError
 from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.uids import kill_uid, live_pids
 from noisefloor.verifier.values import decode, encode
+from tests.conftest import wait_until
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="uid, network and mount isolation need root")
 TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,),), 0.0, "humaneval")
@@ -296,7 +297,7 @@ def test_concurrent_sandboxes_never_share_a_uid(sandbox):
         results: list[str] = []
         t = threading.Thread(target=lambda: results.append(run(other, slow)[1].failure))
         t.start()
-        time.sleep(0.5)
+        wait_until(lambda: any(live_pids(u) for u in other.uids), "the other sandbox's run started")
         for _ in range(3):  # runs that end (and sweep their own uid) while the other sandbox's run is alive
             assert run(sandbox, "def f(x):\n    return x\n")[1].failure == "pass"
         t.join(30)

@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
+from noisefloor._cli import options
 from noisefloor.verifier.datasets import DEFAULT_MAX_INPUTS, load_code_tasks, sha256_file
 from noisefloor.verifier.differential import Differential
 from noisefloor.verifier.isolation import Limits
@@ -52,6 +53,4 @@ def grade_options(f: F) -> F:
         click.option("--isolation", type=click.Choice(["namespaces", "process"]), default=None,
                      help="Sandbox isolation (default: namespaces as root, which fails closed; process otherwise)."),
     ]
-    for o in reversed(opts):
-        f = o(f)
-    return f
+    return options(*opts)(f)

@@ -8,13 +8,14 @@ code candidates are graded in chunks, so only one chunk's answer texts are held 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
 from noisefloor._cli import progress_bar
+from noisefloor.display import visible
 from noisefloor.errors import InputError
 from noisefloor.outcome_rows import OutcomeRow
 from noisefloor.verifier.candidates import Candidate, SessionRef, candidate, response_text, sessions
@@ -81,6 +82,24 @@ def grade_code(diff: Any, todo: Sequence[Pending] | Iterator[Pending], total: in
         done += len(chunk)
 
 
+
+def matching(refs: Refs, tasks: Mapping[str, Any], suite: str) -> Refs:
+    """The sessions whose task is one of `tasks`; the others named on stderr, and none at all refused.
+
+    A log none of whose sessions is a task of the suite is almost always the wrong log or the wrong
+    suite: "0/0 passed" with exit 0 would hide that.
+    """
+    kept = [(log, ref) for log, ref in refs if ref.task_id in tasks]
+    unknown = [ref.session for _, ref in refs if ref.task_id not in tasks]
+    if unknown and not kept:
+        raise InputError(f"no session of the log matches a {suite} task ({len(unknown)} sessions, e.g. "
+                         f"{visible(unknown[0])}); label each session with its task (x-nf-task) or pick the suite "
+                         "the log was recorded for")
+    if unknown:
+        click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped (e.g. "
+                   f"{visible(unknown[0])}); label them with x-nf-task", err=True)
+    return kept
+
 def code_rows(suite: str, diff: Any, logs: Sequence[Path], samples: Path | None, condition: str,
               progress: Progress) -> list[OutcomeRow]:
     """humaneval+ / mbpp+: every candidate graded (those in `progress` already are not again)."""
@@ -93,11 +112,7 @@ def code_rows(suite: str, diff: Any, logs: Sequence[Path], samples: Path | None,
         grade_code(diff, todo, len(todo), progress, programs=True)
         return [progress.done[k] for k in keys]
     refs, progress.where = log_sessions(logs, {t.task_id: t.prompt for t in diff.tasks.values()})
-    unknown = [ref.session for _, ref in refs if ref.task_id not in diff.tasks]
-    if unknown:
-        click.echo(f"nfverify: {len(unknown)} sessions match no {suite} task and are skipped (e.g. {unknown[0]}); "
-                   "label them with x-nf-task", err=True)
-    refs = [(log, ref) for log, ref in refs if ref.task_id in diff.tasks]
+    refs = matching(refs, diff.tasks, suite)
     keys = [_key(OutcomeRow(str(ref.task_id), ref.condition, ref.replicate, 0, session=ref.session)) for _, ref in refs]
     left = [r for r, k in zip(refs, keys) if k not in progress.done]
     todo = (Pending(candidate_row(c), response_text(c.body)) for c in log_candidates(left))
@@ -113,7 +128,7 @@ def bfcl_rows(logs: Sequence[Path], dataset: Path | None, progress: Progress, ru
     tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
     refs, progress.where = log_sessions(logs, {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()})
     keys = []
-    for c in log_candidates([(log, ref) for log, ref in refs if ref.task_id in tasks]):
+    for c in log_candidates(matching(refs, tasks, "BFCL")):
         row = candidate_row(c, endpoint=c.condition, variant=c.exchange.perturbation if c.exchange else None)
         keys.append(_key(row))
         if keys[-1] not in progress.done:

@@ -13,13 +13,7 @@ not pay for numpy, scipy and mitmproxy.
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
-
-try:
-    __version__ = version("noisefloor")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 _SURFACE = {
     "Analysis": "noisefloor.analyzer.analysis",
@@ -57,7 +51,21 @@ __all__ = [  # written out so that tools see the names the lazy loader serves
 ]
 
 
+def _version() -> str:
+    """The installed distribution's version, looked up on first use: the metadata scan costs each
+    agent start (tens of milliseconds) and almost nothing reads it."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("noisefloor")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _version()
+        return value
     where = _SURFACE.get(name)
     if where is None:
         raise AttributeError(f"module 'noisefloor' has no attribute {name!r}")

@@ -24,6 +24,8 @@ class OneLineErrors:
     """A command whose `NoisefloorError`s reach the user as one line (`Error: ...`), and whose exit
     statuses follow `exit_codes`: usage mistakes 64, other errors 5, Ctrl-C 130."""
 
+    interrupted = "Aborted!"  # the line Ctrl-C prints: a command that keeps its work says so
+
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
@@ -37,7 +39,7 @@ class OneLineErrors:
             exc.show()
             sys.exit(exit_codes.INPUT)
         except (click.exceptions.Abort, KeyboardInterrupt):
-            click.echo("Aborted!", err=True)
+            click.echo(self.interrupted, err=True)
             sys.exit(exit_codes.INTERRUPTED)
         sys.exit(rv if isinstance(rv, int) else exit_codes.OK)
 
@@ -56,6 +58,13 @@ class Group(OneLineErrors, click.Group):
     pass
 
 
+class OneLineUsage(click.UsageError):
+    """A usage error shown as its one line, without the usage text (a typo needs the fix, not the manual)."""
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"Error: {self.format_message()}", err=True)
+
+
 class WrapsAfterDashes(Command):
     """A command whose trailing words (a command to wrap) are taken only after `--`: a mistyped
     subcommand (`nfproxy lgo --store x`) is a usage error naming the nearest subcommand, never a
@@ -69,9 +78,9 @@ class WrapsAfterDashes(Command):
             stray = next(w for w in words[: len(words) - len(after)] or words)
             names = list(ctx.parent.command.commands) if ctx.parent and isinstance(ctx.parent.command, click.Group) else []
             near = difflib.get_close_matches(stray, names, n=1)
-            hint = f"did you mean `{ctx.parent.info_name if ctx.parent else ''} {near[0]}`? " if near else ""
-            raise click.UsageError(f"{stray!r} is not a subcommand; {hint}a command to wrap goes after `--` "
-                                   f"(... {ctx.info_name} [OPTIONS] -- {' '.join(words)})", ctx)
+            hint = f" (did you mean `{ctx.parent.info_name if ctx.parent else ''} {near[0]}`?)" if near else ""
+            raise OneLineUsage(f"no such command {visible(stray)!r}{hint}; to wrap a command, put it after `--`: "
+                               f"{ctx.command_path} [OPTIONS] -- {visible(' '.join(words))}", ctx)
         return rest
 
 
@@ -106,6 +115,18 @@ def default_group(command: str, **kwargs: Any) -> Any:
     def wrap(f: Any) -> Any:
         group = click.group(cls=cls, context_settings={"help_option_names": ["-h", "--help"]}, **kwargs)(f)
         return click.version_option(**VERSION)(group)
+
+    return wrap
+
+
+def options(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """Several click options (or other decorators) as one decorator, shown in --help in the order
+    listed: how a family of options is declared once and shared by every command that takes it."""
+
+    def wrap(f: Any) -> Any:
+        for d in reversed(decorators):
+            f = d(f)
+        return f
 
     return wrap
 

@@ -1,0 +1,58 @@
+"""`nfproxy merge`, `compact` and `migrate`: whole-store maintenance, registered on nfproxy's group."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from noisefloor.proxy.options import store_option
+
+
+@click.command("merge")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
+def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
+    """Combine stores recorded by different processes or machines into OUT (created if new).
+
+    Bodies are deduplicated by content hash; sessions, replay order and outcome rows are kept. A
+    damaged shard, a session name in two shards with different exchanges, or shards recorded
+    under different normalization rules are refused before anything is written. Merging again
+    adds only what OUT lacks, so an interrupted merge is finished by running it again.
+    """
+    from noisefloor.proxy.merge import merge
+
+    r = merge(out, list(shards), lambda s: click.echo(f"nfproxy merge: {s}", err=True))
+    click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
+               f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
+               f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")
+
+
+@click.command("compact")
+@store_option
+def compact_cmd(store_path: Path) -> None:
+    """Rewrite a store in place: every value verified, compression dictionaries trained on all of it,
+    the data file cut to the pages it uses. Run it on a finished recording (not while a proxy records)."""
+    _rewrite(store_path, "compacted")
+
+
+@click.command("migrate")
+@store_option
+def migrate_cmd(store_path: Path) -> None:
+    """Rewrite a store made by an older nfproxy in today's format (older stores are also read as they are)."""
+    _rewrite(store_path, "migrated")
+
+
+def _rewrite(store_path: Path, verb: str) -> None:
+    from noisefloor.proxy.compact import rewrite
+    from noisefloor.proxy.store import FORMAT
+
+    r = rewrite(store_path, lambda s: click.echo(f"nfproxy: {s}", err=True))
+    was = f" from {r.from_format}" if r.from_format and r.from_format != FORMAT else ""
+    click.echo(f"{verb} {store_path}{was} to {FORMAT}: {r.exchanges} exchanges, {r.bodies} bodies; data file "
+               f"{r.before_bytes / 1e6:.1f} MB -> {r.after_bytes / 1e6:.1f} MB")
+
+
+def register(group: click.Group) -> None:
+    for command in (merge_cmd, compact_cmd, migrate_cmd):
+        group.add_command(command)

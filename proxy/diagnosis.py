@@ -17,6 +17,8 @@ from noisefloor.proxy.traffic import Prepared, RequestData
 _MISSING = object()
 SKETCH_TIE = 3 / 32  # three of the sketch's 32 values: estimates closer than that are within its noise
 _PATHS_COUNTED = 1000  # differing paths counted per candidate (a tie-break: enough to order them)
+_LEAVES_COMPARED = 16  # differing string leaves compared as text per candidate (the last tie-break)
+_TEXT_COMPARED = 2000  # characters of each
 
 
 def recorded_request(store: Store, rules: Rules, exchange_id: int) -> CanonicalRequest | None:
@@ -32,16 +34,33 @@ def recorded_canonical(store: Store, rules: Rules, exchange_id: int) -> str | No
     return None if canon is None else canon.pretty()
 
 
-def differing_paths(a: Any, b: Any, path: str = "") -> Iterator[str]:
-    """The JSON pointers (keys in sorted order) of every leaf where `a` and `b` differ."""
+def differing_leaves(a: Any, b: Any, path: str = "") -> Iterator[tuple[str, Any, Any]]:
+    """(JSON pointer, value in `a`, value in `b`) of every leaf where they differ, keys in sorted order."""
     if isinstance(a, dict) and isinstance(b, dict):
         for k in sorted(set(a) | set(b)):
-            yield from differing_paths(a.get(k, _MISSING), b.get(k, _MISSING), f"{path}/{_escape(k)}")
+            yield from differing_leaves(a.get(k, _MISSING), b.get(k, _MISSING), f"{path}/{_escape(k)}")
     elif isinstance(a, list) and isinstance(b, list):
         for i in range(max(len(a), len(b))):
-            yield from differing_paths(a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING, f"{path}/{i}")
+            yield from differing_leaves(a[i] if i < len(a) else _MISSING, b[i] if i < len(b) else _MISSING,
+                                        f"{path}/{i}")
     elif not (a is b or (type(a) is type(b) and a == b)):
-        yield path or "/"
+        yield path or "/", a, b
+
+
+def differing_paths(a: Any, b: Any) -> Iterator[str]:
+    """The JSON pointers (keys in sorted order) of every leaf where `a` and `b` differ."""
+    return (path for path, _, _ in differing_leaves(a, b))
+
+
+def _closeness(a: Any, b: Any) -> float:
+    """How alike two differing requests' differing strings are (0..n): the sketch hashes a short
+    string whole, so "write a haiku" and "write a limerick" are as far apart to it as any two
+    prompts; a person would call the first the nearer. Bounded: a few leaves, a few kB each."""
+    total = 0.0
+    for _, x, y in islice(differing_leaves(a, b), _LEAVES_COMPARED):
+        if isinstance(x, str) and isinstance(y, str):
+            total += difflib.SequenceMatcher(None, x[:_TEXT_COMPARED], y[:_TEXT_COMPARED], autojunk=False).ratio()
+    return round(total, 4)
 
 
 def first_difference(a: Any, b: Any) -> str | None:
@@ -72,7 +91,8 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
     """The recorded request most like `p`, with where they differ. Deterministic: one asked on
     the same route and model first, then the nearest by the index's sketch; those it cannot tell
     apart (estimates within its noise) by the content they share exactly (what the sketch
-    estimates), then the fewest differing JSON paths, then recorded order."""
+    estimates), then the fewest differing JSON paths, then the closest differing text, then recorded
+    order."""
     route = f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
     found = index.near(p.canonical, route)
     if not found:
@@ -89,11 +109,12 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
         if canon is None:
             continue
         if not exact:
-            ranked.append(((0.0, 0, n.id), n.id, n.score, canon))
+            ranked.append(((0.0, 0, 0.0, n.id), n.id, n.score, canon))
             continue
         shared = round(replay_index.jaccard(mine, replay_index.features(canon, route)), 4)
-        paths = sum(1 for _ in islice(differing_paths(canon.as_dict(), asked), _PATHS_COUNTED))
-        ranked.append(((-shared, paths, n.id), n.id, shared, canon))
+        recorded = canon.as_dict()
+        paths = sum(1 for _ in islice(differing_paths(recorded, asked), _PATHS_COUNTED))
+        ranked.append(((-shared, paths, -_closeness(recorded, asked), n.id), n.id, shared, canon))
     if not ranked:
         return None
     _, chosen, score, canon = min(ranked, key=lambda r: r[0])

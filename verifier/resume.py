@@ -44,10 +44,10 @@ class Progress:
             if not same:
                 self.stale = True
                 return
-            for line in fh:
+            for n, line in enumerate(fh, start=2):
                 try:
-                    row = OutcomeRow(**json.loads(line))
-                except (ValueError, TypeError):
+                    row = OutcomeRow.from_json(json.loads(line), f"{self.path}:{n}")
+                except (ValueError, TypeError, AttributeError):
                     continue  # a line cut by a kill: that row is graded again
                 self.done[attempt_key(row.to_json())] = row
 

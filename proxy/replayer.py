@@ -1,6 +1,6 @@
 """Replay mode: answer every request from the recording, and say so loudly when it cannot.
 
-Which answer a request gets (DESIGN.md, "Which answer a replayed request gets"): the recorded
+Which answer a request gets (README, "Which answer a replayed request gets"): the recorded
 answers for its key, in scope (the sessions asked for), ordered by recorded session (in the
 order sessions began) and then by occurrence. Pairing follows content, not time:
 

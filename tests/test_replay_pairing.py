@@ -277,10 +277,11 @@ def test_a_miss_answers_in_the_anthropic_error_shape(store, upstream, proxies):
 
 
 def test_a_misses_nearest_is_chosen_by_route_and_model_then_content_then_recorded_order(store, upstream, proxies):
-    """Short prompts leave several neighbours equally near: the choice must not depend on the
-    index's internals. Recorded: the asked text under another model (excluded: another model),
-    then three one-word neighbours that share as much with the asked request (the earliest wins),
-    one of them with an extra field (more differing paths: never chosen over them)."""
+    """Short prompts leave several neighbours equally near to the sketch (it hashes a short string
+    whole): the choice must not depend on the index's internals. Recorded: the asked text under
+    another model (excluded: another model), one neighbour with an extra field (more differing
+    paths: never chosen over the others), then three one-word neighbours that share as much with
+    the asked request; of those the closest text wins ("task 0." for "task 0, changed.")."""
     rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url, "--session", "S")
     proxies.append(rec)
     asked = "Say hi to task 0, changed."
@@ -303,7 +304,7 @@ def test_a_misses_nearest_is_chosen_by_route_and_model_then_content_then_recorde
         assert got.text.startswith("404 ") and 0 <= got.wait_ms < NO_WAIT_MS, got
         assert rep.stop() == 3
         line = next(ln for ln in rep.output.splitlines() if ln.startswith("nfproxy: replay miss "))
-        assert "nearest recorded exchange 3 " in line and "differs first at /body/messages/0/content" in line, line
+        assert "nearest recorded exchange 4 " in line and "differs first at /body/messages/0/content" in line, line
 
 
 async def _ask_once(proxy: ProxyProcess, messages: list[dict[str, str]]) -> Reply:
@@ -312,3 +313,17 @@ async def _ask_once(proxy: ProxyProcess, messages: list[dict[str, str]]) -> Repl
         return await ask(c, messages)
     finally:
         await c.close()
+
+
+def test_the_text_tie_break_ranks_the_closest_text_first_and_leaves_true_ties_to_recorded_order():
+    from noisefloor.proxy.diagnosis import _closeness
+
+    def body(text: str) -> dict:
+        return {"body": {"messages": [{"role": "user", "content": text}], "model": MODEL}}
+
+    asked = body("Say hi to task 0, changed.")
+    near, one, two = (_closeness(body(t), asked) for t in ("Say hi to task 0.", "Say hi to task 1.", "Say hi to task 2."))
+    assert near > one == two  # 1 and 2 are a true tie: the earlier recorded wins (the id, last in the key)
+    assert _closeness(body("write a haiku"), body("write a limerick")) > _closeness(body("the same every time"),
+                                                                                     body("write a limerick"))
+    assert _closeness(asked, asked) == 0.0  # nothing differs: nothing to compare

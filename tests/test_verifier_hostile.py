@@ -13,7 +13,6 @@ import json
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +23,7 @@ from noisefloor.verifier.isolation import Limits
 from noisefloor.verifier.protocol import CandidateLines
 from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.values import encode
+from tests.conftest import wait_until
 
 TASK = CodeTask("T/0", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,), (2,)), 0.0, "humaneval")
 GOOD = "def f(x):\n    return x\n"
@@ -160,6 +160,17 @@ def _run_nfverify(*args: str, **kw) -> subprocess.Popen:
     return subprocess.Popen([str(exe), "humaneval+", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, **kw)
 
+def _interrupt_after_rows(args: tuple[str, ...], partial: Path, rows: int, sig: int = signal.SIGINT,
+                         ) -> tuple[subprocess.Popen[str], str]:
+    """nfverify started with `args`, sent `sig` once its partial file holds `rows` graded rows."""
+    p = _run_nfverify(*args)
+    wait_until(lambda: partial.is_file() and len(partial.read_text().splitlines()) > rows,
+               f"{rows} rows graded into {partial}", timeout=120)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=120)
+    return p, err
+
+
 
 def test_ctrl_c_keeps_the_graded_rows_and_the_same_command_grades_only_the_rest(tmp_path):
     dataset = _dataset(tmp_path / "tiny.jsonl")
@@ -169,12 +180,7 @@ def test_ctrl_c_keeps_the_graded_rows_and_the_same_command_grades_only_the_rest(
     out = tmp_path / "out.jsonl"
     partial = tmp_path / "out.jsonl.partial"
     args = ("--samples", str(samples), "--dataset", str(dataset), "--outcomes", str(out), "-j", "1")
-    p = _run_nfverify(*args)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not partial.is_file() or len(partial.read_text().splitlines()) < 4):
-        time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
+    p, err = _interrupt_after_rows(args, partial, 3)
     assert p.returncode == 130, err
     assert "Traceback" not in err and "Aborted!" not in err and "interrupted" in err, err
     assert not out.exists()
@@ -205,13 +211,8 @@ def test_sigterm_ends_with_143_and_keeps_the_rows(tmp_path):
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps({"task_id": "T/0", "solution": slow}) + "\n" for _ in range(8)))
     partial = tmp_path / "out.jsonl.partial"
-    p = _run_nfverify("--samples", str(samples), "--dataset", str(dataset), "--outcomes", str(tmp_path / "out.jsonl"),
-                      "-j", "1")
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not partial.is_file() or len(partial.read_text().splitlines()) < 2):
-        time.sleep(0.05)
-    p.terminate()
-    _, err = p.communicate(timeout=120)
+    p, err = _interrupt_after_rows(("--samples", str(samples), "--dataset", str(dataset), "--outcomes",
+                                    str(tmp_path / "out.jsonl"), "-j", "1"), partial, 1, signal.SIGTERM)
     assert p.returncode == 143 and "Traceback" not in err and "interrupted" in err, err
     assert len(partial.read_text().splitlines()) >= 2
 
@@ -247,12 +248,7 @@ def test_ctrl_c_while_grading_a_log_keeps_the_rows_there_too_and_a_rerun_grades_
     out = tmp_path / "out.jsonl"
     partial = tmp_path / "out.jsonl.partial"
     args = (str(log), "--dataset", str(dataset), "--outcomes", str(out), "-j", "1")
-    p = _run_nfverify(*args)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and (not partial.is_file() or len(partial.read_text().splitlines()) < 4):
-        time.sleep(0.05)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=120)
+    p, err = _interrupt_after_rows(args, partial, 3)
     assert p.returncode == 130 and "Traceback" not in err, err
     kept = len(partial.read_text().splitlines()) - 1
     assert 3 <= kept < 10

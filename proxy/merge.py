@@ -18,28 +18,26 @@ whose source id changes, is parsed).
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
-import re
+import os
 from array import array
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from noisefloor.errors import NoisefloorError
 from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy import replay_index
+from noisefloor.proxy import merge_copy
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store, StoreError
 
-_BATCH = 2000  # exchanges per write transaction (whole sessions only)
-_VERIFIED = 1 << 17  # body digests remembered as verified (a bounded cache: bodies repeat across replicates)
-_BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
-_ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
+_BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
+# a shard within these bounds, so that a large merge writes few, large transactions
 
 
 @dataclass(frozen=True)
@@ -53,11 +51,11 @@ class MergeResult:
     outcome_rows_added: int
 
 
-def identity(doc: dict[str, Any] | Exchange) -> str:
+def identity(doc: dict[str, Any] | Exchange) -> bytes:
     """What makes an exchange the same one in two stores (its id is only a position)."""
     get = doc.get if isinstance(doc, dict) else lambda k: getattr(doc, k)
-    parts = [get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+    parts = repr(tuple(get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")))
+    return hashlib.blake2b(parts.encode("utf-8", "surrogatepass"), digest_size=32).digest()
 
 
 @dataclass
@@ -69,7 +67,12 @@ class _Session:
 
     def add(self, ex: Exchange) -> None:
         self.ids.append(ex.id)
-        self.mark = (self.mark + int(identity(ex), 16)) % (1 << 256)
+        self.mark = (self.mark + int.from_bytes(identity(ex), "big")) % (1 << 256)
+
+    def join(self, ids: bytes, mark: int) -> None:
+        """The same session's exchanges read by another worker, later in the store."""
+        self.ids.frombytes(ids)
+        self.mark = (self.mark + mark) % (1 << 256)
 
     def same(self, other: _Session) -> bool:
         return len(self.ids) == len(other.ids) and self.mark == other.mark
@@ -86,71 +89,123 @@ class _Shard:
     last_id: int
 
 
-def _scan(store: Store, verify: bool) -> dict[str, _Session]:
-    """Every session of a store; with `verify`, every record and body checked on the way."""
+def _sessions(exchanges: Iterator[Exchange]) -> dict[str, _Session]:
     sessions: dict[str, _Session] = {}
-    verified: OrderedDict[str, None] = OrderedDict()
-    for ex in store.exchanges():
+    for ex in exchanges:
         sessions.setdefault(ex.session, _Session()).add(ex)
-        if not verify:
-            continue
-        for name, part in (("request", ex.request), ("response", ex.response)):
-            digest = (part or {}).get("body")
-            if digest is None or digest in verified:
-                continue
-            store.part_body(part, ex.id, name)
-            verified[digest] = None
-            if len(verified) > _VERIFIED:
-                verified.popitem(last=False)
     return sessions
 
 
-def _read_shard(path: Path) -> _Shard:
+def _check_range(path: str, start: int, stop: int) -> list[tuple[str, bytes, int]]:
+    """The sessions of exchanges start <= id < stop, every record and body checked (a worker's share)."""
+    with Store.open(path, write=False) as s:
+        found = _sessions(s.checked_exchanges(start, stop))
+    return [(name, sess.ids.tobytes(), sess.mark) for name, sess in found.items()]
+
+
+def _check_all(path: Path, last_id: int, jobs: int) -> dict[str, _Session]:
+    """Every session of a shard, checked by `jobs` processes at once (each a range of ids) when the
+    shard is large enough to pay for starting them."""
+    jobs = merge_copy.workers(jobs, last_id)
+    if not jobs:
+        return _sessions(_store_checked(path))
+    bounds = [1 + last_id * i // jobs for i in range(jobs)] + [last_id + 1]
+    with merge_copy.pool(jobs) as pool:
+        parts = pool.starmap(_check_range, [(str(path), bounds[i], bounds[i + 1]) for i in range(jobs)])
+    sessions: dict[str, _Session] = {}
+    for part in parts:
+        for name, ids, mark in part:
+            sessions.setdefault(name, _Session()).join(ids, mark)
+    return sessions
+
+
+def _store_checked(path: Path) -> Iterator[Exchange]:
+    with Store.open(path, write=False) as s:
+        yield from s.checked_exchanges()
+
+
+def _read_shard(path: Path, jobs: int) -> _Shard:
     """Check one shard; StoreError names it (and the exchange) when anything in it is damaged."""
     with Store.open(path, write=False) as s:
-        try:
-            sessions = _scan(s, verify=True)
-        except StoreError as exc:
-            raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
         meta = {k: s.meta(k) for k in ("upstream",)}
-        return _Shard(path, sessions, s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), meta, s.last_id())
+        head = (s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), s.last_id())
+    try:
+        sessions = _check_all(path, head[3], jobs)
+    except StoreError as exc:
+        raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
+    return _Shard(path, sessions, head[0], head[1], head[2], meta, head[3])
 
 
-def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None] = lambda s: None) -> MergeResult:
-    shards = []
-    for p in shard_paths:
-        if Path(p).resolve() == Path(out).resolve():
-            raise StoreError(f"{p} is the output store itself; give OUT a new path or leave it out of the shards")
-        progress(f"checking {p}")
-        shards.append(_read_shard(Path(p)))
-    with Store.open(out, write=True, create=True) as dest:
-        dest.lock_for_recording()  # no proxy records into OUT while it is merged
-        rules = _rules(dest, shards)
-        present = _scan(dest, verify=False)
-        plan = _plan(present, shards)  # every refusal comes before the first write
-        seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
-        rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]
-        if rules is not None and dest.meta("rules_id") is None:
-            dest.bind_rules(*rules)
-        added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
-        for shard in shards:
-            new_ids = array("Q", bytes(8 * (shard.last_id + 1)))  # shard id -> id in OUT (replay sources)
-            for name, sess in shard.sessions.items():
-                if plan.get(name) is None and name in present:  # already there: its ids, for replays naming it
-                    for old, new in zip(sess.ids, present[name].ids):
-                        new_ids[old] = new
-            todo = [name for name in shard.sessions if plan.get(name) is shard]
-            with Store.open(shard.path, write=False) as src:
-                for batch in _batches(todo, shard.sessions):
-                    _write_batch(dest, src, shard, batch, new_ids, added)
-                    progress(f"{shard.path}: {added['exchanges']} exchanges merged")
-        if rows:
-            dest.put_outcomes(rows)
-        for name, value in shards[0].meta.items() if shards else ():
-            if value is not None and dest.meta(name) is None:
-                dest.set_meta(name, value)
+def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None] = lambda s: None,
+          jobs: int | None = None) -> MergeResult:
+    """Merge the shards into OUT; `jobs` processes check a large shard (default: up to 2)."""
+    jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
+    with _no_gc():  # millions of short-lived objects and no cycles: the collector only costs time
+        shards = []
+        for p in shard_paths:
+            if Path(p).resolve() == Path(out).resolve():
+                raise StoreError(f"{p} is the output store itself; give OUT a new path or leave it out of the shards")
+            progress(f"checking {p}")
+            shards.append(_read_shard(Path(p), jobs))
+        with Store.open(out, write=True, create=True) as dest:
+            dest.lock_for_recording()  # no proxy records into OUT while it is merged
+            rules = _rules(dest, shards)
+            present = _sessions(dest.exchanges())
+            plan = _plan(present, shards)  # every refusal comes before the first write
+            seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
+            rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]
+            if rules is not None and dest.meta("rules_id") is None:
+                dest.bind_rules(*rules)
+            added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
+            for shard in shards:
+                _copy_shard(dest, shard, plan, present, added, progress, jobs)
+            if rows:
+                dest.put_outcomes(rows)
+            for name, value in shards[0].meta.items() if shards else ():
+                if value is not None and dest.meta(name) is None:
+                    dest.set_meta(name, value)
     return MergeResult(len(shards), added["sessions"], sum(1 for name in plan if plan[name] is None),
                        added["exchanges"], added["bodies"], added["shared"], len(rows))
+
+
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _copy_shard(dest: Store, shard: _Shard, plan: dict[str, _Shard | None], present: dict[str, _Session],
+                added: dict[str, int], progress: Callable[[str], None], jobs: int) -> None:
+    """The sessions this shard brings, whole sessions per transaction."""
+    new_ids = array("Q", bytes(8 * (shard.last_id + 1)))  # shard id -> id in OUT (replay sources)
+    for name, sess in shard.sessions.items():
+        if plan.get(name) is None and name in present:  # already there: its ids, for replays naming it
+            for old, new in zip(sess.ids, present[name].ids):
+                new_ids[old] = new
+    todo = [name for name in shard.sessions if plan.get(name) is shard]
+    size = min(_BATCH_MAX, max(_BATCH, sum(len(shard.sessions[n].ids) for n in todo) // 8))
+    batches = [array("Q", [i for name in names for i in shard.sessions[name].ids])
+               for names in _batches(todo, shard.sessions, size)]
+    sessions = iter(len(names) for names in _batches(todo, shard.sessions, size))
+    following = dest.last_id() + 1  # OUT is locked: the batches take the next ids, in this order
+    for old in (i for b in batches for i in b):
+        new_ids[old], following = following, following + 1
+    with Store.open(shard.path, write=False) as src:
+        dest.adopt_dictionaries(src)
+
+    def done(exchanges: int, bodies: int, fresh: int) -> None:
+        added["sessions"] += next(sessions)
+        added["exchanges"] += exchanges
+        added["bodies"] += fresh
+        added["shared"] += bodies - fresh
+        progress(f"{shard.path}: {added['exchanges']} exchanges merged")
+
+    merge_copy.write_shard(dest, shard.path, batches, jobs, lambda text: _moved(text, new_ids), done)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:
@@ -210,52 +265,25 @@ def _plan(present: dict[str, _Session], shards: list[_Shard]) -> dict[str, _Shar
     return plan
 
 
-def _batches(names: list[str], sessions: dict[str, _Session]) -> Iterator[list[str]]:
+def _batches(names: list[str], sessions: dict[str, _Session], most: int) -> Iterator[list[str]]:
     batch: list[str] = []
     size = 0
     for name in names:
         batch.append(name)
         size += len(sessions[name].ids)
-        if size >= _BATCH:
+        if size >= most:
             yield batch
             batch, size = [], 0
     if batch:
         yield batch
 
 
-def _write_batch(dest: Store, src: Store, shard: _Shard, names: list[str], new_ids: array,
-                 added: dict[str, int]) -> None:
-    """Whole sessions in one transaction, with their replay-index entries and nearest-request
-    sketches; a replay record's source id follows its source into OUT (sources are recorded before
-    the replays that serve them, so they are merged first)."""
-    olds = [old for name in names for old in shard.sessions[name].ids]
-    entries = {e.id: e for e in src.recorded_entries_by_id(olds)}
-    recorded = [i for i in olds if i in entries]
-    for i, near in zip(recorded, replay_index.stored_near(src, recorded)):
-        entries[i] = replace(entries[i], near=near)
-    items: list[tuple[str, RecordedEntry | None]] = []
-    digests: set[str] = set()
-    for old, text in zip(olds, src.record_texts_of(olds)):
-        digests.update(m.decode() for m in _BODY.findall(text))
-        items.append((_moved(text, new_ids), entries.get(old)))
-    raw = dict(zip(sorted(digests), src.raw_bodies(sorted(digests))))
-    ids, fresh = dest.absorb(raw, items, source=src)
-    for old, new in zip(olds, ids):
-        new_ids[old] = new
-    added["sessions"] += len(names)
-    added["exchanges"] += len(items)
-    added["bodies"] += fresh
-    added["shared"] += len(raw) - fresh
-
-
-def _moved(text: bytes, new_ids: array) -> str:
-    """A stored record as OUT appends it: without its id, a replay record's source id mapped."""
-    if b'"replay": {' not in text and b'"replay":{' not in text:
-        return "{" + _ID_PREFIX.sub(b"", text, count=1).decode()
+def _moved(text: bytes, new_ids: array) -> bytes:
+    """A stored replay record as OUT appends it: without its id, its source id mapped."""
     doc = json.loads(text)
     doc.pop("id")
     if (doc.get("replay") or {}).get("source_id") is not None:
         source = doc["replay"]["source_id"]
         mapped = new_ids[source] if 0 < source < len(new_ids) else 0
         doc["replay"] = {**doc["replay"], "source_id": mapped or None}
-    return json.dumps(doc)
+    return json.dumps(doc).encode()

@@ -16,8 +16,8 @@ Each exchange is written in one transaction together with its bodies, so a reade
 killed with SIGKILL) sees either the whole exchange or none of it (bulk writers may put a batch in
 one). `Store` is the only way any part of noisefloor reads the log, made of one part per job: the
 environment (`store_env`: opening, disk reservation, map growth), the body table (`store_bodies`),
-the dictionaries (`store_dicts`), the replay-index tables (`store_index`), and here the records,
-meta and outcome rows; the record's type is `exchange_record`'s. Every read is verified: a body must hash to the digest it is
+the dictionaries (`store_dicts`), the replay-index tables (`store_index`), merge's reads and
+writes (`store_merge`), and here the records, meta and outcome rows; the record's type is `exchange_record`'s. Every read is verified: a body must hash to the digest it is
 stored under and decompress within its recorded size (and the --max-body-mb bound), a record must
 parse as the exchange record; anything else is a StoreError naming the store and the exchange.
 
@@ -51,6 +51,7 @@ from noisefloor.proxy.store_bodies import Bodies
 from noisefloor.proxy.store_dicts import Dictionaries
 from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, open_env
 from noisefloor.proxy.store_index import IndexLookups
+from noisefloor.proxy.store_merge import MergeIO
 
 FORMAT = "noisefloor-log/2"
 LEGACY_FORMATS = ("noisefloor-log/1",)  # read as they are; marked FORMAT when opened for writing
@@ -61,7 +62,7 @@ _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LR
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
-class Store(Bodies, Dictionaries, IndexLookups):
+class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
@@ -319,47 +320,6 @@ class Store(Bodies, Dictionaries, IndexLookups):
             self._sample("record", text.encode())
             for data in bodies.values():
                 self._sample("body", data)
-
-    def absorb(self, raw_bodies: Mapping[str, bytes | None],
-               items: list[tuple[dict[str, Any] | str, RecordedEntry | None]],
-               source: Store | None = None) -> tuple[list[int], int]:
-        """Merge: exchanges from another store with its encoded bodies (and the dictionaries they
-        need, from `source`), in one transaction. Returns the new ids and how many bodies were new here."""
-        needed = {k for raw in raw_bodies.values() if raw and (k := self._codec.dictionary_of(raw))}
-        dicts = {}
-        for key in needed:
-            data = source.dictionary(key) if source is not None else None
-            if data is None:
-                raise StoreError(f"store {source.path if source else '?'}: compression dictionary {key.hex()} "
-                                 "is missing; restore the store from a copy")
-            dicts[key] = data
-        texts = [(record if isinstance(record, str) else json.dumps(record), entry) for record, entry in items]
-        for text, _ in texts:
-            self._learn(text, {})
-
-        def write(txn: lmdb.Transaction) -> tuple[list[int], int]:
-            for key, data in dicts.items():
-                txn.put(key, data, db=self._dicts, overwrite=False)
-            fresh = 0
-            todo = [(bytes.fromhex(h), raw) for h, raw in raw_bodies.items()]
-            while todo:
-                digest, raw = todo.pop()
-                if raw and txn.get(digest, db=self._bodies) is None:
-                    txn.put(digest, raw, db=self._bodies)
-                    fresh += 1
-                    # a body compressed against others needs them here too (another session's, maybe)
-                    for ref in codec.Codec.refs_of(raw):
-                        if txn.get(ref, db=self._bodies) is None and ref.hex() not in raw_bodies:
-                            if source is None or (ref_raw := source.raw_body(ref.hex())) is None:
-                                raise StoreError(f"store {source.path if source else '?'}: body {ref.hex()[:16]}, "
-                                                 "which another body is compressed against, is missing")
-                            for key in filter(None, [self._codec.dictionary_of(ref_raw)]):
-                                if txn.get(key, db=self._dicts) is None and source.dictionary(key):
-                                    txn.put(key, source.dictionary(key), db=self._dicts)
-                            todo.append((ref, ref_raw))
-            return [self._append(txn, text, {}, entry) for text, entry in texts], fresh
-
-        return self._write(write)
 
     def _append(
         self,

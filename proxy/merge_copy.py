@@ -1,0 +1,142 @@
+"""Merge's copy: a checked shard's sessions written into OUT in batches of whole sessions.
+
+A batch is prepared as OUT will store it (`Batch`): each record given its id in OUT and encoded
+with OUT's record dictionary, the replay entries and index rows rebuilt under the new ids, the
+bodies taken as the shard stores them. Preparing is most of the work, so for a large shard it is
+done by worker processes, a few batches ahead, while the merging process writes the batches in
+order, one transaction each (an interrupted merge leaves whole sessions).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import re
+import struct
+import threading
+from array import array
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from noisefloor.proxy import codec, replay_index
+from noisefloor.proxy.store import Store
+from noisefloor.proxy.store_merge import Batch
+
+PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
+_U64 = struct.Struct(">Q")
+_BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
+_ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
+
+
+def index_rows(src: Store, olds: list[int], first: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
+    """The replay entries and index rows of exchanges `olds` of `src` (the recorded ones), under the
+    ids they take in OUT (first, first + 1, ...): replay_index rebuilds them from what the shard
+    holds. Rows in key order."""
+    entries = {e.id: e for e in src.recorded_entries_by_id(olds)}
+    recorded = [i for i in olds if i in entries]
+    near = dict(zip(recorded, replay_index.stored_near(src, recorded)))
+    kv: list[tuple[bytes, bytes]] = []
+    rows: list[tuple[bytes, bytes]] = []
+    for new_id, old in enumerate(olds, first):
+        if old in entries:
+            entry = replace(entries[old], near=near[old])
+            kv.append((_U64.pack(new_id), replay_index.entry_json(new_id, entry)))
+            rows.extend(replay_index.rows(new_id, entry))
+    rows.sort()
+    return kv, rows
+
+
+class Preparer:
+    """Batches of one shard made ready for OUT, records encoded with OUT's record dictionary."""
+
+    def __init__(self, path: Path, record_dict: bytes | None) -> None:
+        self.src = Store.open(path, write=False)
+        self.key = codec.dict_key(record_dict) if record_dict else None
+        self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
+
+    def record(self, new_id: int, text: bytes) -> bytes:
+        """A record's JSON (an object without "id") as OUT stores it under `new_id`."""
+        return self.codec.encode(b'{"id":%d,%s' % (new_id, text[1:]), self.key)
+
+    def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
+        """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
+        must be mapped to OUT's, which the merging process knows) is left to it: returned with its
+        place in the batch, its value empty."""
+        records, replays, digests = [], [], set()
+        for k, text in enumerate(self.src.record_texts_of(olds)):
+            digests.update(_BODY.findall(text))
+            if b'"replay": {' in text or b'"replay":{' in text:
+                replays.append((k, text))
+                records.append((_U64.pack(first + k), b""))
+            else:
+                records.append((_U64.pack(first + k), self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))))
+        entries, rows = index_rows(self.src, olds, first)
+        wanted = sorted(d.decode() for d in digests)
+        return Batch(records, entries, rows, dict(zip(wanted, self.src.raw_bodies(wanted)))), replays
+
+    def close(self) -> None:
+        self.src.close()
+
+
+_worker: Preparer | None = None
+
+
+def _start(path: str, record_dict: bytes | None) -> None:
+    global _worker
+    _worker = Preparer(Path(path), record_dict)
+
+
+def _prepare(olds: bytes, first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
+    assert _worker is not None
+    return _worker.batch(array("Q", olds).tolist(), first)
+
+
+def workers(jobs: int, exchanges: int) -> int:
+    """How many worker processes to use: none for a small shard, and none in a process running
+    threads (Ray's driver), where fork is not safe and spawn would run the caller's script again."""
+    return jobs if jobs > 1 and exchanges >= PARALLEL_FROM and threading.active_count() == 1 else 0
+
+
+def pool(jobs: int, *init: Any) -> multiprocessing.pool.Pool:
+    return multiprocessing.get_context("fork").Pool(jobs, *init)
+
+
+def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[int],
+           jobs: int) -> Iterator[tuple[Batch, list[tuple[int, bytes]]]]:
+    """The batches prepared by the pool's workers in order, at most `jobs` ahead of the writer."""
+    ahead: list[multiprocessing.pool.AsyncResult] = []
+    for b, start in zip(batches, starts):
+        ahead.append(pool.apply_async(_prepare, (b.tobytes(), start)))
+        if len(ahead) >= jobs:
+            yield ahead.pop(0).get()
+    for result in ahead:
+        yield result.get()
+
+
+def write_shard(dest: Store, path: Path, batches: list[array], jobs: int,
+                moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None]) -> None:
+    """Write the batches (old ids each) of shard `path` into `dest`, in order; prepared by `jobs`
+    worker processes when there are enough exchanges. `moved` gives a replay record as OUT stores
+    it (its source id mapped, without its id); `done(exchanges, bodies, new bodies)` after each batch."""
+    key = (dest.meta("dicts") or {}).get("record")
+    record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
+    starts = [dest.last_id() + 1]
+    for b in batches:
+        starts.append(starts[-1] + len(b))
+    jobs = workers(jobs, starts[-1] - starts[0])
+    # the workers start before this process opens the shard (a forked child must not inherit it)
+    with pool(jobs, _start, (str(path), record_dict)) if jobs else nullcontext() as running:
+        local = Preparer(path, record_dict)  # for the replay records, the bodies' dictionaries, a small shard
+        try:
+            ready = _ahead(running, batches, starts, jobs) if running is not None else (
+                local.batch(b.tolist(), start) for b, start in zip(batches, starts))
+            for batch, replays in ready:
+                for k, text in replays:
+                    packed = batch.records[k][0]
+                    batch.records[k] = (packed, local.record(_U64.unpack(packed)[0], moved(text)))
+                fresh = dest.absorb(batch, local.src)
+                done(len(batch.records), len(batch.bodies), fresh)
+        finally:
+            local.close()

@@ -1,0 +1,188 @@
+"""The store's side of `nfproxy merge`: a shard read checked whole, and another store's exchanges
+absorbed with their bodies and compression dictionaries as stored (a part of Store).
+
+Reading: one read transaction checks a range of exchanges (each record parses as the exchange
+record, each body it names decodes within its recorded size and hashes to its digest), keeping the
+decoded bodies of the last exchanges, since a session's next request is compressed against its
+previous request and answer and replicates repeat bodies. Writing: one transaction per batch
+that merge prepared (`Batch`): records and replay entries appended in id order, index rows put in
+key order, bodies copied as stored (never recompressed) when this store lacks them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+
+from noisefloor.proxy import codec
+from noisefloor.proxy.exchange_record import Exchange
+from noisefloor.proxy.store_env import DAMAGE, StoreError
+
+_U64 = struct.Struct(">Q")
+_RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
+_RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
+
+
+class _Recent:
+    """Verified bodies, newest last, bounded in count and bytes."""
+
+    def __init__(self) -> None:
+        self.data: OrderedDict[bytes, bytes] = OrderedDict()
+        self.size = 0
+
+    def get(self, digest: bytes) -> bytes | None:
+        got = self.data.get(digest)
+        if got is not None:
+            self.data.move_to_end(digest)
+        return got
+
+    def add(self, digest: bytes, data: bytes) -> None:
+        self.data[digest] = data
+        self.size += len(data)
+        while len(self.data) > _RECENT or self.size > _RECENT_BYTES:
+            self.size -= len(self.data.popitem(last=False)[1])
+
+
+class MergeIO:
+    """Merge's reads and writes (a part of Store: it brings the environment, codec and checks)."""
+
+    _env: Any
+    _exchanges: Any
+    _bodies: Any
+    _dicts: Any
+    _recorded: Any
+    _rindex: Any
+    _codec: codec.Codec
+    _keys: dict[str, bytes]
+    path: Any
+    max_body: int
+    _reading: Any
+    _write: Any
+    _decode_record: Any
+    body: Any
+    meta: Any
+    dictionary: Any
+    add_dictionary: Any
+
+    def checked_exchanges(self, start: int = 1, stop: int | None = None) -> Iterator[Exchange]:
+        """Exchanges with start <= id < stop, in write order, each yielded once it and every body it
+        names passed the checks every read makes (a StoreError naming the exchange otherwise)."""
+        recent = _Recent()
+        with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
+            cur = txn.cursor(db=self._exchanges)
+            if not cur.set_range(_U64.pack(start)):
+                return
+            for k, raw in cur:
+                exchange_id = _U64.unpack(k)[0]
+                if stop is not None and exchange_id >= stop:
+                    return
+                ex = self._decode_record(exchange_id, raw)
+                self._check_body(txn, ex.request, exchange_id, "request", recent)
+                self._check_body(txn, ex.response, exchange_id, "response", recent)
+                yield ex
+
+    def _check_body(self, txn: lmdb.Transaction, part: Mapping[str, Any] | None, exchange_id: int, name: str,
+                    recent: _Recent) -> None:
+        """One body checked as `body` checks it; on any failure `body` itself reads it again, to
+        raise its one-line error."""
+        hexdigest = part.get("body") if part else None
+        if hexdigest is None:
+            return
+        digest = bytes.fromhex(hexdigest)
+        if recent.get(digest) is not None:
+            return
+        size = part.get("body_size") if part else None
+        raw = txn.get(digest, db=self._bodies)
+        data = None
+        if raw is not None:
+            limit = self.max_body if size is None else min(size, self.max_body)
+
+            def resolve(ref: bytes) -> bytes:
+                got = recent.get(ref)
+                if got is None:
+                    got = self.body(ref.hex(), exchange_id=exchange_id, part="referenced")
+                    recent.add(ref, got)
+                return got
+
+            try:
+                data = self._codec.decode(raw, limit, resolve)
+            except (codec.TooLarge, *DAMAGE):
+                data = None
+        if data is None or hashlib.sha256(data).digest() != digest:
+            data = self.body(hexdigest, size=size, exchange_id=exchange_id, part=name)  # raises, or b"" (empty)
+        recent.add(digest, data)
+
+    def adopt_dictionaries(self, source: Any) -> None:
+        """New values of a kind this store has no dictionary for use the one `source` uses (merge:
+        the shard's records are encoded again, and its bodies arrive compressed with it)."""
+        for kind, key in (source.meta("dicts") or {}).items():
+            if self._keys.get(kind) is None and key and (data := source.dictionary(bytes.fromhex(key))) is not None:
+                self.add_dictionary(data, kind)
+
+    def absorb(self, batch: Batch, source: Any) -> int:
+        """Merge: one batch of another store's exchanges (`Batch`), with the encoded bodies they need
+        and those bodies' dictionaries, from `source`, in one transaction. Returns how many bodies
+        were new here."""
+        dicts = {}
+        for key in {k for raw in batch.bodies.values() if raw and (k := self._codec.dictionary_of(raw))}:
+            data = source.dictionary(key)
+            if data is None:
+                raise StoreError(f"store {source.path}: compression dictionary {key.hex()} is missing; restore "
+                                 "the store from a copy")
+            dicts[key] = data
+
+        def write(txn: lmdb.Transaction) -> int:
+            with txn.cursor(db=self._exchanges) as cur:
+                last = _U64.unpack(cur.key())[0] if cur.last() else 0
+            if batch.records and _U64.unpack(batch.records[0][0])[0] != last + 1:
+                raise StoreError(f"store {self.path} was written by another process during the merge; merge again")
+            for key, data in dicts.items():
+                txn.put(key, data, db=self._dicts, overwrite=False)
+            fresh = self._put_bodies(txn, batch.bodies, source)
+            for db, pairs, append in ((self._exchanges, batch.records, True), (self._recorded, batch.entries, True),
+                                      (self._rindex, batch.rows, False)):
+                if pairs and db is not None:
+                    with txn.cursor(db=db) as cur:
+                        cur.putmulti(pairs, append=append)
+            return fresh
+
+        return self._write(write)
+
+    def _put_bodies(self, txn: lmdb.Transaction, raw_bodies: Mapping[str, bytes | None], source: Any) -> int:
+        """The bodies this store lacks, as stored; a body compressed against others brings them too."""
+        fresh = 0
+        todo = [(bytes.fromhex(h), raw) for h, raw in sorted(raw_bodies.items(), reverse=True)]
+        while todo:
+            digest, raw = todo.pop()
+            if not raw or txn.get(digest, db=self._bodies) is not None:
+                continue
+            txn.put(digest, raw, db=self._bodies)
+            fresh += 1
+            for ref in codec.Codec.refs_of(raw):  # another session's, maybe
+                if txn.get(ref, db=self._bodies) is None and ref.hex() not in raw_bodies:
+                    if (ref_raw := source.raw_body(ref.hex())) is None:
+                        raise StoreError(f"store {source.path}: body {ref.hex()[:16]}, which another body is "
+                                         "compressed against, is missing")
+                    for key in filter(None, [self._codec.dictionary_of(ref_raw)]):
+                        if txn.get(key, db=self._dicts) is None and source.dictionary(key):
+                            txn.put(key, source.dictionary(key), db=self._dicts)
+                    todo.append((ref, ref_raw))
+        return fresh
+
+
+@dataclass
+class Batch:
+    """Exchanges ready to be written as they will be stored: records (id -> encoded record, the ids
+    consecutive from the store's next), replay entries and index rows (key order), and the bodies
+    they name as their store holds them (digest -> encoded value)."""
+
+    records: list[tuple[bytes, bytes]]
+    entries: list[tuple[bytes, bytes]] = field(default_factory=list)
+    rows: list[tuple[bytes, bytes]] = field(default_factory=list)
+    bodies: dict[str, bytes | None] = field(default_factory=dict)

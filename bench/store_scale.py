@@ -44,31 +44,47 @@ PRIVATE: dict[str, float] = {}  # command -> the most private (anonymous) memory
 CPU: dict[str, float] = {}  # command -> user + system CPU seconds (moves less than wall time on a busy machine)
 
 
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants (merge's worker processes)."""
+    out = [pid]
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            for child in Path(f"/proc/{pid}/task/{task}/children").read_text().split():
+                out += _tree(int(child))
+    except OSError:
+        pass
+    return out
+
+
+def _status_kb(pid: int, field: str) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith(field):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
 def timed(argv: list[str], cwd: Path | None = None) -> tuple[float, float]:
     """Wall seconds and peak RSS (MB) of one process, its stdout discarded. Peak RSS counts the
-    store's pages the process mapped; its private memory (RssAnon, sampled every 50 ms) is kept
-    in PRIVATE under the command's first argument."""
+    store's pages the process mapped; its private memory (RssAnon of it and its children, summed,
+    sampled every 50 ms) is kept in PRIVATE under the command's first argument, its CPU seconds
+    (children included) in CPU."""
     start = time.perf_counter()
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
     anon = peak = 0
-    status = Path(f"/proc/{proc.pid}/status")
     while proc.poll() is None:
-        try:
-            for line in status.read_text().splitlines():
-                if line.startswith("RssAnon:"):
-                    anon = max(anon, int(line.split()[1]))
-                elif line.startswith("VmHWM:"):
-                    peak = max(peak, int(line.split()[1]))
-        except (FileNotFoundError, ProcessLookupError, ValueError):
-            pass
+        anon = max(anon, sum(_status_kb(p, "RssAnon:") for p in _tree(proc.pid)))
+        peak = max(peak, _status_kb(proc.pid, "VmHWM:"))
         time.sleep(0.05)
     wall = time.perf_counter() - start
     err = proc.stderr.read() if proc.stderr else ""
     if proc.returncode != 0:
         raise RuntimeError(f"{argv} exited {proc.returncode}: {err[-500:]}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    name = " ".join(Path(a).name for a in argv[:3] if not a.startswith("/tmp"))
+    name = " ".join([Path(argv[0]).name, *(a for a in argv[1:3] if "/" not in a)])  # the command, not its paths
     PRIVATE[name] = anon / 1024
     CPU[name] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return wall, peak / 1024
@@ -171,6 +187,7 @@ def build(n: int, where: Path, shards: int) -> dict[str, object]:
         wall, peak = timed([str(BIN / "nfproxy"), "merge", str(store), *map(str, parts)])
         res["shard_merge_s"], res["shard_merge_rss_mb"], res["shard_merge_per_s"] = wall, peak, n / wall
         res["shard_merge_private_mb"] = PRIVATE.get("nfproxy merge", 0.0)
+        res["shard_merge_per_cpu_s"] = n / max(CPU.get("nfproxy merge", 0.0), 1e-9)
         for part in parts:
             shutil.rmtree(part, ignore_errors=True)
     res["build_s"] = time.perf_counter() - t
@@ -252,6 +269,7 @@ def measure(n: int, where: Path, reuse: bool = False, shards: int = 1) -> dict[s
     shutil.rmtree(out, ignore_errors=True)
     wall, peak = timed([*nf, "merge", str(out), str(store)])
     res["merge_s"], res["merge_rss_mb"], res["merge_per_s"] = wall, peak, n / wall
+    res["merge_private_mb"], res["merge_per_cpu_s"] = PRIVATE["nfproxy merge"], n / max(CPU["nfproxy merge"], 1e-9)
     shutil.rmtree(out, ignore_errors=True)
     if True:  # last: the readers above read the store as recorded
         res["compact_s"], res["compact_rss_mb"] = timed([*nf, "compact", "--store", str(store)])

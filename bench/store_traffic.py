@@ -37,8 +37,26 @@ SYSTEM = ("You are a careful coding assistant. Answer with a short explanation a
           "When a tool is available, call it with valid JSON arguments; otherwise answer directly. ") * 4
 
 
+class _Stream:
+    """Zipf-weighted prose drawn once per process (a few million words, in bulk), from which each
+    text is a slice at a random word: slices of an i.i.d. stream are i.i.d. draws, so the texts are
+    what drawing each word afresh would give, at the cost of a string slice (drawn afresh, the
+    words cost a fifth of recording them)."""
+
+    def __init__(self, seed: int, words: int = 1 << 21) -> None:
+        gen = np.random.default_rng(seed)
+        picks = np.searchsorted(_CUM, gen.random(words) * _CUM[-1], side="right").tolist()
+        self.text = " ".join([_WORDS[i] for i in picks]) + " "
+        spaces = np.flatnonzero(np.frombuffer(self.text.encode(), np.uint8) == 32)
+        self.starts = [0, *(spaces + 1).tolist()]  # where each word begins (plain ints: indexed per text)
+
+    def prose(self, rng: random.Random, words: int) -> str:
+        i = rng.randrange(len(self.starts) - words - 1)
+        return self.text[self.starts[i]:self.starts[i + words] - 1].capitalize() + "."
+
+
 def _prose(gen: np.random.Generator, words: int) -> str:
-    """Zipf-weighted words, drawn in bulk (drawn one at a time they cost as much as recording them)."""
+    """Zipf-weighted words, drawn in bulk (a task's prompt: the same whatever the seed)."""
     picks = np.searchsorted(_CUM, gen.random(words) * _CUM[-1], side="right").tolist()
     return " ".join([_WORDS[i] for i in picks]).capitalize() + "."
 
@@ -51,39 +69,44 @@ class Shape:
     answer_words: tuple[int, int] = (120, 220)
 
 
+_REQUEST_HEAD = '{"model": "gpt-4o-mini", "temperature": 0.7, "max_tokens": 1024, "messages": ['
+# an OpenAI chat.completion, as json.dumps writes that document (the same bytes, spliced)
+_ANSWER = ('{{"id": "chatcmpl-{id:024x}", "object": "chat.completion", "created": {created}, '
+           '"model": "gpt-4o-mini-2024-07-18", "choices": [{{"index": 0, "message": {{"role": "assistant", '
+           '"content": {content}, "refusal": null, "annotations": []}}, "logprobs": null, "finish_reason": "stop"}}], '
+           '"usage": {{"prompt_tokens": {prompt}, "completion_tokens": {completion}, "total_tokens": 0, '
+           '"prompt_tokens_details": {{"cached_tokens": 0, "audio_tokens": 0}}, "completion_tokens_details": '
+           '{{"reasoning_tokens": 0, "audio_tokens": 0, "accepted_prediction_tokens": 0, '
+           '"rejected_prediction_tokens": 0}}}}, "service_tier": "default", "system_fingerprint": "fp_{fp}"}}')
+
+
+def _message(role: str, content: str) -> str:
+    return json.dumps({"role": role, "content": content})
+
+
 def sessions(n_exchanges: int, seed: int = 0, shape: Shape = Shape(),
              prefix: str = "run") -> Iterator[tuple[str, list[tuple[bytes, bytes]]]]:
     """(session name, [(request body, response body), ...]) until n_exchanges are produced; the task
     prompts are the same whatever the seed (shards of one study run the same tasks)."""
     rng = random.Random(seed)
     made = 0
-    gen = np.random.default_rng(seed)
+    stream = _Stream(seed)
     tasks = [_prose(np.random.default_rng(7919 + t), rng.randint(40, 90)) for t in range(shape.tasks)]
     s = 0
     while made < n_exchanges:
         agent = s % shape.agents
         task = rng.randrange(min(shape.tasks, max(20, n_exchanges // 35)))  # about 10 replicates of each
-        messages = [{"role": "system", "content": f"[agent {agent}] " + SYSTEM},
-                    {"role": "user", "content": tasks[task]}]
+        messages = [_message("system", f"[agent {agent}] " + SYSTEM), _message("user", tasks[task])]
         turns = []
         for turn in range(min(rng.randint(*shape.turns), n_exchanges - made)):
-            request = {"model": "gpt-4o-mini", "temperature": 0.7, "max_tokens": 1024, "messages": list(messages)}
-            text = _prose(gen, rng.randint(*shape.answer_words))
-            answer = {
-                "id": f"chatcmpl-{rng.getrandbits(96):024x}", "object": "chat.completion",
-                "created": 1_790_000_000 + made, "model": "gpt-4o-mini-2024-07-18",
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": text, "refusal": None,
-                                                     "annotations": []}, "logprobs": None, "finish_reason": "stop"}],
-                "usage": {"prompt_tokens": 300 + 150 * turn, "completion_tokens": rng.randint(80, 300),
-                          "total_tokens": 0, "prompt_tokens_details": {"cached_tokens": 0, "audio_tokens": 0},
-                          "completion_tokens_details": {"reasoning_tokens": 0, "audio_tokens": 0,
-                                                        "accepted_prediction_tokens": 0,
-                                                        "rejected_prediction_tokens": 0}},
-                "service_tier": "default", "system_fingerprint": f"fp_{rng.choice(('b8bc95a0ac', '0aa8d3e20b'))}",
-            }
-            turns.append((json.dumps(request).encode(), json.dumps(answer).encode()))
-            messages += [{"role": "assistant", "content": text},
-                         {"role": "user", "content": f"The tests failed on case {turn}: " + _prose(gen, 20)}]
+            request = _REQUEST_HEAD + ", ".join(messages) + "]}"
+            text = stream.prose(rng, rng.randint(*shape.answer_words))
+            answer = _ANSWER.format(id=rng.getrandbits(96), created=1_790_000_000 + made, content=json.dumps(text),
+                                    prompt=300 + 150 * turn, completion=rng.randint(80, 300),
+                                    fp=rng.choice(("b8bc95a0ac", "0aa8d3e20b")))
+            turns.append((request.encode(), answer.encode()))
+            messages += [_message("assistant", text),
+                         _message("user", f"The tests failed on case {turn}: " + stream.prose(rng, 20))]
         made += len(turns)
         yield f"{prefix}-{s:07d}-task{task:04d}", turns
         s += 1

@@ -3,12 +3,13 @@
 writer costs on them, as whole processes, next to the limits of the parts underneath (raw LMDB
 put/get, zstd on these very bodies).
 
-    python bench/store_scale.py --sizes 10000,100000 [--keep DIR] [--json out.json]
+    python bench/store_scale.py --sizes 10000,100000 [--shards 2] [--keep DIR] [--json out.json]
 
-Per size: build rate; bytes used and on disk against the raw bytes (bodies + records), live and
-after `nfproxy compact`; `nfproxy log` (plain and --json), `nfanalyze STORE`, `nfverify` and
-`nfproxy merge` (wall seconds and peak RSS of the process); replay start-up (to its ready line)
-with its RSS. Peak RSS is the kernel's high-water mark, which counts the store's pages a reader
+Per size: build rate (with --shards K, K recorder processes at once, then `nfproxy merge` of the
+K shards); bytes used and on disk against the raw bytes (bodies + records), live and after
+`nfproxy compact`; `nfproxy log` (plain and --json), `nfanalyze STORE` and `nfproxy merge` (wall
+seconds, CPU seconds and peak RSS of the process, private memory of it and its workers); replay
+start-up (to its ready line) with its RSS (nfverify: bench/verify_scale.py). Peak RSS is the kernel's high-water mark, which counts the store's pages a reader
 mapped as well as its own memory.
 """
 
@@ -257,10 +258,7 @@ def measure(n: int, where: Path, reuse: bool = False, shards: int = 1) -> dict[s
     res["log_s"], res["log_rss_mb"] = timed([*nf, "log", "--store", str(store)])
     res["log_json_s"], res["log_json_rss_mb"] = timed([*nf, "log", "--json", "--store", str(store)])
     res["nfanalyze_s"], res["nfanalyze_rss_mb"] = timed([str(BIN / "nfanalyze"), str(store), "--json", "/dev/null"])
-    shared = os.environ.get("NF_SHARED_DATA")
-    if shared and (Path(shared) / "bfcl").is_dir():
-        res["nfverify_s"], res["nfverify_rss_mb"] = timed([str(BIN / "nfverify"), "bfcl", str(store), "--outcomes",
-                                                           str(where / "o.jsonl")])
+    # nfverify is measured by bench/verify_scale.py, on a store whose sessions are labelled with BFCL tasks
     res["replay_start_s"], res["replay_rss_mb"] = replay_start(store)
     got = subprocess.run([sys.executable, __file__, "--hit-miss", str(n), "--shards", str(shards), "--out", str(store)],
                          capture_output=True, text=True, check=True)

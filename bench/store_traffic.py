@@ -38,21 +38,25 @@ SYSTEM = ("You are a careful coding assistant. Answer with a short explanation a
 
 
 class _Stream:
-    """Zipf-weighted prose drawn once per process (a few million words, in bulk), from which each
-    text is a slice at a random word: slices of an i.i.d. stream are i.i.d. draws, so the texts are
-    what drawing each word afresh would give, at the cost of a string slice (drawn afresh, the
-    words cost a fifth of recording them)."""
+    """Zipf-weighted words drawn in bulk (a million at a time) and handed out in order: the same
+    i.i.d. words as drawing each text afresh, without numpy's per-call cost for every text (that
+    cost a fifth of recording them). Never reused: texts that repeated one another would compress,
+    and collide in the miss index, as no real traffic does."""
 
-    def __init__(self, seed: int, words: int = 1 << 21) -> None:
-        gen = np.random.default_rng(seed)
-        picks = np.searchsorted(_CUM, gen.random(words) * _CUM[-1], side="right").tolist()
-        self.text = " ".join([_WORDS[i] for i in picks]) + " "
-        spaces = np.flatnonzero(np.frombuffer(self.text.encode(), np.uint8) == 32)
-        self.starts = [0, *(spaces + 1).tolist()]  # where each word begins (plain ints: indexed per text)
+    def __init__(self, seed: int, block: int = 1 << 20) -> None:
+        self.gen = np.random.default_rng(seed)
+        self.block = block
+        self.words: list[str] = []
+        self.at = 0
 
-    def prose(self, rng: random.Random, words: int) -> str:
-        i = rng.randrange(len(self.starts) - words - 1)
-        return self.text[self.starts[i]:self.starts[i + words] - 1].capitalize() + "."
+    def prose(self, words: int) -> str:
+        if self.at + words > len(self.words):
+            picks = np.searchsorted(_CUM, self.gen.random(self.block) * _CUM[-1], side="right").tolist()
+            self.words = self.words[self.at:] + [_WORDS[i] for i in picks]
+            self.at = 0
+        text = " ".join(self.words[self.at:self.at + words])
+        self.at += words
+        return text.capitalize() + "."
 
 
 def _prose(gen: np.random.Generator, words: int) -> str:
@@ -100,13 +104,13 @@ def sessions(n_exchanges: int, seed: int = 0, shape: Shape = Shape(),
         turns = []
         for turn in range(min(rng.randint(*shape.turns), n_exchanges - made)):
             request = _REQUEST_HEAD + ", ".join(messages) + "]}"
-            text = stream.prose(rng, rng.randint(*shape.answer_words))
+            text = stream.prose(rng.randint(*shape.answer_words))
             answer = _ANSWER.format(id=rng.getrandbits(96), created=1_790_000_000 + made, content=json.dumps(text),
                                     prompt=300 + 150 * turn, completion=rng.randint(80, 300),
                                     fp=rng.choice(("b8bc95a0ac", "0aa8d3e20b")))
             turns.append((request.encode(), answer.encode()))
             messages += [_message("assistant", text),
-                         _message("user", f"The tests failed on case {turn}: " + stream.prose(rng, 20))]
+                         _message("user", f"The tests failed on case {turn}: " + stream.prose(20))]
         made += len(turns)
         yield f"{prefix}-{s:07d}-task{task:04d}", turns
         s += 1

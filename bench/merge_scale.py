@@ -1,0 +1,83 @@
+"""`nfproxy merge` before and after: one `nfproxy merge OUT STORE` process per kept store, run from
+this checkout and from another revision of the code (`--baseline`, unpacked and put first on the
+import path, as bench/readers_scale.py does), interleaved round by round so both see the same load.
+
+    python bench/store_scale.py --sizes 10000,100000 --build-only --keep DIR
+    python bench/merge_scale.py --keep DIR --sizes 10000,100000 --baseline main [--rounds 2]
+
+Per run: wall seconds, CPU seconds (user + system, worker processes included), exchanges per
+wall second and per CPU second, and the most private memory seen (RssAnon of the merging process,
+and of it and its workers summed: forked workers share its pages, so the sum counts those twice).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.readers_scale import unpack  # noqa: E402
+from bench.store_scale import _status_kb, _tree  # noqa: E402
+
+
+def merge_run(store: Path, out: Path, code: Path | None, exchanges: int) -> dict[str, float]:
+    """`nfproxy merge out store`, its code from `code` (None: this checkout)."""
+    shutil.rmtree(out, ignore_errors=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    if code is not None:
+        env["PYTHONPATH"] = str(code)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", "from noisefloor.proxy.cli import main; main()", "merge",
+                             str(out), str(store)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    main_kb = all_kb = 0
+    while proc.poll() is None:
+        pids = _tree(proc.pid)
+        sizes = [_status_kb(p, "RssAnon:") for p in pids]
+        main_kb, all_kb = max(main_kb, sizes[0]), max(all_kb, sum(sizes))
+        time.sleep(0.05)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    shutil.rmtree(out, ignore_errors=True)
+    if proc.returncode:
+        raise RuntimeError(f"nfproxy merge {store} exited {proc.returncode}")
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return {"wall_s": wall, "cpu_s": cpu, "per_wall_s": exchanges / wall, "per_cpu_s": exchanges / cpu,
+            "private_mb": main_kb / 1024, "private_with_workers_mb": all_kb / 1024,
+            "load": float(Path("/proc/loadavg").read_text().split()[0])}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--keep", type=Path, required=True, help="the folder bench/store_scale.py --keep built")
+    ap.add_argument("--sizes", default="10000,100000")
+    ap.add_argument("--baseline", default="main", help="git revision to compare with")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    results: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="nf-merge-scale-") as tmp:
+        base = unpack(a.baseline, Path(tmp) / "base")
+        for round_ in range(a.rounds):
+            for n in map(int, a.sizes.split(",")):
+                for label, code in ((a.baseline, base), ("this", None)):
+                    r = {"round": round_, "exchanges": n, "code": label,
+                         **merge_run(a.keep / f"s{n}.lmdb", Path(tmp) / "out.lmdb", code, n)}
+                    results.append(r)
+                    print(json.dumps(r), flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""The listing's fast paths give what the slow paths give, byte for byte, on hostile labels:
+`Visible` (each distinct text escaped once) against `visible`, `json_line` (ASCII passed through)
+against `json_text`, and `nfproxy log` reading heads against the same lines built from whole
+exchanges with no memo. A fast path never skips an escape. A real store, a real nfproxy process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from noisefloor.display import Visible, json_line, json_text, visible
+from noisefloor.proxy.listing_cli import _encoded, _Line, _summary
+from noisefloor.proxy.store import Store
+from tests.conftest import nfproxy_argv
+
+SECRET = "sk-listing-secret-0123456789"
+HOSTILE = [
+    "plain-session", "s1\x1b]0;pwned\x07", "\x1b[2J\x1b[31mred", "\x9b31m", "del\x7f", "tab\tnew\nline\r",
+    "bidi\u202eevil\u202c", "iso\u2066x\u2069", "arabic\u061cmark", "lines\u2028\u2029", "lone\ud800high",
+    "lone\udcffescape", "snow\u2603 caf\u00e9", "\x00nul", f"key {SECRET} inside", "",
+]
+# the characters a terminal obeys: none may reach the output raw
+RAW = [chr(c) for c in (*range(0x20), *range(0x7f, 0xa0))] + ["\u061c", "\u200e", "\u200f", "\u2028", "\u2029",
+                                                              *map(chr, range(0x202a, 0x202f)),
+                                                              *map(chr, range(0x2066, 0x206a))]
+
+
+@pytest.fixture
+def secret_env(monkeypatch):
+    monkeypatch.setenv("NF_TEST_API_KEY", SECRET)
+
+
+def test_visible_memo_is_visible_on_hostile_text(secret_env):
+    for limit in (1 << 16, 3):  # 3: the memo is cleared again and again
+        shown = Visible(limit=limit)
+        for _ in range(3):  # a hit gives what a miss gave
+            for text in [*HOSTILE, 1, True, None, 1.5]:
+                assert shown(text) == visible(text), repr(text)
+    assert SECRET not in Visible()(HOSTILE[14])
+    assert not any(c in Visible()("".join(HOSTILE)) for c in RAW if c != "\x00") and "\x00" not in visible("\x00")
+
+
+def test_json_line_is_json_text_byte_for_byte():
+    for text in HOSTILE:
+        raw = json.dumps({"session": text}, ensure_ascii=False)
+        for data in (json.dumps({"session": text}).encode(), raw.encode("utf-8", "replace"),
+                     raw.encode("utf-8", "surrogateescape") if "\ud800" not in text else b"{}",  # bytes not UTF-8
+                     msgspec.json.encode({"session": text, "n": 1}) if "lone" not in text else b"{}"):
+            slow = json_text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+            assert json_line(data) == slow, repr(text)
+            assert not any(c.encode("utf-8", "surrogatepass") in json_line(data) for c in RAW), repr(text)
+    assert json_line(b'{"a":"\x7f"}') == b'{"a":"\\u007f"}'  # ASCII, yet DEL: not passed through
+
+
+@pytest.fixture(scope="module")
+def hostile_store(tmp_path_factory) -> Path:
+    """One exchange per hostile label, in session, method, URL and mode; some replayed, one an error."""
+    store = tmp_path_factory.mktemp("fast") / "s.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        for i, text in enumerate(HOSTILE):
+            s.append({"time": 1.7e9 + i, "mode": "record" if i % 3 else f"replay{text}", "session": text,
+                      "condition": text or None, "key": f"{i:064x}", "occurrence": 0, "seq": i, "rules_id": "r",
+                      "request": {"method": f"POST{text}", "url": f"http://up/v1/{text}", "headers": []},
+                      "response": None if i % 5 == 0 else {"status": 200, "headers": []},
+                      "replay": {"result": "miss"} if i % 4 == 0 else None,
+                      "error": "boom" if i % 5 == 0 else None}, {}, None)
+        for i in range(40):  # labels repeating, as a session's exchanges do
+            s.append({"time": 1.8e9 + i, "mode": "record", "session": HOSTILE[i % 4], "key": "ab" * 32,
+                      "occurrence": i, "seq": i, "rules_id": "r",
+                      "request": {"method": "POST", "url": "http://up/", "headers": []},
+                      "response": {"status": 500, "headers": []}}, {}, None)
+    return store
+
+
+def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run([*nfproxy_argv(), *args], capture_output=True, timeout=120, check=True,
+                          env={**os.environ, "NF_TEST_API_KEY": SECRET})
+
+
+def test_log_reading_heads_gives_the_slow_path_lines(hostile_store, secret_env):
+    out = run("log", "--store", str(hostile_store)).stdout
+    with Store.open(hostile_store, write=False) as s:
+        exchanges = list(s.exchanges())
+    slow = _Line(visible)  # whole exchanges, every text escaped afresh
+    per_session: dict[str, list] = {}
+    for ex in exchanges:
+        p = per_session.setdefault(ex.session, [0, set(), ex.condition])
+        p[0] += 1
+        p[1].add(ex.mode)
+    expected = _encoded(_summary(per_session, hostile_store, visible)) + _encoded(slow(ex) for ex in exchanges)
+    assert out == expected
+    text = out.decode("utf-8")  # valid UTF-8: a lone surrogate is written as its escape
+    assert not any(c in text for c in RAW if c != "\n") and SECRET not in text
+    assert "\\x1b]0;pwned\\x07" in text and "\\u202e" in text and "\\ud800" in text
+    assert len(text.splitlines()) == 1 + len(per_session) + len(exchanges)
+
+
+def test_log_json_gives_the_slow_path_bytes(hostile_store):
+    out = run("log", "--json", "--store", str(hostile_store)).stdout
+    with Store.open(hostile_store, write=False) as s:
+        expected = [json_text(ex.json_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+                    for ex in s.exchanges()]
+    assert out.split(b"\n") == [*expected, b""]
+    sessions = [json.loads(line)["session"] for line in out.splitlines()[:len(HOSTILE)]]
+    assert [a for a, t in zip(sessions, HOSTILE, strict=True) if "lone" not in t] == [
+        t for t in HOSTILE if "lone" not in t]  # what was sent (a lone surrogate is written replaced)
+    assert not any(c.encode("utf-8") in out for c in RAW if c != "\n")

@@ -121,14 +121,15 @@ def _encoded(lines: Iterable[str]) -> bytes:
 
 class _Line:
     """One exchange's line. Labels and URLs came from clients: shown with control characters visible
-    (`shown`: `visible`, each distinct text escaped once)."""
+    (`shown`: `visible`); the middle of a line (mode, session, route, status, result) repeats over
+    a session's exchanges, so it is built once per distinct one (at most `_MIDDLES` remembered)."""
 
     def __init__(self, shown: Callable[[object], str]) -> None:
         self.shown = shown
         self._stamp = _Stamps()
+        self._middles: dict[tuple[Any, ...], str] = {}
 
     def __call__(self, ex: Head | Exchange) -> str:
-        shown = self.shown
         if type(ex) is Head:  # parts are structs: attributes, not the record's dicts
             method, url = ex.request.method, ex.request.url
             code = ex.response.status if ex.response is not None else "ERR"
@@ -136,9 +137,20 @@ class _Line:
             method, url = ex.request["method"], ex.request["url"]
             code = ex.response["status"] if ex.response is not None else "ERR"
         res = ex.replay_result or ("error" if ex.error else "")
+        parts = (ex.mode, ex.session, method, url, code, res if type(res) is str else str(res))
+        middle = self._middles.get(parts)
+        if middle is None:
+            if len(self._middles) >= _MIDDLES:
+                self._middles.clear()
+            shown = self.shown
+            middle = self._middles[parts] = (f"{shown(parts[0]):<7} {shown(parts[1])} {shown(method)} {shown(url)} "
+                                             f"{code} {shown(parts[5])}")
         key = ex.key[:12]  # a digest the proxy wrote; escaped should a damaged record hold anything else
-        return (f"{ex.id:>6} {self._stamp(ex.time)} {shown(ex.mode):<7} {shown(ex.session)} {shown(method)} "
-                f"{shown(url)} {code} {shown(res)} key={key if key.isalnum() else shown(key)} occ={ex.occurrence}\n")
+        return (f"{ex.id:>6} {self._stamp(ex.time)} {middle} key={key if key.isalnum() else self.shown(key)} "
+                f"occ={ex.occurrence}\n")
+
+
+_MIDDLES = 1 << 16
 
 
 class _Stamps:

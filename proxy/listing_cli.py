@@ -43,7 +43,9 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                       result="miss" if miss else result, model=model)
     with Store.open(store_path, write=False) as store:
         if as_json:
-            _json_lines(islice(_wanted(store.exchanges(), filters, store), limit))
+            lines = (ex.json_bytes() for ex in _wanted(store.exchanges(), filters, store)) if not filters.empty \
+                else store.listed_records()  # no filter: the stored text, checked, with no Exchange built
+            _json_lines(islice(lines, limit))
             return
         # the records' heads suffice, except for filters that read more
         source = store.exchanges() if filters.q or filters.order else store.heads()
@@ -57,12 +59,12 @@ def _wanted(exchanges: Iterator[Any], filters: Filters, store: Store) -> Iterato
 _CHUNK = 1 << 16  # bytes of output gathered before one write
 
 
-def _json_lines(exchanges: Iterable[Exchange]) -> None:
+def _json_lines(records: Iterable[bytes]) -> None:
     """Streamed: one record in memory at a time; characters JSON leaves raw but a terminal obeys are escaped."""
     out, size = [], 0
     write = sys.stdout.buffer.write
-    for ex in exchanges:
-        line = json_line(ex.json_bytes())
+    for record in records:
+        line = json_line(record)
         out.append(line)
         size += len(line) + 1
         if size >= _CHUNK:

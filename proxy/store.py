@@ -453,6 +453,20 @@ class Store(Bodies, Dictionaries, IndexLookups):
                                      f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
                                      "it again") from None
 
+    def listed_records(self) -> Iterator[bytes]:
+        """Every exchange record in write order as one line of JSON with every field (the object
+        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text, checked against
+        the record type and passed through; a record only `exchange()` can read is read by it
+        (so a damaged one is the same StoreError)."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            for k, raw in txn.cursor():
+                exchange_id = _U64.unpack(k)[0]
+                try:
+                    text = exchange_record.listed(self._codec.decode(raw, self.max_body), exchange_id)
+                except DAMAGE:
+                    text = None
+                yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
+
     def record_texts_of(self, ids: list[int]) -> list[bytes]:
         """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""
         with self._reading("exchanges"), self._env.begin(db=self._exchanges) as txn:

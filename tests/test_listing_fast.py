@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from noisefloor.display import Visible, json_line, json_text, visible
+from noisefloor.proxy import exchange_record
 from noisefloor.proxy.listing_cli import _encoded, _Line, _summary
 from noisefloor.proxy.store import Store
 from tests.conftest import nfproxy_argv
@@ -100,13 +101,64 @@ def test_log_reading_heads_gives_the_slow_path_lines(hostile_store, secret_env):
     assert len(text.splitlines()) == 1 + len(per_session) + len(exchanges)
 
 
-def test_log_json_gives_the_slow_path_bytes(hostile_store):
+def test_log_json_gives_the_slow_path_objects(hostile_store):
+    """Unfiltered, each stored record's text is passed through (checked, its implicit fields added):
+    the same JSON objects the slow path prints, and nothing a terminal obeys left raw."""
     out = run("log", "--json", "--store", str(hostile_store)).stdout
+    filtered = run("log", "--json", "--status", "error", "--store", str(hostile_store)).stdout  # the slow path
     with Store.open(hostile_store, write=False) as s:
-        expected = [json_text(ex.json_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
-                    for ex in s.exchanges()]
-    assert out.split(b"\n") == [*expected, b""]
-    sessions = [json.loads(line)["session"] for line in out.splitlines()[:len(HOSTILE)]]
+        exchanges = list(s.exchanges())
+    slow = [json_text(ex.json_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+            for ex in exchanges]
+    lines = out.split(b"\n")
+    assert lines[-1] == b"" and [json.loads(a) for a in lines[:-1]] == [json.loads(b) for b in slow]
+    assert filtered.splitlines() == [line for line, ex in zip(slow, exchanges, strict=True)
+                                     if ex.error or ex.response is None]
+    sessions = [json.loads(line)["session"] for line in lines[:len(HOSTILE)]]
     assert [a for a, t in zip(sessions, HOSTILE, strict=True) if "lone" not in t] == [
         t for t in HOSTILE if "lone" not in t]  # what was sent (a lone surrogate is written replaced)
-    assert not any(c.encode("utf-8") in out for c in RAW if c != "\n")
+    assert not any(c.encode("utf-8") in out + filtered for c in RAW if c != "\n")
+
+
+GOOD = {"id": 1, "time": 1.5, "mode": "record", "session": "s", "key": "k" * 64, "occurrence": 0, "seq": 0,
+        "rules_id": "r", "request": {"method": "GET", "url": "http://up/", "headers": [["a", "b"]], "body": None},
+        "response": {"status": 200, "headers": [], "body_size": 3, "chunks": [[0.1, "x"]]}, "task": "t",
+        "usage": {"input": 1}, "replay": {"result": "hit"}, "notes": ["n"], "truncated": None, "version": 1}
+WRONG = {"str": 5, "int": "5", "float": "x", "dict": [], "list": {}, "bool": 1, "null": None, "true": True}
+
+
+def _mutations():
+    """GOOD with one field given each wrong kind of value, dropped, or added (top level and parts)."""
+    yield GOOD
+    for name in GOOD:
+        for value in WRONG.values():
+            yield {**GOOD, name: value}
+        yield {k: v for k, v in GOOD.items() if k != name}
+    for part in ("request", "response"):
+        for name in [*GOOD[part], "body", "body_size", "chunks", "extra"]:
+            for value in WRONG.values():
+                yield {**GOOD, part: {**GOOD[part], name: value}}
+            yield {**GOOD, part: {k: v for k, v in GOOD[part].items() if k != name}}
+    yield {**GOOD, "unknown_key": 1}
+    yield {**GOOD, "version": 2}
+    yield {**GOOD, "notes": ["a", 1]}
+    yield {**GOOD, "id": 2}
+
+
+def test_a_record_is_passed_through_only_where_the_full_parse_reads_it_the_same():
+    """The fast check never accepts what the record type refuses, and what it passes is the object
+    the full parse gives; a record it leaves alone is the full parse's to read (or refuse)."""
+    passed = 0
+    for doc in _mutations():
+        for data in (json.dumps(doc).encode(), msgspec.json.encode(doc), json.dumps(doc, indent=1).encode()):
+            fast = exchange_record.listed(data, 1)
+            try:
+                ex = exchange_record.parse(data)
+            except (TypeError, ValueError):
+                assert fast is None, data
+                continue
+            if fast is not None:
+                passed += 1
+                assert ex.id == 1 and json.loads(fast) == json.loads(ex.json_bytes()), data
+                assert b"\n" not in fast
+    assert passed > 20

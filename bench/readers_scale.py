@@ -34,6 +34,7 @@ ENTRY = {"nfproxy": "noisefloor.proxy.cli", "nfanalyze": "noisefloor.analyzer.cl
 
 def unpack(rev: str, where: Path) -> Path:
     """The `noisefloor` package of git revision `rev`, laid out as an install would, under `where`."""
+    where.mkdir()
     archive = where / "rev.tar"
     with archive.open("wb") as fh:
         subprocess.run(["git", "-C", str(ROOT), "archive", rev, *PACKAGES], stdout=fh, check=True)
@@ -104,13 +105,15 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, required=True, help="the folder store_scale.py kept its stores in")
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--baseline", default="main", help="git revision to compare against")
+    ap.add_argument("--this", help="git revision measured as this code (default: the checkout as installed)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", help="comma-separated commands (default: all)")
     ap.add_argument("--json", type=Path, help="also write the results here")
     a = ap.parse_args()
     results: dict[str, list[dict[str, object]]] = {}
     with tempfile.TemporaryDirectory(prefix="nf-readers-") as tmp:
-        variants = {"baseline": unpack(a.baseline, Path(tmp)), "this": None}
+        variants = {"baseline": unpack(a.baseline, Path(tmp) / "baseline"),
+                    "this": unpack(a.this, Path(tmp) / "this") if a.this else None}
         for n in map(int, a.sizes.split(",")):
             cmds = commands(a.keep / f"s{n}.lmdb")
             for r in range(a.rounds):

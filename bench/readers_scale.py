@@ -100,6 +100,31 @@ def _count(store: Path) -> int:
         return len(s)
 
 
+def summary(results: dict[str, list[dict[str, object]]]) -> list[dict[str, object]]:
+    """Per command and code: mean CPU s and most private memory at each size; with two sizes, the
+    CPU per exchange between them and what that puts 1M exchanges at (both linear in exchanges)."""
+    sizes = sorted(map(int, results))
+    out = []
+    names = dict.fromkeys(str(r["command"]) for rows in results.values() for r in rows)
+    for name in names:
+        for code in ("baseline", "this"):
+            per = {n: [r for r in results[str(n)] if r["command"] == name and r["code"] == code] for n in sizes}
+            if not all(per.values()):
+                continue
+            cpu = {n: sum(float(r["cpu_s"]) for r in rows) / len(rows) for n, rows in per.items()}
+            anon = {n: max(float(r["anon_mb"]) for r in rows) for n, rows in per.items()}
+            row: dict[str, object] = {"command": name, "code": code, **{f"cpu_s_{n}": round(cpu[n], 2) for n in sizes},
+                                      **{f"anon_mb_{n}": round(anon[n]) for n in sizes}}
+            if len(sizes) >= 2:
+                lo, hi = sizes[0], sizes[-1]
+                per_ex = (cpu[hi] - cpu[lo]) / (hi - lo)
+                row["us_per_exchange"] = round(per_ex * 1e6, 1)
+                row["cpu_s_1M"] = round(cpu[hi] + per_ex * (1_000_000 - hi), 1)
+                row["anon_mb_1M"] = round(anon[hi] + (anon[hi] - anon[lo]) / (hi - lo) * (1_000_000 - hi))
+            out.append(row)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--keep", type=Path, required=True, help="the folder store_scale.py kept its stores in")
@@ -126,8 +151,11 @@ def main() -> None:
                                "load": os.getloadavg()[0], **measure(argv, path)}
                         results.setdefault(str(n), []).append(row)
                         print(json.dumps(row), flush=True)
+    table = summary(results)
+    for row in table:
+        print(json.dumps(row))
     if a.json:
-        a.json.write_text(json.dumps(results, indent=2))
+        a.json.write_text(json.dumps({"runs": results, "summary": table}, indent=2))
 
 
 if __name__ == "__main__":

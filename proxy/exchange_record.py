@@ -10,6 +10,7 @@ path would cost as much as the rest of recording.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -323,6 +324,7 @@ def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
 
 
 _LISTED, _LISTED_FIELDS, _IMPLICIT = _record_checker()
+_UNSETS = (msgspec.UNSET,) * len(_LISTED_FIELDS)
 _ADDED: dict[tuple[bool, ...], bytes] = {}  # which fields a record leaves out -> the text that adds them
 
 
@@ -337,12 +339,8 @@ def listed(data: bytes, exchange_id: int) -> bytes | None:
     if rec.id != exchange_id or rec.version not in (RECORD_VERSION, msgspec.UNSET) or b"\n" in data \
             or b"\r" in data or not data.endswith(b"}"):
         return None
-    unset = tuple(map(_is_unset, msgspec.structs.astuple(rec)))
+    unset = tuple(map(operator.is_, msgspec.structs.astuple(rec), _UNSETS))
     added = _ADDED.get(unset)
     if added is None:
         added = _ADDED[unset] = b"".join(_IMPLICIT[n] for n, u in zip(_LISTED_FIELDS, unset, strict=True) if u)
     return data[:-1] + added + b"}" if added else data
-
-
-def _is_unset(value: Any) -> bool:
-    return value is msgspec.UNSET

@@ -111,7 +111,8 @@ class Exchange:
         return doc
 
     def json_bytes(self) -> bytes:
-        """The record as compact JSON (UTF-8, every field): what `nfproxy log --json` prints."""
+        """The record as compact JSON (UTF-8, every field): the object `nfproxy log --json` prints
+        (which passes a record's stored text through instead where `listed` can)."""
         try:
             return _ENCODER.encode(self.to_json())  # a dict: every field, in order
         except (UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate (bytes no header should hold)

@@ -12,9 +12,10 @@ import lmdb
 import pytest
 
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 
 # merge in a fresh process (pytest's may run threads, where merge uses no workers), with workers
 # from 50 exchanges on

@@ -11,9 +11,10 @@ under different normalization rules. Bodies are copied as stored (with the compr
 dictionaries they name) and only when OUT lacks them (content addressing deduplicates across shards).
 
 Memory is bounded by the number of sessions, not of exchanges or bodies: the check keeps, per
-session, a hash of its exchanges' identities and their ids (8 bytes each); the copy reads each
-session's records by id and passes their JSON through without parsing it (only a replay record,
-whose source id changes, is parsed).
+session, a hash of its exchanges' identities and their ids (8 bytes each); the copy (`merge_copy`)
+reads each batch's records by id and passes their JSON through without parsing it (only a replay
+record, whose source id changes, is parsed). A large shard is checked, and its batches prepared,
+by worker processes (two by default), each check as strict as a read in this process.
 """
 
 from __future__ import annotations

@@ -3,9 +3,10 @@
 Every value is read verified (a damaged store is refused by name before anything is replaced),
 dictionaries are trained again on a sample spread over the whole store, every body and record is
 encoded with them, and the result is written to a new file of exactly the pages it uses, which
-then replaces the store's data file in one rename. A store of format noisefloor-log/1 (main
-before the versioned format) comes out as noisefloor-log/2; a store of today's format comes out
-smaller (dictionaries trained on all of it, pages full, no reserved map beyond its data).
+then replaces the store's data file in one rename. A store of an earlier format comes out in
+today's (its replay index in layout 2); a store of today's format comes out smaller
+(dictionaries trained on all of it, pages full, no reserved map beyond its data). Killed at any
+point, the store is as it was (the rewrite happens beside it), and running it again starts over.
 Readers that had the store open keep reading the old file until they close it.
 """
 
@@ -16,12 +17,13 @@ import os
 import shutil
 import struct
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 
 import lmdb
 
-from noisefloor.proxy import codec
+from noisefloor.proxy import codec, replay_index
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 
 _SAMPLES = 4000  # values of each kind sampled for training
@@ -59,10 +61,12 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             shutil.rmtree(p, ignore_errors=True)
         work.mkdir()
         final.mkdir()
-        env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=8, sync=False, metasync=False)
+        env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
-            dbs = {name: env.open_db(name.encode()) for name in
-                   ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts", "rindex")}
+            dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
+                                                                 "dicts")}
+            for name in ("lookups", "lookups.unsorted"):
+                dbs[name] = env.open_db(name.encode(), dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
             with env.begin(write=True) as txn:
@@ -75,13 +79,14 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             out = codec.Codec(dicts.get)
             _copy_bodies(src, env, dbs["bodies"], out, keys.get("body"), progress)
             _copy_records(src, env, dbs["exchanges"], out, keys.get("record"), progress)
-            # the replay index's lookup rows, in key order (a compacted store replays without loading it)
-            _append_batched(env, dbs["rindex"], src.raw_table("rindex"), progress, "index rows")
+            # the replay index, in layout 2 (a compacted store replays without loading it)
+            indexed = _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
-                for db_name, items in (("recorded", src.raw_table("recorded")), ("outcomes", src.raw_table("outcomes")),
-                                       ("meta", src.raw_table("meta"))):
+                for db_name, items in (("outcomes", src.raw_table("outcomes")), ("meta", src.raw_table("meta"))):
                     for k, v in items:
-                        txn.put(k, v, db=dbs[db_name], append=db_name == "recorded")
+                        txn.put(k, v, db=dbs[db_name])
+                if indexed:
+                    txn.put(b"replay_index", json.dumps(replay_index.VERSION).encode(), db=dbs["meta"])
                 txn.put(b"format", json.dumps(FORMAT).encode(), db=dbs["meta"])
                 txn.put(b"dicts", json.dumps({k: v.hex() for k, v in keys.items()}).encode(), db=dbs["meta"])
                 txn.delete(b"migrated_from", db=dbs["meta"])
@@ -119,15 +124,46 @@ def _copy_records(src: Store, env: lmdb.Environment, db: object, out: codec.Code
     _append_batched(env, db, items(), progress, "exchanges")
 
 
+def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
+    """The replay index in layout 2, whatever the source's: its entries in id order (pages full)
+    and its lookups in key order (a source of layout 1 is converted: entries with their sketches,
+    lookups gathered unsorted, then copied in order). False: the store has no lookups to carry
+    (recorded before them), and its entries are copied as they are."""
+    if not src.has_replay_index():
+        _append_batched(env, dbs["recorded"], src.raw_table("recorded"), progress, "index entries")
+        return False
+    if src.meta("replay_index") == replay_index.VERSION:
+        _append_batched(env, dbs["recorded"], src.raw_table("recorded"), progress, "index entries")
+        _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
+        return True
+    entries = src.recorded_entries()
+    while batch := list(islice(entries, _BATCH)):
+        with env.begin(write=True) as txn:
+            ids = [e.id for e in batch]
+            for e, near in zip(batch, replay_index.stored_near(src, ids)):
+                e = replace(e, near=near)
+                txn.put(_U64.pack(e.id), replay_index.entry_bytes(e.id, e, replay_index.VERSION), db=dbs["recorded"],
+                        append=True)
+                txn.cursor(db=dbs["lookups.unsorted"]).putmulti(replay_index.lookup_rows(e.id, e))
+        progress(f"{ids[-1]} index entries converted")
+    with env.begin(buffers=False) as txn:
+        unsorted = txn.cursor(db=dbs["lookups.unsorted"])
+        _append_batched(env, dbs["lookups"], iter(unsorted), progress, "index lookups", append=False)
+    with env.begin(write=True) as txn:
+        txn.drop(dbs["lookups.unsorted"], delete=True)
+    return True
+
+
 def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, bytes]],
-                    progress: Callable[[str], None], what: str) -> None:
-    """Append `items` in transactions of _BATCH puts, saying how far it got after each."""
+                    progress: Callable[[str], None], what: str, append: bool = True) -> None:
+    """Append `items` (in key order) in transactions of _BATCH puts, saying how far it got after
+    each. `append=False` for a table of sorted duplicates: LMDB fills its pages whole all the same."""
     done = 0
     while True:
         with env.begin(write=True) as txn:
             n = 0
             for k, v in items:
-                txn.put(k, v, db=db, append=True)
+                txn.put(k, v, db=db, append=append)
                 n += 1
                 if n >= _BATCH:
                     break

@@ -34,11 +34,11 @@ def changed(body: bytes) -> bytes:
     return json.dumps(doc).encode()
 
 
-def answers(store: Store) -> dict[str, object]:
+def answers(store: Store, queries: range = QUERIES) -> dict[str, object]:
     """What the store's lookup rows answer for each query, as plain data."""
     index = replay_index.LmdbIndex(store)
     out = {}
-    for i in QUERIES:
+    for i in queries:
         ex = store.exchange(i)
         body = store.part_body(ex.request, i, "request")
         canonical = RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",

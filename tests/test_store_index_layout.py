@@ -102,7 +102,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obj
 def test_a_layout_1_store_recorded_into_keeps_its_layout_and_the_new_exchanges_are_found(grown):
     store, before = grown
     late = [i for i in map(int, before) if i > 60]  # recorded by today's code, in layout 1
-    assert late and all(before[str(i)]["candidates"] == [i] and i in before[str(i)]["session"] for i in late)
+    assert late and all(i in before[str(i)]["candidates"] and i in before[str(i)]["session"] for i in late)
     assert sum(before[str(i)]["near"][0][0] == i for i in late) > len(late) // 2
     assert answered(store, range(1, 61, 2)) != EXPECTED  # the new exchanges are among the nearest
 

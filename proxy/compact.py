@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import struct
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
@@ -65,8 +66,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         try:
             dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
                                                                  "dicts")}
-            for name in ("lookups", "lookups.unsorted"):
-                dbs[name] = env.open_db(name.encode(), dupsort=True, dupfixed=True)
+            dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
             with env.begin(write=True) as txn:
@@ -92,7 +92,9 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
                 txn.delete(b"migrated_from", db=dbs["meta"])
                 if fmt != FORMAT:
                     txn.put(b"migrated_from", json.dumps(fmt).encode(), db=dbs["meta"])
-            env.copy(str(final), compact=True)
+            # written in order, so it holds few free pages; LMDB's compacting copy cannot walk tables
+            # of fixed-size duplicates (it crashes), so the copy is a plain one
+            env.copy(str(final))
         finally:
             env.close()
             shutil.rmtree(work, ignore_errors=True)
@@ -127,7 +129,7 @@ def _copy_records(src: Store, env: lmdb.Environment, db: object, out: codec.Code
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
     """The replay index in layout 2, whatever the source's: its entries in id order (pages full)
     and its lookups in key order (a source of layout 1 is converted: entries with their sketches,
-    lookups gathered unsorted, then copied in order). False: the store has no lookups to carry
+    lookups gathered unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
     (recorded before them), and its entries are copied as they are."""
     if not src.has_replay_index():
         _append_batched(env, dbs["recorded"], src.raw_table("recorded"), progress, "index entries")
@@ -136,21 +138,23 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
         _append_batched(env, dbs["recorded"], src.raw_table("recorded"), progress, "index entries")
         _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
         return True
-    entries = src.recorded_entries()
-    while batch := list(islice(entries, _BATCH)):
-        with env.begin(write=True) as txn:
-            ids = [e.id for e in batch]
-            for e, near in zip(batch, replay_index.stored_near(src, ids)):
-                e = replace(e, near=near)
-                txn.put(_U64.pack(e.id), replay_index.entry_bytes(e.id, e, replay_index.VERSION), db=dbs["recorded"],
-                        append=True)
-                txn.cursor(db=dbs["lookups.unsorted"]).putmulti(replay_index.lookup_rows(e.id, e))
-        progress(f"{ids[-1]} index entries converted")
-    with env.begin(buffers=False) as txn:
-        unsorted = txn.cursor(db=dbs["lookups.unsorted"])
-        _append_batched(env, dbs["lookups"], iter(unsorted), progress, "index lookups", append=False)
-    with env.begin(write=True) as txn:
-        txn.drop(dbs["lookups.unsorted"], delete=True)
+    with tempfile.TemporaryDirectory(dir=Path(env.path())) as tmp:
+        spill = lmdb.open(tmp, map_size=1 << 40, max_dbs=2, sync=False, metasync=False, writemap=False)
+        try:
+            unsorted = spill.open_db(b"lookups", dupsort=True, dupfixed=True)
+            entries = src.recorded_entries()
+            while batch := list(islice(entries, _BATCH)):
+                with env.begin(write=True) as txn, spill.begin(write=True, db=unsorted) as spilled:
+                    for e, near in zip(batch, replay_index.stored_near(src, [e.id for e in batch])):
+                        e = replace(e, near=near)
+                        txn.put(_U64.pack(e.id), replay_index.entry_bytes(e.id, e, replay_index.VERSION),
+                                db=dbs["recorded"], append=True)
+                        spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e))
+                progress(f"{batch[-1].id} index entries converted")
+            with spill.begin(buffers=False, db=unsorted) as txn:
+                _append_batched(env, dbs["lookups"], iter(txn.cursor()), progress, "index lookups", append=False)
+        finally:
+            spill.close()
     return True
 
 

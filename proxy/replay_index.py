@@ -6,8 +6,8 @@ whole index in memory, so start-up and memory do not grow with the store.
 
 Layout 2 (`VERSION`): each recorded exchange's entry (the `recorded` table, appended in id order,
 so its pages fill whole) is a msgpack array that also carries its request's bucket and MinHash
-sketch; one LMDB table, `lookups`, sorted duplicates of fixed 8-byte exchange ids (big-endian, so
-oldest first) under four kinds of key:
+sketch; one LMDB table, `lookups`, sorted duplicates of fixed 4-byte exchange ids (big-endian, so
+oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
 
   k + key(first 8 bytes)   the exchanges with this request key (entries are checked for the full key)
   s + session(8)           ... of this recorded session (sha256 of its name; entries checked for the name)
@@ -15,7 +15,7 @@ oldest first) under four kinds of key:
   n + band(8)              ... whose request's sketch has this band (locality-sensitive: requests
                            that share most of their content share a band)
 
-A key shared by many exchanges costs 8 bytes per exchange (LMDB keeps the ids packed under it),
+A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it),
 where layout 1 paid a whole row each. Layout 1 (stores recorded before; one table `rindex` of
 prefixed keys: k + key(32) + id, s + session(12) + id, b + bucket + id, n + band + id, and
 g + id -> sketch; JSON entries) is still read as it is, and written to by a recorder appending to
@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the store imports this module for its row layout
 VERSION = 2
 READ = (1, VERSION)  # the layouts this version reads
 _U64 = struct.Struct(">Q")
+ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
 KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
 TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
 
@@ -185,7 +186,7 @@ def session_key(session: str) -> bytes:
 
 def lookup_rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
     """Layout 2's lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
-    idb = _U64.pack(exchange_id)
+    idb = ID.pack(exchange_id)
     yield key_tag(entry.key), idb
     yield session_key(entry.session), idb
     if entry.near is not None:

@@ -510,7 +510,13 @@ class Store(Bodies, Dictionaries, IndexLookups):
     def copy_to(self, folder: Path) -> None:
         """A compact copy of this store (a consistent snapshot) in an empty folder: a shard to ship."""
         with self._reading():
-            self._env.copy(str(folder), compact=True)
+            # LMDB's compacting copy cannot walk tables of fixed-size duplicates (it crashes): a
+            # store with layout-2 lookups is copied page for page
+            self._env.copy(str(folder), compact=self._lookups is None or not self._has_rows(self._lookups))
+
+    def _has_rows(self, db: Any) -> bool:
+        with self._env.begin(db=db) as txn:
+            return txn.stat(db)["entries"] > 0
 
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:

@@ -122,7 +122,7 @@ class IndexLookups:
             if not cur.set_key(key):
                 return []
             vals = list(islice(cur.iternext_dup(keys=False), first))
-        return list(struct.unpack(f">{len(vals)}Q", b"".join(vals)))
+        return list(struct.unpack(f">{len(vals)}I", b"".join(vals)))
 
     def _newest(self, keys: list[bytes], n: int) -> list[list[int]]:
         """Per key, the newest `n` ids under it in `lookups`, newest first, in one read."""
@@ -130,7 +130,7 @@ class IndexLookups:
         with self._reading(), self._env.begin(db=self._lookups, buffers=False) as txn, txn.cursor() as cur:
             for key in keys:
                 vals = list(islice(cur.iterprev_dup(keys=False), n)) if cur.set_key(key) and cur.last_dup() else []
-                out.append(list(struct.unpack(f">{len(vals)}Q", b"".join(vals))))
+                out.append(list(struct.unpack(f">{len(vals)}I", b"".join(vals))))
         return out
 
     def recorded_count(self) -> int:

@@ -26,6 +26,7 @@ import lmdb
 
 from noisefloor.proxy import codec, replay_index
 from noisefloor.proxy.store import FORMAT, Store, StoreError
+from noisefloor.proxy.store_env import DAMAGE
 
 _SAMPLES = 4000  # values of each kind sampled for training
 _BATCH = 5000  # values per write transaction
@@ -132,10 +133,10 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
     lookups gathered unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
     (recorded before them), and its entries are copied as they are."""
     if not src.has_replay_index():
-        _append_batched(env, dbs["recorded"], src.raw_table("recorded"), progress, "index entries")
+        _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
         return False
     if src.meta("replay_index") == replay_index.VERSION:
-        _append_batched(env, dbs["recorded"], src.raw_table("recorded"), progress, "index entries")
+        _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
         _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
         return True
     with tempfile.TemporaryDirectory(dir=Path(env.path())) as tmp:
@@ -156,6 +157,21 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
         finally:
             spill.close()
     return True
+
+
+def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
+    """The replay index's entries as stored, each decoded first: a damaged one stops the rewrite, by name."""
+    for k, raw in src.raw_table("recorded"):
+        exchange_id = _U64.unpack(k)[0]
+        try:
+            ok = replay_index.entry(raw).id == exchange_id
+        except DAMAGE as exc:
+            raise StoreError(f"store {src.path}: the replay index entry of exchange {exchange_id} is damaged "
+                             f"({exc.__class__.__name__}); restore the store from a copy") from None
+        if not ok:
+            raise StoreError(f"store {src.path}: the replay index entry of exchange {exchange_id} names another "
+                             "exchange; restore the store from a copy")
+        yield k, raw
 
 
 def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, bytes]],

@@ -105,7 +105,7 @@ class IndexLookups:
         if self._layout2():
             with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
                 raws = [txn.get(_U64.pack(i)) for i in ids]
-            return [None if raw is None else replay_index.entry_sketch(raw) for raw in raws]
+                return [None if raw is None else replay_index.entry_sketch(raw) for raw in raws]
         buckets = self.index_distinct(replay_index.BUCKET, 8)
         sketches = self.index_get_many([replay_index.SKETCH + _U64.pack(i) for i in ids])
         probes = [replay_index.BUCKET + b + _U64.pack(i) for i, sk in zip(ids, sketches) if sk for b in buckets]

@@ -18,7 +18,7 @@ import pytest
 
 from bench.store_traffic import REQUEST_HEADERS, record
 from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import FORMAT, Store
+from noisefloor.proxy.store import FORMAT, Store, StoreError
 from tests.conftest import START_TIMEOUT, nfproxy_argv, wait_until
 from tests.data.make_index_v1_store import answers, changed
 
@@ -128,5 +128,27 @@ def test_a_migrate_killed_mid_way_leaves_the_store_as_it_was_and_the_next_one_fi
     assert r.returncode == 0, r.stderr
     assert layout(store) == (FORMAT, 2) and not work.parent.exists()
     assert answered(store, range(1, 2061, 37)) == before
+    copy = tmp_path / "shipped.lmdb"
+    copy.mkdir()
     with Store.open(store, write=False) as s:
         assert len(s) == 2060
+        s.copy_to(copy)  # one route and model: 2,060 ids under its bucket, a table of its own in LMDB
+    assert answered(copy, range(1, 2061, 37)) == before
+
+
+def test_a_damaged_layout_2_entry_is_refused_by_name(v1, tmp_path):
+    import lmdb
+
+    out = tmp_path / "merged.lmdb"
+    merge(out, [v1])
+    env = lmdb.open(str(out), max_dbs=12)
+    with env.begin(write=True) as txn:
+        txn.put((5).to_bytes(8, "big"), b"\x9c\xa3bad", db=env.open_db(b"recorded", txn=txn))
+    env.close()
+    with Store.open(out, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
+        s.recorded_entries_by_id([4, 5])
+    r = nfproxy("compact", "--store", str(out))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "entry of exchange 5 is damaged" in r.stderr.strip().splitlines()[-1]
+    with Store.open(out, write=False) as s:  # refused before anything was replaced
+        assert len(s) == 60 and s.recorded_entries_by_id([4])[0].id == 4

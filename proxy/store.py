@@ -8,7 +8,7 @@ Layout (named databases; values encoded as `codec` says: tagged, zstd with a tra
   recorded  u64 id -> entry        the compact replay index of record-mode exchanges
   outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
                                    that the log is the one artifact a user keeps
-  lookups   key -> sorted 8-byte ids: the replay index's lookups (see `replay_index.py`), so
+  lookups   key -> sorted 4-byte ids: the replay index's lookups (see `replay_index.py`), so
                                    that replay reads what a request needs instead of loading the
                                    whole index (`rindex`: layout 1's; stores made before have none)
 
@@ -523,7 +523,7 @@ class Store(Bodies, Dictionaries, IndexLookups):
             yield from txn.cursor()
 
     def copy_to(self, folder: Path) -> None:
-        """A compact copy of this store (a consistent snapshot) in an empty folder: a shard to ship."""
+        """A copy of this store (a consistent snapshot, only its pages in use) in an empty folder: a shard to ship."""
         with self._reading():
             # LMDB's compacting copy cannot walk tables of fixed-size duplicates (it crashes): a
             # store with layout-2 lookups is copied page for page

@@ -523,7 +523,7 @@ class Store(Bodies, Dictionaries, IndexLookups):
             yield from txn.cursor()
 
     def copy_to(self, folder: Path) -> None:
-        """A copy of this store (a consistent snapshot, only its pages in use) in an empty folder: a shard to ship."""
+        """A copy of this store (a consistent snapshot, no reserved map) in an empty folder: a shard to ship."""
         with self._reading():
             # LMDB's compacting copy cannot walk tables of fixed-size duplicates (it crashes): a
             # store with layout-2 lookups is copied page for page

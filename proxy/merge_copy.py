@@ -1,8 +1,8 @@
 """Merge's copy: a checked shard's sessions written into OUT in batches of whole sessions.
 
 A batch is prepared as OUT will store it (`Batch`): each record given its id in OUT and encoded
-with OUT's record dictionary, the replay entries and index rows rebuilt under the new ids, the
-bodies taken as the shard stores them. Preparing is most of the work, so for a large shard it is
+with OUT's record dictionary, the replay entries (with their nearest-request entries) under the
+new ids, the bodies taken as the shard stores them. Preparing is most of the work, so for a large shard it is
 done by worker processes, a few batches ahead, while the merging process writes the batches in
 order, one transaction each (an interrupted merge leaves whole sessions).
 """
@@ -17,11 +17,11 @@ from array import array
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import replace
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from noisefloor.proxy import codec, replay_index
+from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.store_merge import Batch
 
@@ -31,22 +31,15 @@ _BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
 _ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
 
 
-def index_rows(src: Store, olds: list[int], first: int) -> tuple[list[tuple[bytes, bytes]], list[tuple[bytes, bytes]]]:
-    """The replay entries and index rows of exchanges `olds` of `src` (the recorded ones), under the
-    ids they take in OUT (first, first + 1, ...): replay_index rebuilds them from what the shard
-    holds. Rows in key order."""
+def index_entries(src: Store, olds: list[int], first: int) -> list[tuple[int, RecordedEntry]]:
+    """The replay-index entries of exchanges `olds` of `src` (the recorded ones), each with its
+    nearest-request entry as the shard holds it, under the id it takes in OUT (first, first + 1,
+    ...): OUT writes their lookups in its own layout (`Store._put_index`)."""
     entries = {e.id: e for e in src.recorded_entries_by_id(olds)}
     recorded = [i for i in olds if i in entries]
     near = dict(zip(recorded, replay_index.stored_near(src, recorded)))
-    kv: list[tuple[bytes, bytes]] = []
-    rows: list[tuple[bytes, bytes]] = []
-    for new_id, old in enumerate(olds, first):
-        if old in entries:
-            entry = replace(entries[old], near=near[old])
-            kv.append((_U64.pack(new_id), replay_index.entry_json(new_id, entry)))
-            rows.extend(replay_index.rows(new_id, entry))
-    rows.sort(key=itemgetter(0))  # keys are unique: comparing them alone is enough, and cheaper
-    return kv, rows
+    return [(new_id, replace(entries[old], near=near[old])) for new_id, old in enumerate(olds, first)
+            if old in entries]
 
 
 class Preparer:
@@ -73,9 +66,9 @@ class Preparer:
                 records.append((_U64.pack(first + k), b""))
             else:
                 records.append((_U64.pack(first + k), self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))))
-        entries, rows = index_rows(self.src, olds, first)
         wanted = sorted(d.decode() for d in digests)
-        return Batch(records, entries, rows, dict(zip(wanted, self.src.raw_bodies(wanted)))), replays
+        entries = index_entries(self.src, olds, first)
+        return Batch(records, entries, dict(zip(wanted, self.src.raw_bodies(wanted)))), replays
 
     def close(self) -> None:
         self.src.close()

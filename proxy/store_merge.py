@@ -5,8 +5,8 @@ Reading: one read transaction checks a range of exchanges (each record parses as
 record, each body it names decodes within its recorded size and hashes to its digest), keeping the
 decoded bodies of the last exchanges, since a session's next request is compressed against its
 previous request and answer and replicates repeat bodies. Writing: one transaction per batch
-that merge prepared (`Batch`): records and replay entries appended in id order, index rows put in
-key order, bodies copied as stored (never recompressed) when this store lacks them.
+that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
+recording writes them, bodies copied as stored (never recompressed) when this store lacks them.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import lmdb
 
 from noisefloor.proxy import codec
 from noisefloor.proxy.exchange_record import Exchange
+from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_env import DAMAGE, StoreError
 
 _U64 = struct.Struct(">Q")
@@ -56,8 +57,6 @@ class MergeIO:
     _exchanges: Any
     _bodies: Any
     _dicts: Any
-    _recorded: Any
-    _rindex: Any
     _codec: codec.Codec
     _keys: dict[str, bytes]
     path: Any
@@ -69,6 +68,7 @@ class MergeIO:
     meta: Any
     dictionary: Any
     add_dictionary: Any
+    _put_index: Any
 
     def checked_exchanges(self, start: int = 1, stop: int | None = None) -> Iterator[Exchange]:
         """Exchanges with start <= id < stop, in write order, each yielded once it and every body it
@@ -145,11 +145,10 @@ class MergeIO:
             for key, data in dicts.items():
                 txn.put(key, data, db=self._dicts, overwrite=False)
             fresh = self._put_bodies(txn, batch.bodies, source)
-            for db, pairs, append in ((self._exchanges, batch.records, True), (self._recorded, batch.entries, True),
-                                      (self._rindex, batch.rows, False)):
-                if pairs and db is not None:
-                    with txn.cursor(db=db) as cur:
-                        cur.putmulti(pairs, append=append)
+            with txn.cursor(db=self._exchanges) as cur:
+                cur.putmulti(batch.records, append=True)
+            for new_id, entry in batch.entries:
+                self._put_index(txn, new_id, entry)
             return fresh
 
         return self._write(write)
@@ -178,11 +177,11 @@ class MergeIO:
 
 @dataclass
 class Batch:
-    """Exchanges ready to be written as they will be stored: records (id -> encoded record, the ids
-    consecutive from the store's next), replay entries and index rows (key order), and the bodies
-    they name as their store holds them (digest -> encoded value)."""
+    """Exchanges ready to be written: records as they will be stored (id -> encoded record, the ids
+    consecutive from the store's next), the recorded ones' replay entries under their new ids (the
+    store writes their lookups in its layout), and the bodies they name as their store holds them
+    (digest -> encoded value)."""
 
     records: list[tuple[bytes, bytes]]
-    entries: list[tuple[bytes, bytes]] = field(default_factory=list)
-    rows: list[tuple[bytes, bytes]] = field(default_factory=list)
+    entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
     bodies: dict[str, bytes | None] = field(default_factory=dict)

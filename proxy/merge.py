@@ -14,7 +14,7 @@ Memory is bounded by the number of sessions, not of exchanges or bodies: the che
 session, a hash of its exchanges' identities and their ids (8 bytes each); the copy (`merge_copy`)
 reads each batch's records by id and passes their JSON through without parsing it (only a replay
 record, whose source id changes, is parsed). A large shard is checked, and its batches prepared,
-by worker processes (two by default), each check as strict as a read in this process.
+by worker processes when asked (`jobs`), each check as strict as a read in this process.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
-import os
 from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -139,8 +138,10 @@ def _read_shard(path: Path, jobs: int) -> _Shard:
 
 def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None] = lambda s: None,
           jobs: int | None = None) -> MergeResult:
-    """Merge the shards into OUT; `jobs` processes check a large shard (default: up to 2)."""
-    jobs = min(2, os.cpu_count() or 1) if jobs is None else jobs
+    """Merge the shards into OUT; with `jobs` > 1, that many worker processes check a large shard and
+    prepare its batches (one process by default: on a busy 2-core machine two workers cost twice
+    the CPU and finished later)."""
+    jobs = 1 if jobs is None else jobs
     with _no_gc():  # millions of short-lived objects and no cycles: the collector only costs time
         shards = []
         for p in shard_paths:

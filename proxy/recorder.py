@@ -11,11 +11,12 @@ from typing import Any
 from noisefloor.proxy import exchange_record, providers, replay_index, secrets
 from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.providers import Provider
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, prepare
+from noisefloor.proxy.traffic import Counters, Prepared, RequestData, ResponseData, prepare
 
 
 @dataclass(frozen=True)

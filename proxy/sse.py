@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from noisefloor.proxy import providers
-from noisefloor.proxy.traffic import HOP_BY_HOP
+from noisefloor.proxy.headers import HOP_BY_HOP
 
 if TYPE_CHECKING:
     from aiohttp import web

@@ -441,10 +441,11 @@ class Store(Bodies, Dictionaries, IndexLookups):
         """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, at a
         fraction of the cost of whole records (still checked: a record whose head does not have
         the record type's fields is a StoreError naming the exchange)."""
+        decode, parse, limit = self._codec.decode, exchange_record.parse_head, self.max_body  # a million times
         with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
             for k, raw in txn.cursor():
                 try:
-                    yield exchange_record.parse_head(self._codec.decode(raw, self.max_body))
+                    yield parse(decode(raw, limit))
                 except msgspec.DecodeError:  # JSON msgspec refuses and json reads (a lone surrogate)
                     ex = self._decode_record(_U64.unpack(k)[0], raw)
                     yield exchange_record.head_of(ex)
@@ -452,6 +453,20 @@ class Store(Bodies, Dictionaries, IndexLookups):
                     raise StoreError(f"store {self.path}: exchange {_U64.unpack(k)[0]} is damaged "
                                      f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
                                      "it again") from None
+
+    def listed_records(self) -> Iterator[bytes]:
+        """Every exchange record in write order as one line of JSON with every field (the object
+        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text, checked against
+        the record type and passed through; a record only `exchange()` can read is read by it
+        (so a damaged one is the same StoreError)."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            for k, raw in txn.cursor():
+                exchange_id = _U64.unpack(k)[0]
+                try:
+                    text = exchange_record.listed(self._codec.decode(raw, self.max_body), exchange_id)
+                except DAMAGE:
+                    text = None
+                yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
 
     def record_texts_of(self, ids: list[int]) -> list[bytes]:
         """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""
@@ -493,7 +508,7 @@ class Store(Bodies, Dictionaries, IndexLookups):
         if self._outcomes is None:
             return []
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
-            return [json.loads(v) for _, v in txn.cursor()]
+            return [_row(v) for _, v in txn.cursor()]
 
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
@@ -536,3 +551,12 @@ class Store(Bodies, Dictionaries, IndexLookups):
                 grow(self._env, self.path)
             except lmdb.Error as exc:
                 raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") from exc
+
+
+def _row(value: bytes) -> Any:
+    """A stored outcome row: msgspec's decoder (a study's rows number one per graded attempt), or
+    json's for what msgspec refuses and json reads (NaN, a lone surrogate)."""
+    try:
+        return msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        return json.loads(value)

@@ -207,8 +207,9 @@ def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
 
 def test_merge_carries_the_miss_index_and_accepts_the_earlier_rules_id(tmp_path):
     from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.labels import Labels
     from noisefloor.proxy.recorder import Recorder
-    from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+    from noisefloor.proxy.traffic import RequestData, ResponseData
 
     legacy = Rules().legacy_ids
     assert legacy, "these rules have an earlier id scheme"

@@ -12,11 +12,12 @@ import pytest
 
 from noisefloor.proxy import store_env
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 from tests.conftest import nfproxy_argv
 
 

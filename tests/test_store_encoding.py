@@ -15,10 +15,11 @@ from noisefloor.proxy import codec, store_dicts, store_env
 from noisefloor.proxy import store as store_mod
 from noisefloor.proxy.compact import rewrite
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 
 SYSTEM = "You are a careful assistant who answers with one short paragraph and a code block. " * 8
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -158,12 +158,16 @@ class Counters:
     """Per-session occurrence of each key and arrival sequence, assigned at request arrival.
 
     Arrival order (not completion order) is what replay reproduces, so the n-th identical request
-    of a session is the n-th one to arrive.
+    of a session is the n-th one to arrive. A session the store already holds continues its
+    numbering: `earlier(session)` gives its recorded (key, occurrence, seq), asked once, when the
+    session's first request of this run arrives, so start-up does not read the whole store.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, earlier: Callable[[str], Iterable[tuple[str, int, int]]] | None = None) -> None:
         self._occ: dict[tuple[str, str], int] = defaultdict(int)
         self._seq: dict[str, int] = defaultdict(int)
+        self._earlier = earlier
+        self._known: set[str] = set()
 
     def seed(self, entries: Iterable[tuple[str, str, int, int]]) -> None:
         """Continue numbering after what a store already holds: (session, key, occurrence, seq)."""
@@ -172,6 +176,9 @@ class Counters:
             self._seq[session] = max(self._seq[session], seq + 1)
 
     def next(self, session: str, key: str) -> tuple[int, int]:
+        if self._earlier is not None and session not in self._known:
+            self._known.add(session)
+            self.seed((session, k, occ, seq) for k, occ, seq in self._earlier(session))
         occ = self._occ[(session, key)]
         seq = self._seq[session]
         self._occ[(session, key)] = occ + 1

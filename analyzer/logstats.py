@@ -16,24 +16,30 @@ UNLABELED = "(unlabeled)"
 
 
 def summarize(exchanges: Iterable[Exchange | Head]) -> dict[str, Any]:
-    """Per condition: counts and identities, from whole exchanges or their heads (`Store.heads`)."""
+    """Per condition: counts and identities, from whole exchanges or their heads (`Store.heads`).
+    A million heads pass through here: one dict lookup per condition, counts kept as locals' items."""
     conds: dict[str, dict[str, Any]] = {}
     for ex in exchanges:
-        s = conds.setdefault(
-            ex.condition or UNLABELED,
-            {"exchanges": 0, "sessions": set(), "misses": 0, "order_violations": 0, "errors": 0, "truncated": 0,
-             "input_tokens": 0, "output_tokens": 0, "models": set(), "fingerprints": set(), "modes": set()},
-        )
+        cond = ex.condition or UNLABELED
+        s = conds.get(cond)
+        if s is None:
+            s = conds[cond] = {"exchanges": 0, "sessions": set(), "misses": 0, "order_violations": 0, "errors": 0,
+                               "truncated": 0, "input_tokens": 0, "output_tokens": 0, "models": set(),
+                               "fingerprints": set(), "modes": set()}
         s["exchanges"] += 1
         s["sessions"].add(ex.session)
         s["modes"].add(ex.mode)
-        result = ex.replay_result
-        s["misses"] += result == "miss"
-        s["order_violations"] += result == "order_violation"
-        s["errors"] += ex.error is not None or (ex.status or 0) >= 500
-        s["truncated"] += bool(ex.truncated)
-        s["input_tokens"] += (ex.usage or {}).get("input") or 0
-        s["output_tokens"] += (ex.usage or {}).get("output") or 0
+        if ex.replay:
+            result = ex.replay.get("result")
+            s["misses"] += result == "miss"
+            s["order_violations"] += result == "order_violation"
+        if ex.error is not None or (ex.status or 0) >= 500:
+            s["errors"] += 1
+        if ex.truncated:
+            s["truncated"] += 1
+        if ex.usage:
+            s["input_tokens"] += ex.usage.get("input") or 0
+            s["output_tokens"] += ex.usage.get("output") or 0
         if ex.model:
             s["models"].add(ex.model)
         if ex.fingerprint:

@@ -61,9 +61,10 @@ def chat(session: int, turn: int, changed: bool = False):  # noqa: ANN201
 
 def build(path: Path, n: int) -> float:
     from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.labels import Labels
     from noisefloor.proxy.recorder import Recorder
     from noisefloor.proxy.store import Store
-    from noisefloor.proxy.traffic import Labels, ResponseData
+    from noisefloor.proxy.traffic import ResponseData
 
     t = time.process_time()
     with Store.open(path, write=True, create=True) as s:
@@ -87,9 +88,9 @@ def _rss_mb() -> float:
 
 def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
     from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.labels import Labels
     from noisefloor.proxy.replayer import Replayer
     from noisefloor.proxy.store import Store
-    from noisefloor.proxy.traffic import Labels
 
     rss0 = _rss_mb()
     with Store.open(path, write=False) as s:

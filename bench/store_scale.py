@@ -193,8 +193,9 @@ def hit_miss(store: Path, n: int, shards: int, queries: int = 100) -> dict[str, 
     Replayer.answer: p50 / p95 milliseconds and CPU per request."""
     from bench.store_traffic import REQUEST_HEADERS
     from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.labels import Labels
     from noisefloor.proxy.replayer import Replayer
-    from noisefloor.proxy.traffic import Labels, RequestData
+    from noisefloor.proxy.traffic import RequestData
 
     picked: list[tuple[str, bytes]] = []
     for name, turns in sessions(n // shards, seed=0, prefix="run" if shards == 1 else "sh0"):

@@ -30,6 +30,7 @@ from noisefloor.proxy.flows import (
     log,
     where,
 )
+from noisefloor.proxy.labels import LABEL_HEADERS, Labels, split_label_prefix
 from noisefloor.proxy.mitm_compat import ServerHook, http  # mitmproxy's public flow types
 from noisefloor.proxy.perturb import Rewrite
 from noisefloor.proxy.sse import (
@@ -38,7 +39,6 @@ from noisefloor.proxy.sse import (
     is_stream,
 )
 from noisefloor.proxy.stats import Stats
-from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, split_label_prefix
 
 
 class Group:

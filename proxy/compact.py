@@ -3,9 +3,10 @@
 Every value is read verified (a damaged store is refused by name before anything is replaced),
 dictionaries are trained again on a sample spread over the whole store, every body and record is
 encoded with them, and the result is written to a new file of exactly the pages it uses, which
-then replaces the store's data file in one rename. A store of format noisefloor-log/1 (main
-before the versioned format) comes out as noisefloor-log/2; a store of today's format comes out
-smaller (dictionaries trained on all of it, pages full, no reserved map beyond its data).
+then replaces the store's data file in one rename. A store of an earlier format comes out in
+today's (its replay index in layout 2); a store of today's format comes out smaller
+(dictionaries trained on all of it, pages full, no reserved map beyond its data). Killed at any
+point, the store is as it was (the rewrite happens beside it), and running it again starts over.
 Readers that had the store open keep reading the old file until they close it.
 """
 
@@ -15,14 +16,17 @@ import json
 import os
 import shutil
 import struct
+import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 
 import lmdb
 
-from noisefloor.proxy import codec
+from noisefloor.proxy import codec, replay_index
 from noisefloor.proxy.store import FORMAT, Store, StoreError
+from noisefloor.proxy.store_env import DAMAGE
 
 _SAMPLES = 4000  # values of each kind sampled for training
 _BATCH = 5000  # values per write transaction
@@ -59,10 +63,11 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             shutil.rmtree(p, ignore_errors=True)
         work.mkdir()
         final.mkdir()
-        env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=8, sync=False, metasync=False)
+        env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
-            dbs = {name: env.open_db(name.encode()) for name in
-                   ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts", "rindex")}
+            dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
+                                                                 "dicts")}
+            dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
             with env.begin(write=True) as txn:
@@ -75,19 +80,22 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             out = codec.Codec(dicts.get)
             _copy_bodies(src, env, dbs["bodies"], out, keys.get("body"), progress)
             _copy_records(src, env, dbs["exchanges"], out, keys.get("record"), progress)
-            # the replay index's lookup rows, in key order (a compacted store replays without loading it)
-            _append_batched(env, dbs["rindex"], src.raw_table("rindex"), progress, "index rows")
+            # the replay index, in layout 2 (a compacted store replays without loading it)
+            indexed = _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
-                for db_name, items in (("recorded", src.raw_table("recorded")), ("outcomes", src.raw_table("outcomes")),
-                                       ("meta", src.raw_table("meta"))):
+                for db_name, items in (("outcomes", src.raw_table("outcomes")), ("meta", src.raw_table("meta"))):
                     for k, v in items:
-                        txn.put(k, v, db=dbs[db_name], append=db_name == "recorded")
+                        txn.put(k, v, db=dbs[db_name])
+                if indexed:
+                    txn.put(b"replay_index", json.dumps(replay_index.VERSION).encode(), db=dbs["meta"])
                 txn.put(b"format", json.dumps(FORMAT).encode(), db=dbs["meta"])
                 txn.put(b"dicts", json.dumps({k: v.hex() for k, v in keys.items()}).encode(), db=dbs["meta"])
                 txn.delete(b"migrated_from", db=dbs["meta"])
                 if fmt != FORMAT:
                     txn.put(b"migrated_from", json.dumps(fmt).encode(), db=dbs["meta"])
-            env.copy(str(final), compact=True)
+            # written in order, so it holds few free pages; LMDB's compacting copy cannot walk tables
+            # of fixed-size duplicates (it crashes), so the copy is a plain one
+            env.copy(str(final))
         finally:
             env.close()
             shutil.rmtree(work, ignore_errors=True)
@@ -119,15 +127,63 @@ def _copy_records(src: Store, env: lmdb.Environment, db: object, out: codec.Code
     _append_batched(env, db, items(), progress, "exchanges")
 
 
+def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
+    """The replay index in layout 2, whatever the source's: its entries in id order (pages full)
+    and its lookups in key order (a source of layout 1 is converted: entries with their sketches,
+    lookups gathered unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
+    (recorded before them), and its entries are copied as they are."""
+    if not src.has_replay_index():
+        _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
+        return False
+    if src.meta("replay_index") == replay_index.VERSION:
+        _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
+        _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
+        return True
+    with tempfile.TemporaryDirectory(dir=Path(env.path())) as tmp:
+        spill = lmdb.open(tmp, map_size=1 << 40, max_dbs=2, sync=False, metasync=False, writemap=False)
+        try:
+            unsorted = spill.open_db(b"lookups", dupsort=True, dupfixed=True)
+            entries = src.recorded_entries()
+            while batch := list(islice(entries, _BATCH)):
+                with env.begin(write=True) as txn, spill.begin(write=True, db=unsorted) as spilled:
+                    for e, near in zip(batch, replay_index.stored_near(src, [e.id for e in batch])):
+                        e = replace(e, near=near)
+                        txn.put(_U64.pack(e.id), replay_index.entry_bytes(e.id, e, replay_index.VERSION),
+                                db=dbs["recorded"], append=True)
+                        spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e))
+                progress(f"{batch[-1].id} index entries converted")
+            with spill.begin(buffers=False, db=unsorted) as txn:
+                _append_batched(env, dbs["lookups"], iter(txn.cursor()), progress, "index lookups", append=False)
+        finally:
+            spill.close()
+    return True
+
+
+def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
+    """The replay index's entries as stored, each decoded first: a damaged one stops the rewrite, by name."""
+    for k, raw in src.raw_table("recorded"):
+        exchange_id = _U64.unpack(k)[0]
+        try:
+            ok = replay_index.entry(raw).id == exchange_id
+        except DAMAGE as exc:
+            raise StoreError(f"store {src.path}: the replay index entry of exchange {exchange_id} is damaged "
+                             f"({exc.__class__.__name__}); restore the store from a copy") from None
+        if not ok:
+            raise StoreError(f"store {src.path}: the replay index entry of exchange {exchange_id} names another "
+                             "exchange; restore the store from a copy")
+        yield k, raw
+
+
 def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, bytes]],
-                    progress: Callable[[str], None], what: str) -> None:
-    """Append `items` in transactions of _BATCH puts, saying how far it got after each."""
+                    progress: Callable[[str], None], what: str, append: bool = True) -> None:
+    """Append `items` (in key order) in transactions of _BATCH puts, saying how far it got after
+    each. `append=False` for a table of sorted duplicates: LMDB fills its pages whole all the same."""
     done = 0
     while True:
         with env.begin(write=True) as txn:
             n = 0
             for k, v in items:
-                txn.put(k, v, db=db, append=True)
+                txn.put(k, v, db=db, append=append)
                 n += 1
                 if n >= _BATCH:
                     break

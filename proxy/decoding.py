@@ -43,6 +43,22 @@ def decode(raw: bytes, content_encoding: str | None, limit: int = DEFAULT_LIMIT)
     return data
 
 
+def decode_body(raw: bytes, content_encoding: str | None, limit: int = DEFAULT_LIMIT) -> tuple[bytes, str | None]:
+    """Undo Content-Encoding so that compression never reaches the key.
+
+    Returns the decoded bytes and a note when decoding was impossible or the decoded body would
+    pass `limit` (the raw bytes are then keyed as they are, which is still deterministic).
+    """
+    if not raw or not content_encoding:
+        return raw, None
+    try:
+        return decode(raw, content_encoding, limit), None
+    except BodyTooLarge as exc:
+        return raw, f"{exc}; keyed on raw bytes"
+    except Exception as exc:  # noqa: BLE001 - any decoder failure falls back to raw bytes
+        return raw, f"body not decodable as {content_encoding!r} ({exc.__class__.__name__}); keyed on raw bytes"
+
+
 def _decode_one(data: bytes, enc: str, limit: int) -> bytes:
     if enc in ("identity", ""):
         return data

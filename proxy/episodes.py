@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import ClientSession, ClientTimeout, web
 
-from noisefloor.proxy.traffic import HOP_BY_HOP
+from noisefloor.proxy.headers import HOP_BY_HOP
 
 _DROPPED = HOP_BY_HOP | {"host", "content-length"}
 TIMEOUT_S = 300.0  # one forwarded exchange at most (a long stream included)

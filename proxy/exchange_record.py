@@ -10,6 +10,7 @@ path would cost as much as the rest of recording.
 from __future__ import annotations
 
 import json
+import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -110,7 +111,8 @@ class Exchange:
         return doc
 
     def json_bytes(self) -> bytes:
-        """The record as compact JSON (UTF-8, every field): what `nfproxy log --json` prints."""
+        """The record as compact JSON (UTF-8, every field): the object `nfproxy log --json` prints
+        (which passes a record's stored text through instead where `listed` can)."""
         try:
             return _ENCODER.encode(self.to_json())  # a dict: every field, in order
         except (UnicodeEncodeError, msgspec.EncodeError):  # a lone surrogate (bytes no header should hold)
@@ -273,3 +275,73 @@ def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: 
         value = doc[name]
         if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
             raise TypeError(f"field {where}{name} is a {type(value).__name__}")
+
+
+# -- listing a record as stored ------------------------------------------------------------------
+# `nfproxy log --json` prints every record: parsing each into an Exchange and encoding it again
+# cost four times reading it. `listed` checks the stored text against the same types `parse`
+# checks (Exchange's fields, the request and response parts' fields), with the contents of JSON
+# objects and lists left unparsed, and passes it through with the fields it leaves implicit added.
+
+
+def _unparsed(types: tuple[type, ...]) -> Any:
+    """A union msgspec checks: JSON objects and lists as such, their contents unparsed."""
+    kinds = [dict[str, msgspec.Raw] if t is dict else list[msgspec.Raw] if t is list else t for t in types]
+    out = kinds[0]
+    for k in kinds[1:]:
+        out = out | k
+    return out
+
+
+def _checker(name: str, fields: list[tuple[str, Any, bool]], **kw: Any) -> Any:
+    """A struct of `fields` (name, type, required); an optional one left out decodes as UNSET."""
+    return msgspec.defstruct(name, [(n, t, msgspec.NODEFAULT) if req else (n, t | msgspec.UnsetType, msgspec.UNSET)
+                                    for n, t, req in sorted(fields, key=lambda f: not f[2])], gc=False, **kw)
+
+
+def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(Exchange)
+    parts = {name: _checker(f"_{name}_check", [(n, _unparsed(t), req) for n, (t, req) in kinds.items()])
+             for name, kinds in _PART_TYPES.items()}
+    fields, defaults = [], {}
+    for f in dataclasses.fields(Exchange):
+        if f.name == "unknown":
+            continue
+        tp = hints[f.name]
+        if f.name in parts:
+            tp = parts[f.name] | None if f.name == "response" else parts[f.name]
+        elif typing.get_origin(tp) is dict or dict[str, Any] in typing.get_args(tp):
+            tp = _unparsed(tuple(dict if a == dict[str, Any] else a for a in (typing.get_args(tp) or (dict,))))
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        fields.append((f.name, tp, required))
+        if not required:
+            value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            defaults[f.name] = b',"' + f.name.encode() + b'":' + msgspec.json.encode(value)
+    checker = _checker("_RecordCheck", fields, forbid_unknown_fields=True)
+    return msgspec.json.Decoder(checker), checker.__struct_fields__, defaults
+
+
+_LISTED, _LISTED_FIELDS, _IMPLICIT = _record_checker()
+_UNSETS = (msgspec.UNSET,) * len(_LISTED_FIELDS)
+_ADDED: dict[tuple[bool, ...], bytes] = {}  # which fields a record leaves out -> the text that adds them
+
+
+def listed(data: bytes, exchange_id: int) -> bytes | None:
+    """The stored record `data` as one line of JSON with every field (the object `Exchange.json_bytes`
+    gives), checked as `parse` checks it; None where only `parse` can say (keys this version does not
+    know, another layout, JSON msgspec refuses, a type that is wrong: `parse` names it)."""
+    try:
+        rec = _LISTED.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    if rec.id != exchange_id or rec.version not in (RECORD_VERSION, msgspec.UNSET) or b"\n" in data \
+            or b"\r" in data or not data.endswith(b"}"):
+        return None
+    unset = tuple(map(operator.is_, msgspec.structs.astuple(rec), _UNSETS))
+    added = _ADDED.get(unset)
+    if added is None:
+        added = _ADDED[unset] = b"".join(_IMPLICIT[n] for n, u in zip(_LISTED_FIELDS, unset, strict=True) if u)
+    return data[:-1] + added + b"}" if added else data

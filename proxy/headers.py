@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 Pairs = Iterable[tuple[str, str]]
+# fields about one connection, never stored or replayed as part of an answer
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te"})
 
 
 def header(headers: Pairs, name: str, default: str | None = None) -> str | None:

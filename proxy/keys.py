@@ -17,8 +17,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 from noisefloor.errors import InputError
-from noisefloor.proxy import decoding, providers, secrets
-from noisefloor.proxy.decoding import DEFAULT_LIMIT, BodyTooLarge
+from noisefloor.proxy import providers, secrets
 
 RULES_VERSION = 2
 
@@ -129,22 +128,6 @@ def sha256_hex(data: str | bytes) -> str:
     if isinstance(data, str):
         data = data.encode("utf-8")
     return hashlib.sha256(data).hexdigest()
-
-
-def decode_body(raw: bytes, content_encoding: str | None, limit: int = DEFAULT_LIMIT) -> tuple[bytes, str | None]:
-    """Undo Content-Encoding so that compression never reaches the key.
-
-    Returns the decoded bytes and a note when decoding was impossible or the decoded body would
-    pass `limit` (the raw bytes are then keyed as they are, which is still deterministic).
-    """
-    if not raw or not content_encoding:
-        return raw, None
-    try:
-        return decoding.decode(raw, content_encoding, limit), None
-    except BodyTooLarge as exc:
-        return raw, f"{exc}; keyed on raw bytes"
-    except Exception as exc:  # noqa: BLE001 - any decoder failure falls back to raw bytes
-        return raw, f"body not decodable as {content_encoding!r} ({exc.__class__.__name__}); keyed on raw bytes"
 
 
 def parse_pointer(pointer: str) -> list[str]:

@@ -46,6 +46,11 @@ class Filters:
         return cls(get("condition"), get("task"), get("session"), get("status"), get("result"),
                    q.get("order") in ("1", "true", "yes"), get("model"), get("q"))
 
+    @property
+    def empty(self) -> bool:
+        """No filter given: every exchange is wanted (a listing then skips asking, per exchange)."""
+        return self == _NONE
+
     def wanted(self, ex: Exchange, store: Store) -> bool:
         if self.condition is not None and ex.condition != self.condition:
             return False
@@ -62,6 +67,9 @@ class Filters:
         if self.order and order_note(ex) is None:
             return False
         return self.q is None or _mentions(ex, store, self.q.lower())
+
+
+_NONE = Filters()
 
 
 def _status_matches(ex: Exchange, want: str) -> bool:

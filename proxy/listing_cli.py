@@ -8,14 +8,15 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 from typing import Any
 
 import click
 
-from noisefloor.display import json_text, visible
+from noisefloor.display import Visible, json_line, json_text
+from noisefloor.proxy.exchange_record import Head
 from noisefloor.proxy.listing import Filters
 from noisefloor.proxy.options import store_option
 from noisefloor.proxy.store import Exchange, Store
@@ -42,50 +43,116 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                       result="miss" if miss else result, model=model)
     with Store.open(store_path, write=False) as store:
         if as_json:
-            _json_lines(islice((ex for ex in store.exchanges() if filters.wanted(ex, store)), limit))
+            lines = (ex.json_bytes() for ex in _wanted(store.exchanges(), filters, store)) if not filters.empty \
+                else store.listed_records()  # no filter: the stored text, checked, with no Exchange built
+            _json_lines(islice(lines, limit))
             return
         # the records' heads suffice, except for filters that read more
         source = store.exchanges() if filters.q or filters.order else store.heads()
-        _listing(islice((ex for ex in source if filters.wanted(ex, store)), limit), store_path, sessions_only)
+        _listing(islice(_wanted(source, filters, store), limit), store_path, sessions_only)
 
 
-def _json_lines(exchanges: Iterable[Exchange]) -> None:
+def _wanted(exchanges: Iterator[Any], filters: Filters, store: Store) -> Iterator[Any]:
+    return exchanges if filters.empty else (ex for ex in exchanges if filters.wanted(ex, store))
+
+
+_CHUNK = 1 << 16  # bytes of output gathered before one write
+
+
+def _json_lines(records: Iterable[bytes]) -> None:
     """Streamed: one record in memory at a time; characters JSON leaves raw but a terminal obeys are escaped."""
+    out, size = [], 0
     write = sys.stdout.buffer.write
-    for ex in exchanges:
-        write(json_text(ex.json_bytes().decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape") + b"\n")
+    for record in records:
+        line = json_line(record)
+        out.append(line)
+        size += len(line) + 1
+        if size >= _CHUNK:
+            out.append(b"")
+            write(b"\n".join(out))
+            out, size = [], 0
+    if out:
+        out.append(b"")
+        write(b"\n".join(out))
     sys.stdout.flush()
 
 
-def _listing(exchanges: Iterable[Exchange], store_path: Path, sessions_only: bool) -> None:
+def _listing(heads: Iterable[Head | Exchange], store_path: Path, sessions_only: bool) -> None:
     """The sessions, then a line per exchange. One pass: lines go to a spool file while sessions are
     counted, so memory holds sessions, never exchanges."""
-    per_session: dict[str, list[Any]] = {}  # name -> [exchanges, modes, condition]
-    stamp = _Stamps()
-    with tempfile.TemporaryFile("w+", encoding="utf-8", errors="surrogateescape") as spool:
-        for ex in exchanges:
+    per_session: dict[str, list[Any]] = {}  # name -> [exchanges, mode (a set once there are two), condition]
+    line = _Line(Visible())
+    with tempfile.TemporaryFile("w+b") as spool:
+        lines: list[str] = []
+        for ex in heads:
             s = per_session.get(ex.session)
             if s is None:
-                s = per_session[ex.session] = [0, set(), ex.condition]
-            s[0] += 1
-            s[1].add(ex.mode)
+                per_session[ex.session] = [1, ex.mode, ex.condition]
+            else:
+                s[0] += 1
+                if s[1] != ex.mode:
+                    s[1] = {*_modes(s[1]), ex.mode}
             if not sessions_only:
-                spool.write(_line(ex, stamp))
-        click.echo(f"{len(per_session)} sessions in {store_path}")
-        for name, (n, modes, cond) in per_session.items():
-            shown = f" condition={visible(cond)}" if cond else ""
-            click.echo(f"  {visible(name)}: {n} exchanges ({', '.join(sorted(modes))}){shown}")
-        sys.stdout.flush()
+                lines.append(line(ex))
+                if len(lines) >= 1024:
+                    spool.write(_encoded(lines))
+                    lines.clear()
+        spool.write(_encoded(lines))
+        out = sys.stdout.buffer
+        out.write(_encoded(_summary(per_session, store_path, line.shown)))
         spool.seek(0)
-        shutil.copyfileobj(spool, sys.stdout, 1 << 20)
+        shutil.copyfileobj(spool, out, 1 << 20)
+        out.flush()
 
 
-def _line(ex: Exchange, stamp: _Stamps) -> str:
-    code = ex.status if ex.response is not None else "ERR"
-    res = ex.replay_result or ("error" if ex.error else "")
-    # labels and URLs came from clients: shown with control characters visible
-    return (f"{ex.id:>6} {stamp(ex.time)} {ex.mode:<7} {visible(ex.session)} {visible(ex.request['method'])} "
-            f"{visible(ex.request['url'])} {code} {res} key={ex.key[:12]} occ={ex.occurrence}\n")
+def _modes(m: str | set[str]) -> set[str]:
+    return m if isinstance(m, set) else {m}
+
+
+def _summary(per_session: dict[str, list[Any]], store_path: Path, shown: Callable[[object], str]) -> Iterator[str]:
+    yield f"{len(per_session)} sessions in {store_path}\n"
+    for name, (n, modes, cond) in per_session.items():
+        cond_text = f" condition={shown(cond)}" if cond else ""
+        yield f"  {shown(name)}: {n} exchanges ({', '.join(sorted(map(shown, _modes(modes))))}){cond_text}\n"
+
+
+def _encoded(lines: Iterable[str]) -> bytes:
+    """Lines as UTF-8; a lone surrogate (undecodable bytes a client sent) is written as its escape, never raw."""
+    return "".join(lines).encode("utf-8", "backslashreplace")
+
+
+class _Line:
+    """One exchange's line. Labels and URLs came from clients: shown with control characters visible
+    (`shown`: `visible`); the middle of a line (mode, session, route, status, result) repeats over
+    a session's exchanges, so it is built once per distinct one (at most `_MIDDLES` remembered)."""
+
+    def __init__(self, shown: Callable[[object], str]) -> None:
+        self.shown = shown
+        self._stamp = _Stamps()
+        self._middles: dict[tuple[Any, ...], str] = {}
+
+    def __call__(self, ex: Head | Exchange) -> str:
+        if type(ex) is Head:  # parts are structs: attributes, not the record's dicts
+            method, url = ex.request.method, ex.request.url
+            code = ex.response.status if ex.response is not None else "ERR"
+        else:
+            method, url = ex.request["method"], ex.request["url"]
+            code = ex.response["status"] if ex.response is not None else "ERR"
+        res = ex.replay_result or ("error" if ex.error else "")
+        parts = (ex.mode, ex.session, method, url, code, res if type(res) is str else str(res))
+        middle = self._middles.get(parts)
+        if middle is None:
+            if len(self._middles) >= _MIDDLES:
+                self._middles.clear()
+            shown = self.shown
+            middle = self._middles[parts] = (f"{shown(parts[0]):<7} {shown(parts[1])} {shown(method)} {shown(url)} "
+                                             f"{code} {shown(parts[5])}")
+        key = ex.key[:12]  # a digest the proxy wrote; escaped should a damaged record hold anything else
+        return (f"{ex.id:>6} {self._stamp(ex.time)} {middle} key={key if key.isalnum() else self.shown(key)} "
+                f"occ={ex.occurrence}\n")
+
+
+_MIDDLES = 1 << 16
 
 
 class _Stamps:

@@ -18,10 +18,10 @@ import click
 from noisefloor._cli import options
 from noisefloor.proxy import perturb
 from noisefloor.proxy.keys import RuleError, Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.overrides import Override
 from noisefloor.proxy.providers import PROVIDERS
 from noisefloor.proxy.store import DEFAULT_MAX_BODY
-from noisefloor.proxy.traffic import Labels
 
 DEFAULT_STORE = Path("recordings/log.lmdb")
 CA_FOLDER = "mitmproxy-ca"  # the CA's folder, beside the store unless --confdir says otherwise

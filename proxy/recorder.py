@@ -11,11 +11,12 @@ from typing import Any
 from noisefloor.proxy import exchange_record, providers, replay_index, secrets
 from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.providers import Provider
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, prepare
+from noisefloor.proxy.traffic import Counters, Prepared, RequestData, ResponseData, prepare
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,11 @@ class Recorder:
         self.answers = Tracker()
         self.rules = rules
         self.stats = Stats()
-        self.counters = Counters()
-        self.counters.seed((e.session, e.key, e.occurrence, e.seq) for e in store.recorded_entries())
+        if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
+            self.counters = Counters(earlier=lambda name: _session_entries(store, name))
+        else:  # a store older than the index rows: read whole, once
+            self.counters = Counters()
+            self.counters.seed((e.session, e.key, e.occurrence, e.seq) for e in store.recorded_entries())
 
     def begin(self, request: RequestData, labels: Labels) -> Pending:
         """Key the request; call in arrival order (occurrence numbers follow it)."""
@@ -109,6 +113,13 @@ class Recorder:
         exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry)
         self.stats.exchanges += 1
         return exchange_id
+
+
+def _session_entries(store: Store, name: str) -> list[tuple[str, int, int]]:
+    """(key, occurrence, seq) of session `name`'s recorded exchanges (the index's session rows may
+    hold another session sharing their tag: the entries say whose they are)."""
+    return [(e.key, e.occurrence, e.seq) for e in store.recorded_entries_by_id(store.session_ids(name))
+            if e.session == name]
 
 
 def _route(p: Prepared) -> str:

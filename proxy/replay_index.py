@@ -2,15 +2,25 @@
 
 Replay needs, for one request, the recorded answers with its key; for order notes, one recorded
 session's requests; for a miss, the few recorded requests most like it. None of that needs the
-whole index in memory, so start-up and memory do not grow with the store. Rows (one LMDB table,
-`rindex`, keys by prefix; values empty unless said):
+whole index in memory, so start-up and memory do not grow with the store.
 
-  k + key(32) + id(8)      recorded exchange `id` has request key `key`
-  s + session(12) + id(8)  ... belongs to recorded session (sha256 of its name, first 12 bytes)
-  b + bucket(8) + id(8)    ... was asked on this route and model (the miss search's fallback)
-  n + band(8) + id(8)      ... has this band of its request's MinHash sketch (locality-sensitive:
-                           requests that share most of their content share a band)
-  g + id(8) -> sketch      ... its sketch, 32 x uint32, to rank the candidates the bands found
+Layout 2 (`VERSION`): each recorded exchange's entry (the `recorded` table, appended in id order,
+so its pages fill whole) is a msgpack array that also carries its request's bucket and MinHash
+sketch; one LMDB table, `lookups`, sorted duplicates of fixed 4-byte exchange ids (big-endian, so
+oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
+
+  k + key(first 8 bytes)   the exchanges with this request key (entries are checked for the full key)
+  s + session(8)           ... of this recorded session (sha256 of its name; entries checked for the name)
+  b + bucket(8)            ... asked on this route and model (the miss search's fallback)
+  n + band(8)              ... whose request's sketch has this band (locality-sensitive: requests
+                           that share most of their content share a band)
+
+A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it),
+where layout 1 paid a whole row each. Layout 1 (stores recorded before; one table `rindex` of
+prefixed keys: k + key(32) + id, s + session(12) + id, b + bucket + id, n + band + id, and
+g + id -> sketch; JSON entries) is still read as it is, and written to by a recorder appending to
+such a store; `nfproxy migrate` (or `compact`) rewrites it in layout 2. Both layouts answer the
+same: the same ids under the same bands, buckets, keys and sessions, the same sketches.
 
 Stores recorded before these rows existed are indexed in memory instead (`MemoryIndex`), with
 the content dependencies recomputed from their exchanges, and nothing is written to them.
@@ -28,15 +38,19 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.keys import CanonicalRequest
     from noisefloor.proxy.store import Store
 
-VERSION = 1
+VERSION = 2
+READ = (1, VERSION)  # the layouts this version reads
 _U64 = struct.Struct(">Q")
+ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
 KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
+TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
 
 _HASHES = 32  # MinHash values per sketch
 _ROWS = 2  # values per band: 16 bands; two requests with Jaccard J share a band with 1-(1-J^2)^16
@@ -71,10 +85,59 @@ class RecordedEntry:
 _ENTRY_REQUIRED = ("id", "key", "session", "occurrence", "seq", "route")
 
 
+class _Entry(msgspec.Struct, array_like=True):
+    """A layout-2 entry as stored (strings as UTF-8 bytes, lone surrogates passed through)."""
+
+    version: int
+    id: int
+    key: bytes
+    session: bytes
+    occurrence: int
+    seq: int
+    route: bytes
+    start: float | None
+    end: float | None
+    deps: tuple[int, ...]
+    bucket: bytes | None
+    sketch: bytes | None
+
+
+_ENCODE = msgspec.msgpack.Encoder()
+_DECODE = msgspec.msgpack.Decoder(_Entry)
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogatepass")
+
+
+def _utf8(s: str) -> bytes:
+    return s.encode("utf-8", "surrogatepass")
+
+
 def entry(raw: bytes) -> RecordedEntry:
-    doc = json.loads(raw)
-    return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
-                         deps=tuple(doc.get("deps", ())))
+    """A stored entry of either layout (layout 1's are JSON objects)."""
+    if raw[:1] == b"{":
+        doc = json.loads(raw)
+        return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
+                             deps=tuple(doc.get("deps", ())))
+    e = _DECODE.decode(raw)
+    return RecordedEntry(e.id, e.key.hex(), _text(e.session), e.occurrence, e.seq, _text(e.route), e.start, e.end,
+                         e.deps)
+
+
+def entry_sketch(raw: bytes) -> tuple[bytes, bytes] | None:
+    """(bucket, sketch) a layout-2 entry carries (None: its request had none)."""
+    e = _DECODE.decode(raw)
+    return None if e.bucket is None or e.sketch is None else (e.bucket, e.sketch)
+
+
+def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None) -> bytes:
+    """The entry as a store of this index layout keeps it (layout 2: with its sketch)."""
+    if version != VERSION:
+        return entry_json(exchange_id, e)
+    bucket_, _, sketch_ = e.near if e.near is not None else (None, (), None)
+    return _ENCODE.encode(_Entry(VERSION, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
+                                 _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
 
 
 def entry_json(exchange_id: int, e: RecordedEntry) -> bytes:
@@ -100,8 +163,8 @@ def after(prefix: bytes) -> bytes | None:
     return None
 
 
-def rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
-    """The index rows of one recorded exchange, written in its transaction."""
+def rows_v1(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
+    """Layout 1's rows of one recorded exchange (a store of that layout recorded into)."""
     idb = _U64.pack(exchange_id)
     yield KEY + bytes.fromhex(entry.key) + idb, b""
     yield SESSION + session_tag(entry.session) + idb, b""
@@ -111,6 +174,26 @@ def rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]
         for band in bands:
             yield BAND + band + idb, b""
         yield SKETCH + idb, sketch_bytes
+
+
+def key_tag(key: str) -> bytes:
+    return KEY + bytes.fromhex(key)[:TAG]
+
+
+def session_key(session: str) -> bytes:
+    return SESSION + session_tag(session)[:TAG]
+
+
+def lookup_rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
+    """Layout 2's lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
+    idb = ID.pack(exchange_id)
+    yield key_tag(entry.key), idb
+    yield session_key(entry.session), idb
+    if entry.near is not None:
+        bucket, bands, _ = entry.near
+        yield BUCKET + bucket, idb
+        for band in bands:
+            yield BAND + band, idb
 
 
 # -- the nearest-request sketch ------------------------------------------------------------------
@@ -211,19 +294,11 @@ def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
 
 def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None]:
     """The nearest-request entries of recorded exchanges as their store holds them (None for one
-    without: a body that is not JSON), to write them again elsewhere (merge): the sketch row, its
-    bucket found among the store's few, the bands computed again from both."""
+    without: a body that is not JSON), to write them again elsewhere (merge, compact): the sketch
+    and its bucket, the bands computed again from both."""
     if not store.has_replay_index():
         return [None] * len(ids)
-    buckets = store.index_distinct(BUCKET, 8)
-    sketches = store.index_get_many([SKETCH + _U64.pack(i) for i in ids])
-    probes = [BUCKET + b + _U64.pack(i) for i, sk in zip(ids, sketches) if sk for b in buckets]
-    present = iter(store.index_get_many(probes))
-    out: list[tuple[bytes, tuple[bytes, ...], bytes] | None] = []
-    for sk in sketches:
-        found = [b for b in buckets if next(present) is not None] if sk else []
-        out.append((found[0], bands(found[0], sk), sk) if found else None)
-    return out
+    return [None if got is None else (got[0], bands(got[0], got[1]), got[1]) for got in store.stored_sketches(ids)]
 
 
 def agreement(a: bytes, others: list[bytes]) -> np.ndarray:
@@ -272,21 +347,18 @@ class LmdbIndex:
 
     def candidates(self, key: str) -> list[RecordedEntry]:
         """Recorded answers for `key`, in the order their sessions began, then occurrence."""
-        ids = [_U64.unpack(s)[0] for s in self.store.index_scan(KEY + bytes.fromhex(key))]
-        found = self.store.recorded_entries_by_id(ids)
+        found = [e for e in self.store.recorded_entries_by_id(self.store.key_ids(key)) if e.key == key]
         return sorted(found, key=lambda e: (self.first_id(e.session) or 0, e.occurrence))
 
     def first_id(self, session: str) -> int | None:
         """The session's first exchange id: sessions are ordered by when they began."""
         if session not in self._first:
-            got = self.store.index_scan(SESSION + session_tag(session), oldest=1)
-            self._first[session] = _U64.unpack(got[0])[0] if got else None
+            self._first[session] = self.store.session_first(session)
         return self._first[session]
 
     def session(self, name: str) -> _Session:
         if name not in self._sessions:
-            ids = [_U64.unpack(s)[0] for s in self.store.index_scan(SESSION + session_tag(name))]
-            entries = [e for e in self.store.recorded_entries_by_id(ids) if e.session == name]
+            entries = [e for e in self.store.recorded_entries_by_id(self.store.session_ids(name)) if e.session == name]
             self._sessions[name] = _Session(entries, {e.seq: e for e in entries})
         return self._sessions[name]
 
@@ -296,21 +368,18 @@ class LmdbIndex:
         in recorded order. Those the bands find, or else the newest on the route and model."""
         buck, bands, mine = sketch(canonical, route)
         hits: Counter[int] = Counter()
-        for found in self.store.index_scan_newest([BAND + band for band in bands], BAND_READ):
-            for s in found:
-                hits[_U64.unpack(s)[0]] += 1
+        for found in self.store.bands_newest(bands, BAND_READ):
+            hits.update(found)
         if not hits:  # nothing shares a band: the newest on the same route and model, then any
-            ids = [_U64.unpack(s)[0] for s in self.store.index_scan(BUCKET + buck, newest=4)]
+            ids = self.store.bucket_newest(buck, 4)
             if ids:
                 return sorted(Near(i, None, True) for i in ids)
             return sorted(Near(i, None, False) for i in self.store.latest_recorded_ids(4))
         pool = sorted(hits, key=lambda i: (-hits[i], i))[:RANKED]
-        got = self.store.index_get_many([SKETCH + _U64.pack(i) for i in pool]
-                                        + [BUCKET + buck + _U64.pack(i) for i in pool])
-        sketches, same = got[:len(pool)], [g is not None for g in got[len(pool):]]
-        kept = [(i, s, b) for i, s, b in zip(pool, sketches, same) if s]
+        got = self.store.sketches_for(pool, buck)
+        kept = [(i, s, b) for i, (s, b) in zip(pool, got) if s]
         if not kept:
-            return sorted(Near(i, None, b) for i, b in zip(pool, same))[:4]
+            return sorted(Near(i, None, b) for i, (_, b) in zip(pool, got))[:4]
         scores = agreement(mine, [s for _, s, _ in kept])
         found = [Near(i, round(float(x), 4), b) for (i, _, b), x in zip(kept, scores)]
         return sorted(found, key=Near.rank)[:4]

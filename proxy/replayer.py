@@ -31,12 +31,13 @@ from noisefloor.errors import InputError
 from noisefloor.proxy import diagnosis, exchange_record, replay_index, replay_report, replies
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.replay_order import RecordedOrder
 from noisefloor.proxy.replay_report import MissReport
 from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import Counters, Labels, Prepared, RequestData, ResponseData, prepare
+from noisefloor.proxy.traffic import Counters, Prepared, RequestData, ResponseData, prepare
 
 ORDERS = ("content", "recorded")
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from noisefloor.proxy import providers
-from noisefloor.proxy.traffic import HOP_BY_HOP
+from noisefloor.proxy.headers import HOP_BY_HOP
 
 TICKET_HEADER = "x-nf-stream-ticket"
 

@@ -5,12 +5,12 @@ Layout (named databases; values encoded as `codec` says: tagged, zstd with a tra
   bodies    sha256 -> value        every request/response body, stored once
   exchanges u64 id -> value(JSON)  one record per request the proxy saw, in write order
   dicts     key -> bytes           zstd dictionaries trained on this store's bodies and records
-  recorded  u64 id -> JSON         the compact replay index of record-mode exchanges
+  recorded  u64 id -> entry        the compact replay index of record-mode exchanges
   outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
                                    that the log is the one artifact a user keeps
-  rindex    prefixed keys -> small values: the replay index's lookups (see `replay_index.py`),
-                                   so that replay reads what a request needs instead of loading
-                                   the whole index (stores made before it have none)
+  lookups   key -> sorted 4-byte ids: the replay index's lookups (see `replay_index.py`), so
+                                   that replay reads what a request needs instead of loading the
+                                   whole index (`rindex`: layout 1's; stores made before have none)
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it (bulk writers may put a batch in
@@ -22,8 +22,10 @@ stored under and decompress within its recorded size (and the --max-body-mb boun
 parse as the exchange record; anything else is a StoreError naming the store and the exchange.
 
 Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
-dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2, whose readers
-read both encodings. `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's encoding.
+dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
+replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
+do not read. Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy
+compact` rewrite a store whole in today's format.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ from noisefloor.proxy.store_dicts import Dictionaries
 from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, open_env
 from noisefloor.proxy.store_index import IndexLookups
 
-FORMAT = "noisefloor-log/2"
-LEGACY_FORMATS = ("noisefloor-log/1",)  # read as they are; marked FORMAT when opened for writing
+FORMAT = "noisefloor-log/3"
+LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2")  # read as they are, written in their own layout
+_MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
@@ -80,6 +83,8 @@ class Store(Bodies, Dictionaries, IndexLookups):
         self._outcomes: Any = self._optional_db(b"outcomes")  # stores written before outcome rows were kept
         self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
+        self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
+        self._index_v: int | None = None  # the replay index's layout (meta), read on open
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
         self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
@@ -91,9 +96,9 @@ class Store(Bodies, Dictionaries, IndexLookups):
         self._batch: list[tuple[str, Mapping[str, bytes], RecordedEntry | None]] | None = None
         self._batch_size = self._batch_base = 0
 
-    def _optional_db(self, name: bytes) -> Any:
+    def _optional_db(self, name: bytes, **flags: bool) -> Any:
         try:
-            return self._env.open_db(name, create=self.writable)
+            return self._env.open_db(name, create=self.writable, **flags)
         except lmdb.NotFoundError:
             return None
 
@@ -112,6 +117,7 @@ class Store(Bodies, Dictionaries, IndexLookups):
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
             store._adopt_format()
+            store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
             store.close()
@@ -125,8 +131,8 @@ class Store(Bodies, Dictionaries, IndexLookups):
         if fmt is None and self.writable:
             self.set_meta("format", FORMAT)
             self.set_meta("replay_index", replay_index.VERSION)  # complete from the first exchange on
-        elif fmt in LEGACY_FORMATS and self.writable:
-            self.set_meta("format", FORMAT)
+        elif fmt in _MARKED and self.writable:
+            self.set_meta("format", _MARKED[fmt])
             self.set_meta("migrated_from", fmt)
         elif fmt != FORMAT and fmt not in LEGACY_FORMATS:
             newer = isinstance(fmt, str) and fmt.startswith("noisefloor-log/")
@@ -402,10 +408,7 @@ class Store(Bodies, Dictionaries, IndexLookups):
         txn.put(_U64.pack(new_id), self._codec.encode(doc.encode(), self._keys.get("record") or None),
                 db=self._exchanges, append=True)
         if recorded is not None:
-            txn.put(_U64.pack(new_id), replay_index.entry_json(new_id, recorded), db=self._recorded, append=True)
-            if self._rindex is not None:
-                for k, v in replay_index.rows(new_id, recorded):
-                    txn.put(k, v, db=self._rindex)
+            self._put_index(txn, new_id, recorded)
         return new_id
 
     def _decode_record(self, exchange_id: int, raw: bytes) -> Exchange:
@@ -441,10 +444,11 @@ class Store(Bodies, Dictionaries, IndexLookups):
         """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, at a
         fraction of the cost of whole records (still checked: a record whose head does not have
         the record type's fields is a StoreError naming the exchange)."""
+        decode, parse, limit = self._codec.decode, exchange_record.parse_head, self.max_body  # a million times
         with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
             for k, raw in txn.cursor():
                 try:
-                    yield exchange_record.parse_head(self._codec.decode(raw, self.max_body))
+                    yield parse(decode(raw, limit))
                 except msgspec.DecodeError:  # JSON msgspec refuses and json reads (a lone surrogate)
                     ex = self._decode_record(_U64.unpack(k)[0], raw)
                     yield exchange_record.head_of(ex)
@@ -452,6 +456,20 @@ class Store(Bodies, Dictionaries, IndexLookups):
                     raise StoreError(f"store {self.path}: exchange {_U64.unpack(k)[0]} is damaged "
                                      f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
                                      "it again") from None
+
+    def listed_records(self) -> Iterator[bytes]:
+        """Every exchange record in write order as one line of JSON with every field (the object
+        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text, checked against
+        the record type and passed through; a record only `exchange()` can read is read by it
+        (so a damaged one is the same StoreError)."""
+        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+            for k, raw in txn.cursor():
+                exchange_id = _U64.unpack(k)[0]
+                try:
+                    text = exchange_record.listed(self._codec.decode(raw, self.max_body), exchange_id)
+                except DAMAGE:
+                    text = None
+                yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
 
     def record_texts_of(self, ids: list[int]) -> list[bytes]:
         """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""
@@ -493,20 +511,27 @@ class Store(Bodies, Dictionaries, IndexLookups):
         if self._outcomes is None:
             return []
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
-            return [json.loads(v) for _, v in txn.cursor()]
+            return [_row(v) for _, v in txn.cursor()]
 
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
-        db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex}[name]
+        db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
+              "lookups": self._lookups}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:
             yield from txn.cursor()
 
     def copy_to(self, folder: Path) -> None:
-        """A compact copy of this store (a consistent snapshot) in an empty folder: a shard to ship."""
+        """A copy of this store (a consistent snapshot, no reserved map) in an empty folder: a shard to ship."""
         with self._reading():
-            self._env.copy(str(folder), compact=True)
+            # LMDB's compacting copy cannot walk tables of fixed-size duplicates (it crashes): a
+            # store with layout-2 lookups is copied page for page
+            self._env.copy(str(folder), compact=self._lookups is None or not self._has_rows(self._lookups))
+
+    def _has_rows(self, db: Any) -> bool:
+        with self._env.begin(db=db) as txn:
+            return txn.stat(db)["entries"] > 0
 
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:
@@ -536,3 +561,12 @@ class Store(Bodies, Dictionaries, IndexLookups):
                 grow(self._env, self.path)
             except lmdb.Error as exc:
                 raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") from exc
+
+
+def _row(value: bytes) -> Any:
+    """A stored outcome row: msgspec's decoder (a study's rows number one per graded attempt), or
+    json's for what msgspec refuses and json reads (NaN, a lone surrogate)."""
+    try:
+        return msgspec.json.decode(value)
+    except msgspec.DecodeError:
+        return json.loads(value)

@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from noisefloor.proxy import codec
+from noisefloor.proxy.decoding import decode_body
 from noisefloor.proxy.headers import header
-from noisefloor.proxy.keys import decode_body
 from noisefloor.proxy.store_env import StoreError
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()

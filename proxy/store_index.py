@@ -1,10 +1,12 @@
-"""The store's replay-index tables read: the `recorded` entries and the `rindex` lookup rows
-(`replay_index.py` owns their layout and what replay asks of them)."""
+"""The store's replay-index tables: the `recorded` entries and the lookups of either layout
+(`lookups`, layout 2; `rindex`, layout 1), read and written. `replay_index.py` owns their layout
+and what replay asks of them; every read here answers the same whichever layout the store has."""
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
+from itertools import islice
 from typing import Any
 
 import lmdb
@@ -13,6 +15,7 @@ from noisefloor.proxy import replay_index
 from noisefloor.proxy.replay_index import RecordedEntry
 
 _U64 = struct.Struct(">Q")
+_V1 = 1  # the layout of `rindex`
 
 
 class IndexLookups:
@@ -21,8 +24,25 @@ class IndexLookups:
     _env: Any
     _recorded: Any
     _rindex: Any
+    _lookups: Any
+    _index_v: int | None  # meta "replay_index": the layout this store's index has
     _reading: Any
     meta: Any
+
+    def _put_index(self, txn: lmdb.Transaction, new_id: int, recorded: RecordedEntry) -> None:
+        """A recorded exchange's entry and lookups, in the layout of the store's index."""
+        layout2 = self._index_v == replay_index.VERSION and self._lookups is not None
+        txn.put(_U64.pack(new_id), replay_index.entry_bytes(new_id, recorded, replay_index.VERSION if layout2 else _V1),
+                db=self._recorded, append=True)
+        if layout2:
+            with txn.cursor(db=self._lookups) as cur:
+                cur.putmulti(replay_index.lookup_rows(new_id, recorded))
+        elif self._rindex is not None:
+            for k, v in replay_index.rows_v1(new_id, recorded):
+                txn.put(k, v, db=self._rindex)
+
+    def _layout2(self) -> bool:
+        return self._index_v == replay_index.VERSION
 
     def recorded_entries(self) -> Iterator[RecordedEntry]:
         with self._reading("replay index"), self._env.begin(db=self._recorded) as txn:
@@ -31,7 +51,87 @@ class IndexLookups:
 
     def has_replay_index(self) -> bool:
         """Whether every recorded exchange has its lookup rows (stores made since they exist)."""
-        return self._rindex is not None and self.meta("replay_index") == replay_index.VERSION
+        if self._index_v == _V1:
+            return self._rindex is not None
+        return self._layout2() and self._lookups is not None
+
+    # -- what replay asks, in either layout (ids oldest first unless said) -------------------------
+
+    def key_ids(self, key: str) -> list[int]:
+        """Exchanges whose request key is `key` (layout 2: or shares its first 8 bytes; check the entries)."""
+        if self._layout2():
+            return self._dups(replay_index.key_tag(key))
+        return [_U64.unpack(s)[0] for s in self.index_scan(replay_index.KEY + bytes.fromhex(key))]
+
+    def session_ids(self, name: str) -> list[int]:
+        """Exchanges of session `name` (and of any whose hash shares its tag: check the entries)."""
+        if self._layout2():
+            return self._dups(replay_index.session_key(name))
+        return [_U64.unpack(s)[0] for s in self.index_scan(replay_index.SESSION + replay_index.session_tag(name))]
+
+    def session_first(self, name: str) -> int | None:
+        """The first exchange of session `name`."""
+        if not self._layout2():
+            got = self.index_scan(replay_index.SESSION + replay_index.session_tag(name), oldest=1)
+            return _U64.unpack(got[0])[0] if got else None
+        ids = self._dups(replay_index.session_key(name), first=1)
+        if ids and any(e.session == name for e in self.recorded_entries_by_id(ids)):
+            return ids[0]
+        return next((e.id for e in self.recorded_entries_by_id(self.session_ids(name)) if e.session == name), None)
+
+    def bucket_newest(self, bucket: bytes, n: int) -> list[int]:
+        """The newest `n` exchanges asked on this route and model, oldest first."""
+        if self._layout2():
+            return self._newest([replay_index.BUCKET + bucket], n)[0][::-1]
+        return [_U64.unpack(s)[0] for s in self.index_scan(replay_index.BUCKET + bucket, newest=n)]
+
+    def bands_newest(self, bands: tuple[bytes, ...], n: int) -> list[list[int]]:
+        """Per band, the newest `n` exchanges whose sketch has it, newest first."""
+        prefixed = [replay_index.BAND + band for band in bands]
+        if self._layout2():
+            return self._newest(prefixed, n)
+        return [[_U64.unpack(s)[0] for s in found] for found in self.index_scan_newest(prefixed, n)]
+
+    def sketches_for(self, ids: list[int], bucket: bytes) -> list[tuple[bytes | None, bool]]:
+        """Per exchange: its sketch (None without one) and whether it was asked on `bucket`."""
+        if self._layout2():
+            return [(None, False) if got is None else (got[1], got[0] == bucket) for got in self.stored_sketches(ids)]
+        got = self.index_get_many([replay_index.SKETCH + _U64.pack(i) for i in ids]
+                                  + [replay_index.BUCKET + bucket + _U64.pack(i) for i in ids])
+        return [(s, b is not None) for s, b in zip(got[:len(ids)], got[len(ids):])]
+
+    def stored_sketches(self, ids: list[int]) -> list[tuple[bytes, bytes] | None]:
+        """Per exchange: (bucket, sketch) as stored, or None (a request that had none)."""
+        if self._layout2():
+            with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
+                raws = [txn.get(_U64.pack(i)) for i in ids]
+                return [None if raw is None else replay_index.entry_sketch(raw) for raw in raws]
+        buckets = self.index_distinct(replay_index.BUCKET, 8)
+        sketches = self.index_get_many([replay_index.SKETCH + _U64.pack(i) for i in ids])
+        probes = [replay_index.BUCKET + b + _U64.pack(i) for i, sk in zip(ids, sketches) if sk for b in buckets]
+        present = iter(self.index_get_many(probes))
+        out: list[tuple[bytes, bytes] | None] = []
+        for sk in sketches:
+            found = [b for b in buckets if next(present) is not None] if sk else []
+            out.append((found[0], sk) if found and sk else None)
+        return out
+
+    def _dups(self, key: bytes, first: int | None = None) -> list[int]:
+        """The ids under `key` in `lookups`, oldest first (with `first`: only that many)."""
+        with self._reading(), self._env.begin(db=self._lookups, buffers=False) as txn, txn.cursor() as cur:
+            if not cur.set_key(key):
+                return []
+            vals = list(islice(cur.iternext_dup(keys=False), first))
+        return list(struct.unpack(f">{len(vals)}I", b"".join(vals)))
+
+    def _newest(self, keys: list[bytes], n: int) -> list[list[int]]:
+        """Per key, the newest `n` ids under it in `lookups`, newest first, in one read."""
+        out = []
+        with self._reading(), self._env.begin(db=self._lookups, buffers=False) as txn, txn.cursor() as cur:
+            for key in keys:
+                vals = list(islice(cur.iterprev_dup(keys=False), n)) if cur.set_key(key) and cur.last_dup() else []
+                out.append(list(struct.unpack(f">{len(vals)}I", b"".join(vals))))
+        return out
 
     def recorded_count(self) -> int:
         with self._reading(), self._env.begin(db=self._recorded) as txn:

@@ -8,56 +8,18 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from noisefloor.proxy import headers as headers_mod
-from noisefloor.proxy import secrets
-from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize, decode_body, sha256_hex
-
-LABEL_HEADERS = {
-    "x-nf-session": "session",
-    "x-nf-task": "task",
-    "x-nf-replicate": "replicate",
-    "x-nf-condition": "condition",
-    "x-nf-replay-from": "replay_from",
-}
-# Labels can also ride in a path prefix, for agents whose headers cannot be set but whose base URL
-# can: /_nf/session=s1,task=HumanEval%2F0,replicate=2/v1/chat/completions
-LABEL_PREFIX = "/_nf/"
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te"})
-
-
-@dataclass(frozen=True)
-class Labels:
-    """Who a request belongs to: one session is one agent run (task x replicate x condition)."""
-
-    session: str
-    task: str | None = None
-    replicate: str | None = None
-    condition: str | None = None
-    replay_from: str | None = None  # replay: answer only from this recorded session
-
-    def overlay(self, headers: Mapping[str, str]) -> Labels:
-        """Per-request label headers win over the proxy-wide defaults."""
-        found = {attr: headers[h] for h, attr in LABEL_HEADERS.items() if headers.get(h)}
-        return replace(self, **found) if found else self
-
-
-def split_label_prefix(path: str) -> tuple[dict[str, str], str]:
-    """Labels from a `/_nf/k=v,k=v` path prefix, and the path without it."""
-    if not path.startswith(LABEL_PREFIX):
-        return {}, path
-    head, _, rest = path[len(LABEL_PREFIX):].partition("/")
-    labels = {}
-    for part in head.split(","):
-        k, sep, v = part.partition("=")
-        if sep and f"x-nf-{k.replace('_', '-')}" in LABEL_HEADERS:
-            labels[f"x-nf-{k.replace('_', '-')}"] = unquote(v)
-    return labels, "/" + rest
+from noisefloor.proxy import secrets, stored_copy
+from noisefloor.proxy.decoding import decode_body
+from noisefloor.proxy.headers import HOP_BY_HOP
+from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize, sha256_hex
+from noisefloor.proxy.labels import Labels
 
 
 @dataclass(frozen=True)
@@ -98,19 +60,8 @@ class RequestData:
 
     @cached_property
     def _stored(self) -> tuple[bytes, bool]:
-        """The body as written to the log, and whether it had to be stored decoded: a secret found
-        only after undoing Content-Encoding is erased from the decoded bytes."""
-        values = self.secret_values
-        if not values or not self.raw_body:
-            return self.raw_body, False
-        encoding = self.header("content-encoding")
-        if encoding:
-            decoded, note = (self.decoded, None) if self.decoded is not None else decode_body(self.raw_body, encoding)
-            if note is None and secrets.contains(decoded, values):
-                return secrets.erase(decoded, values), True
-        if not secrets.contains(self.raw_body, values):  # the common case: one scan, no copy
-            return self.raw_body, False
-        return secrets.erase(self.raw_body, values), False
+        return stored_copy.request_body(self.raw_body, self.decoded, self.header("content-encoding"),
+                                        self.secret_values)
 
     @property
     def stored_body(self) -> bytes:
@@ -160,35 +111,8 @@ class ResponseData:
         return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in self.headers)
 
     def without(self, values: list[str]) -> ResponseData:
-        """A copy safe to store: caller secrets echoed back (error messages do) are erased from
-        every header value and from the body, in every encoded form, after undoing
-        Content-Encoding, and in a stream also where the value is split across events.
-
-        Only when a secret is found is the body stored decoded, with Content-Encoding dropped;
-        otherwise the wire bytes are kept as they are, so replay stays byte-identical. A stream
-        whose body had to change is stored as one chunk.
-        """
-        if not values:
-            return self
-        headers = secrets.erase_header_values(self.headers, values)
-        if not self.raw_body:
-            return self if headers is self.headers else replace(self, headers=headers)
-        decoded = self.decoded_body
-        whole = secrets.contains(decoded, values)
-        if not whole and self.layout is None:  # the common case, on every exchange: one scan
-            return self if headers is self.headers else replace(self, headers=headers)
-        body = secrets.erase(decoded, values) if whole else decoded
-        if self.layout is not None:
-            body = secrets.erase_events(body, values) or body
-        if body is decoded:
-            return self if headers is self.headers else replace(self, headers=headers)
-        headers = tuple(headers_mod.without(headers, "content-encoding", "content-length"))
-        layout = self.layout
-        if layout is not None:
-            layout = ((layout[-1][0] if layout else 0.0, len(body)),)
-        if layout is None:
-            headers += (("content-length", str(len(body))),)
-        return ResponseData(self.status, headers, body, layout, self.partial)
+        """A copy safe to store: caller secrets echoed back are erased (`stored_copy.response`)."""
+        return stored_copy.response(self, values)
 
     def record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
@@ -234,12 +158,16 @@ class Counters:
     """Per-session occurrence of each key and arrival sequence, assigned at request arrival.
 
     Arrival order (not completion order) is what replay reproduces, so the n-th identical request
-    of a session is the n-th one to arrive.
+    of a session is the n-th one to arrive. A session the store already holds continues its
+    numbering: `earlier(session)` gives its recorded (key, occurrence, seq), asked once, when the
+    session's first request of this run arrives, so start-up does not read the whole store.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, earlier: Callable[[str], Iterable[tuple[str, int, int]]] | None = None) -> None:
         self._occ: dict[tuple[str, str], int] = defaultdict(int)
         self._seq: dict[str, int] = defaultdict(int)
+        self._earlier = earlier
+        self._known: set[str] = set()
 
     def seed(self, entries: Iterable[tuple[str, str, int, int]]) -> None:
         """Continue numbering after what a store already holds: (session, key, occurrence, seq)."""
@@ -248,6 +176,9 @@ class Counters:
             self._seq[session] = max(self._seq[session], seq + 1)
 
     def next(self, session: str, key: str) -> tuple[int, int]:
+        if self._earlier is not None and session not in self._known:
+            self._known.add(session)
+            self.seed((session, k, occ, seq) for k, occ, seq in self._earlier(session))
         occ = self._occ[(session, key)]
         seq = self._seq[session]
         self._occ[(session, key)] = occ + 1

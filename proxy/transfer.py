@@ -26,10 +26,11 @@ from noisefloor.errors import InputError
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.headers import header
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import LABEL_HEADERS, Labels
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.secrets import SECRET_QUERY_PARAMS, erase, erase_text
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import LABEL_HEADERS, Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 
 HAR_CREATOR = {"name": "nfproxy", "version": "1"}
 LABEL_FIELDS = ("session", "task", "replicate", "condition")

@@ -11,7 +11,8 @@ import pytest
 import zstandard
 
 from noisefloor.proxy import secrets
-from noisefloor.proxy.keys import RuleError, Rules, decode_body, drop_pointer, parse_pointer
+from noisefloor.proxy.decoding import decode_body
+from noisefloor.proxy.keys import RuleError, Rules, drop_pointer, parse_pointer
 from noisefloor.proxy.traffic import RequestData
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"request_id": "r1"}}

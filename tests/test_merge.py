@@ -190,25 +190,26 @@ def test_a_row_graded_differently_in_two_shards_is_refused_by_merge_and_by_nfana
 
 
 def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
-    """(session, seq) -> that exchange's replay-index rows, its id taken out (ids differ after merge)."""
+    """(session, seq) -> that exchange's replay-index rows (lookup keys; its bucket and sketch), its
+    id taken out (ids differ after merge)."""
+    from noisefloor.proxy import replay_index
+
     with Store.open(path, write=False) as s:
         where = {e.id: (e.session, e.seq) for e in s.recorded_entries()}
-        env = s._env  # the raw table: what merge must carry is the rows themselves
         rows: dict[tuple[str, int], set[bytes]] = {}
-        with env.begin(db=s._rindex) as txn:
-            for k, v in txn.cursor():
-                if k[:1] == b"g":
-                    i, row = int.from_bytes(k[1:9], "big"), b"g" + bytes(v)
-                else:
-                    i, row = int.from_bytes(k[-8:], "big"), bytes(k[:-8])
-                rows.setdefault(where[i], set()).add(row)
+        for k, v in s.raw_table("lookups"):  # the raw table: what merge must carry is the rows themselves
+            rows.setdefault(where[int.from_bytes(v, "big")], set()).add(k)
+        for k, raw in s.raw_table("recorded"):
+            bucket, sketch = replay_index.entry_sketch(raw) or (b"", b"")
+            rows[where[int.from_bytes(k, "big")]].add(b"g" + bucket + sketch)
         return rows
 
 
 def test_merge_carries_the_miss_index_and_accepts_the_earlier_rules_id(tmp_path):
     from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.labels import Labels
     from noisefloor.proxy.recorder import Recorder
-    from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+    from noisefloor.proxy.traffic import RequestData, ResponseData
 
     legacy = Rules().legacy_ids
     assert legacy, "these rules have an earlier id scheme"

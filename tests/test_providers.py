@@ -15,10 +15,11 @@ from aiohttp import web
 
 from noisefloor.proxy import providers, replay_index
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 from tests.conftest import start_nfproxy
 from tests.fake_upstream import FakeUpstream
 

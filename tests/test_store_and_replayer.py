@@ -12,11 +12,12 @@ import pytest
 
 from noisefloor.proxy import store_env
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 from tests.conftest import nfproxy_argv
 
 
@@ -106,6 +107,29 @@ def test_recording_continues_occurrence_numbering_of_an_existing_session(tmp_pat
     record_sequence(path, "A", [("p", "second")])
     with Store.open(path, write=False) as s:
         assert [(e.occurrence, e.seq) for e in s.recorded_entries()] == [(0, 0), (1, 1)]
+
+
+def test_a_recorder_reads_only_the_sessions_that_come_back(tmp_path, monkeypatch):
+    """Start-up reads no entries (a million-exchange store opens as fast as an empty one); a session
+    that reappears continues its numbering from its own entries, a new one starts at 0, and
+    another session whose tag is checked against its entries never lends it numbers."""
+    path = tmp_path / "s.lmdb"
+    record_sequence(path, "A", [("p", "1"), ("q", "2"), ("p", "3")])
+    record_sequence(path, "B", [("p", "1")])
+    read: list[str] = []
+    monkeypatch.setattr(Store, "recorded_entries", lambda self: iter(read.append("all") or ()))
+    with Store.open(path, write=True) as s:
+        real = s.session_ids
+        monkeypatch.setattr(s, "session_ids", lambda name: read.append(name) or real(name))
+        rec = Recorder(s, Rules())
+        assert read == []
+        for session in ("A", "C", "A", "B"):
+            rec.finish(rec.begin(chat("p"), Labels(session)), answer("x"))
+        assert read == ["A", "C", "B"]  # once per session, on its first request of this run
+    monkeypatch.undo()
+    with Store.open(path, write=False) as s:
+        got = [(e.session, e.occurrence, e.seq) for e in s.recorded_entries()][4:]
+    assert got == [("A", 2, 3), ("C", 0, 0), ("A", 3, 4), ("B", 1, 1)]
 
 
 def test_rules_are_bound_to_the_store(tmp_path):

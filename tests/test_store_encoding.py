@@ -15,10 +15,11 @@ from noisefloor.proxy import codec, store_dicts, store_env
 from noisefloor.proxy import store as store_mod
 from noisefloor.proxy.compact import rewrite
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 
 SYSTEM = "You are a careful assistant who answers with one short paragraph and a code block. " * 8
 
@@ -117,7 +118,9 @@ def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp
     all_bodies_read_back(copy, sent)
     assert tags(copy).get(codec.REF, 0) == tags(path).get(codec.REF, 0)  # chains kept as they were
     with Store.open(path, write=False) as a, Store.open(copy, write=False) as b:  # replay still opens lazily
-        assert b.has_replay_index() and list(b.raw_table("rindex")) == list(a.raw_table("rindex"))
+        assert b.has_replay_index() and b.meta("replay_index") == a.meta("replay_index") == 2
+        assert list(b.raw_table("lookups")) == list(a.raw_table("lookups")) != []
+        assert list(b.raw_table("recorded")) == list(a.raw_table("recorded"))
 
 
 def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, monkeypatch):

@@ -221,9 +221,10 @@ def _log_of_slow_answers(store_path: Path, n: int) -> None:
     """A store written through the real recorder: n sessions of task T/0, each answered with a
     correct but slow program, labelled as an agent run is."""
     from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.labels import Labels
     from noisefloor.proxy.recorder import Recorder
     from noisefloor.proxy.store import Store
-    from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+    from noisefloor.proxy.traffic import RequestData, ResponseData
 
     answer = "```python\nimport time\ndef add(a, b):\n    time.sleep(0.3)\n    return a + b\n```"
     with Store.open(store_path, write=True, create=True) as store:

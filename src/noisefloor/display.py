@@ -30,11 +30,34 @@ def _escape(m: re.Match[str]) -> str:
 
 def visible(value: object) -> str:
     """`value` as text safe to print on a terminal: control characters escaped, secrets erased."""
-    text = value if isinstance(value, str) else str(value)
-    env = secrets.environment_values()
+    return _visible(value if isinstance(value, str) else str(value), secrets.environment_values())
+
+
+def _visible(text: str, env: tuple[str, ...]) -> str:
     if env:
         text = erasure.erase(text, env)
     return _CONTROL.sub(_escape, text)
+
+
+class Visible:
+    """`visible` for a listing of many lines: the credential values are read once, and each distinct
+    text is escaped once (a session's label repeats on every one of its exchanges), at most
+    `limit` texts remembered. Same output as `visible`, never a skipped escape."""
+
+    def __init__(self, limit: int = 1 << 16) -> None:
+        self._env = secrets.environment_values()
+        self._seen: dict[str, str] = {}
+        self._limit = limit
+
+    def __call__(self, value: object) -> str:
+        if type(value) is not str:  # a number or None: str() first, and 1 and True must not share a slot
+            return _visible(str(value), self._env)
+        shown = self._seen.get(value)
+        if shown is None:
+            if len(self._seen) >= self._limit:
+                self._seen.clear()
+            shown = self._seen[value] = _visible(value, self._env)
+        return shown
 
 
 def md(value: object) -> str:
@@ -46,3 +69,11 @@ def json_text(text: str) -> str:
     """JSON text (`json.dumps(..., ensure_ascii=False)`) safe to print: the characters JSON leaves
     raw but a terminal obeys (DEL, C1, bidi overrides) written as `\\u` escapes, so it stays JSON."""
     return _RAW_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def json_line(data: bytes) -> bytes:
+    """`json_text` on UTF-8 JSON bytes. Pure ASCII without DEL holds none of the characters it
+    escapes, so such a line (most of them) is passed through without decoding."""
+    if data.isascii() and b"\x7f" not in data:
+        return data
+    return json_text(data.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")

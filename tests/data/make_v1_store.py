@@ -12,10 +12,11 @@ import tempfile
 from pathlib import Path
 
 from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import Labels, RequestData, ResponseData
+from noisefloor.proxy.traffic import RequestData, ResponseData
 
 
 def chat(content: str, stream: bool = False) -> RequestData:

@@ -9,7 +9,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import special
 
 from noisefloor.analyzer.intervals import FEW_VARYING, FlipBound, Interval, clopper_pearson, flip_bound
 from noisefloor.analyzer.matrices import runs_matrix
@@ -35,6 +34,8 @@ class Planning:
     @property
     def z(self) -> float:
         """z_{1-alpha/2} + z_{power}."""
+        from scipy import special  # here, not at import: every CLI start would pay for scipy
+
         return float(special.ndtri(1 - self.alpha / 2) + special.ndtri(self.power))
 
 

@@ -19,8 +19,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from scipy import stats
-
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
@@ -174,6 +172,8 @@ def truth(builtin: Any, cfg: Config, tasks: Sequence[Any], programs: dict[str, s
     """Per judge condition: the true verdict variance and the true disagreement of the majority
     verdict with the executed reference (exact binomial at the analyzed repeats; a tie counts as
     a disagreement, as the analyzer counts it)."""
+    from scipy import stats  # here, not at import: every nfladder start would pay for scipy.stats
+
     out: dict[str, Any] = {"judge": {}}
     for cond in cfg.conditions.of_role("judge"):
         c = next((x for x in result.conditions if x.name == cond.name), None)

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from noisefloor import exit_codes
 from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES
 from noisefloor.errors import StateError
 from noisefloor.ladder.agent_run import AgentRun, Attempt, session_name
@@ -135,6 +136,8 @@ class Ladder:
         except ExecutorError as exc:
             raise LadderError(str(exc)) from None
         self.proxy_exit[name] = max(code, self.proxy_exit.get(name, 0))
+        if code == exit_codes.INTERRUPTED:  # a terminal's Ctrl-C reached the proxy first: the study was
+            raise KeyboardInterrupt  # interrupted (exit 130, resumable), not failed by the recording
         if not cond.replays and code != 0:
             raise LadderError(f"the {name} proxy exited {code}: it could not record every exchange (its errors "
                               f"are above), so the recording is incomplete and the study stops; fix the cause (a "

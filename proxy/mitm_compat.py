@@ -102,6 +102,34 @@ def listen_addrs() -> list[tuple[Any, ...]]:
     return list(ctx.master.addons.get("proxyserver").listen_addrs())
 
 
+def _addons_package_alone() -> None:
+    """Make `mitmproxy.addons` importable without running its `__init__`, which imports all thirty
+    default addons (and flask, ldap3, passlib with them): measured, a third of a proxy's start-up
+    CPU, for addons a lean master never loads. `default_addons` still works: asking for it runs the
+    real `__init__` then. A no-op once the package is imported the usual way."""
+    if "mitmproxy.addons" in sys.modules:
+        return
+    import importlib.util
+
+    import mitmproxy
+
+    spec = importlib.util.find_spec("mitmproxy.addons")
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        return  # not a plain package: import it the usual way
+    package = importlib.util.module_from_spec(spec)  # __path__ set, __init__ not run
+    loader = spec.loader
+
+    def whole(name: str) -> Any:
+        if name != "default_addons":  # a submodule: the import system loads it on its own
+            raise AttributeError(name)
+        loader.exec_module(package)  # the real __init__, into this module
+        return package.__dict__[name]
+
+    package.__getattr__ = whole  # type: ignore[attr-defined]
+    sys.modules["mitmproxy.addons"] = package
+    mitmproxy.addons = package  # type: ignore[attr-defined]
+
+
 def lean_master(log_to: IO[str] | None = None) -> Any:
     """A mitmproxy master with only the addons a recording proxy needs.
 
@@ -110,6 +138,7 @@ def lean_master(log_to: IO[str] | None = None) -> Any:
     cost a replayed answer more than nfproxy's own lookup. Block stays, so a proxy listening on a
     public address still refuses clients from the internet. Must be called inside the event loop.
     """
+    _addons_package_alone()
     from mitmproxy.addons import (
         block,
         core,

@@ -17,11 +17,13 @@ import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-
-from aiohttp import web
+from typing import TYPE_CHECKING
 
 from noisefloor.proxy import providers
 from noisefloor.proxy.headers import HOP_BY_HOP
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 TICKET_HEADER = "x-nf-stream-ticket"
 
@@ -114,6 +116,8 @@ class StreamServer:
         self.port = 0
 
     async def start(self) -> None:
+        from aiohttp import web  # only a replaying proxy serves streams: recording never pays for aiohttp
+
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._serve)
         self._runner = web.AppRunner(app, access_log=None)
@@ -132,6 +136,8 @@ class StreamServer:
         return ticket
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
+        from aiohttp import web
+
         plan = self._plans.pop(request.headers.get(TICKET_HEADER, ""), None)
         if plan is None:
             return web.Response(status=500, text="nfproxy: unknown stream ticket")

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import subprocess
 import sys
+import threading
+from pathlib import Path
 
 import pytest
 
@@ -14,45 +17,83 @@ from tests.conftest import start_nfproxy
 
 pytest.importorskip("litellm", reason="litellm is in the test extra")
 
+# One agent process for both runs (litellm's import is most of the test's CPU): each line on its
+# stdin names a proxy and a key; it answers with one JSON line of what litellm got back.
 AGENT = r'''
-import asyncio, json, os, sys
+import asyncio, json, sys
 import litellm
 
-base = sys.argv[1]
-kw = dict(model="openai/gpt-4o-mini", api_base=base + "/v1", api_key=os.environ["KEY"], temperature=0)
-out = {"plain": litellm.completion(messages=[{"role": "user", "content": "one"}], **kw).choices[0].message.content}
-chunks = litellm.completion(messages=[{"role": "user", "content": "streamed"}], stream=True, **kw)
-out["stream"] = "".join(c.choices[0].delta.content or "" for c in chunks)
-
-async def many():
+async def many(kw):
     calls = [litellm.acompletion(messages=[{"role": "user", "content": f"parallel {i}"}], **kw) for i in range(4)]
     return [r.choices[0].message.content for r in await asyncio.gather(*calls)]
 
-out["parallel"] = asyncio.run(many())
-print(json.dumps(out))
+for line in sys.stdin:
+    base, key = line.split()
+    kw = dict(model="openai/gpt-4o-mini", api_base=base + "/v1", api_key=key, temperature=0)
+    out = {"plain": litellm.completion(messages=[{"role": "user", "content": "one"}], **kw).choices[0].message.content}
+    chunks = litellm.completion(messages=[{"role": "user", "content": "streamed"}], stream=True, **kw)
+    out["stream"] = "".join(c.choices[0].delta.content or "" for c in chunks)
+    out["parallel"] = asyncio.run(many(kw))
+    print(json.dumps(out), flush=True)
 '''
 
 
-def run_agent(url: str, key: str, tmp_path) -> dict:
-    script = tmp_path / "agent.py"
-    script.write_text(AGENT)
-    env = {**os.environ, "KEY": key, "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the cost map
-           "LITELLM_TELEMETRY": "False"}
-    r = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=180, env=env)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+class Agent:
+    """The litellm agent process; `ask` sends it one proxy and reads its answers (bounded in time)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        script = tmp_path / "agent.py"
+        script.write_text(AGENT)
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # no fetch of the cost map
+               "LITELLM_TELEMETRY": "False"}
+        self.err = tmp_path / "agent.err"
+        with self.err.open("w") as err:
+            self.proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=err, text=True, env=env)
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # it exited
+
+    def ask(self, url: str, key: str) -> dict:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(f"{url} {key}\n")
+        self.proc.stdin.flush()
+        try:
+            line = self.lines.get(timeout=180)
+        except queue.Empty:
+            line = None
+        assert line is not None, f"the litellm agent gave no answer: {self.err.read_text()[-3000:]}"
+        return json.loads(line)
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, failed: object, *exc: object) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        try:
+            code = self.proc.wait(60)
+        finally:
+            self.proc.kill()
+        assert failed or code == 0, self.err.read_text()[-3000:]
 
 
 def test_litellm_records_and_strictly_replays_plain_streamed_and_concurrent_calls(tmp_path, store, upstream, proxies):
-    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
-    proxies.append(rec)
-    recorded = run_agent(rec.url, "sk-litellm-record-0123456789", tmp_path)
-    assert rec.stop() == 0 and "6 exchanges, 0 errors" in rec.output
-    assert recorded["stream"] and len(set(recorded["parallel"])) == 4
-    upstream.stop()
-    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
-    proxies.append(rep)
-    assert run_agent(rep.url, "sk-litellm-rotated-987654321", tmp_path) == recorded
+    with Agent(tmp_path) as agent:  # importing litellm while the proxy starts
+        rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
+        proxies.append(rec)
+        recorded = agent.ask(rec.url, "sk-litellm-record-0123456789")
+        assert rec.stop() == 0 and "6 exchanges, 0 errors" in rec.output
+        assert recorded["stream"] and len(set(recorded["parallel"])) == 4
+        upstream.stop()
+        rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
+        proxies.append(rep)
+        assert agent.ask(rep.url, "sk-litellm-rotated-987654321") == recorded
     assert rep.stop() == 0
     assert "6 hits, 0 misses, 0 order violations" in rep.output
     from noisefloor.proxy.store import Store

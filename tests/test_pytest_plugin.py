@@ -1,8 +1,10 @@
-"""The pytest plugin, on a throwaway project (pytester, each run a real pytest subprocess): a test
+"""The pytest plugin, on a throwaway project (pytester, each run a real pytest session): a test
 marked `@pytest.mark.nfproxy` records with --nf-record-mode=once, passes offline with its recording
 byte-identical, fails with the nearest request and the diff once its prompt changes, and passes
 offline again after --nf-record-mode=new_episodes, which sent only the new request upstream; one
-of the offline runs is on two pytest-xdist workers."""
+of the offline runs is on two pytest-xdist workers (subprocesses). The other sessions run inside
+this process, which has imported the SDK once: in a subprocess each would import it again, the
+larger part of the test's CPU."""
 
 from __future__ import annotations
 
@@ -65,16 +67,22 @@ def _project(pytester: pytest.Pytester, prompt: str, upstream: FakeUpstream) -> 
     pytester.makeini(INI.format(upstream=upstream.url))
 
 
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    """One pytest session on the project, in this process (the SDK stays imported between runs)."""
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", *args)
+
+
 def test_record_replay_miss_and_new_episodes(pytester: pytest.Pytester, upstream: FakeUpstream):
     pytest.importorskip("xdist")
+    pytest.importorskip("openai")  # imported here, before the sessions: each reuses it
     _project(pytester, "write a haiku", upstream)
     recordings = pytester.path / "recordings"
-    offline = pytester.runpytest_subprocess("-p", "no:cacheprovider")
+    offline = _run(pytester)
     offline.assert_outcomes(errors=2)  # default none: no recording is an error, never upstream
     assert "record it once with --nf-record-mode=once" in offline.stdout.str()
     assert len(upstream.requests) == 0
 
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--nf-record-mode=once").assert_outcomes(passed=2)
+    _run(pytester, "--nf-record-mode=once").assert_outcomes(passed=2)
     assert len(upstream.requests) == 3
     assert sorted(p.name for p in (recordings / "test_project").iterdir()) == ["test_agent.lmdb",
                                                                                "test_fixture_form.lmdb"]
@@ -87,20 +95,20 @@ def test_record_replay_miss_and_new_episodes(pytester: pytest.Pytester, upstream
 
     _project(pytester, "write a limerick", upstream)
     # only the changed test (the fixture form's offline pass on this recording was just shown)
-    changed = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-k", "test_agent")
+    changed = _run(pytester, "-k", "test_agent")
     changed.assert_outcomes(failed=1)
     out = changed.stdout.str()
     assert "nfproxy strict replay missed (1; " in out and "nearest recorded request: exchange" in out
     assert '-/body/messages/0/content = "write a haiku"' in out and '+/body/messages/0/content = "write a limerick"' in out
     assert len(upstream.requests) == 3 and _digest(recordings) == recorded
 
-    pytester.runpytest_subprocess("-p", "no:cacheprovider", "--nf-record-mode=new_episodes").assert_outcomes(passed=2)
+    _run(pytester, "--nf-record-mode=new_episodes").assert_outcomes(passed=2)
     assert len(upstream.requests) == 4  # only the new prompt went upstream; the rest was replayed
     assert upstream.requests[-1].body.count(b"write a limerick") == 1
     grown = _digest(recordings)
     assert grown != recorded
     assert grown["test_project/test_fixture_form.lmdb/data.mdb"] == recorded["test_project/test_fixture_form.lmdb/data.mdb"]
 
-    pytester.runpytest_subprocess("-p", "no:cacheprovider").assert_outcomes(passed=2)
+    _run(pytester).assert_outcomes(passed=2)
     assert len(upstream.requests) == 4 and _digest(recordings) == grown
 

@@ -32,8 +32,13 @@ def cluster() -> Iterator[object]:
     c.shutdown()
 
 
+TASKS, REPLICATES = 4, 2  # 8 runs a condition, 24 in all: each node gets several of every condition
+RUNS = TASKS * REPLICATES
+
+
 def ladder(out: Path, *extra: str, address: str | None = None) -> subprocess.Popen[str]:
-    args = [NFLADDER, "run", "--tasks", "8", "-R", "3", "-j", "2", "--bootstrap", "1000", "--seed", "4",
+    args = [NFLADDER, "run", "--tasks", str(TASKS), "-R", str(REPLICATES), "-j", "2", "--bootstrap", "200",
+            "--seed", "4",
             "--out", str(out), *extra]
     if address:
         args += ["--executor", "ray", "--ray-address", address]
@@ -68,8 +73,8 @@ def test_ray_ladder_equals_the_local_ladder_for_the_same_seed(tmp_path, cluster)
     # across executors (nor across two local runs with -j 2), but strict and noise-free in both.
     for doc in (ray_doc, local):
         assert doc["conditions"]["replay"]["w"] == 0.0 and doc["log"]["conditions"]["replay"]["misses"] == 0
-    assert ray_doc["log"]["conditions"]["live"]["exchanges"] == 24
-    assert "[ray] 3 nodes" in err and "grading 72 candidates" in err
+    assert ray_doc["log"]["conditions"]["live"]["exchanges"] == RUNS
+    assert "[ray] 3 nodes" in err and f"grading {3 * RUNS} candidates" in err
     assert not (tmp_path / "ray" / "shards").exists() or not any((tmp_path / "ray" / "shards").iterdir())
 
 
@@ -79,8 +84,9 @@ def test_a_node_killed_mid_run_loses_only_runs_that_run_again(tmp_path, cluster)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()
-    # warm workers: a first wave of t0 runs has finished (2 nodes x 2 CPUs), and 20 more are to come
-    wait_until(lambda: finished_runs(out, "t0") >= 4, "four t0 runs finished", timeout=300)
+    # warm workers: t0 runs have finished on them (2 nodes x 2 CPUs), and the rest of t0's 8 are in
+    # flight or to come, each waiting 700 ms on the provider: the node dies holding runs
+    wait_until(lambda: finished_runs(out, "t0") >= 2, "two t0 runs finished", timeout=300)
     cluster.remove_node(cluster.workers[0], allow_graceful=False)
     p.wait(600)
     reader.join(10)
@@ -88,22 +94,22 @@ def test_a_node_killed_mid_run_loses_only_runs_that_run_again(tmp_path, cluster)
     assert p.returncode == 0, err[-3000:]
     assert "was lost" in err, err
     rows = [json.loads(x) for x in (out / "outcomes.jsonl").read_text().splitlines()]
-    assert len(rows) == 72 and not any(r["failure"].startswith("agent_") for r in rows)
+    assert len(rows) == 3 * RUNS and not any(r["failure"].startswith("agent_") for r in rows)
     from noisefloor.proxy.store import Store
 
     with Store.open(out / "log.lmdb", write=False) as s:
         sessions = {ex.session for ex in s.exchanges()}
-    assert len(sessions) == 72  # every run's exchanges are in the merged log, none twice-counted
+    assert len(sessions) == 3 * RUNS  # every run's exchanges are in the merged log, none twice-counted
     doc = json.loads((out / "report.json").read_text())
     assert doc["log"]["conditions"]["replay"]["misses"] == 0
 
 
 def test_gate_design_on_ray_stamps_its_collections_and_gives_verdicts(tmp_path, cluster):
     out = tmp_path / "gate"
-    r = subprocess.run([NFLADDER, "run", "--design", "gate", "--tasks", "6", "--k", "4", "--escalate-at", "8",
-                        "-j", "2", "--bootstrap", "200", "--out", str(out), "--executor", "ray",
+    r = subprocess.run([NFLADDER, "run", "--design", "gate", "--tasks", "3", "--k", "2", "--escalate-at", "4",
+                        "-j", "2", "--bootstrap", "100", "--out", str(out), "--executor", "ray",
                         "--ray-address", cluster.address], capture_output=True, text=True, timeout=600)
     assert r.returncode in (0, 1), r.stderr[-3000:]  # 1: the demo candidate's broken cases regressed
     doc = json.loads((out / "report.json").read_text())
-    assert doc["gate"]["refused"] is None and len(doc["gate"]["verdicts"]) == 6
+    assert doc["gate"]["refused"] is None and len(doc["gate"]["verdicts"]) == 3
     assert (r.returncode == 1) == (doc["gate"]["counts"]["regressed"] > 0)

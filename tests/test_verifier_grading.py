@@ -53,6 +53,44 @@ def test_every_canonical_solution_passes(graders, suite, count):
 
 
 @needs_data
+def test_references_are_computed_per_task_and_the_cache_keeps_every_grader_s_tasks(tmp_path, monkeypatch):
+    """A grader computes the canonical outputs of the tasks it grades, once: a log of a few tasks
+    does not pay for the whole dataset, and a grader of other tasks adds to the cache file
+    instead of replacing it (each sandbox run counted on the real sandbox)."""
+    monkeypatch.setenv("NF_CACHE_DIR", str(tmp_path))
+    runs: list[str] = []
+
+    def grader(ids: set[str]) -> Differential:
+        d = code_grader("humaneval+", locate("humaneval+"), GradeOptions(jobs=2), ids)
+        real = d.sandbox.run
+
+        def counted(program: str, entry_point: str, *args: Any, **kw: Any) -> Any:
+            runs.append(entry_point)
+            return real(program, entry_point, *args, **kw)
+
+        d.sandbox.run = counted  # type: ignore[method-assign]
+        return d
+
+    first = grader({"HumanEval/0", "HumanEval/2", "HumanEval/5"})
+    try:
+        v = first.grade_many([("HumanEval/2", first.tasks["HumanEval/2"].canonical)], programs=True)
+    finally:
+        first.sandbox.close()
+    assert [x.outcome for x in v] == [1] and runs == ["truncate_number"] * 2  # its reference, then the candidate
+    (cache,) = tmp_path.glob("expected-*.json")
+    assert set(json.loads(cache.read_text())["expected"]) == {"HumanEval/2"}
+    runs.clear()
+    second = grader({"HumanEval/2", "HumanEval/5"})
+    try:
+        items = [(tid, second.tasks[tid].canonical) for tid in ("HumanEval/2", "HumanEval/5")]
+        assert [x.outcome for x in second.grade_many(items, programs=True)] == [1, 1]
+    finally:
+        second.sandbox.close()
+    assert sorted(runs) == ["intersperse", "intersperse", "truncate_number"]  # /2's reference came from the cache
+    assert set(json.loads(cache.read_text())["expected"]) == {"HumanEval/2", "HumanEval/5"}
+
+
+@needs_data
 def test_reruns_of_unchanged_candidates_are_identical(graders):
     """Replay variance of the verifier itself: 0, including Mbpp/271, the seed study's flipping task."""
     d = graders["mbpp+"]

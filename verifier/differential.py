@@ -1,7 +1,7 @@
 """Differential check: a candidate's outputs against the canonical solution's, input by input.
 
-Expected outputs are computed once per dataset (by running each canonical solution in the same
-sandbox) and cached by the dataset file's sha256 and the input cap. Comparison follows the
+Expected outputs are computed per task on first use (by running its canonical solution in the
+same sandbox) and cached by the dataset file's sha256 and the input cap. Comparison follows the
 EvalPlus evaluator: exact equality, except the MBPP+ special oracles (set equality, not-None,
 two formula oracles, two always-true/zero cases), HumanEval/32's root check, and a float
 tolerance (the task's atol, or 1e-6 when the expectation is float-valued and atol is 0).
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import threading
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
@@ -157,34 +159,54 @@ class Differential:
         self._reference_cpu: dict[str, float] = {}
         self._encoded = {tid: encode(list(t.inputs)) for tid, t in self.tasks.items()}
         self._cache = cache_dir() / f"expected-{dataset_hash[:16]}-{max_inputs}-v{_CACHE_VERSION}.json"
-        self._expected: dict[str, list[Any]] | None = None
+        self._expected: dict[str, list[Any]] | None = None  # read from the cache on first use
 
-    def expected(self, progress: Callable[[int, int], None] | None = None) -> dict[str, list[Any]]:
+    def expected(self, progress: Callable[[int, int], None] | None = None,
+                 task_ids: Collection[str] | None = None) -> dict[str, list[Any]]:
+        """Expected outputs of `task_ids` (default: every task), computed only for those the cache
+        lacks: a log of six candidates needs the references of its three tasks, not of all 164."""
         if self._expected is None:
-            self._expected = self._load_cache() or self._compute(progress)
+            self._expected = self._load_cache()
+        want = self.tasks if task_ids is None else set(task_ids)
+        missing = [t for tid, t in self.tasks.items() if tid in want and tid not in self._expected]
+        if missing:
+            self._compute(missing, progress)
         return self._expected
 
-    def _load_cache(self) -> dict[str, list[Any]] | None:
+    def _read_cache(self) -> dict[str, Any]:
+        """The cache file's document ({"expected": {id: encoded outputs}, "cpu": {id: s}}), or an
+        empty one when it is missing or unreadable (then it is computed again)."""
         try:
             doc = json.loads(self._cache.read_text())
         except (OSError, ValueError):
-            return None
-        if set(doc.get("expected", {})) != set(self.tasks):
-            return None
-        self._reference_cpu = doc["cpu"]
-        return {k: [decode(v) for v in vs] for k, vs in doc["expected"].items()}
+            doc = None
+        if not (isinstance(doc, dict) and isinstance(doc.get("expected"), dict) and isinstance(doc.get("cpu"), dict)):
+            return {"expected": {}, "cpu": {}}
+        return doc
 
-    def _compute(self, progress: Callable[[int, int], None] | None) -> dict[str, list[Any]]:
-        tasks = list(self.tasks.values())
+    def _load_cache(self) -> dict[str, list[Any]]:
+        doc = self._read_cache()
+        have = [tid for tid in self.tasks if tid in doc["expected"] and tid in doc["cpu"]]
+        self._reference_cpu.update({tid: doc["cpu"][tid] for tid in have})
+        return {tid: [decode(v) for v in doc["expected"][tid]] for tid in have}
+
+    def _compute(self, tasks: list[CodeTask], progress: Callable[[int, int], None] | None) -> None:
+        """Run these canonical solutions, keep their outputs and add them to the cache file (which
+        keeps every task any grader of this dataset computed: a grader of a subset of the tasks
+        no longer replaces the whole dataset's file with its own few)."""
+        assert self._expected is not None
         runs = self._map(lambda t: self._run(t, t.canonical, REFERENCE_CPU_S), tasks, progress)
         expected = {t.task_id: _expected_for(t, r) for t, r in zip(tasks, runs)}
-        self._reference_cpu = {t.task_id: r.cpu_s or 0.0 for t, r in zip(tasks, runs)}
+        cpu = {t.task_id: r.cpu_s or 0.0 for t, r in zip(tasks, runs)}
+        self._expected.update(expected)
+        self._reference_cpu.update(cpu)
         self._cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self._cache.with_suffix(".tmp")
-        doc = {"expected": {k: [encode(v) for v in vs] for k, vs in expected.items()}, "cpu": self._reference_cpu}
+        doc = self._read_cache()  # what another process added meanwhile is kept
+        doc["expected"].update({k: [encode(v) for v in vs] for k, vs in expected.items()})
+        doc["cpu"].update(cpu)
+        tmp = self._cache.with_name(f"{self._cache.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_text(json.dumps(doc))
         tmp.replace(self._cache)
-        return expected
 
     def grade(self, task_id: str, response_text: str) -> Verdict:
         """Grade a model's answer text: extract its code, complete it, run it."""
@@ -204,7 +226,7 @@ class Differential:
                 compile(program, "candidate.py", "exec")
         except (SyntaxError, ValueError) as exc:
             return Verdict(task_id, 0, "syntax_error", f"{type(exc).__name__}: {exc}")
-        expected = self.expected()[task_id]
+        expected = self.expected(task_ids=(task_id,))[task_id]
         budget = self.gt_factor * self._reference_cpu.get(task_id, 0.0)
         return verdict(task, self._run(task, program, budget), expected)
 
@@ -216,7 +238,7 @@ class Differential:
                    programs: bool = False, on_verdict: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:
         """(task_id, response text) pairs -- or (task_id, program) with `programs` -- graded in
         parallel across the sandbox's slots; `on_verdict(index, verdict)` as each one is done."""
-        self.expected()
+        self.expected(task_ids={tid for tid, _ in items})
         grade = self.grade_program if programs else self.grade
         return self._map(lambda it: grade(*it), items, progress, on_verdict)
 

@@ -68,12 +68,13 @@ def grade_code(diff: Any, todo: Sequence[Pending] | Iterator[Pending], total: in
 
     if not total:
         return
-    try:
-        diff.expected(progress_bar("reference outputs", delay=0))
-    except ExpectedError as exc:
-        raise ExpectedError(f"{exc}; check the dataset file, or raise --memory-mb") from None
     bar, done = progress_bar("grading", delay=0), 0
     for chunk in chunks(todo, CHUNK_PER_JOB * diff.sandbox.workers):
+        try:  # the references of this chunk's tasks only, those not computed yet
+            diff.expected(progress_bar("reference outputs", delay=0), {p.item[0] for p in chunk})
+        except ExpectedError as exc:
+            raise ExpectedError(f"{exc}; check the dataset file, or raise --memory-mb") from None
+
         def keep(j: int, v: Any, chunk: list[Pending] = chunk) -> None:
             progress.add(with_verdict(chunk[j].row, v))
 

@@ -250,7 +250,7 @@ def _rss_mb() -> float:
         return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024
 
 
-def measure(n: int, where: Path, reuse: bool = False, shards: int = 1) -> dict[str, object]:
+def measure(n: int, where: Path, reuse: bool = False, shards: int = 1, skip: frozenset[str] = frozenset()) -> dict[str, object]:
     store = where / f"s{n}.lmdb"
     res = json.loads((where / f"s{n}.build.json").read_text()) if reuse else build(n, where, shards)
     raw_bytes = res["raw_bytes"]
@@ -266,11 +266,12 @@ def measure(n: int, where: Path, reuse: bool = False, shards: int = 1) -> dict[s
     res.update(json.loads(got.stdout))
     out = where / f"m{n}.lmdb"
     shutil.rmtree(out, ignore_errors=True)
-    wall, peak = timed([*nf, "merge", str(out), str(store)])
-    res["merge_s"], res["merge_rss_mb"], res["merge_per_s"] = wall, peak, n / wall
-    res["merge_private_mb"], res["merge_per_cpu_s"] = PRIVATE["nfproxy merge"], n / max(CPU["nfproxy merge"], 1e-9)
-    shutil.rmtree(out, ignore_errors=True)
-    if True:  # last: the readers above read the store as recorded
+    if "merge" not in skip:  # a sharded build has measured a merge already
+        wall, peak = timed([*nf, "merge", str(out), str(store)])
+        res["merge_s"], res["merge_rss_mb"], res["merge_per_s"] = wall, peak, n / wall
+        res["merge_private_mb"], res["merge_per_cpu_s"] = PRIVATE["nfproxy merge"], n / max(CPU["nfproxy merge"], 1e-9)
+        shutil.rmtree(out, ignore_errors=True)
+    if "compact" not in skip:  # last: the readers above read the store as recorded
         res["compact_s"], res["compact_rss_mb"] = timed([*nf, "compact", "--store", str(store)])
         with Store.open(store, write=False) as s:
             after = s.usage()
@@ -289,6 +290,7 @@ def main() -> None:
     ap.add_argument("--reuse", action="store_true", help="measure the readers on the stores kept in --keep, unbuilt")
     ap.add_argument("--shards", type=int, default=1, help="build each store as this many shards at once, merged")
     ap.add_argument("--build-only", action="store_true", help="build (and keep: give --keep) without measuring")
+    ap.add_argument("--skip", default="", help="comma-separated steps not to measure: merge, compact (at 1M each takes minutes)")
     ap.add_argument("--build-shard", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     ap.add_argument("--prefix", default="run", help=argparse.SUPPRESS)
@@ -309,7 +311,7 @@ def main() -> None:
             results["limits"] = limits()
             print(json.dumps({"limits": results["limits"]}), flush=True)
         for n in map(int, a.sizes.split(",")):
-            r = build(n, where, a.shards) if a.build_only else measure(n, where, a.reuse, a.shards)
+            r = build(n, where, a.shards) if a.build_only else measure(n, where, a.reuse, a.shards, frozenset(filter(None, a.skip.split(","))))
             results[str(n)] = r
             print(json.dumps(r), flush=True)
             if a.keep is None:

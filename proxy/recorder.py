@@ -41,7 +41,8 @@ class Recorder:
         self.rules = rules
         self.stats = Stats()
         if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
-            self.counters = Counters(earlier=lambda name: _session_entries(store, name))
+            self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq)
+                                                           for e in store.session_entries(name)])
         else:  # a store older than the index rows: read whole, once
             self.counters = Counters()
             self.counters.seed((e.session, e.key, e.occurrence, e.seq) for e in store.recorded_entries())
@@ -113,13 +114,6 @@ class Recorder:
         exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry)
         self.stats.exchanges += 1
         return exchange_id
-
-
-def _session_entries(store: Store, name: str) -> list[tuple[str, int, int]]:
-    """(key, occurrence, seq) of session `name`'s recorded exchanges (the index's session rows may
-    hold another session sharing their tag: the entries say whose they are)."""
-    return [(e.key, e.occurrence, e.seq) for e in store.recorded_entries_by_id(store.session_ids(name))
-            if e.session == name]
 
 
 def _route(p: Prepared) -> str:

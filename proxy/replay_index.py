@@ -358,7 +358,7 @@ class LmdbIndex:
 
     def session(self, name: str) -> _Session:
         if name not in self._sessions:
-            entries = [e for e in self.store.recorded_entries_by_id(self.store.session_ids(name)) if e.session == name]
+            entries = self.store.session_entries(name)
             self._sessions[name] = _Session(entries, {e.seq: e for e in entries})
         return self._sessions[name]
 

@@ -69,6 +69,10 @@ class IndexLookups:
             return self._dups(replay_index.session_key(name))
         return [_U64.unpack(s)[0] for s in self.index_scan(replay_index.SESSION + replay_index.session_tag(name))]
 
+    def session_entries(self, name: str) -> list[RecordedEntry]:
+        """Session `name`'s recorded entries, oldest first (its lookups, the entries checked for the name)."""
+        return [e for e in self.recorded_entries_by_id(self.session_ids(name)) if e.session == name]
+
     def session_first(self, name: str) -> int | None:
         """The first exchange of session `name`."""
         if not self._layout2():
@@ -77,7 +81,7 @@ class IndexLookups:
         ids = self._dups(replay_index.session_key(name), first=1)
         if ids and any(e.session == name for e in self.recorded_entries_by_id(ids)):
             return ids[0]
-        return next((e.id for e in self.recorded_entries_by_id(self.session_ids(name)) if e.session == name), None)
+        return next((e.id for e in self.session_entries(name)), None)
 
     def bucket_newest(self, bucket: bytes, n: int) -> list[int]:
         """The newest `n` exchanges asked on this route and model, oldest first."""

@@ -9,6 +9,8 @@ path would cost as much as the rest of recording.
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import operator
 from collections.abc import Callable, Mapping
@@ -299,6 +301,7 @@ def _checker(name: str, fields: list[tuple[str, Any, bool]], **kw: Any) -> Any:
                                     for n, t, req in sorted(fields, key=lambda f: not f[2])], gc=False, **kw)
 
 
+@functools.cache  # built on the first listing, not by every process that imports the record type
 def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
     import dataclasses
     import typing
@@ -324,8 +327,6 @@ def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
     return msgspec.json.Decoder(checker), checker.__struct_fields__, defaults
 
 
-_LISTED, _LISTED_FIELDS, _IMPLICIT = _record_checker()
-_UNSETS = (msgspec.UNSET,) * len(_LISTED_FIELDS)
 _ADDED: dict[tuple[bool, ...], bytes] = {}  # which fields a record leaves out -> the text that adds them
 
 
@@ -333,15 +334,16 @@ def listed(data: bytes, exchange_id: int) -> bytes | None:
     """The stored record `data` as one line of JSON with every field (the object `Exchange.json_bytes`
     gives), checked as `parse` checks it; None where only `parse` can say (keys this version does not
     know, another layout, JSON msgspec refuses, a type that is wrong: `parse` names it)."""
+    decoder, names, implicit = _record_checker()
     try:
-        rec = _LISTED.decode(data)
+        rec = decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     if rec.id != exchange_id or rec.version not in (RECORD_VERSION, msgspec.UNSET) or b"\n" in data \
             or b"\r" in data or not data.endswith(b"}"):
         return None
-    unset = tuple(map(operator.is_, msgspec.structs.astuple(rec), _UNSETS))
+    unset = tuple(map(operator.is_, msgspec.structs.astuple(rec), itertools.repeat(msgspec.UNSET)))
     added = _ADDED.get(unset)
     if added is None:
-        added = _ADDED[unset] = b"".join(_IMPLICIT[n] for n, u in zip(_LISTED_FIELDS, unset, strict=True) if u)
+        added = _ADDED[unset] = b"".join(implicit[n] for n, u in zip(names, unset, strict=True) if u)
     return data[:-1] + added + b"}" if added else data

@@ -132,13 +132,12 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
     and its lookups in key order (a source of layout 1 is converted: entries with their sketches,
     lookups gathered unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
     (recorded before them), and its entries are copied as they are."""
-    if not src.has_replay_index():
+    indexed, current = src.has_replay_index(), src.meta("replay_index") == replay_index.VERSION
+    if not indexed or current:  # entries as they are (and layout 2's lookups, already sorted)
         _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
-        return False
-    if src.meta("replay_index") == replay_index.VERSION:
-        _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
-        _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
-        return True
+        if indexed:
+            _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
+        return indexed
     with tempfile.TemporaryDirectory(dir=Path(env.path())) as tmp:
         spill = lmdb.open(tmp, map_size=1 << 40, max_dbs=2, sync=False, metasync=False, writemap=False)
         try:

@@ -191,9 +191,9 @@ def _copy_shard(dest: Store, shard: _Shard, plan: dict[str, _Shard | None], pres
                 new_ids[old] = new
     todo = [name for name in shard.sessions if plan.get(name) is shard]
     size = min(_BATCH_MAX, max(_BATCH, sum(len(shard.sessions[n].ids) for n in todo) // 8))
-    batches = [array("Q", [i for name in names for i in shard.sessions[name].ids])
-               for names in _batches(todo, shard.sessions, size)]
-    sessions = iter(len(names) for names in _batches(todo, shard.sessions, size))
+    grouped = list(_batches(todo, shard.sessions, size))
+    batches = [array("Q", [i for name in names for i in shard.sessions[name].ids]) for names in grouped]
+    sessions = iter(len(names) for names in grouped)
     following = dest.last_id() + 1  # OUT is locked: the batches take the next ids, in this order
     for old in (i for b in batches for i in b):
         new_ids[old], following = following, following + 1

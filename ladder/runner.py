@@ -56,6 +56,7 @@ class Config:
     design: str = "ladder"
     perturb_file: Path | None = None  # user perturbation variants (nfproxy --perturb-file)
     provider_listing: dict[str, Any] | None = None  # what the provider listed at /v1/models, once per run
+    plot: bool = True  # ladder: draw ladder.png
 
     def replicates_of(self, c: Condition) -> int:
         return c.replicates or self.replicates

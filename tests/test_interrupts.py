@@ -60,7 +60,8 @@ def _nfladder(out: Path) -> list[str]:
     agent processes, as it does a user's agent."""
     exe = Path(sys.executable).with_name("nfladder")
     return [str(exe), "run", "--agent", f"{sys.executable} -m noisefloor.ladder.agent {{task_file}}", "--tasks", "3",
-            "-R", "4", "--conditions", "live", "-j", "1", "--bootstrap", "200", "--latency-ms", "150", "--out", str(out)]
+            "-R", "4", "--conditions", "live", "-j", "1", "--bootstrap", "200", "--latency-ms", "150", "--no-plot",
+            "--out", str(out)]
 
 
 def _finished(out: Path) -> list[dict]:

@@ -1,4 +1,5 @@
-"""One agent run: the unchanged agent as a subprocess, pointed at a proxy by its environment.
+"""One agent run: the unchanged agent as a subprocess, pointed at a proxy by its environment (or
+a built-in client, given the same environment, in this thread).
 
 A plain function over plain data, so any executor can run it wherever the proxy is: a thread
 here, a Ray task on another machine.

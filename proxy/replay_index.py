@@ -39,9 +39,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import numpy as np
 
 if TYPE_CHECKING:  # the store imports this module for its row layout
+    import numpy as np
+
     from noisefloor.proxy.keys import CanonicalRequest
     from noisefloor.proxy.store import Store
 
@@ -55,9 +56,6 @@ TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
 _HASHES = 32  # MinHash values per sketch
 _ROWS = 2  # values per band: 16 bands; two requests with Jaccard J share a band with 1-(1-J^2)^16
 _PRIME = (1 << 31) - 1
-_rng = np.random.default_rng(20261201)  # fixed: sketches written by one process are read by another
-_A = _rng.integers(1, _PRIME, _HASHES, dtype=np.uint64)
-_B = _rng.integers(0, _PRIME, _HASHES, dtype=np.uint64)
 _MAX_FEATURES = 2048
 _CHUNK = 4  # words per feature of a long string
 BAND_READ = 32  # newest ids read per band
@@ -204,10 +202,24 @@ def bucket(route: str, body: Any) -> bytes:
     return hashlib.sha256(f"{route}|{model if isinstance(model, str) else ''}".encode()).digest()[:8]
 
 
+@functools.cache
+def _hash_coefficients() -> tuple[np.ndarray, np.ndarray]:
+    """The MinHash's (a, b) pairs, from a fixed seed: sketches written by one process are read by
+    another. Built on first use, with numpy: a process that computes no sketch (a replay that only
+    hits, `log`, `merge`) never imports it (a third of a CLI start)."""
+    import numpy as np
+
+    rng = np.random.default_rng(20261201)
+    return rng.integers(1, _PRIME, _HASHES, dtype=np.uint64), rng.integers(0, _PRIME, _HASHES, dtype=np.uint64)
+
+
 def _signature(features: Any) -> np.ndarray:
     """The MinHash signature (32 minima) of a set of feature hashes."""
+    import numpy as np
+
+    a, b = _hash_coefficients()
     x = np.fromiter(features, dtype=np.uint64)
-    return ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1)
+    return ((a[:, None] * x[None, :] + b[:, None]) % _PRIME).min(axis=1)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -261,6 +273,8 @@ class _Features:
             self.count += 1
 
     def signature(self) -> np.ndarray:
+        import numpy as np
+
         sig = _signature(set(self.loose))
         return np.minimum.reduce([sig, *self.parts]) if self.parts else sig
 
@@ -303,6 +317,8 @@ def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, 
 
 def agreement(a: bytes, others: list[bytes]) -> np.ndarray:
     """Estimated Jaccard similarity of sketch `a` with each of `others`."""
+    import numpy as np
+
     mine = np.frombuffer(a, dtype="<u4")
     theirs = np.frombuffer(b"".join(others), dtype="<u4").reshape(len(others), _HASHES)
     return (theirs == mine).mean(axis=1)

@@ -166,7 +166,8 @@ class _Serve:
     async def run(self, engine: Any, stats: Stats) -> None:
         from noisefloor.proxy import mitm_compat
 
-        master = mitm_compat.lean_master(sys.stderr)
+        # reverse mode: the CA only when a client speaks TLS to nfproxy; forward mode hands clients its file
+        master = mitm_compat.lean_master(sys.stderr, lazy_ca=bool(self.upstream))
         master.options.update(
             listen_host=self.host,
             listen_port=self.o.port,
@@ -220,8 +221,7 @@ class _Serve:
         if self.mode == "record":
             addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True)]
         elif self.mode == "replay":
-            streams = StreamServer()
-            await streams.start()
+            streams = StreamServer()  # listens from the first replayed stream on
             addons.append(Replay(engine, streams, o.replay_timed, o.order_wait))
             master.addons.add(NoUpstream(streams, stats))  # its own chain entry: independent of the group
         else:

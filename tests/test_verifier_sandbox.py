@@ -19,7 +19,7 @@ import pytest
 import noisefloor
 from noisefloor.verifier import forkserver, uids
 from noisefloor.verifier.datasets import CodeTask
-from noisefloor.verifier.differential import verdict
+from noisefloor.verifier.differential import Differential, verdict
 from noisefloor.verifier.isolation import Limits, SandboxError
 from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.uids import kill_uid, live_pids
@@ -233,6 +233,28 @@ def test_a_decisive_result_stops_the_candidate_and_settles_its_verdict(sandbox):
     raiser = "def f(x):\n    if x == 2:\n        raise KeyError(x)\n    return x\n"
     res, v, asked = _stopping_at_a_wrong_output(sandbox, raiser)
     assert res.stopped and asked == [0, 1] and (v.failure, v.detail[:16]) == ("exception", "input 1: KeyErro")
+
+
+def test_the_differential_grader_stops_a_candidate_at_its_first_wrong_output(sandbox):
+    """Through the grader every grading path uses: a candidate wrong at input 0 that would then
+    sleep for ten minutes is stopped there; the canonical solution (its references) runs whole."""
+    d = Differential([THREE], sandbox, "0" * 64, len(THREE.inputs))
+    runs = []
+    real = sandbox.run
+
+    def spy(*args: object, **kw: object):
+        runs.append(real(*args, **kw))
+        return runs[-1]
+
+    sandbox.run = spy  # type: ignore[method-assign]
+    try:
+        v = d.grade_program("T/3", "import time\ndef f(x):\n    if x > 1:\n        time.sleep(600)\n    return -x\n")
+    finally:
+        del sandbox.run
+    assert (v.failure, v.detail) == ("wrong_output", "input 0")
+    reference, candidate = runs
+    assert not reference.stopped and len(reference.results) == 3
+    assert candidate.stopped and not candidate.timed_out and len(candidate.results) == 1
 
 
 def test_lines_after_the_decisive_result_are_not_read(sandbox):

@@ -237,7 +237,8 @@ class Differential:
 
     def _run(self, task: CodeTask, program: str, cpu_s: float, decides: Decides | None = None) -> RunResult:
         unordered = task.kind == "mbpp" and task.entry_point in mbpp.SET_EQUAL
-        return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s, decides)
+        return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s,
+                                decides=decides)
 
     def grade_many(self, items: Sequence[tuple[str, str]], progress: Callable[[int, int], None] | None = None,
                    programs: bool = False, on_verdict: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:

@@ -85,7 +85,7 @@ class Sandbox:
         return srv
 
     def run(self, code: str, entry_point: str, inputs_encoded: Any, unordered: bool = False,
-            cpu_s: float | None = None, decides: Decides | None = None) -> RunResult:
+            cpu_s: float | None = None, *, decides: Decides | None = None) -> RunResult:
         """Run `code`'s `entry_point` on each input; `unordered`: large outputs are digested as sets;
         `cpu_s` raises the CPU limit above the default for this run; `decides(i, line, value)`: the
         candidate is stopped at the first result it calls decisive (its verdict is settled there)."""

@@ -28,7 +28,8 @@ def cluster() -> Iterator[object]:
     autoscaler monitor, metrics or log monitor (nfladder does not forward workers' logs) on a fixed
     cluster; no worker started before a run asks."""
     config = {"idle_worker_killing_time_threshold_ms": 600_000, "enable_metrics_collection": False,
-              "enable_worker_prestart": False, "prestart_worker_first_driver": False}
+              "enable_worker_prestart": False, "prestart_worker_first_driver": False,
+              "health_check_period_ms": 1000}  # the killed node found dead in ~5 s, not ~15
     c = cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "node_ip_address": "127.0.0.1", "no_monitor": True, "include_log_monitor": False,
         "_system_config": config})

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, NoisefloorError, StateError
+from noisefloor.proxy.launch import FINISH_SIGNAL, READY, READY_LINE_ENV
 from noisefloor.proxy.options import ServeOptions
 from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.stats import Stats
@@ -27,10 +28,6 @@ from noisefloor.proxy.store import Store, StoreError
 from noisefloor.proxy.store_env import is_read_only
 
 EXIT_INTERRUPTED_BASE = 128  # ended by signal N: 128 + N (SIGINT 130, SIGTERM 143), as a shell reports it
-READY_LINE_ENV = "NFPROXY_READY_LINE"  # set by `launch.start`: print the machine-readable line even with -q
-# Ends the run like SIGTERM, but the exit status is the run's own (0, 1 exchanges not recorded, 3 a
-# strict replay that failed): how a program that started a proxy stops it and learns what it saw.
-FINISH_SIGNAL = signal.SIGUSR1
 
 
 def serve(o: ServeOptions) -> int:
@@ -328,7 +325,7 @@ class _Ready:
         if not s.quiet:
             click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}", err=True)
         if not s.quiet or os.environ.get(READY_LINE_ENV):  # machine-readable (the port, when 0 was asked for)
-            print(f"NFPROXY_READY {host}:{port}", file=sys.stderr, flush=True)
+            print(f"{READY}{host}:{port}", file=sys.stderr, flush=True)
         if s.command:
             self._task = asyncio.get_running_loop().create_task(s.wrap(self.master, port))
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from noisefloor import exit_codes
-from noisefloor.proxy.serve import FINISH_SIGNAL
+from noisefloor.proxy.launch import FINISH_SIGNAL
 from noisefloor.proxy.store import Store
 from tests.conftest import start_nfproxy
 

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -39,6 +40,21 @@ def pytest_configure(config: pytest.Config) -> None:
     if sys.flags.dont_write_bytecode and not hasattr(config, "workerinput"):
         for d in PACKAGE_DIRS:
             compileall.compile_dir(ROOT / d, quiet=2, workers=1)
+
+
+@pytest.fixture(autouse=True)
+def terminal_signals(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts its processes as a terminal would: SIGINT neither ignored nor blocked. A child
+    inherits both from this worker, so one library that changed them in-process (seen in a full run:
+    nfverify and nfladder children then ignored the Ctrl-C tests' SIGINT) would change how the
+    processes of every later test on this worker take a Ctrl-C. Restored, and said, if so."""
+    yield
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    handler = signal.getsignal(signal.SIGINT)
+    if blocked or handler is not signal.default_int_handler:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.warn(f"{request.node.nodeid} left SIGINT {'blocked' if blocked else handler!r}; restored", stacklevel=1)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -124,7 +124,10 @@ def test_a_node_killed_mid_run_loses_only_runs_that_run_again(tmp_path, cluster)
     merged log only: live would add a condition that the node's death never touches."""
     out = tmp_path / "killed"
     node = NodeAgents(cluster.workers[0].all_processes["raylet"][0].process.pid)
-    p = ladder(out, "--latency-ms", "700", "--conditions", "t0,replay", address=cluster.address)
+    # the built-in agent as a script (it runs in the executor's thread otherwise): the node's agent
+    # processes are what says that a run is in flight there
+    agent = f"{sys.executable} -m noisefloor.ladder.agent {{task_file}}"
+    p = ladder(out, "--latency-ms", "700", "--conditions", "t0,replay", "--agent", agent, address=cluster.address)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(p.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()

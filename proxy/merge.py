@@ -131,6 +131,9 @@ def _read_shard(path: Path, jobs: int) -> _Shard:
         head = (s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), s.last_id())
     try:
         sessions = _check_all(path, head[3], jobs)
+        with Store.open(path, write=False) as s:
+            if s.copies_lookups():  # copied as they are: checked as the records are
+                s.checked_lookups()
     except StoreError as exc:
         raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
     return _Shard(path, sessions, head[0], head[1], head[2], meta, head[3])
@@ -151,6 +154,8 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             shards.append(_read_shard(Path(p), jobs))
         with Store.open(out, write=True, create=True) as dest:
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
+            if dest.repair_lookups():  # an earlier merge was killed before its lookups were in
+                progress(f"{out}: the replay lookups of an interrupted merge written")
             rules = _rules(dest, shards)
             present = _sessions(dest.exchanges())
             plan = _plan(present, shards)  # every refusal comes before the first write
@@ -207,7 +212,7 @@ def _copy_shard(dest: Store, shard: _Shard, plan: dict[str, _Shard | None], pres
         added["shared"] += bodies - fresh
         progress(f"{shard.path}: {added['exchanges']} exchanges merged")
 
-    merge_copy.write_shard(dest, shard.path, batches, jobs, lambda text: _moved(text, new_ids), done)
+    merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:

@@ -17,6 +17,8 @@ from array import array
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import replace
+from itertools import groupby
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -43,10 +45,13 @@ def index_entries(src: Store, olds: list[int], first: int) -> list[tuple[int, Re
 
 
 class Preparer:
-    """Batches of one shard made ready for OUT, records encoded with OUT's record dictionary."""
+    """Batches of one shard made ready for OUT, records encoded with OUT's record dictionary;
+    with `bulk`, the replay entries as the shard stores them under their new ids (their lookups
+    are copied after the shard's records, `copy_lookups`)."""
 
-    def __init__(self, path: Path, record_dict: bytes | None) -> None:
+    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False) -> None:
         self.src = Store.open(path, write=False)
+        self.bulk = bulk
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
@@ -67,8 +72,12 @@ class Preparer:
             else:
                 records.append((_U64.pack(first + k), self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))))
         wanted = sorted(d.decode() for d in digests)
-        entries = index_entries(self.src, olds, first)
-        return Batch(records, entries, dict(zip(wanted, self.src.raw_bodies(wanted)))), replays
+        bodies = dict(zip(wanted, self.src.raw_bodies(wanted)))
+        if self.bulk:
+            moved = [(_U64.pack(new_id), replay_index.moved_entry(raw, new_id))
+                     for new_id, raw in enumerate(self.src.recorded_raw(olds), first) if raw is not None]
+            return Batch(records, bodies=bodies, moved=moved), replays
+        return Batch(records, index_entries(self.src, olds, first), bodies), replays
 
     def close(self) -> None:
         self.src.close()
@@ -77,9 +86,9 @@ class Preparer:
 _worker: Preparer | None = None
 
 
-def _start(path: str, record_dict: bytes | None) -> None:
+def _start(path: str, record_dict: bytes | None, bulk: bool) -> None:
     global _worker
-    _worker = Preparer(Path(path), record_dict)
+    _worker = Preparer(Path(path), record_dict, bulk)
 
 
 def _prepare(olds: bytes, first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
@@ -109,20 +118,44 @@ def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[i
         yield result.get()
 
 
-def write_shard(dest: Store, path: Path, batches: list[array], jobs: int,
+def copy_lookups(dest: Store, src: Store, new_ids: array, first: int, chunk: int = 1 << 18) -> None:
+    """The shard's layout-2 lookups of the exchanges this merge copied (new id `first` or above:
+    `new_ids` maps the others to older ids, or 0) into OUT with their ids mapped, in key order (so
+    OUT's pages fill in order, not one random page per row), a chunk of whole keys per transaction;
+    the last one clears the mark `mark_unindexed` set. The rows were checked with the shard
+    (`checked_lookups`)."""
+    append = dest.lookup_rows_count() == 0
+    unpack, pack = replay_index.ID.unpack, replay_index.ID.pack
+    rows: list[tuple[bytes, bytes]] = []
+    for key, group in groupby(src.lookup_table(), key=itemgetter(0)):
+        mapped = sorted(new_ids[unpack(v)[0]] for _, v in group)
+        rows.extend((key, pack(n)) for n in mapped if n >= first)
+        if len(rows) >= chunk:
+            dest.put_lookups(rows, append=append, last=False)
+            rows = []
+    dest.put_lookups(rows, append=append, last=True)
+
+
+def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_ids: array,
                 moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None]) -> None:
-    """Write the batches (old ids each) of shard `path` into `dest`, in order; prepared by `jobs`
-    worker processes when there are enough exchanges. `moved` gives a replay record as OUT stores
-    it (its source id mapped, without its id); `done(exchanges, bodies, new bodies)` after each batch."""
+    """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
+    -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
+    gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
+    bodies, new bodies)` after each batch. When both stores have layout-2 lookups, the shard's are
+    copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`)."""
     key = (dest.meta("dicts") or {}).get("record")
     record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
     starts = [dest.last_id() + 1]
     for b in batches:
         starts.append(starts[-1] + len(b))
+    with Store.open(path, write=False) as src:
+        bulk = dest.copies_lookups() and src.copies_lookups()
+    if bulk and batches:
+        dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
-    with pool(jobs, _start, (str(path), record_dict)) if jobs else nullcontext() as running:
-        local = Preparer(path, record_dict)  # for the replay records, the bodies' dictionaries, a small shard
+    with pool(jobs, _start, (str(path), record_dict, bulk)) if jobs else nullcontext() as running:
+        local = Preparer(path, record_dict, bulk)  # for the replay records, the bodies' dictionaries, a small shard
         try:
             ready = _ahead(running, batches, starts, jobs) if running is not None else (
                 local.batch(b.tolist(), start) for b, start in zip(batches, starts))
@@ -132,5 +165,7 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int,
                     batch.records[k] = (packed, local.record(_U64.unpack(packed)[0], moved(text)))
                 fresh = dest.absorb(batch, local.src)
                 done(len(batch.records), len(batch.bodies), fresh)
+            if bulk and batches:
+                copy_lookups(dest, local.src, new_ids, starts[0])
         finally:
             local.close()

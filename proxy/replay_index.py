@@ -127,6 +127,24 @@ def entry_sketch(raw: bytes) -> tuple[bytes, bytes] | None:
     return None if e.bucket is None or e.sketch is None else (e.bucket, e.sketch)
 
 
+def moved_entry(raw: bytes, exchange_id: int) -> bytes:
+    """A layout-2 entry as stored, under another id (merge): checked by decoding it as the entry
+    type (a value that does not decode is a msgspec.DecodeError or ValidationError)."""
+    e = _DECODE.decode(raw)
+    e.id = exchange_id
+    return _ENCODE.encode(e)
+
+
+def lookups_of(e: _Entry) -> int:
+    """How many rows `lookup_rows` gives an entry: key and session, then bucket and bands when
+    its request had a sketch."""
+    return 2 + (1 + _HASHES // _ROWS if e.bucket is not None and e.sketch is not None else 0)
+
+
+def entry_lookups(raw: bytes) -> int:
+    return lookups_of(_DECODE.decode(raw))
+
+
 def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None) -> bytes:
     """The entry as a store of this index layout keeps it (layout 2: with its sketch)."""
     if version != VERSION:

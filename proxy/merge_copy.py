@@ -17,16 +17,15 @@ from array import array
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import replace
-from itertools import groupby
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from noisefloor.proxy import codec, replay_index
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.store_merge import Batch
+from noisefloor.proxy.store_merge import LOOKUP_KEY, Batch
 
+LOOKUP_CHUNK = 1 << 18  # lookups read and written at a time (about 5 MB)
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
@@ -118,22 +117,36 @@ def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[i
         yield result.get()
 
 
-def copy_lookups(dest: Store, src: Store, new_ids: array, first: int, chunk: int = 1 << 18) -> None:
+def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
     """The shard's layout-2 lookups of the exchanges this merge copied (new id `first` or above:
     `new_ids` maps the others to older ids, or 0) into OUT with their ids mapped, in key order (so
-    OUT's pages fill in order, not one random page per row), a chunk of whole keys per transaction;
-    the last one clears the mark `mark_unindexed` set. The rows were checked with the shard
-    (`checked_lookups`)."""
+    OUT's pages fill in order, not one random page per row), whole keys per transaction; the last
+    one clears the mark `mark_unindexed` set. The rows were checked with the shard
+    (`Store.checked_lookups`)."""
+    import numpy as np
+
+    mapped = np.frombuffer(new_ids, dtype=np.uint64)
     append = dest.lookup_rows_count() == 0
-    unpack, pack = replay_index.ID.unpack, replay_index.ID.pack
-    rows: list[tuple[bytes, bytes]] = []
-    for key, group in groupby(src.lookup_table(), key=itemgetter(0)):
-        mapped = sorted(new_ids[unpack(v)[0]] for _, v in group)
-        rows.extend((key, pack(n)) for n in mapped if n >= first)
-        if len(rows) >= chunk:
-            dest.put_lookups(rows, append=append, last=False)
-            rows = []
-    dest.put_lookups(rows, append=append, last=True)
+    keys, ids = np.empty(0, dtype=f"V{LOOKUP_KEY}"), np.empty(0, dtype=np.uint64)
+    for key_blob, id_blob in src.lookup_chunks(LOOKUP_CHUNK):
+        keys = np.concatenate([keys, np.frombuffer(key_blob, dtype=f"V{LOOKUP_KEY}")])
+        ids = np.concatenate([ids, mapped[np.frombuffer(id_blob, dtype=">u4")]])
+        cut = int(np.flatnonzero(keys != keys[-1])[-1]) + 1 if (keys != keys[-1]).any() else 0
+        dest.put_lookups(_rows(keys[:cut], ids[:cut], first), append=append, last=False)
+        keys, ids = keys[cut:], ids[cut:]  # the last key's ids may go on in the next chunk
+    dest.put_lookups(_rows(keys, ids, first), append=append, last=True)
+
+
+def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
+    """(key, 4-byte id) rows of the ids `first` or above, ids ascending under each key (keys in order)."""
+    import numpy as np
+
+    if not len(keys):
+        return []
+    group = np.concatenate([[0], np.cumsum(keys[1:] != keys[:-1])])
+    order = np.lexsort((ids, group))
+    keep = order[ids[order] >= first]
+    return list(zip(keys[keep].tolist(), ids[keep].astype(">u4").view("V4").tolist()))
 
 
 def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_ids: array,

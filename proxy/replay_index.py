@@ -50,6 +50,7 @@ _U64 = struct.Struct(">Q")
 ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
 KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
 TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
+MERGING = "merge_lookups_from"  # meta: a merge copying lookups after the records began at this id
 
 _HASHES = 32  # MinHash values per sketch
 _ROWS = 2  # values per band: 16 bands; two requests with Jaccard J share a band with 1-(1-J^2)^16
@@ -466,5 +467,12 @@ class MemoryIndex:
 
 
 def open_index(store: Store, rules: Any) -> LmdbIndex | MemoryIndex:
+    """The store's index; refused while a merge into it has copied records but not all their
+    lookups (killed: replay would miss what the merge brought)."""
+    if store.meta(MERGING) is not None:
+        from noisefloor.proxy.store_env import StoreError
+
+        raise StoreError(f"store {store.path}: a merge into it was interrupted before its replay index was "
+                         "complete; run the same nfproxy merge again to finish it")
     return LmdbIndex(store) if store.has_replay_index() else MemoryIndex(store, rules)
 

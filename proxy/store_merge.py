@@ -31,8 +31,10 @@ from noisefloor.proxy.store_env import DAMAGE, StoreError
 _U64 = struct.Struct(">Q")
 _RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
 _RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
-UNINDEXED = "merge_lookups_from"  # meta: a merge copying lookups after records began at this id
+UNINDEXED = replay_index.MERGING
 _COUNTED = 1 << 20  # lookup ids counted at a time
+LOOKUP_KEY = 1 + replay_index.TAG  # bytes of a layout-2 lookup's key: its kind, then 8
+_KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + replay_index.BAND)
 
 
 class _Recent:
@@ -78,7 +80,7 @@ class MergeIO:
     _lookups: Any
     _meta: Any
     last_id: Any
-    lookup_table: Any
+    lookup_chunks: Any
     recorded_table: Any
     recorded_raw: Any
     recorded_entries_by_id: Any
@@ -141,7 +143,7 @@ class MergeIO:
         import numpy as np
 
         last = self.last_id()
-        expected = np.zeros(last + 1, dtype=np.int64)
+        expected = np.zeros(last + 1, dtype=np.int32)  # 8 bytes an exchange for both
         for k, raw in self.recorded_table():
             exchange_id = _U64.unpack(k)[0]
             try:
@@ -151,14 +153,15 @@ class MergeIO:
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 raise StoreError(f"store {self.path}: exchange {exchange_id}'s replay-index entry is damaged "
                                  f"({exc}); restore the store from a copy") from None
-        counted = np.zeros(last + 1, dtype=np.int64)
-        ids = (v for _, v in self.lookup_table())
-        while chunk := b"".join(islice(ids, _COUNTED)):
-            got = np.frombuffer(chunk, dtype=">u4")
-            if len(chunk) % 4 or int(got.max()) > last:
-                raise StoreError(f"store {self.path}: a replay lookup names no exchange of the store (damaged); "
-                                 "restore the store from a copy")
-            counted += np.bincount(got, minlength=last + 1)
+        counted = np.zeros(last + 1, dtype=np.int32)
+        for keys, ids in self.lookup_chunks(_COUNTED):
+            got = np.frombuffer(ids, dtype=">u4") if len(ids) % 4 == 0 else None
+            if got is None or len(keys) != len(got) * LOOKUP_KEY or int(got.max()) > last or not np.isin(
+                    np.frombuffer(keys, dtype=np.uint8)[::LOOKUP_KEY], _KINDS).all():
+                raise StoreError(f"store {self.path}: a replay lookup is not one of its kinds or names no exchange "
+                                 "of the store (damaged); restore the store from a copy")
+            found, times = np.unique(got.astype(np.uint32), return_counts=True)  # O(chunk), not O(store)
+            counted[found] += times.astype(np.int32)
         wrong = np.flatnonzero(counted != expected)
         if wrong.size:
             i = int(wrong[0])

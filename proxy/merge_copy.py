@@ -25,7 +25,7 @@ from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.store_merge import LOOKUP_KEY, Batch
 
-LOOKUP_CHUNK = 1 << 18  # lookups read and written at a time (about 5 MB)
+LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')

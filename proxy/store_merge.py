@@ -6,7 +6,9 @@ record, each body it names decodes within its recorded size and hashes to its di
 decoded bodies of the last exchanges, since a session's next request is compressed against its
 previous request and answer and replicates repeat bodies. Writing: one transaction per batch
 that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
-recording writes them, bodies copied as stored (never recompressed) when this store lacks them.
+recording writes them (or, between layout-2 stores, entries as stored, the lookups copied after
+the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
+is killed between), bodies copied as stored (never recompressed) when this store lacks them.
 """
 
 from __future__ import annotations

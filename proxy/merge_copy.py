@@ -120,21 +120,22 @@ def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[i
 def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
     """The shard's layout-2 lookups of the exchanges this merge copied (new id `first` or above:
     `new_ids` maps the others to older ids, or 0) into OUT with their ids mapped, in key order (so
-    OUT's pages fill in order, not one random page per row), whole keys per transaction; the last
-    one clears the mark `mark_unindexed` set. The rows were checked with the shard
-    (`Store.checked_lookups`)."""
+    OUT's pages fill in order, not one random page per row), a chunk per transaction (memory does
+    not grow with a key's ids); the last one clears the mark `mark_unindexed` set. The rows were
+    checked with the shard (`Store.checked_lookups`)."""
     import numpy as np
 
     mapped = np.frombuffer(new_ids, dtype=np.uint64)
     append = dest.lookup_rows_count() == 0
-    keys, ids = np.empty(0, dtype=f"V{LOOKUP_KEY}"), np.empty(0, dtype=np.uint64)
+    before = None  # the last key written: a key with more ids than a chunk (a bucket's) goes on in the next
     for key_blob, id_blob in src.lookup_chunks(LOOKUP_CHUNK):
-        keys = np.concatenate([keys, np.frombuffer(key_blob, dtype=f"V{LOOKUP_KEY}")])
-        ids = np.concatenate([ids, mapped[np.frombuffer(id_blob, dtype=">u4")]])
-        cut = int(np.flatnonzero(keys != keys[-1])[-1]) + 1 if (keys != keys[-1]).any() else 0
-        dest.put_lookups(_rows(keys[:cut], ids[:cut], first), append=append, last=False)
-        keys, ids = keys[cut:], ids[cut:]  # the last key's ids may go on in the next chunk
-    dest.put_lookups(_rows(keys, ids, first), append=append, last=True)
+        keys = np.frombuffer(key_blob, dtype=f"V{LOOKUP_KEY}")
+        ids = mapped[np.frombuffer(id_blob, dtype=">u4")]
+        lead = int((keys == before).sum()) if before is not None else 0  # sorted: they come first
+        dest.put_lookups(_rows(keys[:lead], ids[:lead], first), _rows(keys[lead:], ids[lead:], first),
+                         append=append, last=False)
+        before = keys[-1]
+    dest.put_lookups([], [], append=append, last=True)
 
 
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:

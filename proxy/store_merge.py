@@ -170,11 +170,14 @@ class MergeIO:
             raise StoreError(f"store {self.path}: exchange {i} has {counted[i]} replay lookups where its entry "
                              f"implies {expected[i]} (damaged); restore the store from a copy")
 
-    def put_lookups(self, rows: list[tuple[bytes, bytes]], *, append: bool, last: bool) -> None:
-        """Layout-2 lookups copied from another store, in key order (`append`: this store had none,
-        so each lands after the last); `last`: the copy is complete, its mark is cleared."""
+    def put_lookups(self, going_on: list[tuple[bytes, bytes]], rows: list[tuple[bytes, bytes]], *, append: bool,
+                    last: bool) -> None:
+        """Layout-2 lookups copied from another store, in key order: `going_on`, more ids under the
+        last key written before (put where they sort), then `rows` (`append`: this store had no
+        lookups, so each lands after the last); `last`: the copy is complete, its mark is cleared."""
         def write(txn: lmdb.Transaction) -> None:
             with txn.cursor(db=self._lookups) as cur:
+                cur.putmulti(going_on)
                 if cur.putmulti(rows, append=append)[1] != len(rows) and append:
                     raise StoreError(f"store {self.path} was written by another process during the merge; "
                                      "merge again")

@@ -10,12 +10,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 
 from noisefloor.ladder.suite import builtin_suite
 from noisefloor.proxy import perturb
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import SHARED_DATA, start_nfproxy
 from tests.tool_provider import ToolProvider
 
@@ -30,7 +30,7 @@ def tools_of(task) -> list[dict]:
 
 
 def ask_all(url: str, tasks, run: int) -> None:
-    with httpx.Client(timeout=20) as client:
+    with loopback.client(timeout=20) as client:
         for t in tasks:
             r = client.post(url + "/v1/chat/completions", headers={"x-nf-task": t.task_id, "x-nf-replicate": str(run),
                                                                    "x-nf-session": f"{url}-{run}-{t.task_id}"},

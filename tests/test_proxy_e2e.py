@@ -20,6 +20,7 @@ import pytest
 
 from noisefloor import exit_codes
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import ProxyProcess, delete_exchanges, have_curl, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
@@ -41,7 +42,7 @@ def replay(store: Path, proxies: list[ProxyProcess], *extra: str) -> ProxyProces
 def post(proxy: ProxyProcess, body: dict | bytes, path: str = "/v1/chat/completions", **headers: str) -> httpx.Response:
     content = body if isinstance(body, bytes) else json.dumps(body).encode()
     h = {"content-type": "application/json", **{k.replace("_", "-"): v for k, v in headers.items()}}
-    return httpx.post(proxy.url + path, content=content, headers=h, timeout=20)
+    return loopback.post(proxy.url + path, content=content, headers=h, timeout=20)
 
 
 def test_openai_and_anthropic_sdks_replay_byte_identical_with_upstream_stopped(store, upstream, proxies):
@@ -135,7 +136,7 @@ def test_replay_opens_no_upstream_connection(store, upstream, proxies):
     assert post(rep, CHAT).status_code == 200
     assert post(rep, CHAT).status_code == 404
     assert post(rep, {"other": 1}).status_code == 404
-    r = httpx.get(rep.url + "/v1/models", timeout=10)
+    r = loopback.get(rep.url + "/v1/models", timeout=10)
     assert r.status_code == 404
     rep.stop()
     assert (upstream.connections, len(upstream.requests)) == (before_conns, before_reqs)
@@ -186,7 +187,7 @@ def test_no_upstream_guard_fires_inside_a_running_replay_proxy(store, upstream, 
 
     rec = start_nfproxy("--mode", "record", "--store", str(store))  # regular (forward) proxy mode
     proxies.append(rec)
-    assert httpx.post(upstream.url + "/v1/chat/completions", json=CHAT, proxy=rec.url, timeout=20).status_code == 200
+    assert loopback.post(upstream.url + "/v1/chat/completions", json=CHAT, proxy=rec.url, timeout=20).status_code == 200
     rec.stop()
     target = socket.socket()
     target.bind(("127.0.0.1", 0))
@@ -242,7 +243,7 @@ def test_planted_secrets_never_reach_the_store(store, upstream, proxies):
     rec = record(store, upstream, proxies)
     r = post(rec, CHAT, **{k.replace("-", "_"): v for k, v in SECRETS.items()})
     assert r.status_code == 200
-    q = httpx.post(rec.url + f"/v1beta/models/gemini:generateContent?key={QUERY_SECRET}&alt=json", json=CHAT,
+    q = loopback.post(rec.url + f"/v1beta/models/gemini:generateContent?key={QUERY_SECRET}&alt=json", json=CHAT,
                    headers=SECRETS, timeout=20)
     assert q.status_code == 200
     rec.stop()
@@ -294,7 +295,7 @@ def test_sigkill_mid_recording_leaves_every_answered_exchange(store, upstream, p
     stop = threading.Event()
 
     def hammer() -> None:
-        with httpx.Client(timeout=5) as client:
+        with loopback.client(timeout=5) as client:
             for i in range(2000):  # bounded in count and (below) in time
                 if stop.is_set():
                     return

@@ -19,11 +19,11 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import brotli
-import httpx
 import pytest
 import zstandard
 
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream
 
@@ -86,13 +86,13 @@ def test_secrets_in_every_encoding_reach_neither_disk_nor_stderr(store, proxies)
         auth = {"authorization": f"Bearer {BEARER}", "x-amz-security-token": AWS_TOKEN}
         body = json.dumps({**CHAT, "messages": [{"role": "user", "content": f"my key is {BEARER}"}],
                            "x_echo": [BEARER, AWS_TOKEN]}).encode()
-        r = httpx.post(rec.url + "/v1/chat/completions", content=gzip.compress(body), timeout=20,
+        r = loopback.post(rec.url + "/v1/chat/completions", content=gzip.compress(body), timeout=20,
                        headers={**auth, "content-type": "application/json", "content-encoding": "gzip"})
         assert r.status_code == 200
-        r = httpx.post(rec.url + f"/v1/chat/completions?key={QUERY_KEY}", json={**CHAT, "x_echo": PLANTED},
+        r = loopback.post(rec.url + f"/v1/chat/completions?key={QUERY_KEY}", json={**CHAT, "x_echo": PLANTED},
                        headers=auth, timeout=20)
         assert r.status_code == 200
-        with httpx.stream("POST", rec.url + "/v1/chat/completions", headers=auth, timeout=20,
+        with loopback.stream("POST", rec.url + "/v1/chat/completions", headers=auth, timeout=20,
                           json={**CHAT, "stream": True, "x_events": 40, "x_pause_ms": 1,
                                 "x_echo": [BEARER, AWS_TOKEN]}) as s:
             streamed = b"".join(s.iter_raw())
@@ -109,7 +109,7 @@ def test_secrets_in_every_encoding_reach_neither_disk_nor_stderr(store, proxies)
         # a replay miss and its messages carry the query key nowhere either
         rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
         proxies.append(rep)
-        miss = httpx.post(rep.url + f"/v1/chat/completions?key={QUERY_KEY}", json={"other": 1}, timeout=20)
+        miss = loopback.post(rep.url + f"/v1/chat/completions?key={QUERY_KEY}", json={"other": 1}, timeout=20)
         assert miss.status_code == 404
         assert rep.stop() == 3
         assert "replay miss" in rep.output and leaked(rep.output) == []
@@ -121,13 +121,13 @@ def test_secrets_in_every_encoding_reach_neither_disk_nor_stderr(store, proxies)
 def test_a_byte_no_header_should_hold_does_not_change_how_the_next_request_is_treated(store, upstream, proxies):
     rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
     proxies.append(rec)
-    assert httpx.post(rec.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
+    assert loopback.post(rec.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
     rec.stop()
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--allow-reuse", "--replay-log-in-store")
     proxies.append(rep)
     keys = (b"sk-\xff\xfe-not-utf8-PLANTED-0004", b"sk-plain-key-PLANTED-0005", b"sk-\x80-again-PLANTED-0006")
     for n, key in enumerate(keys, 1):
-        r = httpx.post(rep.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": key}, timeout=20)
+        r = loopback.post(rep.url + "/v1/chat/completions", json=CHAT, headers={"x-api-key": key}, timeout=20)
         assert r.status_code == 200, r.text  # every one answered, the ones after the odd byte too
         wait_until(lambda n=n: _replayed(store) == n, f"replay record {n} in the log")  # the deferred write, between them
     code = rep.stop()
@@ -157,7 +157,7 @@ def _bomb() -> bytes:
 def test_a_decompression_bomb_gets_413_and_other_clients_keep_going(store, upstream, proxies, mode):
     rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
     proxies.append(rec)
-    assert httpx.post(rec.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
+    assert loopback.post(rec.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
     if mode == "replay":
         rec.stop()
         proxy = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--allow-reuse")
@@ -171,7 +171,7 @@ def test_a_decompression_bomb_gets_413_and_other_clients_keep_going(store, upstr
     stop = threading.Event()
 
     def other_client() -> None:
-        with httpx.Client(timeout=20) as c:
+        with loopback.client(timeout=20) as c:
             for _ in range(400):  # bounded in count and in time; paced: a blocked proxy shows all the same
                 if stop.wait(0.02):
                     return
@@ -184,7 +184,7 @@ def test_a_decompression_bomb_gets_413_and_other_clients_keep_going(store, upstr
     wait_until(lambda: latencies, "the other client's first answer")
     statuses = []
     for _ in range(3):
-        r = httpx.post(proxy.url + "/v1/chat/completions", content=bomb, timeout=60,
+        r = loopback.post(proxy.url + "/v1/chat/completions", content=bomb, timeout=60,
                        headers={"content-type": "application/json", "content-encoding": "br"})
         statuses.append(r.status_code)
         assert "larger than 64 MiB" in r.json()["error"]["message"]
@@ -209,7 +209,7 @@ def test_bodies_that_cannot_be_canonicalized_are_forwarded_recorded_and_replayed
     deep = b'{"model": "m", "x": ' + b"[" * 50000 + b"]" * 50000 + b"}"  # past 3.13's json depth too
     first = []
     for body in (surrogate, deep):
-        r = httpx.post(rec.url + "/v1/chat/completions", content=body, timeout=20,
+        r = loopback.post(rec.url + "/v1/chat/completions", content=body, timeout=20,
                        headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text  # forwarded, answered, and recorded: never withheld
         first.append(r.content)
@@ -220,7 +220,7 @@ def test_bodies_that_cannot_be_canonicalized_are_forwarded_recorded_and_replayed
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
     proxies.append(rep)
     for body, answer in zip((surrogate, deep), first):
-        r = httpx.post(rep.url + "/v1/chat/completions", content=body, timeout=20,
+        r = loopback.post(rep.url + "/v1/chat/completions", content=body, timeout=20,
                        headers={"content-type": "application/json"})
         assert r.status_code == 200 and r.content == answer
     assert rep.stop() == 0
@@ -239,7 +239,7 @@ def thirty(tmp_path_factory: pytest.TempPathFactory) -> Path:
     rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", up.url)
     try:
         for i in range(30):
-            assert httpx.post(rec.url + "/v1/chat/completions", json=_question(i), timeout=20).status_code == 200
+            assert loopback.post(rec.url + "/v1/chat/completions", json=_question(i), timeout=20).status_code == 200
         assert rec.stop() == 0
     finally:
         rec.stop()
@@ -285,7 +285,7 @@ def test_a_store_truncated_under_a_running_replay_answers_500_and_exits_3(store,
     proxies.append(rep)
     data = store / "data.mdb"
     os.truncate(data, 4 * 4096)
-    r = httpx.post(rep.url + "/v1/chat/completions", timeout=20, json=_question(0))
+    r = loopback.post(rep.url + "/v1/chat/completions", timeout=20, json=_question(0))
     assert r.status_code == 500 and r.headers["x-nf-replay"] == "error"
     assert "truncated" in r.json()["error"]["message"]
     assert rep.stop() == 3
@@ -302,8 +302,8 @@ def test_a_read_only_store_replays_strictly_and_stays_unchanged(store, thirty, p
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(ro), "--replay-log-in-store")
     proxies.append(rep)
     for i in range(3):
-        assert httpx.post(rep.url + "/v1/chat/completions", json=_question(i), timeout=20).status_code == 200
-    assert httpx.post(rep.url + "/v1/chat/completions", json={"other": 1}, timeout=20).status_code == 404
+        assert loopback.post(rep.url + "/v1/chat/completions", json=_question(i), timeout=20).status_code == 200
+    assert loopback.post(rep.url + "/v1/chat/completions", json={"other": 1}, timeout=20).status_code == 404
     assert rep.stop() == 3  # the miss fails the strict replay, as with any store
     assert "read-only" in rep.output and "3 hits, 1 misses" in rep.output
     assert {p.name: p.read_bytes() for p in ro.iterdir()} == before
@@ -316,7 +316,7 @@ def test_two_recorders_on_one_store_are_refused(store, upstream, proxies):
                              upstream.url, "--listen", "127.0.0.1:0"], capture_output=True, text=True, timeout=60)
     assert second.returncode != 0
     assert f"being recorded by another nfproxy (pid {first.proc.pid})" in second.stderr
-    assert httpx.post(first.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
+    assert loopback.post(first.url + "/v1/chat/completions", json=CHAT, timeout=20).status_code == 200
     assert first.stop() == 0
     again = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
     proxies.append(again)

@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream
 from tests.tls import make_server_cert
@@ -65,7 +66,7 @@ def replay(store: Path, proxies: list[ProxyProcess], *extra: str) -> ProxyProces
 
 
 def first_chunk_seconds(url: str, body: dict) -> tuple[float, float]:
-    with httpx.Client(timeout=20) as client:
+    with loopback.client(timeout=20) as client:
         start = time.monotonic()
         with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
             it = r.iter_raw()
@@ -178,13 +179,13 @@ def test_stalled_upstream_is_cut_and_logged_as_partial_error(store, upstream, pr
     rec = record(store, upstream, proxies, "--stream-timeout", "1")
     start = time.monotonic()
     with pytest.raises(httpx.HTTPError):
-        with httpx.Client(timeout=15) as client:
+        with loopback.client(timeout=15) as client:
             with client.stream("POST", rec.url + "/v1/chat/completions", json=dict(STREAM, x_stall=True)) as r:
                 for _ in r.iter_raw():
                     pass
     assert time.monotonic() - start < 10
     # the proxy keeps serving
-    ok = httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
+    ok = loopback.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
     assert ok.status_code == 200
     rec.stop()
     with Store.open(store, write=False) as s:
@@ -211,7 +212,7 @@ def test_client_disconnect_mid_stream_leaves_a_marked_partial_exchange(store, up
     assert b"200" in got and b"data:" in got
     sock.close()
     wait_until(lambda: _errors(store) == 1, "the proxy recorded the cut-off stream")
-    ok = httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
+    ok = loopback.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
     assert ok.status_code == 200
     rec.stop()
     with Store.open(store, write=False) as s:
@@ -314,7 +315,7 @@ def test_wrapped_gemini_agent_finds_the_proxy_through_its_sdk_variable(tmp_path,
 def test_set_override_reaches_upstream_and_is_part_of_the_key(store, upstream, proxies):
     body = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "x"}], "temperature": 0.7}
     rec = record(store, upstream, proxies, "--set", "/temperature=0", "--set", "/seed=7")
-    assert httpx.post(rec.url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
+    assert loopback.post(rec.url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
     rec.stop()
     sent = json.loads(upstream.requests[-1].body)
     assert (sent["temperature"], sent["seed"]) == (0, 7)
@@ -322,10 +323,10 @@ def test_set_override_reaches_upstream_and_is_part_of_the_key(store, upstream, p
         ex = next(s.exchanges())
     assert ex.overrides == {"/temperature": 0, "/seed": 7}
     plain = replay(store, proxies)
-    assert httpx.post(plain.url + "/v1/chat/completions", json=body, timeout=10).status_code == 404
+    assert loopback.post(plain.url + "/v1/chat/completions", json=body, timeout=10).status_code == 404
     plain.stop()
     same = replay(store, proxies, "--set", "/temperature=0", "--set", "/seed=7")
-    assert httpx.post(same.url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
+    assert loopback.post(same.url + "/v1/chat/completions", json=body, timeout=10).status_code == 200
     assert same.stop() == 0
 
 
@@ -377,10 +378,10 @@ def test_ca_command_prints_the_environment(tmp_path):
 
 def test_websocket_upgrade_is_refused_loudly_in_replay(store, upstream, proxies):
     rec = record(store, upstream, proxies)
-    httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
+    loopback.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=10)
     rec.stop()
     rep = replay(store, proxies, "--replay-log-in-store")
-    r = httpx.get(rep.url + "/v1/realtime", headers={"Upgrade": "websocket", "Connection": "Upgrade",
+    r = loopback.get(rep.url + "/v1/realtime", headers={"Upgrade": "websocket", "Connection": "Upgrade",
                                                       "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ==",
                                                       "Sec-WebSocket-Version": "13"}, timeout=10)
     assert r.status_code == 501 and "cannot replay WebSocket" in r.text

@@ -14,12 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import lmdb
 import pytest
 import zstandard
 
 from noisefloor.proxy import codec
+from tests import loopback
 from tests.conftest import SHARED_DATA, START_TIMEOUT, nfproxy_argv
 from tests.fake_upstream import FakeUpstream
 
@@ -41,7 +41,7 @@ def recorded(tmp_path_factory) -> Path:
         rec = start("--mode", "record", "--store", str(store), "--upstream", up.url, timeout=START_TIMEOUT)
         try:
             for i in range(QUESTIONS):
-                assert httpx.post(rec.url + "/v1/chat/completions", json=chat(i), timeout=20,
+                assert loopback.post(rec.url + "/v1/chat/completions", json=chat(i), timeout=20,
                                   headers={"x-nf-task": "multiple_0"}).status_code == 200  # graded by nfverify
         finally:
             assert rec.stop() == 0
@@ -113,7 +113,7 @@ def test_a_damaged_exchange_is_never_served_and_fails_the_strict_replay(recorded
     store = _copy(recorded, tmp_path, how)
     rep = start("--mode", "replay", "--strict", "--store", str(store), timeout=START_TIMEOUT)
     proxies.append(rep)
-    answers = [httpx.post(rep.url + "/v1/chat/completions", json=chat(i), timeout=30) for i in range(QUESTIONS)]
+    answers = [loopback.post(rep.url + "/v1/chat/completions", json=chat(i), timeout=30) for i in range(QUESTIONS)]
     damaged = answers[1]  # exchange 2 is question 1
     assert damaged.status_code == 500 and damaged.headers["x-nf-replay"] == "error", (damaged.status_code,
                                                                                         damaged.text[:300])

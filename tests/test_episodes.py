@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import shutil
 
-import httpx
-
 from noisefloor.proxy.episodes import Episodes
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import start_nfproxy
 
 OLD = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "old"}], "stream": True}
@@ -17,7 +16,7 @@ NEW = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "new"}],
 
 def test_recorded_streams_replay_and_new_requests_are_recorded(tmp_path, upstream, proxies):
     rec = start_nfproxy("--mode", "record", "--upstream", upstream.url, "--store", str(tmp_path / "a.lmdb"))
-    recorded = httpx.post(rec.url + "/v1/chat/completions", json=OLD, timeout=20).text
+    recorded = loopback.post(rec.url + "/v1/chat/completions", json=OLD, timeout=20).text
     assert rec.stop() == 0
     shutil.copytree(tmp_path / "a.lmdb", tmp_path / "copy.lmdb")
     replay = start_nfproxy("--mode", "replay", "--strict", "--store", str(tmp_path / "copy.lmdb"))
@@ -27,7 +26,7 @@ def test_recorded_streams_replay_and_new_requests_are_recorded(tmp_path, upstrea
     url = front.start()
     try:
         seen = len(upstream.requests)
-        with httpx.Client(base_url=url, timeout=20) as c:
+        with loopback.client(base_url=url, timeout=20) as c:
             with c.stream("POST", "/v1/chat/completions", json=OLD) as r:
                 assert r.headers["x-nf-replay"] == "hit" and r.headers.get("transfer-encoding") == "chunked"
                 again = "".join(r.iter_text())

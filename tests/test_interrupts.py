@@ -14,12 +14,12 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from noisefloor import exit_codes
 from noisefloor.proxy.launch import FINISH_SIGNAL
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import start_nfproxy
 
 
@@ -31,7 +31,7 @@ def test_a_proxy_on_its_own_ends_by_signal_with_its_status_the_summary_and_the_r
     rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
     proxies.append(rec)
     for n in range(2):
-        r = httpx.post(rec.url + "/v1/chat/completions", timeout=20,
+        r = loopback.post(rec.url + "/v1/chat/completions", timeout=20,
                        json={"model": "m", "messages": [{"role": "user", "content": f"q{n}"}]})
         assert r.status_code == 200
     assert rec.stop(sig) == status, rec.output
@@ -44,12 +44,12 @@ def test_finish_signal_reports_a_strict_replay_miss_while_sigint_reports_the_int
     store = tmp_path / "s.lmdb"
     rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
     proxies.append(rec)
-    httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=20)
+    loopback.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=20)
     assert rec.stop() == exit_codes.OK
     for sig, status in ((FINISH_SIGNAL, exit_codes.REPLAY_FAILED), (signal.SIGINT, exit_codes.INTERRUPTED)):
         rep = start_nfproxy("--mode", "replay", "--store", str(store))
         proxies.append(rep)
-        r = httpx.post(rep.url + "/v1/chat/completions", json={"model": "other", "messages": []}, timeout=20)
+        r = loopback.post(rep.url + "/v1/chat/completions", json={"model": "other", "messages": []}, timeout=20)
         assert r.status_code == 404 and r.headers["x-nf-replay"] == "miss"
         assert rep.stop(sig) == status, rep.output
         assert "1 misses" in rep.output and "Traceback" not in rep.output, rep.output

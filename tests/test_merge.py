@@ -18,6 +18,7 @@ from noisefloor.errors import NoisefloorError
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store, StoreError
+from tests import loopback
 from tests.conftest import ProxyProcess, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
@@ -28,7 +29,7 @@ SHARED = "the same long system prompt in every shard " * 40
 def ask(proxy: ProxyProcess, labels: str, text: str) -> httpx.Response:
     body = {"model": "m", "temperature": 0, "messages": [{"role": "system", "content": SHARED},
                                                          {"role": "user", "content": text}]}
-    return httpx.post(f"{proxy.url}/_nf/{labels}/v1/chat/completions", json=body, timeout=20)
+    return loopback.post(f"{proxy.url}/_nf/{labels}/v1/chat/completions", json=body, timeout=20)
 
 
 def record_shard(path: Path, upstream: FakeUpstream, proxies: list[ProxyProcess], prefix: str, *extra: str) -> None:

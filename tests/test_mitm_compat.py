@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from noisefloor.proxy import mitm_compat
+from tests import loopback
 
 
 @pytest.mark.parametrize("internal", list(mitm_compat.INTERNALS))
@@ -105,7 +106,7 @@ def test_a_reverse_proxy_reads_its_ca_only_when_a_client_speaks_tls(tmp_path, up
     proxies.append(rec)
     assert not confdir.exists()  # listening, and nothing read or created
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    assert httpx.post(rec.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
+    assert loopback.post(rec.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
     assert confdir.exists() == (mitm_compat.LINE >= 12)  # 12.3's `request` hook reads the CA
     tls_url = f"https://127.0.0.1:{rec.port}/v1/chat/completions"
     assert httpx.post(tls_url, json=body, verify=False, timeout=20).status_code == 200

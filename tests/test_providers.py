@@ -9,7 +9,6 @@ import shutil
 from dataclasses import replace
 from pathlib import Path
 
-import httpx
 import pytest
 from aiohttp import web
 
@@ -20,6 +19,7 @@ from noisefloor.proxy.recorder import Recorder
 from noisefloor.proxy.replayer import Replayer
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.traffic import RequestData, ResponseData
+from tests import loopback
 from tests.conftest import start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
@@ -241,7 +241,7 @@ def test_a_provider_added_from_outside_records_and_replays_strictly_through_nfpr
         rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", up.url, env=env)
         proxies.append(rec)
         head = {"x-acme-key": "acme-secret-record-0123456789", "acme-version": "2026-01"}
-        with httpx.Client(base_url=rec.url, timeout=20) as c:
+        with loopback.client(base_url=rec.url, timeout=20) as c:
             live = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r1"}, headers=head)
         assert live.status_code == 200 and rec.stop() == 0, rec.output
     finally:
@@ -256,7 +256,7 @@ def test_a_provider_added_from_outside_records_and_replays_strictly_through_nfpr
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), env=env)
     proxies.append(rep)
     rotated = {"x-acme-key": "acme-secret-rotated-987654321", "acme-version": "2026-01"}
-    with httpx.Client(base_url=rep.url, timeout=20) as c:
+    with loopback.client(base_url=rep.url, timeout=20) as c:
         hit = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r2"}, headers=rotated)
         newer = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r3"},
                        headers={**rotated, "acme-version": "2026-02"})

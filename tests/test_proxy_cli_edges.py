@@ -13,11 +13,11 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from noisefloor import exit_codes
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy, wait_until
 
 AGENT = """
@@ -162,7 +162,7 @@ def test_log_shows_client_labels_with_escapes_visible(tmp_path, upstream, proxie
     rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
     proxies.append(rec)
     label = "s1\x1b]0;pwned\x07\x9b31m\u202e"
-    r = httpx.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=20,
+    r = loopback.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=20,
                    headers={"x-nf-session": label.encode("utf-8"), "x-nf-condition": "c\x1b[2J"})
     assert r.status_code == 200
     assert rec.stop() == 0

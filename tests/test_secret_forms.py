@@ -22,6 +22,7 @@ import zstandard
 
 from noisefloor.proxy import erasure, secrets
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy
 
 BEARER = "sk-proj-PLANTEDbearerKEY0123456789abcdefghijklmnopqrstuvwx"
@@ -157,7 +158,7 @@ CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "hi"}]}
 def _requests(base: str) -> list[httpx.Response]:
     auth = {"authorization": f"Bearer {BEARER}"}
     out = []
-    with httpx.Client(timeout=20) as c:
+    with loopback.client(timeout=20) as c:
         body = json.dumps({**CHAT, "note": BEARER}, ensure_ascii=True)
         body = body.replace(BEARER[:4], "".join(f"\\u{ord(ch):04x}" for ch in BEARER[:4]))  # \u-escaped in part
         out.append(c.post(base + "/v1/chat/completions", content=body.encode(),
@@ -194,7 +195,7 @@ def test_no_secret_form_and_no_20_character_run_is_stored_or_printed(tmp_path, p
     replayed = _requests(rep.url)
     assert [r.status_code for r in replayed] == [200] * 5 + [502], [r.text[:300] for r in replayed]
     assert BEARER not in replayed[5].text  # the recorded error, replayed as the 502 body
-    with httpx.Client(timeout=20) as c:  # a miss: its answer quotes the asked request in a diff
+    with loopback.client(timeout=20) as c:  # a miss: its answer quotes the asked request in a diff
         miss = c.post(rep.url + "/v1/chat/completions", json={**CHAT, "note": f"the key {BEARER} again"},
                       headers={"authorization": f"Bearer {BEARER}"})
     assert miss.status_code == 404 and "nearest" in miss.text

@@ -10,10 +10,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 
 from noisefloor.proxy.store import FORMAT, Store, StoreError
+from tests import loopback
 from tests.conftest import START_TIMEOUT, nfproxy_argv
 
 DATA = Path(__file__).parent / "data"
@@ -49,9 +49,9 @@ def replay(store: Path, proxies, *extra: str) -> None:
     rep = start("--mode", "replay", "--strict", "--store", str(store), "--upstream", "http://up", *extra,
                 timeout=START_TIMEOUT)
     proxies.append(rep)
-    r = httpx.post(rep.url + "/v1/chat/completions", json=chat("what is 2+2 (sA)"), timeout=20)
+    r = loopback.post(rep.url + "/v1/chat/completions", json=chat("what is 2+2 (sA)"), timeout=20)
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "4"
-    r = httpx.post(rep.url + "/v1/chat/completions", json=chat("say hello", stream=True), timeout=20)
+    r = loopback.post(rep.url + "/v1/chat/completions", json=chat("say hello", stream=True), timeout=20)
     assert r.status_code == 200 and b"friend" in r.content
     assert rep.stop() == 0, rep.output[-800:]
 

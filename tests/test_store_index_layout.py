@@ -13,12 +13,12 @@ import signal
 import subprocess
 from pathlib import Path
 
-import httpx
 import pytest
 
 from bench.store_traffic import REQUEST_HEADERS, record
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import FORMAT, Store, StoreError
+from tests import loopback
 from tests.conftest import START_TIMEOUT, nfproxy_argv, wait_until
 from tests.data.make_index_v1_store import answers, changed
 
@@ -60,9 +60,9 @@ def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly(v1, proxie
     proxies.append(rep)
     headers = dict(REQUEST_HEADERS[1:3])
     for i, body, answer in asked:
-        r = httpx.post(rep.url + "/v1/chat/completions", content=body, headers=headers, timeout=20)
+        r = loopback.post(rep.url + "/v1/chat/completions", content=body, headers=headers, timeout=20)
         assert r.status_code == 200 and r.content == answer, (i, r.text[:300])
-    r = httpx.post(rep.url + "/v1/chat/completions", content=changed(asked[2][1]), headers=headers, timeout=20)
+    r = loopback.post(rep.url + "/v1/chat/completions", content=changed(asked[2][1]), headers=headers, timeout=20)
     nearest = r.json()["error"]["nearest"]
     assert r.status_code == 404 and nearest["exchange_id"] in [n[0] for n in EXPECTED["3"]["near"]]
     assert rep.stop() == 3

@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from noisefloor.proxy.store import Store
+from tests import loopback
 from tests.conftest import ProxyProcess, start_nfproxy
 
 SECRET = "sk-transfer-test-abcdef0123456789"
@@ -31,7 +31,7 @@ def nfproxy(*args: str) -> subprocess.CompletedProcess[str]:
 
 def send(proxy: ProxyProcess) -> list[tuple[int, bytes]]:
     out = []
-    with httpx.Client(base_url=proxy.url, timeout=20) as c:
+    with loopback.client(base_url=proxy.url, timeout=20) as c:
         for session, body in REQUESTS:
             r = c.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {SECRET}",
                                                                  "x-nf-session": session, "x-nf-task": "T/1"})

@@ -22,6 +22,7 @@ from noisefloor.verifier.differential import Differential, Verdict
 from noisefloor.verifier.extract import assemble, extract_code
 from noisefloor.verifier.grading import GradeOptions, code_grader
 from noisefloor.verifier.mbpp import NOT_NONE
+from tests import loopback
 from tests.conftest import HAVE_EVALPLUS, needs_bfcl, needs_data, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
@@ -342,14 +343,13 @@ def test_candidates_from_a_proxy_log_become_outcome_rows(tmp_path, proxies):
     try:
         p = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", up.url, "--condition", "live")
         proxies.append(p)
-        import httpx
 
         for rep in range(2):
             for i, tid in enumerate(chosen):
                 headers = {"x-nf-session": f"{tid}-{rep}"}
                 if i == 0:  # one session labelled, the others matched by prompt
                     headers["x-nf-task"] = tid
-                r = httpx.post(p.url + "/v1/chat/completions", timeout=20, headers=headers, json={
+                r = loopback.post(p.url + "/v1/chat/completions", timeout=20, headers=headers, json={
                     "model": "m", "messages": [{"role": "user", "content": "Complete:\n" + tasks[tid].prompt}]})
                 assert r.status_code == 200
         p.stop()

@@ -18,6 +18,7 @@ from noisefloor import bounded, exit_codes
 from noisefloor.errors import InputError
 from noisefloor.proxy.store import Store
 from noisefloor.verifier.datasets import DatasetError, load_bfcl
+from tests import loopback
 
 GOOD_TASK = {"task_id": "T/0", "prompt": "def add(a, b):\n", "entry_point": "add",
              "canonical_solution": "    return a + b\n", "base_input": [[1, 2]], "plus_input": [], "atol": 0}
@@ -212,7 +213,6 @@ def test_outcomes_into_a_pipe_leave_the_pipe_a_pipe(tmp_path, dataset):
 
 def test_a_log_with_no_session_of_the_suite_is_refused_not_0_of_0(tmp_path):
     """A log recorded for something else is the wrong log: one line and exit 5, not "0/0 passed"."""
-    import httpx
 
     from noisefloor.proxy.launch import start
     from tests.fake_upstream import FakeUpstream
@@ -224,7 +224,7 @@ def test_a_log_with_no_session_of_the_suite_is_refused_not_0_of_0(tmp_path):
         rec = start("--mode", "record", "--store", str(log), "--upstream", up.url, timeout=60)
         try:
             body = {"model": "m", "messages": [{"role": "user", "content": "not a BFCL question"}]}
-            assert httpx.post(rec.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
+            assert loopback.post(rec.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
         finally:
             assert rec.stop() == 0
     finally:

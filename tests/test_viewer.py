@@ -20,11 +20,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from noisefloor.proxy.store import Store
 from noisefloor.viewer import pages
+from tests import loopback
 from tests.conftest import ROOT, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
@@ -82,7 +82,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         rec = start_nfproxy("--mode", "record", "--upstream", upstream.url, "--store", str(store))
         try:
             auth = {"authorization": f"Bearer {SECRET}"}
-            with httpx.Client(base_url=rec.url, timeout=20) as c:
+            with loopback.client(base_url=rec.url, timeout=20) as c:
                 for i, (cond, task) in enumerate([("live", TASK), ("live", "T2"), ("t0", TASK)]):
                     labels = {"x-nf-session": f"{cond}-r0-{i}", "x-nf-task": task, "x-nf-condition": cond,
                               "x-nf-replicate": "0", **auth}
@@ -94,7 +94,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--replay-log-in-store")
         try:
             labels = {"x-nf-session": "replay-r0-0", "x-nf-task": TASK, "x-nf-condition": "replay", **auth}
-            with httpx.Client(base_url=rep.url, timeout=20) as c:
+            with loopback.client(base_url=rep.url, timeout=20) as c:
                 assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 0"), headers=labels).status_code == 200
                 assert c.post("/v1/chat/completions", json=_chat(f"{BODY} task 0, changed"),
                               headers=labels).status_code == 404
@@ -309,19 +309,19 @@ def test_outcome_rows_link_to_their_session(browser, viewer):
 
 
 def test_headers_refuse_writes_and_foreign_hosts(viewer):
-    r = httpx.get(viewer + "/")
+    r = loopback.get(viewer + "/")
     csp = r.headers["content-security-policy"]
     assert "script-src 'self'" in csp and "default-src 'none'" in csp and "unsafe" not in csp
     assert r.headers["x-content-type-options"] == "nosniff"
-    assert httpx.post(viewer + "/api/summary").status_code == 405
-    assert httpx.get(viewer + "/api/summary", headers={"host": "evil.example:80"}).status_code == 421
-    assert httpx.get(viewer + "/static/../report.json").status_code == 404
-    assert httpx.get(viewer + "/plot/report.json").status_code == 404
-    doc = httpx.get(viewer + "/api/exchanges", params={"limit": 1}).text
+    assert loopback.post(viewer + "/api/summary").status_code == 405
+    assert loopback.get(viewer + "/api/summary", headers={"host": "evil.example:80"}).status_code == 421
+    assert loopback.get(viewer + "/static/../report.json").status_code == 404
+    assert loopback.get(viewer + "/plot/report.json").status_code == 404
+    doc = loopback.get(viewer + "/api/exchanges", params={"limit": 1}).text
     assert "<" not in doc and "\\u003cimg" in doc  # JSON that holds no tag even when sniffed
-    bad = httpx.get(viewer + "/api/exchanges", params={"status": "4XY"})
+    bad = loopback.get(viewer + "/api/exchanges", params={"status": "4XY"})
     assert bad.status_code == 400 and "is not a status filter" in bad.text
-    assert httpx.get(viewer + "/api/sessions", params={"status": "4XX"}).status_code == 200  # any case
+    assert loopback.get(viewer + "/api/sessions", params={"status": "4XX"}).status_code == 200  # any case
 
 
 def _raw(viewer: str, target: str, host: str | None) -> int:

@@ -29,8 +29,8 @@ def summarize(exchanges: Iterable[Exchange | Head]) -> dict[str, Any]:
         s["exchanges"] += 1
         s["sessions"].add(ex.session)
         s["modes"].add(ex.mode)
-        if ex.replay:
-            result = ex.replay.get("result")
+        result = ex.replay_result
+        if result is not None:
             s["misses"] += result == "miss"
             s["order_violations"] += result == "order_violation"
         if ex.error is not None or (ex.status or 0) >= 500:

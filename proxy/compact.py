@@ -66,7 +66,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
             dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts")}
+                                                                 "dicts", "heads")}
             dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
@@ -80,6 +80,8 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             out = codec.Codec(dicts.get)
             _copy_bodies(src, env, dbs["bodies"], out, keys.get("body"), progress)
             _copy_records(src, env, dbs["exchanges"], out, keys.get("record"), progress)
+            _append_batched(env, dbs["heads"], ((_U64.pack(i), src.head_value(text, i))
+                                                for i, text in src.record_texts()), progress, "heads")
             # the replay index, in layout 2 (a compacted store replays without loading it)
             indexed = _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:

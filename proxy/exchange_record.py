@@ -13,6 +13,8 @@ import functools
 import itertools
 import json
 import operator
+import struct
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -138,6 +140,18 @@ class Exchange:
     def replay_result(self) -> str | None:
         return (self.replay or {}).get("result")
 
+    @property
+    def status(self) -> int | None:  # a head's fields, so that listings read either
+        return None if self.response is None else self.response["status"]
+
+    @property
+    def method(self) -> str:
+        return self.request["method"]
+
+    @property
+    def url(self) -> str:
+        return self.request["url"]
+
 
 _FIELD_NAMES = tuple(n for n in Exchange.__dataclass_fields__ if n != "unknown")
 _KNOWN = frozenset(_FIELD_NAMES)
@@ -166,13 +180,7 @@ _PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 
 
 class _Part(msgspec.Struct):
-    """A part of a head, read like the record's dict (`part["status"]`, `part.get("url")`)."""
-
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name, default)
+    """A part of a record's head as its JSON text has it."""
 
 
 class _RequestHead(_Part):
@@ -184,9 +192,8 @@ class _ResponseHead(_Part):
     status: int
 
 
-class Head(msgspec.Struct):
-    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
-    status and identity, decoded and type-checked without the headers and the rest."""
+class _HeadText(msgspec.Struct):
+    """What a head is read from in a stored record's JSON (stores without a heads table)."""
 
     id: int
     time: float
@@ -201,24 +208,46 @@ class Head(msgspec.Struct):
     condition: str | None = None
     model: str | None = None
     fingerprint: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = msgspec.field(default_factory=dict)  # as `Exchange` defaults it
     truncated: bool | None = False
     replay: dict[str, Any] | None = None
     error: str | None = None
     notes: list[str] = msgspec.field(default_factory=list)
 
-    @property
-    def status(self) -> int | None:
-        return None if self.response is None else self.response.status
 
-    @property
-    def replay_result(self) -> str | None:
-        return (self.replay or {}).get("result")
+class Head(msgspec.Struct, array_like=True, gc=False, frozen=True):
+    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
+    status and identity. Stored beside the record as a small fixed encoding (the heads table:
+    msgpack, an array in this field order, after a CRC-32 of it), so that a listing never
+    decompresses records; read from the record's JSON where a store has no heads table."""
+
+    id: int
+    time: float
+    mode: str
+    session: str
+    key: str
+    occurrence: int
+    method: str
+    url: str
+    status: int | None  # None: no response
+    task: str | None
+    replicate: str | None
+    condition: str | None
+    model: str | None
+    fingerprint: str | None
+    usage: dict[str, Any] | None
+    truncated: bool | None
+    replay_result: str | None
+    error: str | None
+    notes: list[str]
 
 
 _DECODER = msgspec.json.Decoder(Exchange)
-_HEAD_DECODER = msgspec.json.Decoder(Head)
+_HEAD_TEXT = msgspec.json.Decoder(_HeadText)
 _ENCODER = msgspec.json.Encoder()
+_HEAD_ENCODER = msgspec.msgpack.Encoder()
+_HEAD_VALUE = msgspec.msgpack.Decoder(Head)
+_CRC = struct.Struct(">I")
 
 
 def parse(data: bytes) -> Exchange:
@@ -258,12 +287,50 @@ def migrate(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_head(data: bytes) -> Head:
-    """What listings read of a stored record (ValidationError / DecodeError as msgspec raises them)."""
-    return _HEAD_DECODER.decode(data)
+    """What listings read of a stored record's JSON (ValidationError / DecodeError as msgspec raises them)."""
+    h = _HEAD_TEXT.decode(data)
+    result = (h.replay or {}).get("result")
+    return Head(h.id, h.time, h.mode, h.session, h.key, h.occurrence, h.request.method, h.request.url,
+                None if h.response is None else h.response.status, h.task, h.replicate, h.condition, h.model,
+                h.fingerprint, h.usage, h.truncated, _result_text(result), h.error, h.notes)
+
+
+def _result_text(result: Any) -> str | None:
+    """A replay result as a listing shows it (a damaged record's non-text result as its text)."""
+    return result if result is None or type(result) is str else (str(result) if result else None)
 
 
 def head_of(ex: Exchange) -> Head:
-    return msgspec.convert(ex.to_json(), Head)
+    return Head(ex.id, ex.time, ex.mode, ex.session, ex.key, ex.occurrence, ex.method, ex.url, ex.status,
+                ex.task, ex.replicate, ex.condition, ex.model, ex.fingerprint, ex.usage, ex.truncated,
+                _result_text(ex.replay_result), ex.error, list(ex.notes))
+
+
+def head_value(record: bytes) -> bytes:
+    """The heads table's value for a stored record's JSON text: the head's msgpack array after
+    its CRC-32; empty (read the record) for a head msgpack cannot hold (a lone surrogate, which
+    json reads and msgspec refuses). TypeError where the text is not an exchange record."""
+    try:
+        data = _HEAD_ENCODER.encode(parse_head(record))
+    except msgspec.DecodeError:
+        return b""
+    except msgspec.ValidationError as exc:
+        raise TypeError(str(exc)) from None
+    return _CRC.pack(zlib.crc32(data)) + data
+
+
+def read_head(value: bytes | memoryview, exchange_id: int) -> Head:
+    """A heads-table value, checked: its CRC-32, its shape and types, and that it is the head of
+    `exchange_id` (ValueError saying which does not hold)."""
+    if len(value) < _CRC.size or _CRC.unpack_from(value)[0] != zlib.crc32(value[_CRC.size:]):
+        raise ValueError("its checksum does not match")
+    try:
+        head = _HEAD_VALUE.decode(value[_CRC.size:])
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ValueError(str(exc)) from None
+    if head.id != exchange_id:
+        raise ValueError(f"it is the head of exchange {head.id}")
+    return head
 
 
 def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:

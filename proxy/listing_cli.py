@@ -132,12 +132,9 @@ class _Line:
         self._middles: dict[tuple[Any, ...], str] = {}
 
     def __call__(self, ex: Head | Exchange) -> str:
-        if type(ex) is Head:  # parts are structs: attributes, not the record's dicts
-            method, url = ex.request.method, ex.request.url
-            code = ex.response.status if ex.response is not None else "ERR"
-        else:
-            method, url = ex.request["method"], ex.request["url"]
-            code = ex.response["status"] if ex.response is not None else "ERR"
+        method, url, code = ex.method, ex.url, ex.status
+        if code is None:
+            code = "ERR"
         res = ex.replay_result or ("error" if ex.error else "")
         parts = (ex.mode, ex.session, method, url, code, res if type(res) is str else str(res))
         middle = self._middles.get(parts)

@@ -50,25 +50,29 @@ class Preparer:
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
-    def record(self, new_id: int, text: bytes) -> bytes:
-        """A record's JSON (an object without "id") as OUT stores it under `new_id`."""
-        return self.codec.encode(b'{"id":%d,%s' % (new_id, text[1:]), self.key)
+    def record(self, new_id: int, text: bytes) -> tuple[bytes, bytes]:
+        """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head
+        (the heads table's value)."""
+        doc = b'{"id":%d,%s' % (new_id, text[1:])
+        return self.codec.encode(doc, self.key), self.src.head_value(doc, new_id)
 
     def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
         must be mapped to OUT's, which the merging process knows) is left to it: returned with its
         place in the batch, its value empty."""
-        records, replays, digests = [], [], set()
+        records, heads, replays, digests = [], [], [], set()
         for k, text in enumerate(self.src.record_texts_of(olds)):
             digests.update(_BODY.findall(text))
             if b'"replay": {' in text or b'"replay":{' in text:
                 replays.append((k, text))
-                records.append((_U64.pack(first + k), b""))
+                value, head = b"", b""
             else:
-                records.append((_U64.pack(first + k), self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))))
+                value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))
+            records.append((_U64.pack(first + k), value))
+            heads.append(head)
         wanted = sorted(d.decode() for d in digests)
         entries = index_entries(self.src, olds, first)
-        return Batch(records, entries, dict(zip(wanted, self.src.raw_bodies(wanted)))), replays
+        return Batch(records, entries, dict(zip(wanted, self.src.raw_bodies(wanted))), heads), replays
 
     def close(self) -> None:
         self.src.close()
@@ -129,7 +133,8 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int,
             for batch, replays in ready:
                 for k, text in replays:
                     packed = batch.records[k][0]
-                    batch.records[k] = (packed, local.record(_U64.unpack(packed)[0], moved(text)))
+                    value, batch.heads[k] = local.record(_U64.unpack(packed)[0], moved(text))
+                    batch.records[k] = (packed, value)
                 fresh = dest.absorb(batch, local.src)
                 done(len(batch.records), len(batch.bodies), fresh)
         finally:

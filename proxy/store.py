@@ -11,6 +11,10 @@ Layout (named databases; values encoded as `codec` says: tagged, zstd with a tra
   lookups   key -> sorted 4-byte ids: the replay index's lookups (see `replay_index.py`), so
                                    that replay reads what a request needs instead of loading the
                                    whole index (`rindex`: layout 1's; stores made before have none)
+  heads     u64 id -> head         each exchange's head (`exchange_record.Head`: labels, route,
+                                   status, identity; CRC-checked), written in the record's
+                                   transaction, so that listings never decompress records
+                                   (noisefloor-log/4; older stores' heads are read from the records)
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it (bulk writers may put a batch in
@@ -24,7 +28,7 @@ parse as the exchange record; anything else is a StoreError naming the store and
 Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
 dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
 replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
-do not read. Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy
+do not read; noisefloor-log/4 the heads table (below). Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy
 compact` rewrite a store whole in today's format.
 """
 
@@ -55,8 +59,8 @@ from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, ope
 from noisefloor.proxy.store_index import IndexLookups
 from noisefloor.proxy.store_merge import MergeIO
 
-FORMAT = "noisefloor-log/3"
-LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2")  # read as they are, written in their own layout
+FORMAT = "noisefloor-log/4"
+LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3")  # read as they are, written in their own layout
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
@@ -86,6 +90,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
         self._index_v: int | None = None  # the replay index's layout (meta), read on open
+        self._heads: Any = None  # the heads table: opened once the format says the store has one
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
         self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
@@ -118,6 +123,8 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
             store._adopt_format()
+            if store.format == FORMAT:
+                store._heads = store._optional_db(b"heads")
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
@@ -364,9 +371,11 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                                                        depth if depth >= 0 else CHAIN_DEPTH))
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
-        doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id)
-        txn.put(_U64.pack(new_id), self._codec.encode(doc.encode(), self._keys.get("record") or None),
+        doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id).encode()
+        txn.put(_U64.pack(new_id), self._codec.encode(doc, self._keys.get("record") or None),
                 db=self._exchanges, append=True)
+        if self._heads is not None:
+            txn.put(_U64.pack(new_id), self.head_value(doc, new_id), db=self._heads, append=True)
         if recorded is not None:
             self._put_index(txn, new_id, recorded)
         return new_id
@@ -401,9 +410,43 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                 yield self._decode_record(_U64.unpack(k)[0], raw)
 
     def heads(self) -> Iterator[Head]:
-        """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, at a
-        fraction of the cost of whole records (still checked: a record whose head does not have
-        the record type's fields is a StoreError naming the exchange)."""
+        """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
+        heads table (each checked: its CRC, its types, its id) or, in a store without one, from
+        the records (each checked against the record type). Damage is a StoreError naming the exchange."""
+        if self._heads is None:
+            yield from self._record_heads()
+            return
+        read = exchange_record.read_head
+        with self._reading("heads"), self._env.begin(db=self._heads, buffers=True) as txn:
+            n_heads, n_records = txn.stat(self._heads)["entries"], txn.stat(self._exchanges)["entries"]
+            if n_heads != n_records:
+                raise StoreError(f"store {self.path} is damaged: its heads table lists {n_heads} exchanges and its "
+                                 f"records {n_records}; `nfproxy compact` rewrites the heads from the records")
+            for k, value in txn.cursor():
+                exchange_id = _U64.unpack(k)[0]
+                try:
+                    yield read(value, exchange_id) if value else self._record_head(txn, exchange_id)
+                except ValueError as exc:
+                    raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
+                                     "`nfproxy compact` rewrites the heads from the records") from None
+
+    def _record_head(self, txn: lmdb.Transaction, exchange_id: int) -> Head:
+        """The head of a record the heads table leaves to the record (one msgpack cannot hold)."""
+        raw = txn.get(_U64.pack(exchange_id), db=self._exchanges)
+        if raw is None:
+            raise ValueError("its record is missing")
+        return exchange_record.head_of(self._decode_record(exchange_id, raw))
+
+    def head_value(self, record: bytes, exchange_id: int) -> bytes:
+        """The heads table's value for a record's JSON text (`exchange_record.head_value`), or
+        StoreError naming this store and the exchange where the text is not an exchange record."""
+        try:
+            return exchange_record.head_value(record)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"store {self.path}: exchange {exchange_id} is not an exchange record ({exc}); "
+                             "restore the store from a copy or record it again") from None
+
+    def _record_heads(self) -> Iterator[Head]:
         decode, parse, limit = self._codec.decode, exchange_record.parse_head, self.max_body  # a million times
         with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
             for k, raw in txn.cursor():
@@ -476,7 +519,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
         db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups}[name]
+              "lookups": self._lookups, "heads": self._heads}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:

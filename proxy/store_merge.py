@@ -55,6 +55,7 @@ class MergeIO:
 
     _env: Any
     _exchanges: Any
+    _heads: Any
     _bodies: Any
     _dicts: Any
     _codec: codec.Codec
@@ -147,6 +148,9 @@ class MergeIO:
             fresh = self._put_bodies(txn, batch.bodies, source)
             with txn.cursor(db=self._exchanges) as cur:
                 cur.putmulti(batch.records, append=True)
+            if self._heads is not None:
+                with txn.cursor(db=self._heads) as cur:
+                    cur.putmulti([(k, h) for (k, _), h in zip(batch.records, batch.heads, strict=True)], append=True)
             for new_id, entry in batch.entries:
                 self._put_index(txn, new_id, entry)
             return fresh
@@ -185,3 +189,4 @@ class Batch:
     records: list[tuple[bytes, bytes]]
     entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
     bodies: dict[str, bytes | None] = field(default_factory=dict)
+    heads: list[bytes] = field(default_factory=list)  # the records' heads, in their order (the heads table's values)

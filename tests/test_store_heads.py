@@ -1,0 +1,167 @@
+"""The heads table (noisefloor-log/4): every writer fills it in the record's transaction, listings
+and nfanalyze read it instead of the records and print what the records say, a store made by
+main before it (tests/data/store-main-0410ae8, noisefloor-log/3) is read as it is and migrated,
+and a damaged head is one line naming the store and the exchange. Real LMDB files, the real
+recorder, real nfproxy / nfanalyze processes."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import msgspec
+import pytest
+
+from noisefloor.analyzer import logstats
+from noisefloor.proxy import exchange_record
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
+from noisefloor.proxy.merge import merge
+from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.store import FORMAT, Store, StoreError
+from tests.conftest import nfproxy_argv
+
+DATA = Path(__file__).parent / "data"
+sys.path.insert(0, str(DATA))
+from make_main_store import answer, chat  # noqa: E402 - the fixture's own traffic
+
+_U64 = struct.Struct(">Q")
+NFANALYZE = [str(Path(sys.executable).with_name("nfanalyze"))]
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def listings(store: Path) -> tuple[str, str]:
+    plain, as_json = run([*nfproxy_argv(), "log", "--store", str(store)]), \
+        run([*nfproxy_argv(), "log", "--json", "--store", str(store)])
+    assert plain.returncode == as_json.returncode == 0, plain.stderr + as_json.stderr
+    return plain.stdout.replace(str(store), "STORE"), as_json.stdout
+
+
+def from_records(store: Path) -> list[exchange_record.Head]:
+    """Each exchange's head as its whole record gives it (the independent reading)."""
+    with Store.open(store, write=False) as s:
+        return [exchange_record.head_of(ex) for ex in s.exchanges()]
+
+
+def table(store: Path) -> dict[int, bytes]:
+    env = lmdb.open(str(store), max_dbs=16, readonly=True, lock=False)
+    try:
+        with env.begin(db=env.open_db(b"heads", create=False)) as txn:
+            return {_U64.unpack(k)[0]: bytes(v) for k, v in txn.cursor()}
+    finally:
+        env.close()
+
+
+def record_more(store: Path, n: int, session: str) -> None:
+    with Store.open(store, write=True) as s:
+        rec = Recorder(s, Rules())
+        for i in range(n):
+            rec.finish(rec.begin(chat([{"role": "user", "content": f"{session} asks {i}"}]),
+                                 Labels(session, condition=f"c{i % 2}")), answer(f"answer {i}", i))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("heads")
+    old, new = base / "old.lmdb", base / "new.lmdb"
+    shutil.copytree(DATA / "store-main-0410ae8", old)
+    shutil.copytree(old, new)
+    r = run([*nfproxy_argv(), "migrate", "--store", str(new)])
+    assert r.returncode == 0, r.stderr
+    return {"old": old, "new": new, "base": base}
+
+
+def test_a_store_of_main_is_listed_from_its_records_and_migrated_with_heads_that_list_the_same(stores):
+    old, new = stores["old"], stores["new"]
+    with Store.open(old, write=False) as s:
+        assert s.format == "noisefloor-log/3"
+        assert list(s.raw_table("heads")) == []  # no heads table: listed from the records
+        old_heads = list(s.heads())
+    with Store.open(new, write=False) as s:
+        assert s.format == FORMAT and s.meta("migrated_from") == "noisefloor-log/3"
+        new_heads = list(s.heads())
+    assert new_heads == old_heads == from_records(new)
+    assert len(table(new)) == len(old_heads) == 8
+    assert listings(old) == listings(new)
+    summary = logstats.from_store(new)
+    assert summary["conditions"] == logstats.from_store(old)["conditions"]
+    assert summary["conditions"]["(unlabeled)"]["exchanges"] == 8
+    assert summary["conditions"]["(unlabeled)"]["input_tokens"] == 40  # 5 each, as the fixture answered
+
+
+def test_every_writer_fills_the_heads_table_and_an_old_store_keeps_its_layout(stores, tmp_path):
+    old, new = tmp_path / "old.lmdb", tmp_path / "new.lmdb"
+    shutil.copytree(stores["old"], old)
+    shutil.copytree(stores["new"], new)
+    record_more(old, 3, "later")  # an older store opened for writing is written in its own layout
+    with Store.open(old, write=False) as s:
+        assert s.format == "noisefloor-log/3" and len(s) == 11
+        assert [h.session for h in s.heads()].count("later") == 3
+    record_more(new, 5, "recorded")  # the recorder (and import, which records through it)
+    shard = tmp_path / "shard.lmdb"
+    with Store.open(shard, write=True, create=True) as s:
+        s.append({"time": 1.7e9, "mode": "replay", "session": "replayed", "key": "ab" * 32, "occurrence": 0,
+                  "seq": 1, "rules_id": Rules().id, "request": {"method": "POST", "url": "http://up/v1", "headers": []},
+                  "response": {"status": 412, "headers": []}, "replay": {"result": "miss"}}, {}, None)
+    record_more(shard, 4, "sharded")
+    out = tmp_path / "merged.lmdb"
+    merge(out, [new, shard])  # merge, its replay records moved to the new ids too
+    for store, n in ((new, 13), (out, 18)):
+        heads = from_records(store)
+        assert len(heads) == n and len(table(store)) == n
+        with Store.open(store, write=False) as s:
+            listed = list(s.heads())
+        assert listed == heads
+    merged = logstats.from_store(out)["conditions"]
+    assert merged["c0"]["exchanges"] == 5 and merged["c1"]["exchanges"] == 4
+    assert merged["(unlabeled)"]["misses"] == 1 and merged["(unlabeled)"]["sessions"] == 2
+
+
+def damage(store: Path, how: str) -> None:
+    env = lmdb.open(str(store), max_dbs=16)
+    try:
+        with env.begin(write=True, db=env.open_db(b"heads")) as txn:
+            three, four = txn.get(_U64.pack(3)), txn.get(_U64.pack(4))
+            if how == "flipped":
+                txn.put(_U64.pack(3), three[:20] + bytes([three[20] ^ 1]) + three[21:])
+            elif how == "moved":  # a well-formed head, of another exchange
+                txn.put(_U64.pack(3), four)
+            elif how == "typed":  # checksum recomputed, the status no longer a number
+                head = msgspec.msgpack.decode(three[4:])
+                head[8] = "two hundred"
+                data = msgspec.msgpack.encode(head)
+                txn.put(_U64.pack(3), struct.pack(">I", __import__("zlib").crc32(data)) + data)
+            elif how == "dropped":
+                txn.delete(_U64.pack(3))
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("how, said", [("flipped", "exchange 3 is damaged (its checksum"),
+                                       ("moved", "exchange 3 is damaged (it is the head of exchange 4"),
+                                       ("typed", "exchange 3 is damaged (Expected `int | null`"),
+                                       ("dropped", "heads table lists 7 exchanges and its records 8")])
+def test_a_damaged_head_is_one_line_naming_the_store_and_the_exchange(stores, tmp_path, how, said):
+    store = tmp_path / "s.lmdb"
+    shutil.copytree(stores["new"], store)
+    damage(store, how)
+    for argv in ([*nfproxy_argv(), "log", "--store", str(store)], [*NFANALYZE, str(store)]):
+        r = run(argv)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        line = r.stderr.strip()
+        assert "\n" not in line and str(store) in line and said in line, line
+        assert "nfproxy compact" in line
+    with pytest.raises(StoreError, match=said.replace("(", r"\(")):
+        logstats.from_store(store)
+    r = run([*nfproxy_argv(), "compact", "--store", str(store)])  # the fix the line names
+    assert r.returncode == 0, r.stderr
+    with Store.open(store, write=False) as s:
+        listed = list(s.heads())
+    assert listed == from_records(store)

@@ -79,9 +79,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
                         txn.put(keys[kind], trained, db=dbs["dicts"])
             out = codec.Codec(dicts.get)
             _copy_bodies(src, env, dbs["bodies"], out, keys.get("body"), progress)
-            _copy_records(src, env, dbs["exchanges"], out, keys.get("record"), progress)
-            _append_batched(env, dbs["heads"], ((_U64.pack(i), src.head_value(text, i))
-                                                for i, text in src.record_texts()), progress, "heads")
+            _copy_records(src, env, dbs, out, keys.get("record"), progress)
             # the replay index, in layout 2 (a compacted store replays without loading it)
             indexed = _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
@@ -117,16 +115,19 @@ def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec
     _append_batched(env, db, items, progress, "bodies")  # in digest order, appended: pages filled whole
 
 
-def _copy_records(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
+def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out: codec.Codec, key: bytes | None,
                   progress: Callable[[str], None]) -> None:
+    """The records encoded again, each with its head (written from the record, tied to its new bytes)."""
     def items() -> Iterator[tuple[bytes, bytes]]:
         # parsed: a record that is not an exchange record stops the rewrite, by name
         for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
             if ex.id != i:
                 raise StoreError(f"store {src.path}: exchange {i} is listed out of order; restore it from a copy")
-            yield _U64.pack(i), out.encode(text, key)
+            stored = out.encode(text, key)
+            yield _U64.pack(i), stored
+            yield _U64.pack(i), src.head_value(text, stored, i)
 
-    _append_batched(env, db, items(), progress, "exchanges")
+    _append_batched(env, dbs["exchanges"], items(), progress, "exchanges", also=dbs["heads"])
 
 
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
@@ -176,15 +177,18 @@ def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
 
 
 def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, bytes]],
-                    progress: Callable[[str], None], what: str, append: bool = True) -> None:
+                    progress: Callable[[str], None], what: str, append: bool = True, also: object = None) -> None:
     """Append `items` (in key order) in transactions of _BATCH puts, saying how far it got after
-    each. `append=False` for a table of sorted duplicates: LMDB fills its pages whole all the same."""
+    each. `append=False` for a table of sorted duplicates: LMDB fills its pages whole all the same.
+    `also`: a second table, each item of `db` followed by one of it (a record, then its head)."""
     done = 0
     while True:
         with env.begin(write=True) as txn:
             n = 0
             for k, v in items:
                 txn.put(k, v, db=db, append=append)
+                if also is not None:
+                    txn.put(*next(items), db=also, append=append)
                 n += 1
                 if n >= _BATCH:
                     break

@@ -247,7 +247,7 @@ _HEAD_TEXT = msgspec.json.Decoder(_HeadText)
 _ENCODER = msgspec.json.Encoder()
 _HEAD_ENCODER = msgspec.msgpack.Encoder()
 _HEAD_VALUE = msgspec.msgpack.Decoder(Head)
-_CRC = struct.Struct(">I")
+_CRCS = struct.Struct(">II")  # the head's CRC-32, its record's
 
 
 def parse(data: bytes) -> Exchange:
@@ -306,31 +306,38 @@ def head_of(ex: Exchange) -> Head:
                 _result_text(ex.replay_result), ex.error, list(ex.notes))
 
 
-def head_value(record: bytes) -> bytes:
-    """The heads table's value for a stored record's JSON text: the head's msgpack array after
-    its CRC-32; empty (read the record) for a head msgpack cannot hold (a lone surrogate, which
-    json reads and msgspec refuses). TypeError where the text is not an exchange record."""
+def head_value(record: bytes, stored: bytes) -> bytes:
+    """The heads table's value for a record's JSON text `record`, stored as `stored` (its encoded
+    value): a CRC-32 of the head, a CRC-32 of `stored` (so a listing notices a record changed
+    since, without decompressing it), then the head's msgpack array; empty (read the record)
+    for a head msgpack cannot hold (a lone surrogate, which json reads and msgspec refuses).
+    TypeError where the text is not an exchange record."""
     try:
         data = _HEAD_ENCODER.encode(parse_head(record))
     except msgspec.DecodeError:
         return b""
     except msgspec.ValidationError as exc:
         raise TypeError(str(exc)) from None
-    return _CRC.pack(zlib.crc32(data)) + data
+    return _CRCS.pack(zlib.crc32(data), zlib.crc32(stored)) + data
 
 
 def read_head(value: bytes | memoryview, exchange_id: int) -> Head:
     """A heads-table value, checked: its CRC-32, its shape and types, and that it is the head of
     `exchange_id` (ValueError saying which does not hold)."""
-    if len(value) < _CRC.size or _CRC.unpack_from(value)[0] != zlib.crc32(value[_CRC.size:]):
+    if len(value) < _CRCS.size or _CRCS.unpack_from(value)[0] != zlib.crc32(value[_CRCS.size:]):
         raise ValueError("its checksum does not match")
     try:
-        head = _HEAD_VALUE.decode(value[_CRC.size:])
+        head = _HEAD_VALUE.decode(value[_CRCS.size:])
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ValueError(str(exc)) from None
     if head.id != exchange_id:
         raise ValueError(f"it is the head of exchange {head.id}")
     return head
+
+
+def head_of_stored(value: bytes | memoryview, stored: bytes | memoryview) -> bool:
+    """Whether a heads-table value was written for the record stored as `stored` (as it is now)."""
+    return _CRCS.unpack_from(value)[1] == zlib.crc32(stored)
 
 
 def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:

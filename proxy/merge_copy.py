@@ -54,7 +54,8 @@ class Preparer:
         """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head
         (the heads table's value)."""
         doc = b'{"id":%d,%s' % (new_id, text[1:])
-        return self.codec.encode(doc, self.key), self.src.head_value(doc, new_id)
+        stored = self.codec.encode(doc, self.key)
+        return stored, self.src.head_value(doc, stored, new_id)
 
     def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id

@@ -43,6 +43,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -372,10 +373,10 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id).encode()
-        txn.put(_U64.pack(new_id), self._codec.encode(doc, self._keys.get("record") or None),
-                db=self._exchanges, append=True)
+        stored = self._codec.encode(doc, self._keys.get("record") or None)
+        txn.put(_U64.pack(new_id), stored, db=self._exchanges, append=True)
         if self._heads is not None:
-            txn.put(_U64.pack(new_id), self.head_value(doc, new_id), db=self._heads, append=True)
+            txn.put(_U64.pack(new_id), self.head_value(doc, stored, new_id), db=self._heads, append=True)
         if recorded is not None:
             self._put_index(txn, new_id, recorded)
         return new_id
@@ -411,37 +412,50 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
 
     def heads(self) -> Iterator[Head]:
         """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
-        heads table (each checked: its CRC, its types, its id) or, in a store without one, from
-        the records (each checked against the record type). Damage is a StoreError naming the exchange."""
+        heads table or, in a store without one, from the records (each checked against the
+        record type). A head is checked (its CRC, its types, its id) and so is its tie to its
+        record as stored (a CRC of the record's bytes, not decompressed); damage is a StoreError
+        naming the exchange."""
         if self._heads is None:
             yield from self._record_heads()
             return
-        read = exchange_record.read_head
-        with self._reading("heads"), self._env.begin(db=self._heads, buffers=True) as txn:
-            n_heads, n_records = txn.stat(self._heads)["entries"], txn.stat(self._exchanges)["entries"]
-            if n_heads != n_records:
-                raise StoreError(f"store {self.path} is damaged: its heads table lists {n_heads} exchanges and its "
-                                 f"records {n_records}; `nfproxy compact` rewrites the heads from the records")
-            for k, value in txn.cursor():
+        read, tied = exchange_record.read_head, exchange_record.head_of_stored
+        with self._reading("heads"), self._env.begin(buffers=True) as txn:
+            pairs = zip_longest(txn.cursor(db=self._heads), txn.cursor(db=self._exchanges), fillvalue=(None, None))
+            for (k, value), (rk, raw) in pairs:
+                if k is None or rk is None or k != rk:
+                    self._unpaired(k, rk)
                 exchange_id = _U64.unpack(k)[0]
+                if not value:  # left to the record
+                    yield exchange_record.head_of(self._decode_record(exchange_id, raw))
+                    continue
                 try:
-                    yield read(value, exchange_id) if value else self._record_head(txn, exchange_id)
+                    head = read(value, exchange_id)
                 except ValueError as exc:
                     raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
                                      "`nfproxy compact` rewrites the heads from the records") from None
+                if not tied(value, raw):
+                    self._decode_record(exchange_id, raw)  # a damaged record says what is wrong with it
+                    raise StoreError(f"store {self.path}: exchange {exchange_id} was changed after its head was "
+                                     "written; restore the store from a copy, or `nfproxy compact` rewrites the "
+                                     "heads from the records")
+                yield head
 
-    def _record_head(self, txn: lmdb.Transaction, exchange_id: int) -> Head:
-        """The head of a record the heads table leaves to the record (one msgpack cannot hold)."""
-        raw = txn.get(_U64.pack(exchange_id), db=self._exchanges)
-        if raw is None:
-            raise ValueError("its record is missing")
-        return exchange_record.head_of(self._decode_record(exchange_id, raw))
+    def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:
+        """A head without its record or a record without its head: the first such exchange, named."""
+        keys = [k for k in (head_key, record_key) if k is not None]
+        exchange_id = _U64.unpack(bytes(min(keys, key=bytes)))[0]
+        which = "record" if record_key is None or (head_key is not None and bytes(head_key) < bytes(record_key)) \
+            else "head"
+        raise StoreError(f"store {self.path}: exchange {exchange_id} has no {which} (the heads table and the records "
+                         "differ); `nfproxy compact` rewrites the heads from the records")
 
-    def head_value(self, record: bytes, exchange_id: int) -> bytes:
-        """The heads table's value for a record's JSON text (`exchange_record.head_value`), or
-        StoreError naming this store and the exchange where the text is not an exchange record."""
+    def head_value(self, record: bytes, stored: bytes, exchange_id: int) -> bytes:
+        """The heads table's value for a record's JSON text stored as `stored`
+        (`exchange_record.head_value`), or StoreError naming this store and the exchange where the
+        text is not an exchange record."""
         try:
-            return exchange_record.head_value(record)
+            return exchange_record.head_value(record, stored)
         except (TypeError, ValueError) as exc:
             raise StoreError(f"store {self.path}: exchange {exchange_id} is not an exchange record ({exc}); "
                              "restore the store from a copy or record it again") from None

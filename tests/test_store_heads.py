@@ -10,6 +10,7 @@ import shutil
 import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import lmdb
@@ -17,7 +18,7 @@ import msgspec
 import pytest
 
 from noisefloor.analyzer import logstats
-from noisefloor.proxy import exchange_record
+from noisefloor.proxy import codec, exchange_record
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.merge import merge
@@ -133,13 +134,22 @@ def damage(store: Path, how: str) -> None:
                 txn.put(_U64.pack(3), three[:20] + bytes([three[20] ^ 1]) + three[21:])
             elif how == "moved":  # a well-formed head, of another exchange
                 txn.put(_U64.pack(3), four)
-            elif how == "typed":  # checksum recomputed, the status no longer a number
-                head = msgspec.msgpack.decode(three[4:])
-                head[8] = "two hundred"
+            elif how in ("typed", "forged"):  # checksum recomputed: the status no longer a number, or another one
+                head = msgspec.msgpack.decode(three[8:])
+                head[8] = "two hundred" if how == "typed" else 500
                 data = msgspec.msgpack.encode(head)
-                txn.put(_U64.pack(3), struct.pack(">I", __import__("zlib").crc32(data)) + data)
+                txn.put(_U64.pack(3), struct.pack(">I", zlib.crc32(data)) + three[4:8] + data)
             elif how == "dropped":
                 txn.delete(_U64.pack(3))
+            elif how == "record":  # the record rewritten, valid, after its head was written: it says 503
+                records, dicts = env.open_db(b"exchanges", txn=txn), env.open_db(b"dicts", txn=txn)
+                text = codec.Codec(lambda k: txn.get(k, db=dicts)).decode(txn.get(_U64.pack(3), db=records), 1 << 24)
+                assert b'"status": 200' in text
+                txn.put(_U64.pack(3), codec.Codec(lambda k: None).encode(text.replace(b'"status": 200', b'"status": 503')),
+                        db=records)
+            elif how == "cut":  # the record's stored bytes cut short
+                records = env.open_db(b"exchanges", txn=txn)
+                txn.put(_U64.pack(3), txn.get(_U64.pack(3), db=records)[:-1], db=records)
     finally:
         env.close()
 
@@ -147,7 +157,9 @@ def damage(store: Path, how: str) -> None:
 @pytest.mark.parametrize("how, said", [("flipped", "exchange 3 is damaged (its checksum"),
                                        ("moved", "exchange 3 is damaged (it is the head of exchange 4"),
                                        ("typed", "exchange 3 is damaged (Expected `int | null`"),
-                                       ("dropped", "heads table lists 7 exchanges and its records 8")])
+                                       ("dropped", "exchange 3 has no head"),
+                                       ("record", "exchange 3 was changed after its head was written"),
+                                       ("cut", "exchange 3 is damaged")])
 def test_a_damaged_head_is_one_line_naming_the_store_and_the_exchange(stores, tmp_path, how, said):
     store = tmp_path / "s.lmdb"
     shutil.copytree(stores["new"], store)
@@ -157,11 +169,26 @@ def test_a_damaged_head_is_one_line_naming_the_store_and_the_exchange(stores, tm
         assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
         line = r.stderr.strip()
         assert "\n" not in line and str(store) in line and said in line, line
-        assert "nfproxy compact" in line
+        assert "nfproxy compact" in line or how == "cut"  # a damaged record: restored, not rewritten
     with pytest.raises(StoreError, match=said.replace("(", r"\(")):
         logstats.from_store(store)
     r = run([*nfproxy_argv(), "compact", "--store", str(store)])  # the fix the line names
+    if how == "cut":
+        assert r.returncode != 0 and "is damaged" in r.stderr  # refused: nothing rewritten from a damaged record
+        return
     assert r.returncode == 0, r.stderr
     with Store.open(store, write=False) as s:
         listed = list(s.heads())
     assert listed == from_records(store)
+    assert [h.status for h in listed][2] == (503 if how == "record" else 200)  # the record is what counts
+
+
+def test_a_forged_head_with_its_checksum_recomputed_lists_what_it_says(stores, tmp_path):
+    """The limit of a checksum: a head rewritten whole, its CRC recomputed and still tied to its
+    record, is listed as it says (the record is not read); `log --json` prints the record."""
+    store = tmp_path / "s.lmdb"
+    shutil.copytree(stores["new"], store)
+    damage(store, "forged")
+    with Store.open(store, write=False) as s:
+        statuses = [h.status for h in s.heads()]
+    assert statuses[2] == 500 and [h.status for h in from_records(store)][2] == 200

@@ -10,9 +10,7 @@ path would cost as much as the rest of recording.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
-import operator
 import struct
 import zlib
 from collections.abc import Callable, Mapping
@@ -247,7 +245,9 @@ _HEAD_TEXT = msgspec.json.Decoder(_HeadText)
 _ENCODER = msgspec.json.Encoder()
 _HEAD_ENCODER = msgspec.msgpack.Encoder()
 _HEAD_VALUE = msgspec.msgpack.Decoder(Head)
-_CRCS = struct.Struct(">II")  # the head's CRC-32, its record's
+_CRC = struct.Struct(">I")  # a heads-table value: the CRC-32 of the rest,
+_TIES = struct.Struct(">II")  # its record's CRC-32 and the fields its record leaves out,
+_HEAD_AT = _CRC.size + _TIES.size  # then the head
 
 
 def parse(data: bytes) -> Exchange:
@@ -308,9 +308,10 @@ def head_of(ex: Exchange) -> Head:
 
 def head_value(record: bytes, stored: bytes) -> bytes:
     """The heads table's value for a record's JSON text `record`, stored as `stored` (its encoded
-    value): a CRC-32 of the head, a CRC-32 of `stored` (so a listing notices a record changed
-    since, without decompressing it), then the head's msgpack array; empty (read the record)
-    for a head msgpack cannot hold (a lone surrogate, which json reads and msgspec refuses).
+    value): a CRC-32 of the rest; a CRC-32 of `stored` (so a reader notices a record changed since,
+    without decompressing it); the fields `log --json` adds to the record, checked here once (a bit
+    each; NOT_LISTED: only `parse` can list it); then the head's msgpack array. Empty (read the
+    record) for a head msgpack cannot hold (a lone surrogate, which json reads and msgspec refuses).
     TypeError where the text is not an exchange record."""
     try:
         data = _HEAD_ENCODER.encode(parse_head(record))
@@ -318,16 +319,24 @@ def head_value(record: bytes, stored: bytes) -> bytes:
         return b""
     except msgspec.ValidationError as exc:
         raise TypeError(str(exc)) from None
-    return _CRCS.pack(zlib.crc32(data), zlib.crc32(stored)) + data
+    checked = _listable(record)
+    rest = _TIES.pack(zlib.crc32(stored), NOT_LISTED if checked is None else checked[1]) + data
+    return _CRC.pack(zlib.crc32(rest)) + rest
+
+
+def check_head(value: bytes | memoryview, stored: bytes | memoryview) -> str | None:
+    """What is wrong with a heads-table value beside its record as stored now: None, "head" (its
+    CRC does not match) or "record" (the record's bytes are not those it was written for)."""
+    if len(value) < _HEAD_AT or _CRC.unpack_from(value)[0] != zlib.crc32(value[_CRC.size:]):
+        return "head"
+    return None if _TIES.unpack_from(value, _CRC.size)[0] == zlib.crc32(stored) else "record"
 
 
 def read_head(value: bytes | memoryview, exchange_id: int) -> Head:
-    """A heads-table value, checked: its CRC-32, its shape and types, and that it is the head of
-    `exchange_id` (ValueError saying which does not hold)."""
-    if len(value) < _CRCS.size or _CRCS.unpack_from(value)[0] != zlib.crc32(value[_CRCS.size:]):
-        raise ValueError("its checksum does not match")
+    """A heads-table value whose CRC was checked (`check_head`): its shape and types, and that it
+    is the head of `exchange_id` (ValueError saying which does not hold)."""
     try:
-        head = _HEAD_VALUE.decode(value[_CRCS.size:])
+        head = _HEAD_VALUE.decode(value[_HEAD_AT:])
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ValueError(str(exc)) from None
     if head.id != exchange_id:
@@ -335,9 +344,9 @@ def read_head(value: bytes | memoryview, exchange_id: int) -> Head:
     return head
 
 
-def head_of_stored(value: bytes | memoryview, stored: bytes | memoryview) -> bool:
-    """Whether a heads-table value was written for the record stored as `stored` (as it is now)."""
-    return _CRCS.unpack_from(value)[1] == zlib.crc32(stored)
+def left_out(value: bytes | memoryview) -> int:
+    """The fields `log --json` adds to the record of a checked heads-table value (NOT_LISTED: parse it)."""
+    return _TIES.unpack_from(value, _CRC.size)[1]
 
 
 def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
@@ -401,23 +410,36 @@ def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
     return msgspec.json.Decoder(checker), checker.__struct_fields__, defaults
 
 
-_ADDED: dict[tuple[bool, ...], bytes] = {}  # which fields a record leaves out -> the text that adds them
+_ADDED: dict[int, bytes] = {}  # which fields a record leaves out (a bit each) -> the text that adds them
+NOT_LISTED = 0xFFFFFFFF  # a record only `parse` can list (its head says so)
 
 
 def listed(data: bytes, exchange_id: int) -> bytes | None:
     """The stored record `data` as one line of JSON with every field (the object `Exchange.json_bytes`
     gives), checked as `parse` checks it; None where only `parse` can say (keys this version does not
     know, another layout, JSON msgspec refuses, a type that is wrong: `parse` names it)."""
-    decoder, names, implicit = _record_checker()
+    checked = _listable(data)
+    if checked is None or checked[0] != exchange_id:
+        return None
+    return with_implicit(data, checked[1])
+
+
+def _listable(data: bytes) -> tuple[int, int] | None:
+    """(id, the fields it leaves out: a bit each) of a record `listed` passes through, else None."""
+    decoder, _, _ = _record_checker()
     try:
         rec = decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    if rec.id != exchange_id or rec.version not in (RECORD_VERSION, msgspec.UNSET) or b"\n" in data \
-            or b"\r" in data or not data.endswith(b"}"):
+    if rec.version not in (RECORD_VERSION, msgspec.UNSET) or b"\n" in data or b"\r" in data or not data.endswith(b"}"):
         return None
-    unset = tuple(map(operator.is_, msgspec.structs.astuple(rec), itertools.repeat(msgspec.UNSET)))
-    added = _ADDED.get(unset)
+    return rec.id, sum(1 << i for i, v in enumerate(msgspec.structs.astuple(rec)) if v is msgspec.UNSET)
+
+
+def with_implicit(data: bytes, left_out: int) -> bytes:
+    """A checked record's text with the fields it leaves out (`left_out`, a bit each) added."""
+    added = _ADDED.get(left_out)
     if added is None:
-        added = _ADDED[unset] = b"".join(implicit[n] for n, u in zip(names, unset, strict=True) if u)
+        _, names, implicit = _record_checker()
+        added = _ADDED[left_out] = b"".join(implicit[n] for i, n in enumerate(names) if left_out >> i & 1)
     return data[:-1] + added + b"}" if added else data

@@ -412,34 +412,43 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
 
     def heads(self) -> Iterator[Head]:
         """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
-        heads table or, in a store without one, from the records (each checked against the
-        record type). A head is checked (its CRC, its types, its id) and so is its tie to its
-        record as stored (a CRC of the record's bytes, not decompressed); damage is a StoreError
-        naming the exchange."""
+        heads table (`_paired`: each head checked, and its tie to its record) or, in a store
+        without one, from the records (each checked against the record type). Damage is a
+        StoreError naming the exchange."""
         if self._heads is None:
             yield from self._record_heads()
             return
-        read, tied = exchange_record.read_head, exchange_record.head_of_stored
-        with self._reading("heads"), self._env.begin(buffers=True) as txn:
+        read = exchange_record.read_head
+        for exchange_id, value, raw in self._paired("heads"):
+            if not value:  # left to the record
+                yield exchange_record.head_of(self._decode_record(exchange_id, raw))
+                continue
+            try:
+                yield read(value, exchange_id)
+            except ValueError as exc:
+                raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
+                                 "`nfproxy compact` rewrites the heads from the records") from None
+
+    def _paired(self, what: str) -> Iterator[tuple[int, memoryview, memoryview]]:
+        """(id, head, record as stored) in write order, in one read: every head's CRC checked and
+        its record's bytes those the head was written for (a CRC, nothing decompressed)."""
+        check = exchange_record.check_head
+        with self._reading(what), self._env.begin(buffers=True) as txn:
             pairs = zip_longest(txn.cursor(db=self._heads), txn.cursor(db=self._exchanges), fillvalue=(None, None))
             for (k, value), (rk, raw) in pairs:
                 if k is None or rk is None or k != rk:
                     self._unpaired(k, rk)
                 exchange_id = _U64.unpack(k)[0]
-                if not value:  # left to the record
-                    yield exchange_record.head_of(self._decode_record(exchange_id, raw))
-                    continue
-                try:
-                    head = read(value, exchange_id)
-                except ValueError as exc:
-                    raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
-                                     "`nfproxy compact` rewrites the heads from the records") from None
-                if not tied(value, raw):
+                wrong = check(value, raw) if value else None
+                if wrong == "head":
+                    raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its "
+                                     "checksum does not match); `nfproxy compact` rewrites the heads from the records")
+                if wrong == "record":
                     self._decode_record(exchange_id, raw)  # a damaged record says what is wrong with it
-                    raise StoreError(f"store {self.path}: exchange {exchange_id} was changed after its head was "
-                                     "written; restore the store from a copy, or `nfproxy compact` rewrites the "
-                                     "heads from the records")
-                yield head
+                    raise StoreError(f"store {self.path}: exchange {exchange_id}'s head and record do not match (one "
+                                     "was changed after the other was written); restore the store from a copy, or "
+                                     "`nfproxy compact` rewrites the heads from the records")
+                yield exchange_id, value, raw
 
     def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:
         """A head without its record or a record without its head: the first such exchange, named."""
@@ -476,17 +485,31 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
 
     def listed_records(self) -> Iterator[bytes]:
         """Every exchange record in write order as one line of JSON with every field (the object
-        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text, checked against
-        the record type and passed through; a record only `exchange()` can read is read by it
-        (so a damaged one is the same StoreError)."""
-        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text passed through,
+        checked against the record type when it was written (its head says what it leaves out,
+        and is tied to its bytes) or, in a store without heads, now; a record only `exchange()`
+        can read is read by it (so a damaged one is the same StoreError)."""
+        decode, limit, passed = self._codec.decode, self.max_body, exchange_record.with_implicit
+        if self._heads is None:
+            pairs: Iterator[tuple[int, Any, Any]] = self._unheaded("exchanges")
+        else:
+            pairs = self._paired("exchanges")
+        for exchange_id, value, raw in pairs:
+            try:
+                text = decode(raw, limit)
+            except DAMAGE:
+                text = None
+            left = exchange_record.left_out(value) if value else exchange_record.NOT_LISTED
+            if text is not None and left != exchange_record.NOT_LISTED and text.startswith(b'{"id":%d,' % exchange_id):
+                yield passed(text, left)
+                continue
+            text = exchange_record.listed(text, exchange_id) if text is not None else None
+            yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
+
+    def _unheaded(self, what: str) -> Iterator[tuple[int, None, memoryview]]:
+        with self._reading(what), self._env.begin(db=self._exchanges, buffers=True) as txn:
             for k, raw in txn.cursor():
-                exchange_id = _U64.unpack(k)[0]
-                try:
-                    text = exchange_record.listed(self._codec.decode(raw, self.max_body), exchange_id)
-                except DAMAGE:
-                    text = None
-                yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
+                yield _U64.unpack(k)[0], None, raw
 
     def record_texts_of(self, ids: list[int]) -> list[bytes]:
         """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""

@@ -28,8 +28,8 @@ parse as the exchange record; anything else is a StoreError naming the store and
 Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
 dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
 replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
-do not read; noisefloor-log/4 the heads table (below). Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy
-compact` rewrite a store whole in today's format.
+do not read; noisefloor-log/4 the heads table. Each is read as it is and written in its own
+layout; `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's format.
 """
 
 from __future__ import annotations

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import multiprocessing
 import os
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ import pytest
 
 from noisefloor.verifier.bfcl import Call, grade, grade_response, ground_truth_calls
 from noisefloor.verifier.datasets import DatasetError, load_bfcl, load_code_tasks, locate
-from noisefloor.verifier.differential import Differential
+from noisefloor.verifier.differential import Differential, Verdict
 from noisefloor.verifier.extract import assemble, extract_code
 from noisefloor.verifier.grading import GradeOptions, code_grader
 from noisefloor.verifier.mbpp import NOT_NONE
@@ -42,13 +43,29 @@ def graders() -> Iterator[dict[str, Differential]]:
         d.sandbox.close()
 
 
+@pytest.fixture(scope="session")
+def canonical_verdicts(graders) -> Callable[[str], dict[str, Verdict]]:
+    """Every canonical solution of a suite graded once (after its reference outputs were computed):
+    the test that they all pass reads these, and the rerun test takes them as its first run."""
+    done: dict[str, dict[str, Verdict]] = {}
+
+    def of(suite: str) -> dict[str, Verdict]:
+        if suite not in done:
+            d = graders[suite]
+            verdicts = d.grade_many([(t.task_id, t.canonical) for t in d.tasks.values()], programs=True)
+            done[suite] = {v.task_id: v for v in verdicts}
+        return done[suite]
+
+    return of
+
+
 @needs_data
 @pytest.mark.parametrize("suite,count", [("humaneval+", 164), ("mbpp+", 127)])
-def test_every_canonical_solution_passes(graders, suite, count):
-    d = graders[suite]
-    assert len(d.tasks) == count
-    verdicts = d.grade_many([(t.task_id, t.canonical) for t in d.tasks.values()], programs=True)
-    failures = [(v.task_id, v.failure, v.detail) for v in verdicts if v.outcome != 1]
+def test_every_canonical_solution_passes(graders, canonical_verdicts, suite, count):
+    assert len(graders[suite].tasks) == count
+    verdicts = canonical_verdicts(suite)
+    assert sorted(verdicts) == sorted(graders[suite].tasks)
+    failures = [(v.task_id, v.failure, v.detail) for v in verdicts.values() if v.outcome != 1]
     assert failures == []
 
 
@@ -91,14 +108,18 @@ def test_references_are_computed_per_task_and_the_cache_keeps_every_grader_s_tas
 
 
 @needs_data
-def test_reruns_of_unchanged_candidates_are_identical(graders):
-    """Replay variance of the verifier itself: 0, including Mbpp/271, the seed study's flipping task."""
+def test_reruns_of_unchanged_candidates_are_identical(graders, canonical_verdicts):
+    """Replay variance of the verifier itself: 0, including Mbpp/271, the seed study's flipping task.
+    Three runs of each candidate in all; the canonical solutions' first run is the shared grading
+    of every canonical solution (the reference outputs before it are a run of their own)."""
     d = graders["mbpp+"]
     ids = ["Mbpp/271", *list(d.tasks)[:24]]
-    items = [(tid, d.tasks[tid].canonical) for tid in ids]
-    items += [(tid, d.tasks[tid].canonical.replace("return ", "return 1 + ", 1)) for tid in ids]
-    first = [(v.outcome, v.failure) for v in d.grade_many(items, programs=True)]
-    for _ in range(2):  # three runs in all
+    canonical = canonical_verdicts("mbpp+")
+    mutants = [(tid, d.tasks[tid].canonical.replace("return ", "return 1 + ", 1)) for tid in ids]
+    first = [(canonical[tid].outcome, canonical[tid].failure) for tid in ids]
+    first += [(v.outcome, v.failure) for v in d.grade_many(mutants, programs=True)]
+    items = [(tid, d.tasks[tid].canonical) for tid in ids] + mutants
+    for _ in range(2):
         assert [(v.outcome, v.failure) for v in d.grade_many(items, programs=True)] == first
 
 
@@ -128,11 +149,15 @@ def _mutants(task_code: str, entry_point: str) -> dict[str, str]:
     return out
 
 
-def _independent_verdict(task: Any, code: str, conn: Any) -> None:
+def _independent_verdict(task: Any, code: str, conn: Any, cpu_s: int) -> None:
     """In a forked child: run the mutant and the canonical in-process and compare with == (floats
-    with a tolerance) -- a second, simpler implementation to hold the verifier's verdicts against."""
+    with a tolerance) -- a second, simpler implementation to hold the verifier's verdicts against.
+    It gets `cpu_s` CPU seconds in all (SIGXCPU ends it: a 0)."""
     import copy
     import math
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
 
     def close(a: Any, b: Any) -> bool:
         if isinstance(a, float) or isinstance(b, float):
@@ -157,12 +182,12 @@ def _independent_verdict(task: Any, code: str, conn: Any) -> None:
         conn.send(0)
 
 
-def independent(task: Any, code: str) -> int:
+def independent(task: Any, code: str, cpu_s: int) -> int:
     ctx = multiprocessing.get_context("fork")
     recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_independent_verdict, args=(task, code, send))
+    proc = ctx.Process(target=_independent_verdict, args=(task, code, send, cpu_s))
     proc.start()
-    proc.join(20)
+    proc.join(30 + 3 * cpu_s)  # a backstop only: its CPU limit ends a loop
     if proc.is_alive():
         proc.kill()
         proc.join()
@@ -172,18 +197,30 @@ def independent(task: Any, code: str) -> int:
 
 @needs_data
 def test_mutated_canonical_solutions_agree_with_an_independent_check(graders):
-    d = graders["humaneval+"]
-    items, kinds = [], []
-    for t in list(d.tasks.values())[:50]:
-        if t.entry_point == "find_zero":  # its oracle is not equality
-            continue
-        for kind, code in _mutants(t.canonical, t.entry_point).items():
-            items.append((t.task_id, code))
-            kinds.append(kind)
-    verdicts = d.grade_many(items, programs=True)
+    """The mutants of the first 50 HumanEval+ tasks are graded with a 2 CPU-s floor, not the
+    default 10 (a task whose canonical solution needs more still gives 4x that), and the independent
+    check gets the same CPU as the verifier gave, plus the canonical solution's share: a mutant that
+    loops forever (HumanEval/39's negated `if`) costs about 2 + 3 CPU-s, not 10 + 20. Either floor
+    gives such a mutant 0 in both checks; a verdict the lower floor could change is one of a mutant
+    needing 2-10 CPU-s on a task whose canonical solution needs under 0.5, and the independent
+    check, on the same budget, must then say 0 as well: a disagreement still fails the test."""
+    first = list(graders["humaneval+"].tasks)[:50]
+    d = code_grader("humaneval+", locate("humaneval+"), GradeOptions(jobs=os.cpu_count() or 2, timeout=2), first)
+    try:
+        items, kinds = [], []
+        for t in d.tasks.values():
+            if t.entry_point == "find_zero":  # its oracle is not equality
+                continue
+            for kind, code in _mutants(t.canonical, t.entry_point).items():
+                items.append((t.task_id, code))
+                kinds.append(kind)
+        verdicts = d.grade_many(items, programs=True)
+        budgets = {tid: math.ceil(1.25 * d.cpu_limit(tid)) + 1 for tid in d.tasks}  # canonical: <= limit / 4
+    finally:
+        d.sandbox.close()
     assert not any(v.outcome for k, v in zip(kinds, verdicts) if k == "wrapped")  # a list never equals
     disagree = [(tid, k) for (tid, code), k, v in zip(items, kinds, verdicts)
-                if v.outcome != independent(d.tasks[tid], code)]
+                if v.outcome != independent(d.tasks[tid], code, budgets[tid])]
     assert disagree == []
     assert sum(v.outcome == 0 for v in verdicts) >= 0.8 * len(verdicts)  # most mutants are caught
     mbpp = graders["mbpp+"]

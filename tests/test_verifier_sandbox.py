@@ -19,7 +19,7 @@ import pytest
 import noisefloor
 from noisefloor.verifier import forkserver, uids
 from noisefloor.verifier.datasets import CodeTask
-from noisefloor.verifier.differential import verdict
+from noisefloor.verifier.differential import Differential, verdict
 from noisefloor.verifier.isolation import Limits, SandboxError
 from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.uids import kill_uid, live_pids
@@ -202,6 +202,70 @@ def test_fork_bomb_and_daemons_are_contained(sandbox):
 def test_infinite_loop_and_endless_printing_time_out(sandbox):
     assert run(sandbox, "def f(x):\n    while True:\n        pass\n")[1].failure == "timeout"
     assert run(sandbox, "def f(x):\n    while True:\n        print('spam' * 100)\n")[1].failure == "timeout"
+
+
+THREE = CodeTask("T/3", "def f(x):\n", "f", "def f(x):\n    return x\n", ((1,), (2,), (3,)), 0.0, "humaneval")
+
+
+def _stopping_at_a_wrong_output(sandbox: Sandbox, code: str):
+    """Run on THREE's inputs with a check that calls an exception or a wrong output decisive."""
+    asked: list[int] = []
+
+    def decides(i: int, line: dict, value: object) -> bool:
+        asked.append(i)
+        return not line["ok"] or value != i + 1
+
+    res = sandbox.run(code, "f", encode([list(i) for i in THREE.inputs]), decides=decides)
+    return res, verdict(THREE, res, [1, 2, 3]), asked
+
+
+def test_a_decisive_result_stops_the_candidate_and_settles_its_verdict(sandbox):
+    """Wrong at input 1, then asleep for ten minutes at input 2: stopped at input 1 (not timed out at
+    the wall backstop), with the verdict the full run would give; no process of it is left."""
+    sleeper = "import time\ndef f(x):\n    if x == 3:\n        time.sleep(600)\n    return x if x < 2 else -x\n"
+    res, v, asked = _stopping_at_a_wrong_output(sandbox, sleeper)
+    assert res.stopped and not res.timed_out and len(res.results) == 2 and asked == [0, 1]
+    assert (v.failure, v.detail) == ("wrong_output", "input 1")
+    if os.geteuid() == 0:
+        assert uid_processes(sandbox.uids[0]) == 0
+    res, v, _ = _stopping_at_a_wrong_output(sandbox, "def f(x):\n    return x\n")
+    assert not res.stopped and v.failure == "pass" and len(res.values) == 3  # a passing run is never cut
+    raiser = "def f(x):\n    if x == 2:\n        raise KeyError(x)\n    return x\n"
+    res, v, asked = _stopping_at_a_wrong_output(sandbox, raiser)
+    assert res.stopped and asked == [0, 1] and (v.failure, v.detail[:16]) == ("exception", "input 1: KeyErro")
+
+
+def test_the_differential_grader_stops_a_candidate_at_its_first_wrong_output(sandbox):
+    """Through the grader every grading path uses: a candidate wrong at input 0 that would then
+    sleep for ten minutes is stopped there; the canonical solution (its references) runs whole."""
+    d = Differential([THREE], sandbox, "0" * 64, len(THREE.inputs))
+    runs = []
+    real = sandbox.run
+
+    def spy(*args: object, **kw: object):
+        runs.append(real(*args, **kw))
+        return runs[-1]
+
+    sandbox.run = spy  # type: ignore[method-assign]
+    try:
+        v = d.grade_program("T/3", "import time\ndef f(x):\n    if x > 1:\n        time.sleep(600)\n    return -x\n")
+    finally:
+        del sandbox.run
+    assert (v.failure, v.detail) == ("wrong_output", "input 0")
+    reference, candidate = runs
+    assert not reference.stopped and len(reference.results) == 3
+    assert candidate.stopped and not candidate.timed_out and len(candidate.results) == 1
+
+
+def test_lines_after_the_decisive_result_are_not_read(sandbox):
+    """A candidate that breaks the protocol right after its first wrong output is judged by that
+    output, every time: what it writes once its verdict is settled is dropped, however soon."""
+    late = ("import os\ndef f(x):\n    if x == 3:\n        for fd in range(3, 64):\n            try:\n"
+            "                os.write(fd, b'garbage\\n')\n            except OSError:\n                pass\n"
+            "    return -x\n")
+    for _ in range(3):
+        res, v, asked = _stopping_at_a_wrong_output(sandbox, late)
+        assert res.violation is None and asked == [0] and (v.failure, v.detail) == ("wrong_output", "input 0")
 
 
 def test_huge_allocation_fails_inside_the_limit(sandbox):

@@ -23,7 +23,7 @@ from noisefloor.errors import StateError
 from noisefloor.verifier import mbpp
 from noisefloor.verifier.datasets import CodeTask, cache_dir
 from noisefloor.verifier.extract import assemble, extract_code
-from noisefloor.verifier.protocol import RunResult
+from noisefloor.verifier.protocol import Decides, RunResult
 from noisefloor.verifier.sandbox import Sandbox
 from noisefloor.verifier.values import Opaque, decode, encode
 
@@ -114,9 +114,8 @@ def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
     if run.load is not None and not run.load.get("ok"):
         kind = run.load.get("kind", "exception")
         return Verdict(task.task_id, 0, kind, run.load.get("exc", ""))
-    by_index = {r["i"]: r for r in run.results}
     for i, args in enumerate(task.inputs):
-        r = by_index.get(i)
+        r = run.results[i] if i < len(run.results) else None  # results arrive in input order, checked
         if r is None:
             if run.timed_out:
                 return Verdict(task.task_id, 0, "timeout", f"limit reached at input {i}")
@@ -124,22 +123,19 @@ def verdict(task: CodeTask, run: RunResult, expected: Sequence[Any]) -> Verdict:
             return Verdict(task.task_id, 0, "exception", f"no result for input {i}: {why}")
         if not r["ok"]:
             return Verdict(task.task_id, 0, "exception", f"input {i}: {r.get('exc', '')}")
-        if not matches(task, args, decode(r["out"]), expected[i]):
+        if not matches(task, args, run.values[i], expected[i]):
             return Verdict(task.task_id, 0, "wrong_output", f"input {i}")
     return Verdict(task.task_id, 1, "pass")
 
 
 def _expected_for(task: CodeTask, run: RunResult) -> list[Any]:
-    by_index = {r["i"]: r for r in run.results}
-    if run.violation or (run.load is not None and not run.load.get("ok")) or len(by_index) < len(task.inputs):
+    if run.violation or (run.load is not None and not run.load.get("ok")) or len(run.results) < len(task.inputs):
         why = run.violation or (run.load or {}).get("exc") or ("timed out" if run.timed_out else "incomplete")
         raise ExpectedError(f"canonical solution of {task.task_id} did not run cleanly: {why}")
     out = []
-    for i in range(len(task.inputs)):
-        r = by_index[i]
+    for i, (r, value) in enumerate(zip(run.results, run.values)):
         if not r["ok"]:
             raise ExpectedError(f"canonical solution of {task.task_id} raised on input {i}: {r.get('exc')}")
-        value = decode(r["out"])
         if task.kind == "mbpp" and task.entry_point in mbpp.NOT_NONE:
             value = value is not None
         out.append(value)
@@ -227,12 +223,22 @@ class Differential:
         except (SyntaxError, ValueError) as exc:
             return Verdict(task_id, 0, "syntax_error", f"{type(exc).__name__}: {exc}")
         expected = self.expected(task_ids=(task_id,))[task_id]
-        budget = self.gt_factor * self._reference_cpu.get(task_id, 0.0)
-        return verdict(task, self._run(task, program, budget), expected)
 
-    def _run(self, task: CodeTask, program: str, cpu_s: float) -> RunResult:
+        def decides(i: int, line: dict[str, Any], value: Any) -> bool:
+            """The first exception or wrong output settles the verdict: stop the candidate there."""
+            return not line["ok"] or not matches(task, task.inputs[i], value, expected[i])
+
+        return verdict(task, self._run(task, program, self.cpu_limit(task_id), decides), expected)
+
+    def cpu_limit(self, task_id: str) -> float:
+        """CPU seconds a candidate of this task may use: the sandbox's limit, raised to `gt_factor`
+        times what the canonical solution needed (known once its outputs were computed)."""
+        return max(float(self.sandbox.limits.cpu_s), math.ceil(self.gt_factor * self._reference_cpu.get(task_id, 0.0)))
+
+    def _run(self, task: CodeTask, program: str, cpu_s: float, decides: Decides | None = None) -> RunResult:
         unordered = task.kind == "mbpp" and task.entry_point in mbpp.SET_EQUAL
-        return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s)
+        return self.sandbox.run(program, task.entry_point, self._encoded[task.task_id], unordered, cpu_s,
+                                decides=decides)
 
     def grade_many(self, items: Sequence[tuple[str, str]], progress: Callable[[int, int], None] | None = None,
                    programs: bool = False, on_verdict: Callable[[int, Verdict], None] | None = None) -> list[Verdict]:
@@ -240,15 +246,19 @@ class Differential:
         parallel across the sandbox's slots; `on_verdict(index, verdict)` as each one is done."""
         self.expected(task_ids={tid for tid, _ in items})
         grade = self.grade_program if programs else self.grade
-        return self._map(lambda it: grade(*it), items, progress, on_verdict)
+        # the costliest tasks first (by their canonical solution's CPU), so that no slot is left
+        # with one long candidate at the end while the others are idle
+        order = sorted(range(len(items)), key=lambda i: -self._reference_cpu.get(items[i][0], 0.0))
+        return self._map(lambda it: grade(*it), items, progress, on_verdict, order)
 
     def _map(self, fn: Callable[[Any], Any], items: Sequence[Any], progress: Callable[[int, int], None] | None,
-             on_result: Callable[[int, Any], None] | None = None) -> list[Any]:
-        """fn over items on the sandbox's slots. An interrupt (or any error) cancels what has not
-        started; what is running finishes (each bounded by its limits) and the error goes on."""
+             on_result: Callable[[int, Any], None] | None = None, order: Sequence[int] | None = None) -> list[Any]:
+        """fn over items on the sandbox's slots, started in `order` (default: as given). An interrupt
+        (or any error) cancels what has not started; what is running finishes (each bounded by its
+        limits) and the error goes on."""
         out: list[Any] = [None] * len(items)
         with ThreadPoolExecutor(max_workers=self.sandbox.workers) as pool:
-            futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
+            futures = {pool.submit(fn, items[i]): i for i in (range(len(items)) if order is None else order)}
             try:
                 for n, fut in enumerate(as_completed(futures), 1):
                     i = futures[fut]

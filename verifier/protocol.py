@@ -5,12 +5,18 @@ them), so its lines are read as untrusted: one load report, then one result per 
 nothing else. The first line that departs (malformed, forged, early, late or one too many) ends
 the candidate with a violation that fails it alone; nothing it writes is kept beyond the inputs'
 count.
+
+A grader that knows the expected outputs may pass a `decides` check: the first result it calls
+decisive (an exception or a wrong output) settles the verdict, so the candidate is stopped there
+and its later lines are not read. A candidate is judged by its first failing input either way;
+what it would have done after that input is never run.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from noisefloor.proxy import secrets as secrets_mod
@@ -28,6 +34,8 @@ class RunResult:
     worker_killed: bool  # the fork server itself died (the candidate killed it)
     cpu_s: float | None  # CPU time the candidate process used
     violation: str | None = None  # the candidate broke the line protocol (it alone fails: sandbox_violation)
+    values: list[Any] = field(default_factory=list)  # each result's output, decoded once (None where it raised)
+    stopped: bool = False  # ended by the grader at a decisive result (see `decides`)
 
 
 def parse_line(payload: bytes) -> dict[str, Any] | None:
@@ -38,17 +46,25 @@ def parse_line(payload: bytes) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
-class CandidateLines:
-    """A candidate's lines, taken one by one as they arrive, against the schema above."""
+Decides = Callable[[int, dict[str, Any], Any], bool]  # (input index, result line, decoded output)
+_UNDECODABLE = object()
 
-    def __init__(self, inputs: int) -> None:
+
+class CandidateLines:
+    """A candidate's lines, taken one by one as they arrive, against the schema above; `decides`
+    is asked about each valid result, and once it says yes no further line is taken."""
+
+    def __init__(self, inputs: int, decides: Decides | None = None) -> None:
         self.inputs = inputs
+        self.decides = decides
         self.load: dict[str, Any] | None = None
         self.results: list[dict[str, Any]] = []
+        self.values: list[Any] = []
         self.violation: str | None = None
+        self.decided = False
 
     def take(self, payload: bytes) -> None:
-        if self.violation is not None:
+        if self.violation is not None or self.decided:
             return
         doc = parse_line(payload)
         if doc is None:
@@ -62,10 +78,20 @@ class CandidateLines:
             self.violation = "a line after a failed load"
         elif len(self.results) >= self.inputs:
             self.violation = f"more lines than the {self.inputs} inputs"
-        elif not _is_result(doc, len(self.results)):
-            self.violation = f"not the result of input {len(self.results)}: {_preview(payload)}"
         else:
+            value = _result_value(doc, len(self.results))
+            if value is _UNDECODABLE:
+                self.violation = f"not the result of input {len(self.results)}: {_preview(payload)}"
+                return
             self.results.append(doc)
+            self.values.append(value)
+            self.decided = self.decides is not None and self._decisive(len(self.results) - 1, doc, value)
+
+    def _decisive(self, index: int, doc: dict[str, Any], value: Any) -> bool:
+        try:
+            return bool(self.decides(index, doc, value))  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - a comparison that fails here fails the same way in the verdict
+            return True
 
 
 def _preview(payload: bytes) -> str:
@@ -80,18 +106,18 @@ def _is_load(doc: dict[str, Any]) -> bool:
     return doc.get("kind") in _LOAD_KINDS and isinstance(doc.get("exc"), str)
 
 
-def _is_result(doc: dict[str, Any], index: int) -> bool:
+def _result_value(doc: dict[str, Any], index: int) -> Any:
+    """The decoded output of a valid result line (None for an exception), else _UNDECODABLE."""
     if type(doc.get("i")) is not int or doc["i"] != index or type(doc.get("ok")) is not bool:
-        return False
+        return _UNDECODABLE
     if doc["ok"]:
         if set(doc) != {"i", "ok", "out"}:
-            return False
+            return _UNDECODABLE
         try:
-            decode(doc["out"])
+            return decode(doc["out"])
         except Exception:  # noqa: BLE001 - any value the decoder refuses is not an output
-            return False
-        return True
-    return set(doc) == {"i", "ok", "exc"} and isinstance(doc["exc"], str)
+            return _UNDECODABLE
+    return None if set(doc) == {"i", "ok", "exc"} and isinstance(doc["exc"], str) else _UNDECODABLE
 
 
 def run_result(lines: CandidateLines, end: dict[str, Any] | None, timed_out: bool, cpu_limit: float,
@@ -101,7 +127,7 @@ def run_result(lines: CandidateLines, end: dict[str, Any] | None, timed_out: boo
     environment holds none)."""
     sig = end.get("signal_name") if end else None
     cpu = end.get("cpu_s") if end else None
-    if sig == "SIGXCPU" or (sig == "SIGKILL" and cpu is not None and cpu >= cpu_limit - 0.05):
+    if not lines.decided and (sig == "SIGXCPU" or (sig == "SIGKILL" and cpu is not None and cpu >= cpu_limit - 0.05)):
         timed_out = True
     load, results = lines.load, lines.results
     if secrets:
@@ -110,5 +136,6 @@ def run_result(lines: CandidateLines, end: dict[str, Any] | None, timed_out: boo
         results = [r | {"exc": secrets_mod.erase_text(str(r["exc"]), secrets)} if "exc" in r else r for r in results]
     if lines.violation is not None:
         violation = secrets_mod.erase_text(lines.violation, secrets) if secrets else lines.violation
-        return RunResult(load, results, False, sig, False, cpu, violation)
-    return RunResult(load, results, timed_out, sig, end is None and not timed_out, cpu)
+        return RunResult(load, results, False, sig, False, cpu, violation, lines.values)
+    return RunResult(load, results, timed_out and not lines.decided, sig, end is None and not timed_out, cpu, None,
+                     lines.values, lines.decided)

@@ -42,7 +42,7 @@ from typing import Any
 
 from noisefloor.verifier.forkserver import ForkServer
 from noisefloor.verifier.isolation import Limits, SandboxError, isolation_mode, known_secrets
-from noisefloor.verifier.protocol import CandidateLines, RunResult, parse_line, run_result
+from noisefloor.verifier.protocol import CandidateLines, Decides, RunResult, parse_line, run_result
 from noisefloor.verifier.uids import claim_uid, kill_group, kill_uid
 
 _MAX_OUTPUT = 512 << 20  # bytes of worker output kept at most
@@ -85,9 +85,10 @@ class Sandbox:
         return srv
 
     def run(self, code: str, entry_point: str, inputs_encoded: Any, unordered: bool = False,
-            cpu_s: float | None = None) -> RunResult:
+            cpu_s: float | None = None, *, decides: Decides | None = None) -> RunResult:
         """Run `code`'s `entry_point` on each input; `unordered`: large outputs are digested as sets;
-        `cpu_s` raises the CPU limit above the default for this run."""
+        `cpu_s` raises the CPU limit above the default for this run; `decides(i, line, value)`: the
+        candidate is stopped at the first result it calls decisive (its verdict is settled there)."""
         limits = replace(self.limits, cpu_s=max(self.limits.cpu_s, math.ceil(cpu_s or 0)))
         job: dict[str, Any] = {"code": code, "entry_point": entry_point, "inputs": inputs_encoded,
                                "limits": limits.job(), "ban_sockets": self.mode != "namespaces",
@@ -95,18 +96,18 @@ class Sandbox:
         with self._slot() as slot:
             if self.mode == "namespaces":
                 job |= {"uid": self._locks[slot][0], "root": self._root}
-                return self._execute(slot, job, limits)
+                return self._execute(slot, job, limits, decides)
             workdir = tempfile.mkdtemp(prefix="nfverify-")
             try:
-                return self._execute(slot, job | {"workdir": workdir}, limits)
+                return self._execute(slot, job | {"workdir": workdir}, limits, decides)
             finally:
                 shutil.rmtree(workdir, ignore_errors=True)
 
-    def _execute(self, slot: int, job: dict[str, Any], limits: Limits) -> RunResult:
+    def _execute(self, slot: int, job: dict[str, Any], limits: Limits, decides: Decides | None) -> RunResult:
         srv = self._server(slot)
         srv.send(job)
         deadline = time.monotonic() + limits.cpu_s * limits.wall_factor + 2
-        lines = CandidateLines(len(job["inputs"]) if isinstance(job["inputs"], list) else 0)
+        lines = CandidateLines(len(job["inputs"]) if isinstance(job["inputs"], list) else 0, decides)
         end, pid, isolation, kept, timed_out = None, None, None, 0, False
         while end is None:
             tag, payload = srv.frame(deadline)
@@ -123,10 +124,10 @@ class Sandbox:
                 isolation = parse_line(payload) or {"isolated": False, "exc": "unreadable isolation report"}
             elif tag == b"E":
                 end = json.loads(payload)
-            elif tag == b"C" and kept < _MAX_OUTPUT and lines.violation is None:
+            elif tag == b"C" and kept < _MAX_OUTPUT and lines.violation is None and not lines.decided:
                 kept += len(payload)
                 lines.take(payload)
-                if lines.violation is not None:
+                if lines.violation is not None or lines.decided:
                     self._stop(job, pid)  # what it writes from here on is read and dropped
         self._stop(job, pid)
         if end is None:

@@ -1,5 +1,6 @@
-"""What the built-in stdlib clients (judge, tools) share: one chat call with one retry, and the
-script entry point. Standard library only, so either client still runs as a plain script."""
+"""What the built-in stdlib clients (chat, completions, judge, tools) share: one JSON POST to
+$OPENAI_BASE_URL, one chat call with one retry, and the script entry point. Standard library
+only, so each client still runs as a plain script."""
 
 from __future__ import annotations
 
@@ -11,25 +12,30 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 Outcome = tuple[int, str, str]  # (exit status, stdout, stderr), as the script would give them
+FAILURES = (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError)  # a failed or broken call
+
+
+def post(env: Mapping[str, str], path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One POST of `body` to $OPENAI_BASE_URL + `path`; the decoded JSON answer."""
+    base = env.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
+    req = urllib.request.Request(base.rstrip("/") + path, data=json.dumps(body).encode(),
+                                 headers={"content-type": "application/json",
+                                          "authorization": "Bearer " + env.get("OPENAI_API_KEY", "sk-none")})
+    with urllib.request.urlopen(req, timeout=float(env.get("NF_AGENT_HTTP_TIMEOUT", "60"))) as resp:  # noqa: S310
+        return json.load(resp)
 
 
 def chat_message(body: dict[str, Any], env: Mapping[str, str]) -> dict[str, Any]:
     """The first choice's message for `body` at $OPENAI_BASE_URL/chat/completions; one retry of a
-    failed call. Raises OSError or ValueError (a broken answer) when both tries fail."""
-    base = env.get("OPENAI_BASE_URL", "https://api.openai.com/v1")
-    req = urllib.request.Request(base.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"content-type": "application/json",
-                                          "authorization": "Bearer " + env.get("OPENAI_API_KEY", "sk-none")})
+    failed call. Raises ValueError when both tries fail."""
     error: Exception | None = None
     for _ in range(2):
         try:
-            with urllib.request.urlopen(req, timeout=float(env.get("NF_AGENT_HTTP_TIMEOUT", "60"))) as resp:  # noqa: S310
-                doc = json.load(resp)
-            message = doc["choices"][0]["message"]
+            message = post(env, "/chat/completions", body)["choices"][0]["message"]
             if not isinstance(message, dict):
                 raise TypeError("message is not an object")
             return message
-        except (urllib.error.URLError, OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+        except FAILURES as exc:
             error = exc
     raise ValueError(f"request failed: {error}")
 

@@ -1,4 +1,5 @@
-"""One agent run: the unchanged agent as a subprocess, pointed at a proxy by its environment.
+"""One agent run: the unchanged agent as a subprocess, pointed at a proxy by its environment (or
+a built-in client, given the same environment, in this thread).
 
 A plain function over plain data, so any executor can run it wherever the proxy is: a thread
 here, a Ray task on another machine.
@@ -34,7 +35,7 @@ def kill_running() -> None:
             os.killpg(proc.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-INLINE = "nf-inline:"  # an agent argv of one word `nf-inline:MODULE`: a built-in client run in this thread
+INLINE = "nf-inline:"  # an agent argv of one word `nf-inline:MODULE[:FUNCTION]`: a built-in client run in this thread
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,8 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
            "ANTHROPIC_API_KEY": os.environ.get("ANTHROPIC_API_KEY", "sk-nfladder"), **dict(run.env)}
     argv = [a.replace("{task_file}", str(task_file)) for a in run.agent]
     start = time.monotonic()
-    if argv and argv[0].startswith(INLINE):  # no interpreter per run (the judge's many short calls)
-        import importlib
-
-        client = importlib.import_module(f"noisefloor.ladder.{argv[0][len(INLINE):]}")
-        code, _, err = client.run(json.loads(task_file.read_text()), env)
-        return Attempt(run.session, run.task_id, run.condition, run.replicate, code, False,
-                       round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
+    if argv and argv[0].startswith(INLINE):  # no interpreter per run: a study's hundreds of short runs
+        return _run_inline(run, argv[0][len(INLINE):], task_file, env, start)
     timed_out, code, err = False, None, ""
     try:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -112,4 +108,17 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
             with _LOCK:
                 _RUNNING.discard(proc)
     return Attempt(run.session, run.task_id, run.condition, run.replicate, code, timed_out,
+                   round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
+
+
+def _run_inline(run: AgentRun, spec: str, task_file: Path, env: dict[str, str], start: float) -> Attempt:
+    """A built-in client (`MODULE[:FUNCTION]` of this package, `run` by default) in this thread; its
+    HTTP calls are bounded by the run's timeout, as a script's would be by the kill."""
+    import importlib
+
+    module, _, function = spec.partition(":")
+    client = getattr(importlib.import_module(f"noisefloor.ladder.{module}"), function or "run")
+    env = {**env, "NF_AGENT_HTTP_TIMEOUT": env.get("NF_AGENT_HTTP_TIMEOUT", str(min(60.0, run.timeout)))}
+    code, _, err = client(json.loads(task_file.read_text()), env)
+    return Attempt(run.session, run.task_id, run.condition, run.replicate, code, False,
                    round(time.monotonic() - start, 3), err[-STDERR_TAIL:])

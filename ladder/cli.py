@@ -96,6 +96,8 @@ def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None,
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Where agent runs and grading happen: this machine, or a Ray cluster (pip install 'noisefloor[ray]').")
 @click.option("--ray-address", help="The Ray cluster to join (default: start or join a local Ray).")
+@click.option("--plot/--no-plot", default=True, show_default=True,
+              help="ladder: draw ladder.png (matplotlib's import and drawing cost about a CPU-second a run).")
 @design_options
 @click.pass_context
 def run_cmd(ctx: click.Context, study: Path | None, **p: Any) -> None:
@@ -127,7 +129,7 @@ def _run(p: dict[str, Any]) -> int:
                  seed=p["seed"], bootstrap=p["bootstrap"],
                  replay_env={"NF_AGENT_NOISE": "1"} if p["inject_violation"] else {},
                  executor=p["executor"], ray_address=p["ray_address"], design=name,
-                 perturb_file=p["perturb_file"], provider_listing=provenance.provider_models(upstream))
+                 perturb_file=p["perturb_file"], provider_listing=provenance.provider_models(upstream), plot=p["plot"])
     try:
         return execute(cfg, design, kind, builtin, p["abort_on_drift"])
     except LadderError as exc:
@@ -187,7 +189,7 @@ def demo_cmd(ctx: click.Context, replicates: int, out: Path, design: str, **p: A
     p = {**p, "replicates": replicates, "out": out, "design": design, "agent_cmd": "builtin", "suite": "builtin",
          "limit": None, "task_ids": None, "conditions": ",".join(LADDER_DEFAULT), "provider": "builtin", "replay_source": "t0:0",
          "agent_timeout": 60.0, "inject_violation": False, "fault_429": 0.0, "fault_drop": 0.0, "latency_ms": 0.0,
-         "abort_on_drift": True, "executor": "local", "ray_address": None}
+         "abort_on_drift": True, "executor": "local", "ray_address": None, "plot": True}
     for k, v in DEMO_SIZES[design].items():
         if ctx.get_parameter_source(k) in (None, click.core.ParameterSource.DEFAULT):
             p[k] = v

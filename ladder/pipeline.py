@@ -140,7 +140,7 @@ def _run_ladder(cfg: Config, design: Design, kind: str, builtin: Any | None, exe
     result, parts, drifted = analysis_doc(cfg, design, ladder, rows)
     if builtin is not None:
         parts = replace(parts, truth=_ladder_truth(builtin, result, cfg))
-    doc = write_reports(cfg, result, parts, rows)
+    doc = write_reports(cfg, result, parts, rows, plot=cfg.plot)
     replayed = [c.name for c in cfg.conditions if c.replays]
     return LadderResult(result, doc, drifted, ladder.replay_failures(),
                         any(ladder.proxy_exit.get(n) == EXIT_REPLAY_FAILED for n in replayed))

@@ -1,7 +1,8 @@
 """`nfladder run --executor ray`: agent runs as Ray tasks over a cluster.
 
-Each node that gets agent runs also gets one actor that owns the node's nfproxy processes (one per
-condition, as on one machine), each recording into a store shard on that node's own disk. When a
+Each node with CPUs gets one actor that owns the node's nfproxy processes (one per condition, as
+on one machine, all started by the driver before the condition's runs), each recording into a
+store shard on that node's own disk. When a
 condition ends, every actor stops its proxy and sends back a compact copy of its shard through
 Ray's object store; the driver merges the shards into the study's log (`nfproxy merge`, so a
 damaged shard is refused by name). Replay ships the merged log the same way, to every node that
@@ -107,12 +108,17 @@ def _existing_actor(study: str, node: str) -> Any | None:
         return None
 
 
-def _agent_task(study: str, run: AgentRun, key: str, args: list[str], shipped: list[Any]) -> tuple[Attempt, str]:
-    """A Ray task: one agent run behind its own node's proxy for the condition."""
+def _agent_task(study: str, run: AgentRun, key: str, args: list[str], shipped: list[Any],
+                ready: dict[str, tuple[int, str]]) -> tuple[Attempt, str]:
+    """A Ray task: one agent run behind its own node's proxy for the condition. `ready` holds the
+    proxies started before the runs; only a node that joined since asks its actor (a task blocked in
+    `ray.get` gives its CPU back, and Ray starts another worker process to fill it)."""
     ray = _ray()
     node = ray.get_runtime_context().get_node_id()
-    actor = _actor_for(study, node)
-    port, taskdir = ray.get(actor.port.remote(key, args, shipped))
+    if node in ready:
+        port, taskdir = ready[node]
+    else:
+        port, taskdir = ray.get(_actor_for(study, node).port.remote(key, args, shipped))
     return run_agent(run, port, Path(taskdir)), node
 
 
@@ -167,7 +173,8 @@ class RayExecutor:
     def _run_round(self, runs: list[AgentRun], key: str, args: list[str], shipped: list[Any],
                    ) -> dict[AgentRun, tuple[Attempt, str]]:
         ray = _ray()
-        pending = {self._agent.remote(self.study, run, key, args, shipped): run for run in runs}
+        ready = self._start_proxies(key, args, shipped, len(runs))
+        pending = {self._agent.remote(self.study, run, key, args, shipped, ready): run for run in runs}
         finished: dict[AgentRun, tuple[Attempt, str]] = {}
         failed: list[str] = []
         while pending:
@@ -187,6 +194,21 @@ class RayExecutor:
             raise ExecutorError(f"{len(failed)} agent runs failed on every node Ray tried (e.g. {failed[0]}); "
                                 "rerun the same command to resume them")
         return finished
+
+    def _start_proxies(self, key: str, args: list[str], shipped: list[Any], runs: int) -> dict[str, tuple[int, str]]:
+        """The condition's proxy on the live nodes with CPUs (as many as there are runs), started at
+        once: each node's port and task folder. A node that fails here is left to its tasks."""
+        ray = _ray()
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n.get("Resources", {}).get("CPU", 0) > 0]
+        refs = {node: _actor_for(self.study, node).port.remote(key, args, shipped) for node in nodes[:runs]}
+        ready: dict[str, tuple[int, str]] = {}
+        for node, ref in refs.items():
+            try:
+                ready[node] = tuple(ray.get(ref, timeout=FINISH_TIMEOUT))  # type: ignore[assignment]
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+                continue
+            self._nodes.add(node)
+        return ready
 
     def _collect(self, key: str, store: Path) -> tuple[int, set[str]]:
         """Stop every node's proxy for `key`, merge the shards into the log; the nodes that were lost."""

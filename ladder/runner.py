@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -57,6 +56,7 @@ class Config:
     design: str = "ladder"
     perturb_file: Path | None = None  # user perturbation variants (nfproxy --perturb-file)
     provider_listing: dict[str, Any] | None = None  # what the provider listed at /v1/models, once per run
+    plot: bool = True  # ladder: draw ladder.png
 
     def replicates_of(self, c: Condition) -> int:
         return c.replicates or self.replicates
@@ -260,8 +260,9 @@ def unanswered(base: OutcomeRow, att: Attempt) -> OutcomeRow:
     return replace(base, failure="agent_timeout" if att.timed_out else "agent_error", detail=att.stderr_tail[-500:])
 
 
-BUILTIN_AGENTS = {"builtin": ("agent", []), "completions": ("agent", ["--completions"])}
-INLINE_AGENTS = {"tools": "agent_tools", "judge": "agent_judge"}  # built-in clients run in the executor's thread
+# the built-in clients, run in the executor's thread (no interpreter per run): MODULE[:FUNCTION] of this package
+INLINE_AGENTS = {"builtin": "agent", "completions": "agent:run_completions", "tools": "agent_tools",
+                 "judge": "agent_judge"}
 
 
 class _Progress:
@@ -296,9 +297,6 @@ def _duration(seconds: float) -> str:
 
 
 def parse_agent(command: str) -> list[str]:
-    if command in BUILTIN_AGENTS:
-        module, flags = BUILTIN_AGENTS[command]
-        return [sys.executable, "-m", f"noisefloor.ladder.{module}", *flags, "{task_file}"]
     if command in INLINE_AGENTS:
         from noisefloor.ladder.agent_run import INLINE
 

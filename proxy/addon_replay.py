@@ -63,8 +63,9 @@ class Replay:
             flow.response.headers[held[0]] = held[1]
             return
         plan = StreamPlan(resp.status, (*resp.headers, held), resp.raw_body, resp.layout, self.timed)
+        port = await self.streams.ready()
         flow.request.headers[TICKET_HEADER] = self.streams.register(plan)
-        flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", self.streams.port
+        flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", port
         flow.metadata[SPLIT] = [n for _, n in resp.layout]
 
     def _announce(self) -> None:

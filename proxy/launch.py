@@ -4,6 +4,7 @@ the benchmarks and the tests share."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -12,10 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from noisefloor.errors import StateError
-from noisefloor.proxy.serve import FINISH_SIGNAL
 
 START_TIMEOUT_S = 60.0
-READY = "NFPROXY_READY "
+# The contract between this launcher and `nfproxy run` (serve.py), kept here so that a launcher
+# (nfladder, a Ray worker) does not import the server to start one.
+READY = "NFPROXY_READY "  # the ready line's prefix: then host:port
+READY_LINE_ENV = "NFPROXY_READY_LINE"  # set by `start`: print the ready line even with -q
+# Ends the run like SIGTERM, but the exit status is the run's own (0, 1 exchanges not recorded, 3 a
+# strict replay that failed): how a program that started a proxy stops it and learns what it saw.
+FINISH_SIGNAL = signal.SIGUSR1
 
 
 class ProxyStartError(StateError):
@@ -62,7 +68,7 @@ def start(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
     proc = subprocess.Popen(
         [*nfproxy_argv(), "run", "--listen", "127.0.0.1:0", *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
-        env={**os.environ, "NFPROXY_READY_LINE": "1", **(env or {})},  # the port even under -q
+        env={**os.environ, READY_LINE_ENV: "1", **(env or {})},  # the port even under -q
     )
     running = RunningProxy(proc)
     ready = threading.Event()

@@ -130,13 +130,14 @@ def _addons_package_alone() -> None:
     mitmproxy.addons = package  # type: ignore[attr-defined]
 
 
-def lean_master(log_to: IO[str] | None = None) -> Any:
+def lean_master(log_to: IO[str] | None = None, *, lazy_ca: bool = False) -> Any:
     """A mitmproxy master with only the addons a recording proxy needs.
 
     mitmdump's master carries some thirty more (playback, scripts, cookie and header rewriting,
     saving flows), and mitmproxy offers every flow event to each of them: measured, that dispatch
     cost a replayed answer more than nfproxy's own lookup. Block stays, so a proxy listening on a
     public address still refuses clients from the internet. Must be called inside the event loop.
+    `lazy_ca`: the CA is read (or created) when a client's TLS handshake first needs it (`_tls_config`).
     """
     _addons_package_alone()
     from mitmproxy.addons import (
@@ -160,12 +161,77 @@ def lean_master(log_to: IO[str] | None = None) -> Any:
         disable_h2c.DisableH2C(),
         proxyserver.Proxyserver(),
         next_layer.NextLayer(),
-        tlsconfig.TlsConfig(),
+        _tls_config(tlsconfig, lazy_ca),
         update_alt_svc.UpdateAltSvc(),
         errorcheck.ErrorCheck(),
         TermLog(out=log_to or sys.stderr),  # stdout belongs to a wrapped command
     )
     return master
+
+
+# mitmproxy's options that make TlsConfig (re)load its CA store (the eMudhra pair: 12.x)
+_CA_OPTIONS = frozenset({"certs", "confdir", "key_size", "cert_passphrase", "emudhra", "emudhra_old"})
+# TlsConfig's methods that read its CA store, directly or through one another (11.0 and 12.3;
+# `request` serves the CA's revocation list in 12.x): the lazy CA loads the store before each runs,
+# and `probe` fails when an upgrade reads it anywhere else
+CA_READERS = ("get_cert", "crl_path", "tls_start_client", "quic_start_client", "request")
+
+
+def _tls_config(tlsconfig: Any, lazy: bool) -> Any:
+    """mitmproxy's TlsConfig; lazy: one that reads its CA only when it is first used.
+
+    mitmproxy reads the CA (checking its RSA key, ~60 ms) when the confdir is set and again when the
+    proxy starts, and creates one in a new confdir: a reverse proxy whose clients speak plain HTTP,
+    which is how nfladder and most harnesses use nfproxy, has no use for it (on 11.0 never loads it)."""
+    if not lazy:
+        return tlsconfig.TlsConfig()
+
+    class LazyCa(tlsconfig.TlsConfig):  # type: ignore[misc,name-defined]
+        due: frozenset[str] = frozenset({"confdir"})  # the CA options to apply when the store is loaded
+
+        def configure(self, updated: Any) -> None:
+            names = {updated} if isinstance(updated, str) else set(updated)
+            if names & _CA_OPTIONS:
+                self.due, self.certstore = frozenset(names & _CA_OPTIONS), None
+            super().configure(names - _CA_OPTIONS)
+
+        def load_ca(self) -> None:
+            if self.certstore is None:
+                super().configure(self.due)
+
+    def loaded_first(name: str) -> Callable[..., Any]:
+        plain = getattr(tlsconfig.TlsConfig, name)
+
+        def run(self: Any, *args: Any) -> Any:
+            self.load_ca()
+            return plain(self, *args)
+
+        run.__name__ = name
+        return run
+
+    for name in CA_READERS:
+        if hasattr(tlsconfig.TlsConfig, name):
+            setattr(LazyCa, name, loaded_first(name))
+    return LazyCa()
+
+
+def ca_readers() -> set[str]:
+    """TlsConfig's methods (besides `configure`, which loads it) that read the CA store, directly or
+    through another such method: by their source, so a new reader an upgrade adds is found."""
+    from mitmproxy.addons.tlsconfig import TlsConfig
+
+    sources = {name: inspect.getsource(fn) for name, fn in vars(TlsConfig).items()
+               if inspect.isfunction(fn) and name not in ("configure", "running")}
+    readers = {name for name, src in sources.items() if "certstore" in src}
+    while grown := {n for n, src in sources.items() if n not in readers and any(f".{r}(" in src for r in readers)}:
+        readers |= grown
+    return readers
+
+
+def _ca_read_only_where_loaded() -> None:
+    unknown = ca_readers() - set(CA_READERS)
+    if unknown:
+        raise LookupError(f"TlsConfig reads its CA in {', '.join(sorted(unknown))} too: add it to CA_READERS")
 
 
 # -- probing: what an upgrade must keep ------------------------------------------------------------
@@ -248,6 +314,11 @@ INTERNALS: dict[str, Callable[[], None]] = {
         "mitmproxy.proxy.server_hooks.ServerConnectionHookData", ("server", "client")),
     "mitmproxy.io.FlowReader(fo).stream(), mitmproxy.exceptions.FlowReadException": _exists(
         "mitmproxy.io.FlowReader.stream", "mitmproxy.exceptions.FlowReadException"),
+    "mitmproxy.addons.tlsconfig.TlsConfig reads its CA only in " + ", ".join(CA_READERS) + " (the lazy CA)":
+        _ca_read_only_where_loaded,
+    "mitmproxy.addons.tlsconfig.TlsConfig.configure(updated), .running(), .certstore": _exists(
+        "mitmproxy.addons.tlsconfig.TlsConfig.configure", "mitmproxy.addons.tlsconfig.TlsConfig.running",
+        "mitmproxy.addons.tlsconfig.TlsConfig.certstore"),
     "mitmproxy.certs.CertStore.from_store(path, basename, key_size)": _params(
         "mitmproxy.certs.CertStore.from_store", ("path", "basename", "key_size")),
 }

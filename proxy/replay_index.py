@@ -34,12 +34,11 @@ import json
 import struct
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import msgspec
-import numpy as np
 
 if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.keys import CanonicalRequest
@@ -55,9 +54,6 @@ TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
 _HASHES = 32  # MinHash values per sketch
 _ROWS = 2  # values per band: 16 bands; two requests with Jaccard J share a band with 1-(1-J^2)^16
 _PRIME = (1 << 31) - 1
-_rng = np.random.default_rng(20261201)  # fixed: sketches written by one process are read by another
-_A = _rng.integers(1, _PRIME, _HASHES, dtype=np.uint64)
-_B = _rng.integers(0, _PRIME, _HASHES, dtype=np.uint64)
 _MAX_FEATURES = 2048
 _CHUNK = 4  # words per feature of a long string
 BAND_READ = 32  # newest ids read per band
@@ -204,14 +200,35 @@ def bucket(route: str, body: Any) -> bytes:
     return hashlib.sha256(f"{route}|{model if isinstance(model, str) else ''}".encode()).digest()[:8]
 
 
-def _signature(features: Any) -> np.ndarray:
-    """The MinHash signature (32 minima) of a set of feature hashes."""
-    x = np.fromiter(features, dtype=np.uint64)
-    return ((_A[:, None] * x[None, :] + _B[:, None]) % _PRIME).min(axis=1)
+# The MinHash's (a, b) pairs: fixed, since sketches written by one process are read by another
+# (drawn once as `numpy.random.default_rng(20261201).integers(1 or 0, _PRIME, 32)`; a test checks it)
+_A = (917594528, 1431606922, 495468044, 120644322, 1160987411, 834415267, 716424181, 758740233, 1790575344,
+      1338064477, 893892222, 332683070, 920026888, 754013510, 1798385883, 1064283169, 137422017, 403642013,
+      1891238790, 1078611062, 513887166, 174450998, 1330963835, 520958413, 202746379, 617979687, 670929981,
+      1996169635, 810212870, 1103327289, 1904597908, 436735895)
+_B = (2119253654, 1115689071, 1455360172, 1156079090, 1064680245, 1430009448, 1629810886, 896589773, 2137624838,
+      1539244850, 883014253, 1143942708, 1203318372, 632016368, 2002738074, 742244558, 782102548, 900954583,
+      1604013398, 1705916142, 341563855, 1765437306, 1474081769, 1433842241, 1150346897, 1016003382, 1416561790,
+      577416553, 2053460888, 552361298, 726460660, 1941780096)
+_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as stored: 32 little-endian 4-byte minima
+# Up to this many features a signature is computed in plain Python (~32 operations a feature);
+# above, with numpy, whose import (~0.2 CPU-s a process) is paid only where bodies are large.
+SMALL = 16
+
+
+def _signature(features: Iterable[int]) -> tuple[int, ...]:
+    """The MinHash signature (32 minima) of a set of feature hashes (< 2^32: exact in uint64 too)."""
+    xs = list(features)
+    if len(xs) <= SMALL:
+        return tuple(min((a * x + b) % _PRIME for x in xs) for a, b in zip(_A, _B))
+    import numpy as np
+
+    a, b, x = (np.array(v, dtype=np.uint64) for v in (_A, _B, xs))
+    return tuple(((a[:, None] * x[None, :] + b[:, None]) % _PRIME).min(axis=1).tolist())
 
 
 @functools.lru_cache(maxsize=8192)
-def _long_string(path: str, value: str) -> tuple[tuple[int, ...], np.ndarray]:
+def _long_string(path: str, value: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """A long string's features (the whole leaf, then each run of `_CHUNK` words, so that a changed
     word keeps most of a long message's features) and their signature. Cached: a conversation's
     next request repeats its earlier messages and the system prompt at the same paths, so only the
@@ -222,9 +239,7 @@ def _long_string(path: str, value: str) -> tuple[tuple[int, ...], np.ndarray]:
     feats = [crc(f"{path}={value}".encode("utf-8", "surrogatepass"))]
     feats.extend(crc(join(words[i:i + _CHUNK]).encode("utf-8", "surrogatepass"), seed)
                  for i in range(0, min(len(words), _CHUNK * (_MAX_FEATURES - 1)), _CHUNK))
-    sig = _signature(feats)
-    sig.flags.writeable = False  # shared by every request that repeats the string
-    return tuple(feats), sig
+    return tuple(feats), _signature(feats)
 
 
 class _Features:
@@ -233,7 +248,7 @@ class _Features:
 
     def __init__(self, route: str) -> None:
         self.loose = [zlib.crc32(route.encode())]
-        self.parts: list[np.ndarray] = []
+        self.parts: list[tuple[int, ...]] = []
         self.whole: list[tuple[int, ...]] = []  # the features behind `parts`
         self.count = 1
 
@@ -260,9 +275,9 @@ class _Features:
             self.loose.append(zlib.crc32(text.encode("utf-8", "surrogatepass")))
             self.count += 1
 
-    def signature(self) -> np.ndarray:
+    def signature(self) -> tuple[int, ...]:
         sig = _signature(set(self.loose))
-        return np.minimum.reduce([sig, *self.parts]) if self.parts else sig
+        return tuple(map(min, zip(sig, *self.parts))) if self.parts else sig
 
 
 def features(canonical: CanonicalRequest, route: str) -> set[int]:
@@ -280,9 +295,9 @@ def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes,
     """(bucket, bands, sketch bytes) of a request's canonical form."""
     feats = _Features(route)
     feats.walk(canonical.body, "")
-    sig = feats.signature().astype("<u4")
+    sig = _SIG.pack(*feats.signature())
     buck = bucket(route, canonical.body)
-    return buck, bands(buck, sig.tobytes()), sig.tobytes()
+    return buck, bands(buck, sig), sig
 
 
 def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
@@ -301,11 +316,10 @@ def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, 
     return [None if got is None else (got[0], bands(got[0], got[1]), got[1]) for got in store.stored_sketches(ids)]
 
 
-def agreement(a: bytes, others: list[bytes]) -> np.ndarray:
-    """Estimated Jaccard similarity of sketch `a` with each of `others`."""
-    mine = np.frombuffer(a, dtype="<u4")
-    theirs = np.frombuffer(b"".join(others), dtype="<u4").reshape(len(others), _HASHES)
-    return (theirs == mine).mean(axis=1)
+def agreement(a: bytes, others: list[bytes]) -> list[float]:
+    """Estimated Jaccard similarity of sketch `a` with each of `others`: the share of equal minima."""
+    mine = _SIG.unpack(a)
+    return [sum(x == y for x, y in zip(mine, _SIG.unpack(o))) / _HASHES for o in others]
 
 
 # -- the two index kinds -------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, NoisefloorError, StateError
+from noisefloor.proxy.launch import FINISH_SIGNAL, READY, READY_LINE_ENV
 from noisefloor.proxy.options import ServeOptions
 from noisefloor.proxy.replay_log import DeferredLog
 from noisefloor.proxy.stats import Stats
@@ -27,10 +28,6 @@ from noisefloor.proxy.store import Store, StoreError
 from noisefloor.proxy.store_env import is_read_only
 
 EXIT_INTERRUPTED_BASE = 128  # ended by signal N: 128 + N (SIGINT 130, SIGTERM 143), as a shell reports it
-READY_LINE_ENV = "NFPROXY_READY_LINE"  # set by `launch.start`: print the machine-readable line even with -q
-# Ends the run like SIGTERM, but the exit status is the run's own (0, 1 exchanges not recorded, 3 a
-# strict replay that failed): how a program that started a proxy stops it and learns what it saw.
-FINISH_SIGNAL = signal.SIGUSR1
 
 
 def serve(o: ServeOptions) -> int:
@@ -164,9 +161,14 @@ class _Serve:
         self.signal = 0  # the signal that ended the run, if one did
 
     async def run(self, engine: Any, stats: Stats) -> None:
+        # Start-up (mitmproxy's import, its addons) allocates objects that live as long as the proxy:
+        # the cyclic collector's passes over them find nothing and cost ~10% of the start's CPU.
+        # Back on at the ready line (`_Ready`), or here if the start fails.
+        gc.disable()
         from noisefloor.proxy import mitm_compat
 
-        master = mitm_compat.lean_master(sys.stderr)
+        # reverse mode: the CA only when a client speaks TLS to nfproxy; forward mode hands clients its file
+        master = mitm_compat.lean_master(sys.stderr, lazy_ca=bool(self.upstream))
         master.options.update(
             listen_host=self.host,
             listen_port=self.o.port,
@@ -194,6 +196,7 @@ class _Serve:
         except asyncio.CancelledError:  # a shutdown mid-start: the summary still follows, no traceback
             pass
         finally:  # asyncio.run cancels what is left after this, with its own handler: keep that quiet too
+            gc.enable()
             loop.set_exception_handler(_quiet_cancellations(lambda lp, ctx: lp.default_exception_handler(ctx)))
             if streams is not None:
                 await streams.stop()
@@ -220,8 +223,7 @@ class _Serve:
         if self.mode == "record":
             addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True)]
         elif self.mode == "replay":
-            streams = StreamServer()
-            await streams.start()
+            streams = StreamServer()  # listens from the first replayed stream on
             addons.append(Replay(engine, streams, o.replay_timed, o.order_wait))
             master.addons.add(NoUpstream(streams, stats))  # its own chain entry: independent of the group
         else:
@@ -309,20 +311,21 @@ class _Ready:
     def running(self) -> None:
         from noisefloor.proxy.mitm_compat import listen_addrs
 
+        # Everything loaded so far (mitmproxy, its addons, the replay index) lives as long as the
+        # proxy: keep it out of the cyclic collector's full passes, which otherwise stall a request.
+        gc.freeze()
+        gc.enable()
         addrs = listen_addrs()
         if not addrs:
             return
         host, port = addrs[0][:2]
-        # Everything loaded so far (mitmproxy, its addons, the replay index) lives as long as the
-        # proxy: keep it out of the cyclic collector's full passes, which otherwise stall a request.
-        gc.freeze()
         s = self.serve
         target = f"-> {s.upstream}" if s.upstream else "(regular proxy)"
         where = "" if s.mode == "passthrough" else f", store {s.store_path}"
         if not s.quiet:
             click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}", err=True)
         if not s.quiet or os.environ.get(READY_LINE_ENV):  # machine-readable (the port, when 0 was asked for)
-            print(f"NFPROXY_READY {host}:{port}", file=sys.stderr, flush=True)
+            print(f"{READY}{host}:{port}", file=sys.stderr, flush=True)
         if s.command:
             self._task = asyncio.get_running_loop().create_task(s.wrap(self.master, port))
 

@@ -113,10 +113,19 @@ class StreamServer:
     def __init__(self) -> None:
         self._plans: dict[str, StreamPlan] = {}
         self._runner: web.AppRunner | None = None
-        self.port = 0
+        self._started: asyncio.Future[None] | None = None
+        self.port = 0  # 0 until the first stream is served
 
-    async def start(self) -> None:
-        from aiohttp import web  # only a replaying proxy serves streams: recording never pays for aiohttp
+    async def ready(self) -> int:
+        """The server's port, started on the first replayed stream: a replay whose answers are whole
+        bodies (and a recording) never pays for aiohttp. Concurrent first streams share one start."""
+        if self._started is None:
+            self._started = asyncio.ensure_future(self._start())
+        await asyncio.shield(self._started)
+        return self.port
+
+    async def _start(self) -> None:
+        from aiohttp import web
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", self._serve)
@@ -127,6 +136,8 @@ class StreamServer:
         self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     async def stop(self) -> None:
+        if self._started is not None and not self._started.done():
+            self._started.cancel()
         if self._runner is not None:
             await self._runner.cleanup()
 

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -24,6 +27,34 @@ needs_data = pytest.mark.skipif(not HAVE_EVALPLUS,
                                 reason=f"no EvalPlus data at {SHARED_DATA} (set NF_SHARED_DATA)")
 needs_bfcl = pytest.mark.skipif(not (SHARED_DATA / "bfcl").is_dir(),
                                 reason=f"no BFCL data at {SHARED_DATA} (set NF_SHARED_DATA)")
+
+
+PACKAGE_DIRS = ("src/noisefloor", "proxy", "analyzer", "verifier", "ladder", "viewer")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the package once, as pip does for an installed one. The suite starts some 600
+    Python processes of it (nfproxy, nfladder, nfanalyze, nfverify); with PYTHONDONTWRITEBYTECODE
+    set, as on this project's machines, each would compile the modules it imports from source
+    (0.1-0.25 CPU-s a process). Only the controller compiles; its workers start after."""
+    if sys.flags.dont_write_bytecode and not hasattr(config, "workerinput"):
+        for d in PACKAGE_DIRS:
+            compileall.compile_dir(ROOT / d, quiet=2, workers=1)
+
+
+@pytest.fixture(autouse=True)
+def terminal_signals(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts its processes as a terminal would: SIGINT neither ignored nor blocked. A child
+    inherits both from this worker, so one library that changed them in-process (seen in a full run:
+    nfverify and nfladder children then ignored the Ctrl-C tests' SIGINT) would change how the
+    processes of every later test on this worker take a Ctrl-C. Restored, and said, if so."""
+    yield
+    blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    handler = signal.getsignal(signal.SIGINT)
+    if blocked or handler is not signal.default_int_handler:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.warn(f"{request.node.nodeid} left SIGINT {'blocked' if blocked else handler!r}; restored", stacklevel=1)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -244,7 +244,7 @@ def test_an_agent_calling_two_models_is_not_drift_and_its_rows_carry_both_names(
     upstream = FakeUpstream(responder=respond).start()
     try:
         r = tool("nfladder", "run", "--agent", f"{sys.executable} {agent} {{task_file}}", "--provider", upstream.url,
-                 "--tasks", "2", "-R", "2", "--conditions", "live,t0", "-j", "2", "--bootstrap", "200",
+                 "--tasks", "2", "-R", "2", "--conditions", "live,t0", "-j", "2", "--bootstrap", "200", "--no-plot",
                  "--out", str(tmp_path / "o"))
     finally:
         upstream.stop()
@@ -295,7 +295,7 @@ def test_seed_pinned_runs_with_its_seed_on_the_wire_and_in_the_rows(tmp_path):
     upstream = FakeUpstream(responder=respond).start()
     try:
         r = tool("nfladder", "run", "--provider", upstream.url, "--tasks", "2", "-R", "2", "--conditions",
-                 "live,seed-pinned", "-j", "2", "--bootstrap", "200", "--out", str(tmp_path / "o"))
+                 "live,seed-pinned", "-j", "2", "--bootstrap", "200", "--no-plot", "--out", str(tmp_path / "o"))
         seen = [json.loads(s.body) for s in upstream.requests if s.body]
     finally:
         upstream.stop()

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from noisefloor import exit_codes
-from noisefloor.proxy.serve import FINISH_SIGNAL
+from noisefloor.proxy.launch import FINISH_SIGNAL
 from noisefloor.proxy.store import Store
 from tests.conftest import start_nfproxy
 
@@ -56,9 +56,12 @@ def test_finish_signal_reports_a_strict_replay_miss_while_sigint_reports_the_int
 
 
 def _nfladder(out: Path) -> list[str]:
+    """The built-in agent as a script (nfladder runs it in a thread by default): the Ctrl-C reaches
+    agent processes, as it does a user's agent."""
     exe = Path(sys.executable).with_name("nfladder")
-    return [str(exe), "run", "--tasks", "3", "-R", "4", "--conditions", "live", "-j", "1", "--bootstrap", "200",
-            "--latency-ms", "150", "--out", str(out)]
+    return [str(exe), "run", "--agent", f"{sys.executable} -m noisefloor.ladder.agent {{task_file}}", "--tasks", "3",
+            "-R", "4", "--conditions", "live", "-j", "1", "--bootstrap", "200", "--latency-ms", "150", "--no-plot",
+            "--out", str(out)]
 
 
 def _finished(out: Path) -> list[dict]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -62,30 +63,61 @@ def test_mechanism_check_recovers_the_injected_truth(mechanism):
     assert again["conditions"] == doc["conditions"] and again["log"]["conditions"] == doc["log"]["conditions"]
 
 
-def test_same_seed_same_report_in_a_fresh_folder_and_resume_skips_finished_sessions(tmp_path):
-    # 4 x 2 proves it as well as 12 x 3 did (the same seed gives the same sessions, answers and
-    # bootstrap draws at any size), at a quarter of the agent runs
-    args = ["run", "--tasks", "4", "-R", "2", "-j", "2", "--bootstrap", "500", "--seed", "5"]
+# one small study (4 tasks x 3 replicates x live, t0, replay) that the tests below read, or copy and
+# resume, instead of one nfladder run each
+SMALL = ("run", "--tasks", "4", "-R", "3", "-j", "2", "--bootstrap", "500", "--seed", "5", "--no-plot")
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path, set[Path]]:
+    """The study's run, its --out, and nfladder's folders in /tmp before it ran."""
+    where = tmp_path_factory.mktemp("small")
     leftovers = local_leftovers()
-    a = nfladder(*args, "--out", str(tmp_path / "a"), cwd=tmp_path)
-    b = nfladder(*args, "--out", str(tmp_path / "b"), cwd=tmp_path)
-    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
-    ra = json.loads((tmp_path / "a" / "report.json").read_text())
+    r = nfladder(*SMALL, "--out", str(where / "a"), cwd=where)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r, where / "a", leftovers
+
+
+def copy_study(out: Path, to: Path) -> Path:
+    """A copy of a finished study's --out to resume without changing the shared one."""
+    shutil.copytree(out, to)
+    return to
+
+
+def test_same_seed_same_report_in_a_fresh_folder_and_resume_skips_finished_sessions(small, tmp_path):
+    # a small study proves it as well as a large one (the same seed gives the same sessions,
+    # answers and bootstrap draws at any size)
+    first, shared, leftovers = small
+    b = nfladder(*SMALL, "--out", str(tmp_path / "b"), cwd=tmp_path)
+    assert b.returncode == 0, b.stderr[-2000:]
+    ra = json.loads((shared / "report.json").read_text())
     rb = json.loads((tmp_path / "b" / "report.json").read_text())
     assert ra["conditions"] == rb["conditions"] and ra["contrasts"] == rb["contrasts"]
-    before = (tmp_path / "a" / "attempts.jsonl").read_text().count("\n")
-    again = nfladder(*args, "--out", str(tmp_path / "a"), cwd=tmp_path)
+    assert not (shared / "ladder.png").exists()  # --no-plot (the mechanism check reads the plot)
+    a = copy_study(shared, tmp_path / "a")
+    before = (a / "attempts.jsonl").read_text().count("\n")
+    again = nfladder(*SMALL, "--out", str(a), cwd=tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]
     for cond in ("live", "t0", "replay"):
-        assert f"[{cond}] all 8 runs done earlier" in again.stderr
-    assert (tmp_path / "a" / "attempts.jsonl").read_text().count("\n") == before
-    assert again.stdout.split("Known truth")[0] == a.stdout.split("Known truth")[0]  # the same ladder table
+        assert f"[{cond}] all 12 runs done earlier" in again.stderr
+    assert (a / "attempts.jsonl").read_text().count("\n") == before
+    assert again.stdout.split("Known truth")[0] == first.stdout.split("Known truth")[0]  # the same ladder table
     assert local_leftovers() == leftovers  # nothing left in /tmp
+
+
+def test_a_resume_with_fewer_tasks_and_replicates_grades_only_the_new_study(small, tmp_path):
+    out = copy_study(small[1], tmp_path / "s")  # 4 tasks x 3 replicates, every run done
+    smaller = nfladder("run", "--out", str(out), "-j", "2", "--bootstrap", "200", "--seed", "5", "--no-plot",
+                       "--tasks", "3", "-R", "2", cwd=tmp_path)
+    assert smaller.returncode == 0, smaller.stderr[-2000:]  # was KeyError: 'NF/4' in the differential check
+    rows = [json.loads(line) for line in (out / "outcomes.jsonl").read_text().splitlines()]
+    assert sorted((r["condition"], r["task_id"], r["replicate"]) for r in rows) == sorted(
+        (c, f"NF/{t}", r) for c in ("live", "t0", "replay") for t in range(3) for r in range(2))
 
 
 def test_injected_replay_violation_fails_loudly(tmp_path):
     r = nfladder("run", "--out", str(tmp_path / "v"), "--tasks", "4", "-R", "2", "-j", "2", "--bootstrap", "200",
-                 "--inject-violation", cwd=tmp_path)
+                 "--conditions", "t0,replay", "--no-plot", "--inject-violation", cwd=tmp_path)
     assert r.returncode == 3
     assert "REPLAY FAILED" in r.stderr
     doc = json.loads((tmp_path / "v" / "report.json").read_text())
@@ -104,8 +136,8 @@ def test_a_replay_that_cannot_answer_fails_the_ladder_even_without_a_miss(tmp_pa
     )
     out = tmp_path / "d"
     common = ["--agent", f"{sys.executable} {agent} {{task_file}}", "--out", str(out), "--tasks", "3", "-R", "2",
-              "-j", "2", "--bootstrap", "200"]
-    r = nfladder("run", *common, "--conditions", "live,t0", cwd=tmp_path)
+              "-j", "2", "--bootstrap", "200", "--no-plot"]
+    r = nfladder("run", *common, "--conditions", "t0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     from noisefloor.proxy.store import Store
 
@@ -113,7 +145,7 @@ def test_a_replay_that_cannot_answer_fails_the_ladder_even_without_a_miss(tmp_pa
         source = [ex.id for ex in s.exchanges() if ex.condition == "t0" and ex.replicate == "0"]
     assert source
     delete_exchanges(out / "log.lmdb", source)
-    r = nfladder("run", *common, cwd=tmp_path)  # resumes: only the replay condition runs
+    r = nfladder("run", *common, "--conditions", "t0,replay", cwd=tmp_path)  # resumes: only the replay runs
     assert r.returncode == 3
     assert "REPLAY FAILED: the replay proxy could not answer every request" in r.stderr
 
@@ -137,7 +169,7 @@ def test_published_suite_end_to_end_through_a_provider_url(tmp_path, suite):
     up = FakeUpstream(responder=respond).start()
     try:
         r = nfladder("run", "--suite", suite, "--tasks", "3", "-R", "2", "-j", "2", "--bootstrap", "200",
-                     "--provider", up.url, "--out", str(tmp_path / "p"), cwd=tmp_path)
+                     "--no-plot", "--provider", up.url, "--out", str(tmp_path / "p"), cwd=tmp_path)
     finally:
         up.stop()
     assert r.returncode == 0, r.stderr[-2000:]
@@ -161,25 +193,14 @@ def test_failing_and_hanging_agents_are_recorded_and_the_run_goes_on(tmp_path):
         "print('bad things happened', file=sys.stderr)\nsys.exit(2)\n"
     )
     r = nfladder("run", "--agent", f"{sys.executable} {agent} {{task_file}}", "--out", str(tmp_path / "f"),
-                 "--tasks", "3", "-R", "2", "-j", "2", "--bootstrap", "200", "--conditions", "live,t0",
+                 "--tasks", "3", "-R", "2", "-j", "2", "--bootstrap", "200", "--conditions", "live", "--no-plot",
                  "--agent-timeout", "2", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "f" / "outcomes.jsonl").read_text().splitlines()]
-    assert len(rows) == 12
+    assert len(rows) == 6
     kinds = {(row["task_id"], row["failure"]) for row in rows}
     assert ("NF/0", "agent_timeout") in kinds and ("NF/1", "agent_error") in kinds
     assert any("bad things happened" in row["detail"] for row in rows)
-
-
-def test_a_resume_with_fewer_tasks_and_replicates_grades_only_the_new_study(tmp_path):
-    common = ["--out", str(tmp_path / "s"), "-j", "2", "--bootstrap", "200", "--conditions", "live,t0"]
-    first = nfladder("run", *common, "--tasks", "5", "-R", "3", cwd=tmp_path)
-    assert first.returncode == 0, first.stderr[-2000:]
-    smaller = nfladder("run", *common, "--tasks", "3", "-R", "2", cwd=tmp_path)
-    assert smaller.returncode == 0, smaller.stderr[-2000:]  # was KeyError: 'NF/4' in the differential check
-    rows = [json.loads(line) for line in (tmp_path / "s" / "outcomes.jsonl").read_text().splitlines()]
-    assert sorted((r["condition"], r["task_id"], r["replicate"]) for r in rows) == [
-        (c, f"NF/{t}", r) for c in ("live", "t0") for t in range(3) for r in range(2)]
 
 
 def test_a_proxy_that_cannot_record_stops_the_ladder_and_a_resume_reruns_the_lost_runs(tmp_path, small_disk):
@@ -231,18 +252,19 @@ def test_unparseable_suite_is_refused_before_anything_runs(tmp_path):
 
 def test_reference_openai_agent_runs_unchanged_against_the_builtin_provider(tmp_path):
     agent = f"{sys.executable} {ROOT / 'examples' / 'reference_agent.py'} {{task_file}}"
-    # one task: each run pays about 2 CPU-s importing openai, and one task's 6 runs cover record, t0 and replay
+    # one task, t0 and replay: each run pays about 2 CPU-s importing openai, and these 4 runs cover a
+    # recording with the proxy's override imposed and a strict replay of it
     r = nfladder("run", "--agent", agent, "--out", str(tmp_path / "ref"), "--tasks", "1", "-R", "2", "-j", "2",
-                 "--bootstrap", "200", cwd=tmp_path)
+                 "--bootstrap", "200", "--conditions", "t0,replay", "--no-plot", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "ref" / "outcomes.jsonl").read_text().splitlines()]
-    assert len(rows) == 6 and not any(row["failure"].startswith("agent_") for row in rows)
+    assert len(rows) == 4 and not any(row["failure"].startswith("agent_") for row in rows)
 
 
 def test_base_model_agent_completes_the_prompt_on_the_completions_endpoint(tmp_path):
     ids = "NF/2, NF/5,NF/7"
     r = nfladder("run", "--agent", "completions", "--task-ids", ids, "--out", str(tmp_path / "c"), "-R", "3", "-j", "2",
-                 "--bootstrap", "200", cwd=tmp_path)
+                 "--bootstrap", "200", "--no-plot", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "c" / "outcomes.jsonl").read_text().splitlines()]
     assert {row["task_id"] for row in rows} == {"NF/2", "NF/5", "NF/7"} and len(rows) == 27

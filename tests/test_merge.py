@@ -48,11 +48,20 @@ def snapshot(path: Path) -> list[tuple]:
         return [*exs, *entries, *sorted(json.dumps(r, sort_keys=True) for r in s.outcome_rows())]
 
 
-@pytest.fixture
-def shards(tmp_path: Path, upstream: FakeUpstream, proxies: list[ProxyProcess]) -> list[Path]:
-    paths = [tmp_path / "a.lmdb", tmp_path / "b.lmdb"]
-    for p, prefix in zip(paths, ("a", "b")):
-        record_shard(p, upstream, proxies, prefix)
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two recorded shards, shared: the tests only read them (merges write elsewhere, damage goes
+    to a copy)."""
+    where = tmp_path_factory.mktemp("shards")
+    paths = [where / "a.lmdb", where / "b.lmdb"]
+    up, started = FakeUpstream().start(), []
+    try:
+        for p, prefix in zip(paths, ("a", "b")):
+            record_shard(p, up, started, prefix)
+    finally:
+        up.stop()
+        for proc in started:
+            proc.stop(signal.SIGKILL, timeout=5)
     with Store.open(paths[1], write=True) as s:
         s.put_outcomes([{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": 1}])
     return paths
@@ -160,7 +169,7 @@ def test_shards_analyzed_and_graded_together_match_their_merge(tmp_path):
     run("nfladder", "run", *common, "--conditions", "t0", "--out", "b")
     shards = [str(tmp_path / "a" / "log.lmdb"), str(tmp_path / "b" / "log.lmdb")]
     apart = json.loads(run("nfanalyze", *shards, "--json", "-", "--bootstrap", "200").stdout)
-    run("nfproxy", "merge", "m.lmdb", *shards)
+    merge(tmp_path / "m.lmdb", [Path(x) for x in shards])  # the same as `nfproxy merge`, tested above, in process
     merged = json.loads(run("nfanalyze", "m.lmdb", "--json", "-", "--bootstrap", "200").stdout)
     assert set(apart["conditions"]) == {"live", "t0"}
     assert apart["conditions"] == merged["conditions"] and apart["contrasts"] == merged["contrasts"]

@@ -29,6 +29,17 @@ def test_probe_reports_a_moved_internal_by_name(monkeypatch):
     assert "no longer takes (http_version, trailers)" in problems["Response lost trailers"]
 
 
+def test_probe_names_a_new_reader_of_the_ca_the_lazy_ca_would_not_load_first(monkeypatch):
+    from mitmproxy.addons.tlsconfig import TlsConfig
+
+    def dtls_start_client(self, data):  # an upgrade's new hook, reading the CA through get_cert
+        return self.get_cert(data.context)
+
+    monkeypatch.setattr(TlsConfig, "dtls_start_client", dtls_start_client, raising=False)
+    (problem,) = [v for k, v in mitm_compat.probe().items() if "lazy CA" in k]
+    assert "reads its CA in dtls_start_client too" in problem
+
+
 def test_the_line_matches_the_python_it_is_tested_on():
     # environment markers choose it: 11.0 on 3.11, 12.3 on 3.12 and later
     assert mitm_compat.LINE == (11 if sys.version_info < (3, 12) else 12), mitm_compat.VERSION
@@ -78,3 +89,30 @@ def test_no_other_module_imports_mitmproxy():
     offenders = [str(p.relative_to(root)) for part in [*parts, root / "src"]
                  for p in part.rglob("*.py") if p.name != "mitm_compat.py" and pattern.search(p.read_text())]
     assert offenders == [], f"import mitmproxy only through proxy/mitm_compat.py: {offenders}"
+
+
+def test_a_reverse_proxy_reads_its_ca_only_when_a_client_speaks_tls(tmp_path, upstream, proxies):
+    """The lazy CA: starting nfproxy in reverse mode reads and creates no CA; on mitmproxy 11 plain
+    HTTP clients (nfladder's, most harnesses') never make it read one, on 12.3 its per-request TLS
+    hook reads it at the first request; the first TLS client gets a certificate that chains to it."""
+    import httpx
+
+    from tests.conftest import start_nfproxy
+
+    confdir = tmp_path / "ca"
+    rec = start_nfproxy("--mode", "record", "--store", str(tmp_path / "log.lmdb"), "--upstream", upstream.url,
+                        "--confdir", str(confdir))
+    proxies.append(rec)
+    assert not confdir.exists()  # listening, and nothing read or created
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    assert httpx.post(rec.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
+    assert confdir.exists() == (mitm_compat.LINE >= 12)  # 12.3's `request` hook reads the CA
+    tls_url = f"https://127.0.0.1:{rec.port}/v1/chat/completions"
+    assert httpx.post(tls_url, json=body, verify=False, timeout=20).status_code == 200
+    cert = mitm_compat.ca_cert_path(confdir)
+    assert cert.is_file()
+    import ssl
+
+    assert httpx.post(tls_url, json=body, verify=ssl.create_default_context(cafile=str(cert)),
+                      timeout=20).status_code == 200
+    assert rec.stop() == 0

@@ -182,3 +182,11 @@ def test_a_hostile_perturbation_file_is_one_line(tmp_path):
         r = _run("run", "--perturb-file", str(f), "--perturb", "v", "--store", str(tmp_path / "x.lmdb"))
         assert r.returncode == exit_codes.USAGE and "Traceback" not in r.stderr and str(f) in r.stderr, r.stderr
     assert not (tmp_path / "x.lmdb").exists()
+
+
+def test_the_cli_starts_without_numpy_or_aiohttp():
+    """Start-up cost: numpy (sketches: recording, a replay's miss) and aiohttp (replayed streams)
+    are imported only when a request needs them, not by every nfproxy process."""
+    code = "import sys, noisefloor.proxy.cli; print(sorted(m for m in ('numpy', 'aiohttp') if m in sys.modules))"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr

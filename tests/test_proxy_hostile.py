@@ -24,7 +24,7 @@ import pytest
 import zstandard
 
 from noisefloor.proxy.store import Store
-from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy, wait_until
+from tests.conftest import nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Write add(a, b)."}]}
@@ -148,10 +148,9 @@ def _peak_rss_mb(pid: int) -> float:
 
 
 def _bomb() -> bytes:
-    """1.6 kB of brotli that decodes to 1 GiB of zeros, built without holding the GiB."""
-    c = brotli.Compressor(quality=5)
-    chunk = b"\0" * (64 << 20)
-    return b"".join(c.process(chunk) for _ in range(16)) + c.finish()
+    """809 bytes of brotli that decode to 1 GiB of zeros, kept as a file: compressing the GiB costs
+    2.5 CPU-s a test. Made by `brotli.Compressor(quality=4, lgwin=24)` fed 16 x 64 MiB of zeros."""
+    return (Path(__file__).parent / "data" / "zeros-1gib.br").read_bytes()
 
 
 @pytest.mark.parametrize("mode", ["record", "replay"])
@@ -173,8 +172,8 @@ def test_a_decompression_bomb_gets_413_and_other_clients_keep_going(store, upstr
 
     def other_client() -> None:
         with httpx.Client(timeout=20) as c:
-            for _ in range(400):  # bounded in count and in time
-                if stop.is_set():
+            for _ in range(400):  # bounded in count and in time; paced: a blocked proxy shows all the same
+                if stop.wait(0.02):
                     return
                 t = time.monotonic()
                 assert c.post(proxy.url + "/v1/chat/completions", json=CHAT).status_code == 200
@@ -227,13 +226,25 @@ def test_bodies_that_cannot_be_canonicalized_are_forwarded_recorded_and_replayed
     assert rep.stop() == 0
 
 
-def _recorded(store: Path, upstream: FakeUpstream, proxies: list[ProxyProcess], n: int = 30) -> None:
-    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
-    proxies.append(rec)
-    for i in range(n):
-        body = {**CHAT, "messages": [{"role": "user", "content": f"question {i} " + "pad " * 400}]}
-        assert httpx.post(rec.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
-    assert rec.stop() == 0
+def _question(i: int) -> dict:
+    return {**CHAT, "messages": [{"role": "user", "content": f"question {i} " + "pad " * 400}]}
+
+
+@pytest.fixture(scope="module")
+def thirty(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A store of 30 recorded questions (1.6 kB each, so they fill pages), recorded once; each test
+    that damages or replays it takes its own copy."""
+    store = tmp_path_factory.mktemp("thirty") / "log.lmdb"
+    up = FakeUpstream().start()
+    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", up.url)
+    try:
+        for i in range(30):
+            assert httpx.post(rec.url + "/v1/chat/completions", json=_question(i), timeout=20).status_code == 200
+        assert rec.stop() == 0
+    finally:
+        rec.stop()
+        up.stop()
+    return store
 
 
 def _one_line_failure(r: subprocess.CompletedProcess[str]) -> str:
@@ -245,8 +256,8 @@ def _one_line_failure(r: subprocess.CompletedProcess[str]) -> str:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "pages"])
-def test_a_damaged_store_is_one_clear_line_in_every_command(store, upstream, proxies, damage):
-    _recorded(store, upstream, proxies)
+def test_a_damaged_store_is_one_clear_line_in_every_command(store, thirty, damage):
+    shutil.copytree(thirty, store)
     data = store / "data.mdb"
     size = data.stat().st_size
     used = (len(data.read_bytes().rstrip(b"\0")) // 4096 + 1) * 4096
@@ -268,22 +279,21 @@ def test_a_damaged_store_is_one_clear_line_in_every_command(store, upstream, pro
         assert str(store) in line, line
 
 
-def test_a_store_truncated_under_a_running_replay_answers_500_and_exits_3(store, upstream, proxies):
-    _recorded(store, upstream, proxies, n=5)
+def test_a_store_truncated_under_a_running_replay_answers_500_and_exits_3(store, thirty, proxies):
+    shutil.copytree(thirty, store)
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
     proxies.append(rep)
     data = store / "data.mdb"
     os.truncate(data, 4 * 4096)
-    r = httpx.post(rep.url + "/v1/chat/completions", timeout=20,
-                   json={**CHAT, "messages": [{"role": "user", "content": "question 0 " + "pad " * 400}]})
+    r = httpx.post(rep.url + "/v1/chat/completions", timeout=20, json=_question(0))
     assert r.status_code == 500 and r.headers["x-nf-replay"] == "error"
     assert "truncated" in r.json()["error"]["message"]
     assert rep.stop() == 3
     assert "errors" in rep.output.splitlines()[-1] and "Traceback" not in rep.output
 
 
-def test_a_read_only_store_replays_strictly_and_stays_unchanged(store, upstream, proxies, tmp_path):
-    _recorded(store, upstream, proxies, n=3)
+def test_a_read_only_store_replays_strictly_and_stays_unchanged(store, thirty, proxies, tmp_path):
+    shutil.copytree(thirty, store)
     ro = tmp_path / "checked-out"
     shutil.copytree(store, ro)
     for p in (ro, *ro.iterdir()):
@@ -292,8 +302,7 @@ def test_a_read_only_store_replays_strictly_and_stays_unchanged(store, upstream,
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(ro), "--replay-log-in-store")
     proxies.append(rep)
     for i in range(3):
-        body = {**CHAT, "messages": [{"role": "user", "content": f"question {i} " + "pad " * 400}]}
-        assert httpx.post(rep.url + "/v1/chat/completions", json=body, timeout=20).status_code == 200
+        assert httpx.post(rep.url + "/v1/chat/completions", json=_question(i), timeout=20).status_code == 200
     assert httpx.post(rep.url + "/v1/chat/completions", json={"other": 1}, timeout=20).status_code == 404
     assert rep.stop() == 3  # the miss fails the strict replay, as with any store
     assert "read-only" in rep.output and "3 hits, 1 misses" in rep.output

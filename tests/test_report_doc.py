@@ -58,7 +58,7 @@ def test_nfladder_and_nfanalyze_reports_have_the_same_keys_and_drift_warning(tmp
     out = tmp_path / "o"
     try:
         r = _tool("nfladder", "run", "--provider", upstream.url, "--tasks", "2", "-R", "2", "--conditions", "live",
-                  "-j", "2", "--bootstrap", "200", "--out", str(out), "--allow-drift")
+                  "-j", "2", "--bootstrap", "200", "--no-plot", "--out", str(out), "--allow-drift")
     finally:
         upstream.stop()
     assert r.returncode == 0, r.stderr[-3000:]

@@ -267,3 +267,31 @@ def test_deferred_log_survives_one_bad_record_and_reports_a_broken_store(tmp_pat
             rep.answer(chat("q1"), Labels("R4"))
         with pytest.raises(StoreError, match="disk gone"):
             writer.close()
+
+
+def test_the_minhash_pairs_are_the_seeded_draw_every_stored_sketch_was_made_with():
+    import numpy as np
+
+    from noisefloor.proxy import replay_index as ri
+
+    rng = np.random.default_rng(20261201)
+    assert ri._A == tuple(rng.integers(1, ri._PRIME, ri._HASHES, dtype=np.uint64).tolist())
+    assert ri._B == tuple(rng.integers(0, ri._PRIME, ri._HASHES, dtype=np.uint64).tolist())
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 300])
+def test_a_signature_is_the_minhash_in_python_for_few_features_and_in_numpy_for_many(n):
+    """Both sides of `SMALL` give numpy's exact uint64 values (a sketch read by another process must match)."""
+    import random
+
+    import numpy as np
+
+    from noisefloor.proxy import replay_index as ri
+
+    feats = random.Random(n).sample(range(1 << 32), n)
+    a, b, x = (np.array(v, dtype=np.uint64) for v in (ri._A, ri._B, feats))
+    want = ((a[:, None] * x[None, :] + b[:, None]) % ri._PRIME).min(axis=1)
+    assert ri._signature(feats) == tuple(want.tolist())
+    others = [want.astype("<u4").tobytes(), ri._SIG.pack(*want[::-1].tolist()), bytes(4 * ri._HASHES)]
+    assert ri.agreement(want.astype("<u4").tobytes(), others) == pytest.approx(
+        [float((np.frombuffer(o, dtype="<u4") == want).mean()) for o in others], abs=0)

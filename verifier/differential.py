@@ -163,8 +163,8 @@ class Differential:
         lacks: a log of six candidates needs the references of its three tasks, not of all 164."""
         if self._expected is None:
             self._expected = self._load_cache()
-        want = self.tasks if task_ids is None else set(task_ids)
-        missing = [t for tid, t in self.tasks.items() if tid in want and tid not in self._expected]
+        ids = self.tasks if task_ids is None else dict.fromkeys(task_ids)  # per candidate: only its own task
+        missing = [self.tasks[tid] for tid in ids if tid in self.tasks and tid not in self._expected]
         if missing:
             self._compute(missing, progress)
         return self._expected

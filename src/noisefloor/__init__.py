@@ -6,8 +6,8 @@ folders): `noisefloor.proxy` (record / strict replay, the LMDB log), `noisefloor
 `noisefloor.ladder` (runs an agent through every condition). The names below are the surface a
 Python user needs; everything else is reachable through the subpackages but may move.
 
-They load on first use: `python -m noisefloor.ladder.agent` (started once per agent run) must
-not pay for numpy, scipy and mitmproxy.
+They load on first use: a process that needs one small part (the built-in agent run as a
+script, a CLI's --help) must not pay for numpy, scipy and mitmproxy.
 """
 
 from __future__ import annotations

@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
-from noisefloor.proxy import codec, replay_index
+from noisefloor.proxy import codec, replay_index, store_heads
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
 
@@ -66,7 +67,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
             dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts", "heads")}
+                                                                 "dicts", "heads", "names", "name_ids")}
             dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
@@ -118,16 +119,21 @@ def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec
 def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out: codec.Codec, key: bytes | None,
                   progress: Callable[[str], None]) -> None:
     """The records encoded again, each with its head (written from the record, tied to its new bytes)."""
-    def items() -> Iterator[tuple[bytes, bytes]]:
+    def items() -> Iterator[tuple[bytes, Any]]:
         # parsed: a record that is not an exchange record stops the rewrite, by name
         for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
             if ex.id != i:
                 raise StoreError(f"store {src.path}: exchange {i} is listed out of order; restore it from a copy")
             stored = out.encode(text, key)
             yield _U64.pack(i), stored
-            yield _U64.pack(i), src.head_value(text, stored, i)
+            yield _U64.pack(i), src.head_row(text, stored, i)
 
-    _append_batched(env, dbs["exchanges"], items(), progress, "exchanges", also=dbs["heads"])
+    names = store_heads.Names(dbs["names"], dbs["name_ids"])
+
+    def head(txn: lmdb.Transaction, k: bytes, r: store_heads.Row | None) -> None:
+        txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)
+
+    _append_batched(env, dbs["exchanges"], items(), progress, "exchanges", also=head, settle=names.settle)
 
 
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
@@ -176,11 +182,14 @@ def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
         yield k, raw
 
 
-def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, bytes]],
-                    progress: Callable[[str], None], what: str, append: bool = True, also: object = None) -> None:
+def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, Any]],
+                    progress: Callable[[str], None], what: str, append: bool = True,
+                    also: Callable[[lmdb.Transaction, bytes, Any], None] | None = None,
+                    settle: Callable[[bool], None] = lambda ok: None) -> None:
     """Append `items` (in key order) in transactions of _BATCH puts, saying how far it got after
     each. `append=False` for a table of sorted duplicates: LMDB fills its pages whole all the same.
-    `also`: a second table, each item of `db` followed by one of it (a record, then its head)."""
+    `also`: each item of `db` followed by one it writes (a record, then its head row); `settle`
+    told after each transaction."""
     done = 0
     while True:
         with env.begin(write=True) as txn:
@@ -188,10 +197,11 @@ def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[byt
             for k, v in items:
                 txn.put(k, v, db=db, append=append)
                 if also is not None:
-                    txn.put(*next(items), db=also, append=append)
+                    also(txn, *next(items))
                 n += 1
                 if n >= _BATCH:
                     break
+        settle(True)
         done += n
         if n < _BATCH:
             return

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import json
-import struct
-import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -213,41 +211,37 @@ class _HeadText(msgspec.Struct):
     notes: list[str] = msgspec.field(default_factory=list)
 
 
-class Head(msgspec.Struct, array_like=True, gc=False, frozen=True):
+class Head(msgspec.Struct, gc=False, frozen=True):
     """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
-    status and identity. Stored beside the record as a small fixed encoding (the heads table:
-    msgpack, an array in this field order, after a CRC-32 of it), so that a listing never
-    decompresses records; read from the record's JSON where a store has no heads table."""
+    status and identity. Kept beside the record in a store's heads table (`store_heads`), read from
+    the record's JSON where a store has none. The fields after `notes` are those an exchange shares
+    with the rest of its session, which the heads table stores once per distinct set."""
 
     id: int
     time: float
-    mode: str
-    session: str
     key: str
     occurrence: int
+    status: int | None  # None: no response
+    usage: dict[str, Any] | None
+    truncated: bool | None
+    error: str | None
+    notes: list[str]
+    mode: str
+    session: str
     method: str
     url: str
-    status: int | None  # None: no response
     task: str | None
     replicate: str | None
     condition: str | None
     model: str | None
     fingerprint: str | None
-    usage: dict[str, Any] | None
-    truncated: bool | None
     replay_result: str | None
-    error: str | None
-    notes: list[str]
 
 
 _DECODER = msgspec.json.Decoder(Exchange)
 _HEAD_TEXT = msgspec.json.Decoder(_HeadText)
 _ENCODER = msgspec.json.Encoder()
-_HEAD_ENCODER = msgspec.msgpack.Encoder()
-_HEAD_VALUE = msgspec.msgpack.Decoder(Head)
-_CRC = struct.Struct(">I")  # a heads-table value: the CRC-32 of the rest,
-_TIES = struct.Struct(">II")  # its record's CRC-32 and the fields its record leaves out,
-_HEAD_AT = _CRC.size + _TIES.size  # then the head
+
 
 
 def parse(data: bytes) -> Exchange:
@@ -290,9 +284,9 @@ def parse_head(data: bytes) -> Head:
     """What listings read of a stored record's JSON (ValidationError / DecodeError as msgspec raises them)."""
     h = _HEAD_TEXT.decode(data)
     result = (h.replay or {}).get("result")
-    return Head(h.id, h.time, h.mode, h.session, h.key, h.occurrence, h.request.method, h.request.url,
-                None if h.response is None else h.response.status, h.task, h.replicate, h.condition, h.model,
-                h.fingerprint, h.usage, h.truncated, _result_text(result), h.error, h.notes)
+    return Head(h.id, h.time, h.key, h.occurrence, None if h.response is None else h.response.status, h.usage,
+                h.truncated, h.error, h.notes, h.mode, h.session, h.request.method, h.request.url, h.task,
+                h.replicate, h.condition, h.model, h.fingerprint, _result_text(result))
 
 
 def _result_text(result: Any) -> str | None:
@@ -301,52 +295,24 @@ def _result_text(result: Any) -> str | None:
 
 
 def head_of(ex: Exchange) -> Head:
-    return Head(ex.id, ex.time, ex.mode, ex.session, ex.key, ex.occurrence, ex.method, ex.url, ex.status,
-                ex.task, ex.replicate, ex.condition, ex.model, ex.fingerprint, ex.usage, ex.truncated,
-                _result_text(ex.replay_result), ex.error, list(ex.notes))
+    return Head(ex.id, ex.time, ex.key, ex.occurrence, ex.status, ex.usage, ex.truncated, ex.error, list(ex.notes),
+                ex.mode, ex.session, ex.method, ex.url, ex.task, ex.replicate, ex.condition, ex.model, ex.fingerprint,
+                _result_text(ex.replay_result))
 
 
-def head_value(record: bytes, stored: bytes) -> bytes:
-    """The heads table's value for a record's JSON text `record`, stored as `stored` (its encoded
-    value): a CRC-32 of the rest; a CRC-32 of `stored` (so a reader notices a record changed since,
-    without decompressing it); the fields `log --json` adds to the record, checked here once (a bit
-    each; NOT_LISTED: only `parse` can list it); then the head's msgpack array. Empty (read the
-    record) for a head msgpack cannot hold (a lone surrogate, which json reads and msgspec refuses).
-    TypeError where the text is not an exchange record."""
+def checked_head(record: bytes) -> tuple[Head, int] | None:
+    """A record's JSON text's head and the fields it leaves out (a bit each; NOT_LISTED: only
+    `parse` can list it), checked once here so that listings need not; None where msgspec refuses
+    its JSON (a lone surrogate, which json reads): its record is read instead. TypeError where the
+    text is not an exchange record."""
     try:
-        data = _HEAD_ENCODER.encode(parse_head(record))
+        head = parse_head(record)
     except msgspec.DecodeError:
-        return b""
+        return None
     except msgspec.ValidationError as exc:
         raise TypeError(str(exc)) from None
     checked = _listable(record)
-    rest = _TIES.pack(zlib.crc32(stored), NOT_LISTED if checked is None else checked[1]) + data
-    return _CRC.pack(zlib.crc32(rest)) + rest
-
-
-def check_head(value: bytes | memoryview, stored: bytes | memoryview) -> str | None:
-    """What is wrong with a heads-table value beside its record as stored now: None, "head" (its
-    CRC does not match) or "record" (the record's bytes are not those it was written for)."""
-    if len(value) < _HEAD_AT or _CRC.unpack_from(value)[0] != zlib.crc32(value[_CRC.size:]):
-        return "head"
-    return None if _TIES.unpack_from(value, _CRC.size)[0] == zlib.crc32(stored) else "record"
-
-
-def read_head(value: bytes | memoryview, exchange_id: int) -> Head:
-    """A heads-table value whose CRC was checked (`check_head`): its shape and types, and that it
-    is the head of `exchange_id` (ValueError saying which does not hold)."""
-    try:
-        head = _HEAD_VALUE.decode(value[_HEAD_AT:])
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-        raise ValueError(str(exc)) from None
-    if head.id != exchange_id:
-        raise ValueError(f"it is the head of exchange {head.id}")
-    return head
-
-
-def left_out(value: bytes | memoryview) -> int:
-    """The fields `log --json` adds to the record of a checked heads-table value (NOT_LISTED: parse it)."""
-    return _TIES.unpack_from(value, _CRC.size)[1]
+    return head, NOT_LISTED if checked is None else checked[1]
 
 
 def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
@@ -408,6 +374,14 @@ def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
             defaults[f.name] = b',"' + f.name.encode() + b'":' + msgspec.json.encode(value)
     checker = _checker("_RecordCheck", fields, forbid_unknown_fields=True)
     return msgspec.json.Decoder(checker), checker.__struct_fields__, defaults
+
+
+@functools.cache
+def left_out_of(keys: frozenset[str]) -> int:
+    """The fields a record of these keys leaves out, a bit each as `_listable` gives them (a writer
+    that built the record knows its keys and types: nothing to parse)."""
+    _, names, _ = _record_checker()
+    return sum(1 << i for i, n in enumerate(names) if n not in keys)
 
 
 _ADDED: dict[int, bytes] = {}  # which fields a record leaves out (a bit each) -> the text that adds them

@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from noisefloor.proxy import codec, replay_index
+from noisefloor.proxy import codec, replay_index, store_heads
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.store_merge import Batch
@@ -50,12 +50,11 @@ class Preparer:
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
-    def record(self, new_id: int, text: bytes) -> tuple[bytes, bytes]:
-        """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head
-        (the heads table's value)."""
+    def record(self, new_id: int, text: bytes) -> tuple[bytes, store_heads.Row | None]:
+        """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head's row."""
         doc = b'{"id":%d,%s' % (new_id, text[1:])
         stored = self.codec.encode(doc, self.key)
-        return stored, self.src.head_value(doc, stored, new_id)
+        return stored, self.src.head_row(doc, stored, new_id)
 
     def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
@@ -66,7 +65,7 @@ class Preparer:
             digests.update(_BODY.findall(text))
             if b'"replay": {' in text or b'"replay":{' in text:
                 replays.append((k, text))
-                value, head = b"", b""
+                value, head = b"", None
             else:
                 value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))
             records.append((_U64.pack(first + k), value))

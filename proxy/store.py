@@ -51,7 +51,7 @@ import lmdb
 import msgspec
 
 from noisefloor.outcome_rows import row_key
-from noisefloor.proxy import codec, exchange_record, replay_index
+from noisefloor.proxy import codec, exchange_record, replay_index, store_heads
 from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_bodies import Bodies
@@ -92,6 +92,8 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
         self._index_v: int | None = None  # the replay index's layout (meta), read on open
         self._heads: Any = None  # the heads table: opened once the format says the store has one
+        self._names: Any = None  # its names table, and (a writer's) its numbering
+        self._numbering: store_heads.Names | None = None
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
         self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
@@ -100,7 +102,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
         self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
         self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
-        self._batch: list[tuple[str, Mapping[str, bytes], RecordedEntry | None]] | None = None
+        self._batch: list[_Item] | None = None
         self._batch_size = self._batch_base = 0
 
     def _optional_db(self, name: bytes, **flags: bool) -> Any:
@@ -108,6 +110,11 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             return self._env.open_db(name, create=self.writable, **flags)
         except lmdb.NotFoundError:
             return None
+
+    def _open_heads(self) -> None:
+        self._heads, self._names = self._optional_db(b"heads"), self._optional_db(b"names")
+        if self.writable:
+            self._numbering = store_heads.Names(self._names, self._env.open_db(b"name_ids", create=True))
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -125,7 +132,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         try:
             store._adopt_format()
             if store.format == FORMAT:
-                store._heads = store._optional_db(b"heads")
+                store._open_heads()
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
@@ -244,17 +251,20 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         record: dict[str, Any] | str,
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
+        head: tuple[Head, int] | None = None,
     ) -> int:
         """Write one exchange atomically; returns the new id.
 
         `record` is a dict or its JSON text (a non-empty object, without "id"); `bodies` maps sha256
-        hex to bytes. Inside `batch()`, the exchange is committed with the batch (the id is known now).
+        hex to bytes. `head`: the record's head (its id left 0) and the fields it leaves out, from a
+        writer that built the record (else they are read from the text). Inside `batch()`, the
+        exchange is committed with the batch (the id is known now).
         """
         text = record if isinstance(record, str) else json.dumps(record)
         self._learn(text, bodies)
         if self._batch is None:
-            return self._commit([(text, bodies, recorded)])[0]
-        self._batch.append((text, bodies, recorded))
+            return self._commit([(text, bodies, recorded, head)])[0]
+        self._batch.append((text, bodies, recorded, head))
         new_id = self._batch_base + len(self._batch)
         if len(self._batch) >= self._batch_size:
             self._flush()
@@ -286,7 +296,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                 raise StoreError(f"store {self.path} was written by another process during a batch; record it again")
             self._batch_base = ids[-1]
 
-    def _commit(self, items: list[tuple[str, Mapping[str, bytes], RecordedEntry | None]]) -> list[int]:
+    def _commit(self, items: list[_Item]) -> list[int]:
         """Exchanges in one transaction. A session's next request is compressed against bodies
         committed before it, so the chain links this transaction set are undone if it is not."""
         undo: list[tuple[str, Any]] = []
@@ -302,9 +312,9 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         def write(txn: lmdb.Transaction) -> list[int]:
             rollback()  # a retry after the map grew starts again
             ids = []
-            for text, bodies, recorded in items:
+            for text, bodies, recorded, head in items:
                 self._chain_next = None
-                ids.append(self._append(txn, text, bodies, recorded, chain=True))
+                ids.append(self._append(txn, text, bodies, recorded, chain=True, head=head))
                 if self._chain_next is not None:
                     session, link = self._chain_next
                     undo.append((session, self._chains.get(session)))
@@ -342,6 +352,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
         chain: bool = False,
+        head: tuple[Head, int] | None = None,
     ) -> int:
         body_key = self._keys.get("body") or None
         request = None
@@ -374,9 +385,11 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id).encode()
         stored = self._codec.encode(doc, self._keys.get("record") or None)
-        txn.put(_U64.pack(new_id), stored, db=self._exchanges, append=True)
-        if self._heads is not None:
-            txn.put(_U64.pack(new_id), self.head_value(doc, stored, new_id), db=self._heads, append=True)
+        packed = _U64.pack(new_id)
+        txn.put(packed, stored, db=self._exchanges, append=True)
+        if self._numbering is not None:
+            r = store_heads.row(*head, stored) if head is not None else self.head_row(doc, stored, new_id)
+            txn.put(packed, self._numbering.sealed(txn, packed, r), db=self._heads, append=True)
         if recorded is not None:
             self._put_index(txn, new_id, recorded)
         return new_id
@@ -418,28 +431,39 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         if self._heads is None:
             yield from self._record_heads()
             return
-        read = exchange_record.read_head
+        read, names = store_heads.read, self._names_of()
         for exchange_id, value, raw in self._paired("heads"):
             if not value:  # left to the record
                 yield exchange_record.head_of(self._decode_record(exchange_id, raw))
                 continue
             try:
-                yield read(value, exchange_id)
+                yield read(value, exchange_id, names)
             except ValueError as exc:
                 raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
                                  "`nfproxy compact` rewrites the heads from the records") from None
 
+    def _names_of(self) -> dict[int, tuple[Any, ...]]:
+        """The heads' shared names, read whole (one entry per distinct set: they grow with sessions)."""
+        if self._names is None:
+            return {}
+        with self._reading("names"), self._env.begin(db=self._names, buffers=True) as txn:
+            try:
+                return store_heads.read_names(txn.cursor())
+            except ValueError as exc:
+                raise StoreError(f"store {self.path}: {exc}; `nfproxy compact` rewrites the heads from the "
+                                 "records") from None
+
     def _paired(self, what: str) -> Iterator[tuple[int, memoryview, memoryview]]:
         """(id, head, record as stored) in write order, in one read: every head's CRC checked and
         its record's bytes those the head was written for (a CRC, nothing decompressed)."""
-        check = exchange_record.check_head
+        check = store_heads.check
         with self._reading(what), self._env.begin(buffers=True) as txn:
             pairs = zip_longest(txn.cursor(db=self._heads), txn.cursor(db=self._exchanges), fillvalue=(None, None))
             for (k, value), (rk, raw) in pairs:
                 if k is None or rk is None or k != rk:
                     self._unpaired(k, rk)
                 exchange_id = _U64.unpack(k)[0]
-                wrong = check(value, raw) if value else None
+                wrong = check(k, value, raw) if value else None
                 if wrong == "head":
                     raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its "
                                      "checksum does not match); `nfproxy compact` rewrites the heads from the records")
@@ -459,15 +483,16 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         raise StoreError(f"store {self.path}: exchange {exchange_id} has no {which} (the heads table and the records "
                          "differ); `nfproxy compact` rewrites the heads from the records")
 
-    def head_value(self, record: bytes, stored: bytes, exchange_id: int) -> bytes:
-        """The heads table's value for a record's JSON text stored as `stored`
-        (`exchange_record.head_value`), or StoreError naming this store and the exchange where the
-        text is not an exchange record."""
+    def head_row(self, record: bytes, stored: bytes, exchange_id: int) -> store_heads.Row | None:
+        """The heads-table row of a record's JSON text stored as `stored` (`store_heads.row`, read
+        from the text), or StoreError naming this store and the exchange where the text is not an
+        exchange record."""
         try:
-            return exchange_record.head_value(record, stored)
+            checked = exchange_record.checked_head(record)
         except (TypeError, ValueError) as exc:
             raise StoreError(f"store {self.path}: exchange {exchange_id} is not an exchange record ({exc}); "
                              "restore the store from a copy or record it again") from None
+        return None if checked is None else store_heads.row(*checked, stored)
 
     def _record_heads(self) -> Iterator[Head]:
         decode, parse, limit = self._codec.decode, exchange_record.parse_head, self.max_body  # a million times
@@ -499,7 +524,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                 text = decode(raw, limit)
             except DAMAGE:
                 text = None
-            left = exchange_record.left_out(value) if value else exchange_record.NOT_LISTED
+            left = store_heads.left_out(value) if value else exchange_record.NOT_LISTED
             if text is not None and left != exchange_record.NOT_LISTED and text.startswith(b'{"id":%d,' % exchange_id):
                 yield passed(text, left)
                 continue
@@ -556,7 +581,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
         db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups, "heads": self._heads}[name]
+              "lookups": self._lookups, "heads": self._heads, "names": self._names}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:
@@ -596,11 +621,23 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             self._check_intact()
             try:
                 with self._env.begin(write=True) as txn:
-                    return fn(txn)
+                    done = fn(txn)
+                self._settle(True)
+                return done
             except lmdb.MapFullError:
+                self._settle(False)
                 grow(self._env, self.path)
             except lmdb.Error as exc:
+                self._settle(False)
                 raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") from exc
+
+
+    def _settle(self, committed: bool) -> None:
+        if self._numbering is not None:
+            self._numbering.settle(committed)
+
+
+_Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None]  # an exchange to append
 
 
 def _row(value: bytes) -> Any:

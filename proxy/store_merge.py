@@ -56,6 +56,7 @@ class MergeIO:
     _env: Any
     _exchanges: Any
     _heads: Any
+    _numbering: Any
     _bodies: Any
     _dicts: Any
     _codec: codec.Codec
@@ -148,9 +149,10 @@ class MergeIO:
             fresh = self._put_bodies(txn, batch.bodies, source)
             with txn.cursor(db=self._exchanges) as cur:
                 cur.putmulti(batch.records, append=True)
-            if self._heads is not None:
+            if self._numbering is not None:
                 with txn.cursor(db=self._heads) as cur:
-                    cur.putmulti([(k, h) for (k, _), h in zip(batch.records, batch.heads, strict=True)], append=True)
+                    cur.putmulti([(k, self._numbering.sealed(txn, k, r))
+                                  for (k, _), r in zip(batch.records, batch.heads, strict=True)], append=True)
             for new_id, entry in batch.entries:
                 self._put_index(txn, new_id, entry)
             return fresh
@@ -189,4 +191,4 @@ class Batch:
     records: list[tuple[bytes, bytes]]
     entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
     bodies: dict[str, bytes | None] = field(default_factory=dict)
-    heads: list[bytes] = field(default_factory=list)  # the records' heads, in their order (the heads table's values)
+    heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order

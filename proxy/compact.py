@@ -67,7 +67,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
             dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts", "heads", "names", "name_ids")}
+                                                                 "dicts", "heads", *store_heads.SETS)}
             dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
@@ -128,7 +128,7 @@ def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out
             yield _U64.pack(i), stored
             yield _U64.pack(i), src.head_row(text, stored, i)
 
-    names = store_heads.Names(dbs["names"], dbs["name_ids"])
+    names = store_heads.Sets(dbs["labels"], dbs["routes"])
 
     def head(txn: lmdb.Transaction, k: bytes, r: store_heads.Row | None) -> None:
         txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)

@@ -215,7 +215,8 @@ class Head(msgspec.Struct, gc=False, frozen=True):
     """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
     status and identity. Kept beside the record in a store's heads table (`store_heads`), read from
     the record's JSON where a store has none. The fields after `notes` are those an exchange shares
-    with the rest of its session, which the heads table stores once per distinct set."""
+    with others: its labels (with its session), then its route (with most of the store), which the
+    heads table stores once per distinct set."""
 
     id: int
     time: float
@@ -226,13 +227,13 @@ class Head(msgspec.Struct, gc=False, frozen=True):
     truncated: bool | None
     error: str | None
     notes: list[str]
-    mode: str
     session: str
-    method: str
-    url: str
     task: str | None
     replicate: str | None
     condition: str | None
+    mode: str
+    method: str
+    url: str
     model: str | None
     fingerprint: str | None
     replay_result: str | None
@@ -285,8 +286,8 @@ def parse_head(data: bytes) -> Head:
     h = _HEAD_TEXT.decode(data)
     result = (h.replay or {}).get("result")
     return Head(h.id, h.time, h.key, h.occurrence, None if h.response is None else h.response.status, h.usage,
-                h.truncated, h.error, h.notes, h.mode, h.session, h.request.method, h.request.url, h.task,
-                h.replicate, h.condition, h.model, h.fingerprint, _result_text(result))
+                h.truncated, h.error, h.notes, h.session, h.task, h.replicate, h.condition, h.mode, h.request.method,
+                h.request.url, h.model, h.fingerprint, _result_text(result))
 
 
 def _result_text(result: Any) -> str | None:
@@ -296,7 +297,7 @@ def _result_text(result: Any) -> str | None:
 
 def head_of(ex: Exchange) -> Head:
     return Head(ex.id, ex.time, ex.key, ex.occurrence, ex.status, ex.usage, ex.truncated, ex.error, list(ex.notes),
-                ex.mode, ex.session, ex.method, ex.url, ex.task, ex.replicate, ex.condition, ex.model, ex.fingerprint,
+                ex.session, ex.task, ex.replicate, ex.condition, ex.mode, ex.method, ex.url, ex.model, ex.fingerprint,
                 _result_text(ex.replay_result))
 
 

@@ -144,8 +144,8 @@ class Recorder:
         if left is None:
             left = self._left_out[keys] = exchange_record.left_out_of(self._request_keys | set(keys))
         return Head(0, p.started, p.key, p.occurrence, None if response is None else response.status, usage,
-                    truncated, record["error"], record["notes"], "record", labels.session, *pending.route,
-                    labels.task, labels.replicate, labels.condition, model, fingerprint, None), left
+                    truncated, record["error"], record["notes"], labels.session, labels.task, labels.replicate,
+                    labels.condition, "record", *pending.route, model, fingerprint, None), left
 
 
 def _text(v: Any) -> bool:

@@ -92,8 +92,8 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
         self._index_v: int | None = None  # the replay index's layout (meta), read on open
         self._heads: Any = None  # the heads table: opened once the format says the store has one
-        self._names: Any = None  # its names table, and (a writer's) its numbering
-        self._numbering: store_heads.Names | None = None
+        self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
+        self._numbering: store_heads.Sets | None = None
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
         self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
@@ -112,9 +112,10 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             return None
 
     def _open_heads(self) -> None:
-        self._heads, self._names = self._optional_db(b"heads"), self._optional_db(b"names")
+        self._heads = self._optional_db(b"heads")
+        self._sets = {kind: self._optional_db(kind.encode()) for kind in store_heads.SETS}
         if self.writable:
-            self._numbering = store_heads.Names(self._names, self._env.open_db(b"name_ids", create=True))
+            self._numbering = store_heads.Sets(self._sets["labels"], self._sets["routes"])
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -431,24 +432,25 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         if self._heads is None:
             yield from self._record_heads()
             return
-        read, names = store_heads.read, self._names_of()
+        read, labels, routes = store_heads.read, self._sets_of("labels"), self._sets_of("routes")
         for exchange_id, value, raw in self._paired("heads"):
             if not value:  # left to the record
                 yield exchange_record.head_of(self._decode_record(exchange_id, raw))
                 continue
             try:
-                yield read(value, exchange_id, names)
+                yield read(value, exchange_id, labels, routes)
             except ValueError as exc:
                 raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
                                  "`nfproxy compact` rewrites the heads from the records") from None
 
-    def _names_of(self) -> dict[int, tuple[Any, ...]]:
-        """The heads' shared names, read whole (one entry per distinct set: they grow with sessions)."""
-        if self._names is None:
+    def _sets_of(self, kind: str) -> dict[int, tuple[Any, ...]]:
+        """The heads' labels or routes, read whole (an entry per distinct set: labels grow with sessions)."""
+        db = self._sets.get(kind)
+        if db is None:
             return {}
-        with self._reading("names"), self._env.begin(db=self._names, buffers=True) as txn:
+        with self._reading(kind), self._env.begin(db=db, buffers=True) as txn:
             try:
-                return store_heads.read_names(txn.cursor())
+                return store_heads.read_sets(kind, txn.cursor())
             except ValueError as exc:
                 raise StoreError(f"store {self.path}: {exc}; `nfproxy compact` rewrites the heads from the "
                                  "records") from None
@@ -581,7 +583,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
         db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups, "heads": self._heads, "names": self._names}[name]
+              "lookups": self._lookups, "heads": self._heads, **self._sets}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:

@@ -135,9 +135,9 @@ def damage(store: Path, how: str) -> None:
             elif how == "moved":  # a well-formed head, of another exchange: its CRC covers its exchange's id
                 txn.put(_U64.pack(3), four)
             elif how in ("typed", "forged"):  # checksum recomputed: the status no longer a number, or another one
-                head = msgspec.msgpack.decode(three[12:])  # after its CRC, its record's CRC and its names' id
-                head[5] = "two hundred" if how == "typed" else 500
-                rest = three[4:12] + msgspec.msgpack.encode(head)
+                head = msgspec.msgpack.decode(three[8:])  # after its CRC and its record's CRC
+                head[7] = "two hundred" if how == "typed" else 500  # after labels, route, left out, time, keys, occurrence
+                rest = three[4:8] + msgspec.msgpack.encode(head)
                 txn.put(_U64.pack(3), struct.pack(">I", zlib.crc32(rest, zlib.crc32(_U64.pack(3)))) + rest)
             elif how == "dropped":
                 txn.delete(_U64.pack(3))
@@ -223,9 +223,11 @@ def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
         rec.finish(rec.begin(chat([{"role": "user", "content": "again"}]), Labels("a", replicate="r1")), None,
                    error="connection refused", notes=["upstream gone"])
         rec.finish(rec.begin(chat([{"role": "user", "content": "odd"}]), Labels("b\udc80")), answer("x", 1))
+        rec.finish(rec.begin(chat([{"role": "user", "content": "more"}]), Labels("a", task="t", condition="c")),
+                   answer("hello again", 2))
         values = dict(s.raw_table("heads"))
         texts = dict(s.record_texts())
-        assert len(values) == len(texts) == 3
+        assert len(values) == len(texts) == 4 and len(list(s.raw_table("labels"))) == 2
         for i, text in texts.items():
             checked = exchange_record.checked_head(text)
             value = values[_U64.pack(i)]
@@ -233,8 +235,9 @@ def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
                 assert i == 3 and value == b""
                 continue
             assert store_heads.left_out(value) == checked[1] != exchange_record.NOT_LISTED
-            assert value[:4] + value[8:12] != b""  # sealed, with a names id
+            numbered = msgspec.msgpack.decode(value[8:])[:2]  # the first two: a new label set and route each
+            assert numbered == ([i, i] if i < 3 else [1, 1])  # the fourth: the first's again
         listed = list(s.heads())
         assert listed == [exchange_record.head_of(ex) for ex in s.exchanges()]
-        assert [h.status for h in listed] == [200, None, 200] and listed[1].error == "connection refused"
+        assert [h.status for h in listed] == [200, None, 200, 200] and listed[1].error == "connection refused"
         assert listed[0].usage == {"input": 5, "output": 3} and listed[1].usage == {} and listed[0].model == "gpt-4o-mini-2024-07-18"

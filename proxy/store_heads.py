@@ -36,7 +36,9 @@ _ROUTE = slice(13, 19)
 Row = tuple[bytes, bytes, bytes]  # a head before its sets are numbered: (labels, route, the value less CRC and ids)
 
 
-class _Stored(msgspec.Struct, array_like=True, gc=False):
+class Stored(msgspec.Struct, array_like=True, gc=False):
+    """A head as the heads table keeps it: its labels and route by number, then its own fields."""
+
     labels: int
     route: int
     left_out: int
@@ -51,8 +53,8 @@ class _Stored(msgspec.Struct, array_like=True, gc=False):
     notes: list[str]
 
 
-_STORED = msgspec.msgpack.Decoder(_Stored)
-_ARRAY = bytes([0x90 | len(_Stored.__struct_fields__)])  # msgpack's header of an array of its fields
+_STORED = msgspec.msgpack.Decoder(Stored)
+_ARRAY = bytes([0x90 | len(Stored.__struct_fields__)])  # msgpack's header of an array of its fields
 _OPT = str | None
 SETS = {"labels": msgspec.msgpack.Decoder(tuple[str, _OPT, _OPT, _OPT]),
         "routes": msgspec.msgpack.Decoder(tuple[str, str, str, _OPT, _OPT, _OPT])}
@@ -100,9 +102,12 @@ def left_out(value: bytes | memoryview) -> int:
     return _STORED.decode(value[HEAD_AT:]).left_out
 
 
-def read(value: bytes | memoryview, exchange_id: int, labels: dict[int, tuple[Any, ...]],
-         routes: dict[int, tuple[Any, ...]]) -> Head:
-    """A checked value (`check`) as a Head; ValueError saying what is wrong with its shape, types or sets."""
+Parts = tuple[Stored, tuple[Any, ...], tuple[Any, ...]]  # a head, its labels and its route
+
+
+def parts(value: bytes | memoryview, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]) -> Parts:
+    """A checked value (`check`), its sets looked up (the same tuple objects for every head that
+    shares them); ValueError saying what is wrong with its shape, types or sets."""
     try:
         s = _STORED.decode(value[HEAD_AT:])
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
@@ -110,10 +115,28 @@ def read(value: bytes | memoryview, exchange_id: int, labels: dict[int, tuple[An
     shared, route = labels.get(s.labels), routes.get(s.route)
     if shared is None or route is None:
         raise ValueError(f"its {'labels' if shared is None else 'route'} are not in the store")
+    return s, shared, route
+
+
+def parts_of(head: Head) -> Parts:
+    """A head read from its record, as the heads table's parts (its sets not numbered)."""
+    fields = msgspec.structs.astuple(head)
+    digest = _HEX_KEY.fullmatch(head.key) is not None
+    return (Stored(0, 0, NOT_LISTED, head.time, bytes.fromhex(head.key) if digest else b"", None if digest else head.key,
+                   head.occurrence, head.status, head.usage, head.truncated, head.error, head.notes),
+            fields[_LABELS], fields[_ROUTE])
+
+
+def head(exchange_id: int, p: Parts) -> Head:
+    s, shared, route = p
     usage = s.usage
     return Head(exchange_id, s.time, s.key.hex() if s.other_key is None else s.other_key, s.occurrence, s.status,
-                {"input": usage[0], "output": usage[1]} if type(usage) is list and len(usage) == 2 else usage,
-                s.truncated, s.error, s.notes, *shared, *route)
+                usage_dict(usage), s.truncated, s.error, s.notes, *shared, *route)
+
+
+def usage_dict(usage: Any) -> dict[str, Any] | None:
+    """A head's usage as the record has it (the table keeps the usual shape as [input, output])."""
+    return {"input": usage[0], "output": usage[1]} if type(usage) is list and len(usage) == 2 else usage
 
 
 def read_sets(kind: str, items: Any) -> dict[int, tuple[Any, ...]]:
@@ -170,4 +193,5 @@ class Sets:
                 known.clear()
 
 
-__all__ = ["NOT_LISTED", "Row", "Sets", "check", "left_out", "read", "read_sets", "row", "seal"]
+__all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_of", "read_sets",
+           "row", "seal", "usage_dict"]

@@ -241,3 +241,28 @@ def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
         assert listed == [exchange_record.head_of(ex) for ex in s.exchanges()]
         assert [h.status for h in listed] == [200, None, 200, 200] and listed[1].error == "connection refused"
         assert listed[0].usage == {"input": 5, "output": 3} and listed[1].usage == {} and listed[0].model == "gpt-4o-mini-2024-07-18"
+
+
+def test_a_listing_from_the_tables_parts_prints_what_one_from_heads_prints(tmp_path):
+    """`nfproxy log` without a filter formats the heads as the store keeps them (shared label and
+    route tuples, the key's digest); with a filter, whole Heads: the lines are the same, for an
+    answer, a connection error, a replay miss, a key that is not a digest and a label msgpack
+    cannot hold (listed from its record)."""
+    from noisefloor.display import Visible
+    from noisefloor.proxy.listing_cli import _Line
+
+    store = tmp_path / "s.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("a", condition="c")), answer("x", 0))
+        rec.finish(rec.begin(chat([{"role": "user", "content": "no"}]), Labels("a", condition="c")), None,
+                   error="refused")
+        rec.finish(rec.begin(chat([{"role": "user", "content": "odd"}]), Labels("b\udc80\x1b[2J")), answer("y", 1))
+        s.append({"time": 1.7e9, "mode": "replay", "session": "r", "key": "not a digest\x07", "occurrence": 2,
+                  "seq": 1, "rules_id": Rules().id, "request": {"method": "POST", "url": "http://up/v1", "headers": []},
+                  "response": {"status": 412, "headers": []}, "replay": {"result": "miss"}}, {}, None)
+        from_parts = list(_Line(Visible()).of_parts(s.head_parts(), True))
+        from_heads = list(_Line(Visible()).of_heads(s.heads(), True))
+    assert from_parts == from_heads and len(from_parts) == 4
+    assert "ERR error" in from_parts[1][3] and "412 miss" in from_parts[3][3] and "\x1b" not in from_parts[2][3]
+    assert "\x07" not in from_parts[3][3] and from_parts[3][:3] == ("r", "replay", None)

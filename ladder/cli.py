@@ -31,6 +31,9 @@ def main() -> None:
     exit_on_sigterm()
 
 
+OUTPUTS = ("report.json", "report.md", "ladder.png", "outcomes.jsonl", "log.lmdb")
+
+
 def _say(message: str) -> None:
     click.echo(f"{time.strftime('%H:%M:%S')} {message}", err=True)
 
@@ -46,7 +49,8 @@ def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None,
     if "truth" in r.doc and "w" in r.doc["truth"]:
         click.echo("\n" + report.truth_line(r.doc["truth"]))
     click.echo("\n" + provenance.text(r.doc["provenance"]))
-    click.echo(f"\nwrote {cfg.out}/report.json, report.md, outcomes.jsonl, log.lmdb")
+    wrote = [n for n in OUTPUTS if (cfg.out / n).exists()]  # ladder.png only where it was drawn
+    click.echo(f"\nwrote {cfg.out}/{', '.join(wrote)}")
     if r.drifted:
         click.echo("nfladder: the served model changed for one requested model within a condition: " + "; ".join(
             f"{c}: {', '.join(m)}" for c, m in r.drifted.items()) + " (system fingerprints are kept as a covariate)"

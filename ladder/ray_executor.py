@@ -205,7 +205,7 @@ class RayExecutor:
         for node, ref in refs.items():
             try:
                 ready[node] = tuple(ray.get(ref, timeout=FINISH_TIMEOUT))  # type: ignore[assignment]
-            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            except ray.exceptions.RayError:  # GetTimeoutError is one
                 continue
             self._nodes.add(node)
         return ready
@@ -225,7 +225,7 @@ class RayExecutor:
                 if actor is None:
                     raise ray.exceptions.RayActorError()
                 code, data = ray.get(actor.finish.remote(key), timeout=FINISH_TIMEOUT)
-            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            except ray.exceptions.RayError:  # GetTimeoutError is one
                 lost.add(node)
                 continue
             worst = max(worst, code)
@@ -260,7 +260,7 @@ class RayExecutor:
                 continue  # a lost node took its folder with it
             try:
                 ray.get(actor.close.remote(), timeout=30)
-            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError):
+            except ray.exceptions.RayError:  # GetTimeoutError is one
                 pass
             ray.kill(actor)  # detached: it would outlive this command otherwise
         ray.shutdown()

@@ -133,16 +133,25 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
             ranked.append(((0.0, 0, 0.0, n.id), n.id, n.score, canon))
             continue
         shared = round(replay_index.jaccard(mine, replay_index.features(canon, route)), 4)
-        recorded = canon.as_dict()
-        paths = sum(1 for _ in islice(differing_paths(recorded, asked), _PATHS_COUNTED))
-        ranked.append(((-shared, paths, -_closeness(recorded, asked), n.id), n.id, shared, canon))
+        paths = sum(1 for _ in islice(differing_paths(canon.as_dict(), asked), _PATHS_COUNTED))
+        ranked.append(((-shared, paths), n.id, shared, canon))
     if not ranked:
         return None
-    _, chosen, score, canon = min(ranked, key=lambda r: r[0])
+    _, chosen, score, canon = _closest(ranked, asked)
     entry = store.recorded_entry(chosen)
     return {"key": canon.key, "exchange_id": chosen, "session": entry.session if entry else None,
             "similarity": score, "differs_at": first_difference(canon.as_dict(), asked),
             "diff": short_diff("\n".join(flat(canon.as_dict())), "\n".join(flat(asked)))}
+
+
+def _closest(ranked: list[tuple[Any, int, Any, CanonicalRequest]], asked: Any) -> tuple[Any, int, Any, CanonicalRequest]:
+    """The best of `ranked` by its key, then by the closest differing text, then recorded order:
+    the text (the costly comparison) is compared only among those the key leaves tied."""
+    best = min(r[0] for r in ranked)
+    tied = [r for r in ranked if r[0] == best]
+    if len(tied) == 1:
+        return tied[0]
+    return min(tied, key=lambda r: (-_closeness(r[3].as_dict(), asked), r[1]))
 
 
 def short_diff(recorded: str, asked: str, *, limit: int = 40) -> list[str]:

@@ -32,6 +32,7 @@ import functools
 import hashlib
 import json
 import struct
+import sys
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Iterator
@@ -211,20 +212,37 @@ _B = (2119253654, 1115689071, 1455360172, 1156079090, 1064680245, 1430009448, 16
       1604013398, 1705916142, 341563855, 1765437306, 1474081769, 1433842241, 1150346897, 1016003382, 1416561790,
       577416553, 2053460888, 552361298, 726460660, 1941780096)
 _SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as stored: 32 little-endian 4-byte minima
-# Up to this many features a signature is computed in plain Python (~32 operations a feature);
-# above, with numpy, whose import (~0.2 CPU-s a process) is paid only where bodies are large.
+# Up to this many features a signature is computed in plain Python (~32 operations a feature)
+# unless numpy is already loaded; above, with numpy, whose import (~0.2 CPU-s a process) is paid
+# only where bodies are large. The two give the same values (a test checks both).
 SMALL = 16
 
 
 def _signature(features: Iterable[int]) -> tuple[int, ...]:
     """The MinHash signature (32 minima) of a set of feature hashes (< 2^32: exact in uint64 too)."""
     xs = list(features)
-    if len(xs) <= SMALL:
-        return tuple(min((a * x + b) % _PRIME for x in xs) for a, b in zip(_A, _B))
+    if len(xs) <= SMALL and "numpy" not in sys.modules:
+        return _signature_python(xs)
+    return _signature_numpy(xs)
+
+
+def _signature_python(xs: list[int]) -> tuple[int, ...]:
+    return tuple(min((a * x + b) % _PRIME for x in xs) for a, b in zip(_A, _B))
+
+
+def _signature_numpy(xs: list[int]) -> tuple[int, ...]:
+    a, b = _numpy_hashes()
     import numpy as np
 
-    a, b, x = (np.array(v, dtype=np.uint64) for v in (_A, _B, xs))
-    return tuple(((a[:, None] * x[None, :] + b[:, None]) % _PRIME).min(axis=1).tolist())
+    return tuple(((a * np.array(xs, dtype=np.uint64) + b) % _PRIME).min(axis=1).tolist())
+
+
+@functools.cache
+def _numpy_hashes() -> tuple[Any, Any]:
+    """The (a, b) pairs as uint64 columns, made once."""
+    import numpy as np
+
+    return np.array(_A, dtype=np.uint64)[:, None], np.array(_B, dtype=np.uint64)[:, None]
 
 
 @functools.lru_cache(maxsize=8192)
@@ -318,6 +336,11 @@ def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, 
 
 def agreement(a: bytes, others: list[bytes]) -> list[float]:
     """Estimated Jaccard similarity of sketch `a` with each of `others`: the share of equal minima."""
+    if "numpy" in sys.modules and others:  # the same shares, counted at once
+        import numpy as np
+
+        rows = np.frombuffer(b"".join(others), dtype="<u4").reshape(len(others), _HASHES)
+        return ((rows == np.frombuffer(a, dtype="<u4")).sum(axis=1) / _HASHES).tolist()
     mine = _SIG.unpack(a)
     return [sum(x == y for x, y in zip(mine, _SIG.unpack(o))) / _HASHES for o in others]
 

@@ -42,19 +42,30 @@ def pytest_configure(config: pytest.Config) -> None:
             compileall.compile_dir(ROOT / d, quiet=2, workers=1)
 
 
-@pytest.fixture(autouse=True)
-def terminal_signals(request: pytest.FixtureRequest) -> Iterator[None]:
-    """Each test starts its processes as a terminal would: SIGINT neither ignored nor blocked. A child
-    inherits both from this worker, so one library that changed them in-process (seen in a full run:
-    nfverify and nfladder children then ignored the Ctrl-C tests' SIGINT) would change how the
-    processes of every later test on this worker take a Ctrl-C. Restored, and said, if so."""
-    yield
+_last_test: list[str] = ["(none yet)"]
+
+
+def _restore_terminal_sigint(where: str) -> None:
+    """SIGINT back to what a terminal gives (neither ignored nor blocked), said with where it changed."""
     blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, ())
     handler = signal.getsignal(signal.SIGINT)
     if blocked or handler is not signal.default_int_handler:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        warnings.warn(f"{request.node.nodeid} left SIGINT {'blocked' if blocked else handler!r}; restored", stacklevel=1)
+        warnings.warn(f"SIGINT {'blocked' if blocked else repr(handler)} {where}; restored", stacklevel=1)
+
+
+@pytest.fixture(autouse=True)
+def terminal_signals(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Each test starts its processes as a terminal would: SIGINT neither ignored nor blocked. A child
+    inherits both from this worker, so one library that changed them in-process (seen once in a full
+    run: nfverify and nfladder children then ignored the Ctrl-C tests' SIGINT) would change how the
+    processes of every later test on this worker take a Ctrl-C. Checked before and after each test:
+    a change found before it was made between tests (a wider fixture's set-up or tear-down)."""
+    _restore_terminal_sigint(f"between {_last_test[0]} and {request.node.nodeid}")
+    yield
+    _restore_terminal_sigint(f"during {request.node.nodeid}")
+    _last_test[0] = request.node.nodeid
 
 
 @pytest.fixture(scope="session", autouse=True)

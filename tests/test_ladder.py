@@ -55,6 +55,7 @@ def test_mechanism_check_recovers_the_injected_truth(mechanism):
     assert doc["log"]["conditions"]["t0"]["models"] == ["nf-builtin-1"]
     assert (out / "ladder.png").read_bytes()[:4] == b"\x89PNG"
     assert "Known truth" in r.stdout
+    assert f"wrote {out}/report.json, report.md, ladder.png, outcomes.jsonl, log.lmdb" in r.stdout
     # the log alone is enough: nfladder kept its graded rows in it
     alone = subprocess.run([str(Path(sys.executable).with_name("nfanalyze")), str(out / "log.lmdb"), "--json", "-",
                             "--bootstrap", "4000", "--seed", "22"], capture_output=True, text=True, timeout=300)
@@ -94,6 +95,7 @@ def test_same_seed_same_report_in_a_fresh_folder_and_resume_skips_finished_sessi
     rb = json.loads((tmp_path / "b" / "report.json").read_text())
     assert ra["conditions"] == rb["conditions"] and ra["contrasts"] == rb["contrasts"]
     assert not (shared / "ladder.png").exists()  # --no-plot (the mechanism check reads the plot)
+    assert f"wrote {shared}/report.json, report.md, outcomes.jsonl, log.lmdb" in first.stdout  # what is there
     a = copy_study(shared, tmp_path / "a")
     before = (a / "attempts.jsonl").read_text().count("\n")
     again = nfladder(*SMALL, "--out", str(a), cwd=tmp_path)

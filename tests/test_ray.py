@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,7 +16,8 @@ import pytest
 
 # Before Ray is imported: every node, the driver and nfladder bind to loopback, not the host's address.
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-cluster_utils = pytest.importorskip("ray.cluster_utils", reason='needs the ray extra: pip install "noisefloor[ray]"')
+# Ray itself is imported by the cluster fixture: a worker that runs none of these tests does not pay for it
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason='needs the ray extra: pip install "noisefloor[ray]"')
 
 NFLADDER = str(Path(sys.executable).with_name("nfladder"))
 
@@ -30,6 +32,8 @@ def cluster() -> Iterator[object]:
     config = {"idle_worker_killing_time_threshold_ms": 600_000, "enable_metrics_collection": False,
               "enable_worker_prestart": False, "prestart_worker_first_driver": False,
               "health_check_period_ms": 1000}  # the killed node found dead in ~5 s, not ~15
+    from ray import cluster_utils
+
     c = cluster_utils.Cluster(initialize_head=True, head_node_args={
         "num_cpus": 0, "node_ip_address": "127.0.0.1", "no_monitor": True, "include_log_monitor": False,
         "_system_config": config})

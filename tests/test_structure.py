@@ -37,3 +37,16 @@ def test_the_checker_finds_a_long_function_and_a_long_cli(tmp_path):
     assert structure.long_clis(tmp_path) == ["pkg/cli.py (265 lines)"]
     assert structure.offender("pkg/cli.py:5 long (61 lines)") == "pkg/cli.py long"
     assert structure.offender("pkg/cli.py (265 lines)") == "pkg/cli.py"
+
+
+PACKAGE_DIRS = ("src/noisefloor", "proxy", "proxy/providers", "analyzer", "analyzer/floors", "verifier", "ladder", "viewer")
+
+
+def test_readme_layout_names_every_module():
+    """README's layout paragraph is where a newcomer looks for a module's home: a module it does
+    not name is one they cannot find."""
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("Layout, in data-flow order"):]
+    unnamed = [str(f.relative_to(ROOT)) for d in PACKAGE_DIRS for f in sorted((ROOT / d).glob("*.py"))
+               if f.name != "__init__.py" and f"`{f.name}`" not in layout]
+    assert not unnamed, f"README's layout paragraph does not name: {unnamed}"

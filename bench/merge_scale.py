@@ -4,6 +4,8 @@ import path, as bench/readers_scale.py does), interleaved round by round so both
 
     python bench/store_scale.py --sizes 10000,100000 --build-only --keep DIR
     python bench/merge_scale.py --keep DIR --sizes 10000,100000 --baseline main [--rounds 2]
+    python bench/merge_scale.py --keep DIR --sizes 10000,100000 --shards 2   # shards built with
+        store_scale.py --build-shard N --seed I --prefix shI --out DIR/sN.shardI.lmdb, I = 0, 1
 
 Per run: wall seconds, CPU seconds (user + system, worker processes included), exchanges per
 wall second and per CPU second, and the most private memory seen (RssAnon of the merging process,
@@ -30,8 +32,8 @@ from bench.readers_scale import unpack  # noqa: E402
 from bench.store_scale import _status_kb, _tree  # noqa: E402
 
 
-def merge_run(store: Path, out: Path, code: Path | None, exchanges: int) -> dict[str, float]:
-    """`nfproxy merge out store`, its code from `code` (None: this checkout)."""
+def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int) -> dict[str, float]:
+    """`nfproxy merge out stores...`, its code from `code` (None: this checkout)."""
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if code is not None:
@@ -39,7 +41,7 @@ def merge_run(store: Path, out: Path, code: Path | None, exchanges: int) -> dict
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", "from noisefloor.proxy.cli import main; main()", "merge",
-                             str(out), str(store)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                             str(out), *map(str, stores)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     main_kb = all_kb = 0
     while proc.poll() is None:
         pids = _tree(proc.pid)
@@ -50,7 +52,7 @@ def merge_run(store: Path, out: Path, code: Path | None, exchanges: int) -> dict
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     shutil.rmtree(out, ignore_errors=True)
     if proc.returncode:
-        raise RuntimeError(f"nfproxy merge {store} exited {proc.returncode}")
+        raise RuntimeError(f"nfproxy merge {' '.join(map(str, stores))} exited {proc.returncode}")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return {"wall_s": wall, "cpu_s": cpu, "per_wall_s": exchanges / wall, "per_cpu_s": exchanges / cpu,
             "private_mb": main_kb / 1024, "private_with_workers_mb": all_kb / 1024,
@@ -63,6 +65,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--baseline", default="main", help="git revision to compare with")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--shards", type=int, default=0,
+                    help="merge the K shards s{n}.shard{i}.lmdb of each size (n exchanges each) instead of s{n}.lmdb")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     results: list[dict[str, object]] = []
@@ -70,9 +74,10 @@ def main() -> None:
         base = unpack(a.baseline, Path(tmp) / "base")
         for round_ in range(a.rounds):
             for n in map(int, a.sizes.split(",")):
+                stores = [a.keep / f"s{n}.shard{i}.lmdb" for i in range(a.shards)] or [a.keep / f"s{n}.lmdb"]
                 for label, code in ((a.baseline, base), ("this", None)):
-                    r = {"round": round_, "exchanges": n, "code": label,
-                         **merge_run(a.keep / f"s{n}.lmdb", Path(tmp) / "out.lmdb", code, n)}
+                    r = {"round": round_, "exchanges": n * len(stores), "code": label,
+                         **merge_run(stores, Path(tmp) / "out.lmdb", code, n * len(stores))}
                     results.append(r)
                     print(json.dumps(r), flush=True)
     if a.json:

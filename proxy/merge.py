@@ -5,7 +5,10 @@ exchange record and every body it names must be present, within its recorded siz
 sha256 it is stored under, so a shard damaged on a lost node is refused by name (store and
 exchange), never half merged. Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
-leaves whole sessions, and merging again adds only what is missing. A session that exists in OUT
+leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
+index is layout 2, a shard's entries are copied as stored and its lookups table after its records,
+whole, ids mapped (`merge_copy.copy_lookups`): until that is done OUT is marked, replay refuses it,
+and the next merge first writes the missing lookups from OUT's own entries. A session that exists in OUT
 or in another shard with different exchanges is a clash and is refused, as are shards recorded
 under different normalization rules. Bodies are copied as stored (with the compression
 dictionaries they name) and only when OUT lacks them (content addressing deduplicates across shards).
@@ -53,8 +56,10 @@ class MergeResult:
 
 def identity(doc: dict[str, Any] | Exchange) -> bytes:
     """What makes an exchange the same one in two stores (its id is only a position)."""
-    get = doc.get if isinstance(doc, dict) else lambda k: getattr(doc, k)
-    parts = repr(tuple(get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")))
+    if isinstance(doc, dict):
+        parts = repr(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")))
+    else:  # the same text, without a call per field (once per exchange of every shard)
+        parts = repr((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
     return hashlib.blake2b(parts.encode("utf-8", "surrogatepass"), digest_size=32).digest()
 
 
@@ -131,6 +136,9 @@ def _read_shard(path: Path, jobs: int) -> _Shard:
         head = (s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), s.last_id())
     try:
         sessions = _check_all(path, head[3], jobs)
+        with Store.open(path, write=False) as s:
+            if s.copies_lookups():  # copied as they are: checked as the records are
+                s.checked_lookups()
     except StoreError as exc:
         raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
     return _Shard(path, sessions, head[0], head[1], head[2], meta, head[3])
@@ -151,6 +159,8 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             shards.append(_read_shard(Path(p), jobs))
         with Store.open(out, write=True, create=True) as dest:
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
+            if dest.repair_lookups():  # an earlier merge was killed before its lookups were in
+                progress(f"{out}: the replay lookups of an interrupted merge written")
             rules = _rules(dest, shards)
             present = _sessions(dest.exchanges())
             plan = _plan(present, shards)  # every refusal comes before the first write
@@ -207,7 +217,7 @@ def _copy_shard(dest: Store, shard: _Shard, plan: dict[str, _Shard | None], pres
         added["shared"] += bodies - fresh
         progress(f"{shard.path}: {added['exchanges']} exchanges merged")
 
-    merge_copy.write_shard(dest, shard.path, batches, jobs, lambda text: _moved(text, new_ids), done)
+    merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:

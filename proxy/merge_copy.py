@@ -23,8 +23,9 @@ from typing import Any
 from noisefloor.proxy import codec, replay_index, store_heads
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.store_merge import Batch
+from noisefloor.proxy.store_merge import LOOKUP_KEY, Batch
 
+LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
@@ -43,10 +44,13 @@ def index_entries(src: Store, olds: list[int], first: int) -> list[tuple[int, Re
 
 
 class Preparer:
-    """Batches of one shard made ready for OUT, records encoded with OUT's record dictionary."""
+    """Batches of one shard made ready for OUT, records encoded with OUT's record dictionary;
+    with `bulk`, the replay entries as the shard stores them under their new ids (their lookups
+    are copied after the shard's records, `copy_lookups`)."""
 
-    def __init__(self, path: Path, record_dict: bytes | None) -> None:
+    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False) -> None:
         self.src = Store.open(path, write=False)
+        self.bulk = bulk
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
@@ -71,8 +75,12 @@ class Preparer:
             records.append((_U64.pack(first + k), value))
             heads.append(head)
         wanted = sorted(d.decode() for d in digests)
-        entries = index_entries(self.src, olds, first)
-        return Batch(records, entries, dict(zip(wanted, self.src.raw_bodies(wanted))), heads), replays
+        bodies = dict(zip(wanted, self.src.raw_bodies(wanted)))
+        if self.bulk:
+            moved = [(_U64.pack(new_id), replay_index.moved_entry(raw, new_id))
+                     for new_id, raw in enumerate(self.src.recorded_raw(olds), first) if raw is not None]
+            return Batch(records, bodies=bodies, moved=moved, heads=heads), replays
+        return Batch(records, index_entries(self.src, olds, first), bodies, heads=heads), replays
 
     def close(self) -> None:
         self.src.close()
@@ -81,9 +89,9 @@ class Preparer:
 _worker: Preparer | None = None
 
 
-def _start(path: str, record_dict: bytes | None) -> None:
+def _start(path: str, record_dict: bytes | None, bulk: bool) -> None:
     global _worker
-    _worker = Preparer(Path(path), record_dict)
+    _worker = Preparer(Path(path), record_dict, bulk)
 
 
 def _prepare(olds: bytes, first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
@@ -113,20 +121,59 @@ def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[i
         yield result.get()
 
 
-def write_shard(dest: Store, path: Path, batches: list[array], jobs: int,
+def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
+    """The shard's layout-2 lookups of the exchanges this merge copied (new id `first` or above:
+    `new_ids` maps the others to older ids, or 0) into OUT with their ids mapped, in key order (so
+    OUT's pages fill in order, not one random page per row), a chunk per transaction (memory does
+    not grow with a key's ids); the last one clears the mark `mark_unindexed` set. The rows were
+    checked with the shard (`Store.checked_lookups`)."""
+    import numpy as np
+
+    mapped = np.frombuffer(new_ids, dtype=np.uint64)
+    append = dest.lookup_rows_count() == 0
+    before = None  # the last key written: a key with more ids than a chunk (a bucket's) goes on in the next
+    for key_blob, id_blob in src.lookup_chunks(LOOKUP_CHUNK):
+        keys = np.frombuffer(key_blob, dtype=f"V{LOOKUP_KEY}")
+        ids = mapped[np.frombuffer(id_blob, dtype=">u4")]
+        lead = int((keys == before).sum()) if before is not None else 0  # sorted: they come first
+        dest.put_lookups(_rows(keys[:lead], ids[:lead], first), _rows(keys[lead:], ids[lead:], first),
+                         append=append, last=False)
+        before = keys[-1]
+    dest.put_lookups([], [], append=append, last=True)
+
+
+def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
+    """(key, 4-byte id) rows of the ids `first` or above, ids ascending under each key (keys in order)."""
+    import numpy as np
+
+    if not len(keys):
+        return []
+    group = np.concatenate([[0], np.cumsum(keys[1:] != keys[:-1])])
+    order = np.lexsort((ids, group))
+    keep = order[ids[order] >= first]
+    return list(zip(keys[keep].tolist(), ids[keep].astype(">u4").view("V4").tolist()))
+
+
+def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_ids: array,
                 moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None]) -> None:
-    """Write the batches (old ids each) of shard `path` into `dest`, in order; prepared by `jobs`
-    worker processes when there are enough exchanges. `moved` gives a replay record as OUT stores
-    it (its source id mapped, without its id); `done(exchanges, bodies, new bodies)` after each batch."""
+    """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
+    -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
+    gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
+    bodies, new bodies)` after each batch. When both stores have layout-2 lookups, the shard's are
+    copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`)."""
     key = (dest.meta("dicts") or {}).get("record")
     record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
     starts = [dest.last_id() + 1]
     for b in batches:
         starts.append(starts[-1] + len(b))
+    with Store.open(path, write=False) as src:
+        bulk = dest.copies_lookups() and src.copies_lookups()
+    if bulk and batches:
+        dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
-    with pool(jobs, _start, (str(path), record_dict)) if jobs else nullcontext() as running:
-        local = Preparer(path, record_dict)  # for the replay records, the bodies' dictionaries, a small shard
+    with pool(jobs, _start, (str(path), record_dict, bulk)) if jobs else nullcontext() as running:
+        local = Preparer(path, record_dict, bulk)  # for the replay records, the bodies' dictionaries, a small shard
         try:
             ready = _ahead(running, batches, starts, jobs) if running is not None else (
                 local.batch(b.tolist(), start) for b, start in zip(batches, starts))
@@ -137,5 +184,7 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int,
                     batch.records[k] = (packed, value)
                 fresh = dest.absorb(batch, local.src)
                 done(len(batch.records), len(batch.bodies), fresh)
+            if bulk and batches:
+                copy_lookups(dest, local.src, new_ids, starts[0])
         finally:
             local.close()

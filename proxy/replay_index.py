@@ -51,6 +51,7 @@ _U64 = struct.Struct(">Q")
 ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
 KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
 TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
+MERGING = "merge_lookups_from"  # meta: a merge copying lookups after the records began at this id
 
 _HASHES = 32  # MinHash values per sketch
 _ROWS = 2  # values per band: 16 bands; two requests with Jaccard J share a band with 1-(1-J^2)^16
@@ -126,6 +127,24 @@ def entry_sketch(raw: bytes) -> tuple[bytes, bytes] | None:
     """(bucket, sketch) a layout-2 entry carries (None: its request had none)."""
     e = _DECODE.decode(raw)
     return None if e.bucket is None or e.sketch is None else (e.bucket, e.sketch)
+
+
+def moved_entry(raw: bytes, exchange_id: int) -> bytes:
+    """A layout-2 entry as stored, under another id (merge): checked by decoding it as the entry
+    type (a value that does not decode is a msgspec.DecodeError or ValidationError)."""
+    e = _DECODE.decode(raw)
+    e.id = exchange_id
+    return _ENCODE.encode(e)
+
+
+def lookups_of(e: _Entry) -> int:
+    """How many rows `lookup_rows` gives an entry: key and session, then bucket and bands when
+    its request had a sketch."""
+    return 2 + (1 + _HASHES // _ROWS if e.bucket is not None and e.sketch is not None else 0)
+
+
+def entry_lookups(raw: bytes) -> int:
+    return lookups_of(_DECODE.decode(raw))
 
 
 def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None) -> bytes:
@@ -471,5 +490,12 @@ class MemoryIndex:
 
 
 def open_index(store: Store, rules: Any) -> LmdbIndex | MemoryIndex:
+    """The store's index; refused while a merge into it has copied records but not all their
+    lookups (killed: replay would miss what the merge brought)."""
+    if store.meta(MERGING) is not None:
+        from noisefloor.proxy.store_env import StoreError
+
+        raise StoreError(f"store {store.path}: a merge into it was interrupted before its replay index was "
+                         "complete; run the same nfproxy merge again to finish it")
     return LmdbIndex(store) if store.has_replay_index() else MemoryIndex(store, rules)
 

@@ -137,6 +137,35 @@ class IndexLookups:
                 out.append(list(struct.unpack(f">{len(vals)}I", b"".join(vals))))
         return out
 
+    # -- for copying the tables whole (merge) ------------------------------------------------------
+
+    def copies_lookups(self) -> bool:
+        """Whether this store's lookups are layout 2's, which merge copies as they are (ids mapped)."""
+        return self._layout2() and self._lookups is not None
+
+    def lookup_rows_count(self) -> int:
+        with self._reading(), self._env.begin(db=self._lookups) as txn:
+            return txn.stat(self._lookups)["entries"]
+
+    def lookup_chunks(self, size: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every layout-2 lookup in key order (ids oldest first under each key), `size` rows at a
+        time as two blobs: their keys, and their 4-byte ids, concatenated (a million rows are
+        read without a Python step per row)."""
+        with self._reading("replay index"), self._env.begin(db=self._lookups, buffers=False) as txn:
+            keys, ids = txn.cursor().iternext(keys=True, values=False), txn.cursor().iternext(keys=False)
+            while got := b"".join(islice(ids, size)):
+                yield b"".join(islice(keys, len(got) // 4)), got
+
+    def recorded_table(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every `recorded` entry as stored: (u64 id, value), in id order."""
+        with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
+            yield from txn.cursor().iternext()
+
+    def recorded_raw(self, ids: list[int]) -> list[bytes | None]:
+        """The `recorded` values of these exchanges as stored (None: not recorded), in one read."""
+        with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
+            return [txn.get(_U64.pack(i)) for i in ids]
+
     def recorded_count(self) -> int:
         with self._reading(), self._env.begin(db=self._recorded) as txn:
             return txn.stat(self._recorded)["entries"]

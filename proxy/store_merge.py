@@ -6,21 +6,26 @@ record, each body it names decodes within its recorded size and hashes to its di
 decoded bodies of the last exchanges, since a session's next request is compressed against its
 previous request and answer and replicates repeat bodies. Writing: one transaction per batch
 that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
-recording writes them, bodies copied as stored (never recompressed) when this store lacks them.
+recording writes them (or, between layout-2 stores, entries as stored, the lookups copied after
+the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
+is killed between), bodies copied as stored (never recompressed) when this store lacks them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import lmdb
+import msgspec
 
-from noisefloor.proxy import codec
+from noisefloor.proxy import codec, replay_index
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_env import DAMAGE, StoreError
@@ -28,6 +33,10 @@ from noisefloor.proxy.store_env import DAMAGE, StoreError
 _U64 = struct.Struct(">Q")
 _RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
 _RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
+UNINDEXED = replay_index.MERGING
+_COUNTED = 1 << 18  # lookup ids counted at a time
+LOOKUP_KEY = 1 + replay_index.TAG  # bytes of a layout-2 lookup's key: its kind, then 8
+_KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + replay_index.BAND)
 
 
 class _Recent:
@@ -71,6 +80,14 @@ class MergeIO:
     dictionary: Any
     add_dictionary: Any
     _put_index: Any
+    _recorded: Any
+    _lookups: Any
+    _meta: Any
+    last_id: Any
+    lookup_chunks: Any
+    recorded_table: Any
+    recorded_raw: Any
+    recorded_entries_by_id: Any
 
     def checked_exchanges(self, start: int = 1, stop: int | None = None) -> Iterator[Exchange]:
         """Exchanges with start <= id < stop, in write order, each yielded once it and every body it
@@ -120,6 +137,85 @@ class MergeIO:
             data = self.body(hexdigest, size=size, exchange_id=exchange_id, part=name)  # raises, or b"" (empty)
         recent.add(digest, data)
 
+    def checked_lookups(self) -> None:
+        """A layout-2 store's replay index checked as merge copies it (rows as they are, ids
+        mapped): every entry decodes as the entry type and its exchange has exactly the lookups
+        its entry implies, none naming an exchange that is not recorded (StoreError naming the
+        exchange otherwise). Replay checks each row's entry for the full key and session name, so
+        what this cannot see (a row moved under another band or bucket) costs a miss a
+        near candidate, never a wrong answer."""
+        import numpy as np
+
+        last = self.last_id()
+        expected = np.zeros(last + 1, dtype=np.int32)  # 8 bytes an exchange for both
+        for k, raw in self.recorded_table():
+            exchange_id = _U64.unpack(k)[0]
+            try:
+                if exchange_id > last:
+                    raise ValueError(f"no exchange {exchange_id} in a store of {last}")
+                expected[exchange_id] = replay_index.entry_lookups(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                raise StoreError(f"store {self.path}: exchange {exchange_id}'s replay-index entry is damaged "
+                                 f"({exc}); restore the store from a copy") from None
+        counted = np.zeros(last + 1, dtype=np.int32)
+        for keys, ids in self.lookup_chunks(_COUNTED):
+            got = np.frombuffer(ids, dtype=">u4") if len(ids) % 4 == 0 else None
+            if got is None or len(keys) != len(got) * LOOKUP_KEY or int(got.max()) > last or not np.isin(
+                    np.frombuffer(keys, dtype=np.uint8)[::LOOKUP_KEY], _KINDS).all():
+                raise StoreError(f"store {self.path}: a replay lookup is not one of its kinds or names no exchange "
+                                 "of the store (damaged); restore the store from a copy")
+            found, times = np.unique(got.astype(np.uint32), return_counts=True)  # O(chunk), not O(store)
+            counted[found] += times.astype(np.int32)
+        wrong = np.flatnonzero(counted != expected)
+        if wrong.size:
+            i = int(wrong[0])
+            raise StoreError(f"store {self.path}: exchange {i} has {counted[i]} replay lookups where its entry "
+                             f"implies {expected[i]} (damaged); restore the store from a copy")
+
+    def put_lookups(self, going_on: list[tuple[bytes, bytes]], rows: list[tuple[bytes, bytes]], *, append: bool,
+                    last: bool) -> None:
+        """Layout-2 lookups copied from another store, in key order: `going_on`, more ids under the
+        last key written before (put where they sort), then `rows` (`append`: this store had no
+        lookups, so each lands after the last); `last`: the copy is complete, its mark is cleared."""
+        def write(txn: lmdb.Transaction) -> None:
+            with txn.cursor(db=self._lookups) as cur:
+                cur.putmulti(going_on)
+                if cur.putmulti(rows, append=append)[1] != len(rows) and append:
+                    raise StoreError(f"store {self.path} was written by another process during the merge; "
+                                     "merge again")
+            if last:
+                txn.delete(UNINDEXED.encode(), db=self._meta)
+
+        self._write(write)
+
+    def mark_unindexed(self, first: int) -> None:
+        """Before records are copied without their lookups: where a later merge repairs from."""
+        if self.meta(UNINDEXED) is None:
+            self._write(lambda txn: txn.put(UNINDEXED.encode(), json.dumps(first).encode(), db=self._meta))
+
+    def repair_lookups(self, chunk: int = 20000) -> int:
+        """After a merge killed between copying records and their lookups: each recorded exchange
+        from the mark on gets its lookups again, computed from its entry (rows present are kept
+        once). Returns how many exchanges were indexed."""
+        first = self.meta(UNINDEXED)
+        if first is None:
+            return 0
+        done = 0
+        while True:
+            with self._env.begin(db=self._recorded, buffers=False) as txn, txn.cursor() as cur:
+                found = [_U64.unpack(k)[0] for k in islice(cur.iternext(values=False), chunk)
+                         ] if cur.set_range(_U64.pack(first + done)) else []
+            if not found:
+                break
+            near = replay_index.stored_near(self, found)  # type: ignore[arg-type]
+            rows = sorted(r for e, n in zip(self.recorded_entries_by_id(found), near)
+                          for r in replay_index.lookup_rows(e.id, RecordedEntry(
+                              e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n)))
+            self._write(lambda txn, rows=rows: txn.cursor(db=self._lookups).putmulti(rows))
+            done = found[-1] + 1 - first
+        self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
+        return done
+
     def adopt_dictionaries(self, source: Any) -> None:
         """New values of a kind this store has no dictionary for use the one `source` uses (merge:
         the shard's records are encoded again, and its bodies arrive compressed with it)."""
@@ -155,6 +251,9 @@ class MergeIO:
                                   for (k, _), r in zip(batch.records, batch.heads, strict=True)], append=True)
             for new_id, entry in batch.entries:
                 self._put_index(txn, new_id, entry)
+            if batch.moved:  # entries as stored, their lookups copied after the shard's records
+                with txn.cursor(db=self._recorded) as cur:
+                    cur.putmulti(batch.moved, append=True)
             return fresh
 
         return self._write(write)
@@ -191,4 +290,5 @@ class Batch:
     records: list[tuple[bytes, bytes]]
     entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
     bodies: dict[str, bytes | None] = field(default_factory=dict)
+    moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 entries as OUT stores them
     heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order

@@ -1,0 +1,139 @@
+"""`nfproxy merge`'s bulk path between layout-2 stores: replay entries copied as stored and the
+lookups table copied whole with ids mapped write exactly the tables the per-exchange path wrote
+(rows recomputed from each entry), whatever the chunking; a shard whose entries or lookups are
+damaged is refused by name before anything is written; a merge stopped between a shard's records
+and its lookups leaves OUT refused by replay until the next merge repairs it. Real LMDB stores
+recorded through the real recorder."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from bench.store_traffic import record
+from noisefloor.proxy import merge_copy, replay_index
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.merge import merge
+from noisefloor.proxy.store import Store, StoreError
+from tests.data.make_index_v1_store import answers
+
+TABLES = ("exchanges", "recorded", "lookups", "bodies", "outcomes")
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """Two layout-2 shards recorded through the recorder (different sessions), only read by the tests."""
+    where = tmp_path_factory.mktemp("bulk")
+    paths = [where / "a.lmdb", where / "b.lmdb"]
+    for seed, p in enumerate(paths):
+        with Store.open(p, write=True, create=True) as s:
+            record(s, 160, seed=seed, prefix=f"sh{seed}")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def per_exchange(shards: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shards merged the way merge did before the bulk path: every entry's lookups recomputed."""
+    out = tmp_path_factory.mktemp("slow") / "out.lmdb"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Store, "copies_lookups", lambda self: False)
+        merge(out, shards)
+    return out
+
+
+def tables(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
+    with Store.open(path, write=False) as s, s._env.begin(buffers=False) as txn:  # every row, as stored
+        return {name: list(txn.cursor(db=s._env.open_db(name.encode(), txn=txn, create=False)).iternext())
+                for name in TABLES}
+
+
+def test_the_bulk_path_writes_the_tables_the_per_exchange_path_wrote(shards, per_exchange, tmp_path, monkeypatch):
+    with Store.open(shards[0], write=False) as s:
+        assert s.copies_lookups() and any(n > 1 for n in _ids_per_key(s).values())  # keys shared by exchanges
+    expected = tables(per_exchange)
+    assert len(expected["lookups"]) > 19 * 160
+    out = tmp_path / "out.lmdb"
+    merge(out, shards)  # the second shard goes into a non-empty lookups table
+    assert tables(out) == expected
+    monkeypatch.setattr(merge_copy, "LOOKUP_CHUNK", 7)  # a key's ids split across reads
+    one_by_one = tmp_path / "one-by-one.lmdb"
+    for shard in shards:
+        merge(one_by_one, [shard])
+    assert tables(one_by_one) == expected
+    with Store.open(out, write=False) as a, Store.open(per_exchange, write=False) as b:
+        assert answers(a, range(1, 321, 9)) == answers(b, range(1, 321, 9))
+
+
+def _ids_per_key(s: Store) -> dict[bytes, int]:
+    found: dict[bytes, int] = {}
+    for keys, _ in s.lookup_chunks(1 << 16):
+        for i in range(0, len(keys), 9):
+            found[keys[i:i + 9]] = found.get(keys[i:i + 9], 0) + 1
+    return found
+
+
+def _damaged(shard: Path, where: Path, change) -> Path:
+    copy = where / "damaged.lmdb"
+    shutil.copytree(shard, copy)
+    env = lmdb.open(str(copy), max_dbs=12)
+    with env.begin(write=True) as txn:
+        change(txn, env)
+    env.close()
+    return copy
+
+
+def _drop_a_band(txn: lmdb.Transaction, env: lmdb.Environment) -> None:
+    db = env.open_db(b"lookups", txn=txn, dupsort=True, dupfixed=True)
+    cur = txn.cursor(db=db)
+    assert cur.set_range(replay_index.BAND)
+    assert cur.delete()
+
+
+def _garble_an_entry(txn: lmdb.Transaction, env: lmdb.Environment) -> None:
+    txn.put(struct.pack(">Q", 5), b"\xc1 not an entry", db=env.open_db(b"recorded", txn=txn))
+
+
+def _name_no_exchange(txn: lmdb.Transaction, env: lmdb.Environment) -> None:
+    db = env.open_db(b"lookups", txn=txn, dupsort=True, dupfixed=True)
+    txn.put(replay_index.BAND + bytes(8), struct.pack(">I", 99999), db=db)
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (_drop_a_band, "replay lookups where its entry implies 19"),
+    (_garble_an_entry, "exchange 5's replay-index entry is damaged"),
+    (_name_no_exchange, "names no exchange of the store"),
+])
+def test_damaged_lookups_or_entries_are_refused_before_anything_is_written(shards, tmp_path, change, says):
+    damaged = _damaged(shards[1], tmp_path, change)
+    out = tmp_path / "out.lmdb"
+    with pytest.raises(StoreError, match=says) as err:
+        merge(out, [shards[0], damaged])
+    assert str(damaged) in str(err.value) and "nothing was merged" in str(err.value)
+    assert not out.exists()
+
+
+def test_a_merge_stopped_before_a_shards_lookups_is_refused_by_replay_and_repaired_by_the_next(
+        shards, per_exchange, tmp_path, monkeypatch):
+    out = tmp_path / "out.lmdb"
+
+    def killed(*args: object) -> None:
+        raise SystemExit("killed between the records and the lookups")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(merge_copy, "copy_lookups", killed)
+        with pytest.raises(SystemExit):
+            merge(out, shards)
+    with Store.open(out, write=False) as s:
+        assert 0 < len(s) < 320 and s.meta(replay_index.MERGING) == 1
+        with pytest.raises(StoreError, match="run the same nfproxy merge again"):
+            replay_index.open_index(s, Rules())
+    again = merge(out, shards)
+    assert again.sessions_present > 0 and again.exchanges_added == 320 - 160
+    assert tables(out) == tables(per_exchange)
+    with Store.open(out, write=False) as s:
+        assert s.meta(replay_index.MERGING) is None
+        assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)

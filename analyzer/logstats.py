@@ -9,46 +9,66 @@ from pathlib import Path
 from typing import Any
 
 from noisefloor.outcome_rows import new_rows
-from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.store import Store
+from noisefloor.proxy.store_heads import Parts
 
 UNLABELED = "(unlabeled)"
 
 
-def summarize(exchanges: Iterable[Exchange | Head]) -> dict[str, Any]:
-    """Per condition: counts and identities, from whole exchanges or their heads (`Store.heads`).
-    A million heads pass through here: one dict lookup per condition, counts kept as locals' items."""
+def summarize(heads: Iterable[Parts]) -> dict[str, Any]:
+    """Per condition: counts and identities, from the store's heads as it keeps them
+    (`Store.head_parts`). A million heads pass through here: they are counted per distinct
+    (labels, route), which a session's heads share, and the groups are folded into conditions."""
+    groups: dict[tuple[tuple[Any, ...], tuple[Any, ...]], list[int]] = {}
+    for s, labels, route in heads:
+        key = (labels, route)
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = [0, 0, 0, 0, 0]
+        g[0] += 1
+        if s.error is not None or (s.status or 0) >= 500:
+            g[1] += 1
+        if s.truncated:
+            g[2] += 1
+        usage = s.usage
+        if usage:
+            if type(usage) is not list:
+                usage = (usage.get("input"), usage.get("output"))
+            g[3] += usage[0] or 0
+            g[4] += usage[1] or 0
+    return {"conditions": _conditions(groups)}
+
+
+def _conditions(groups: Mapping[tuple[tuple[Any, ...], tuple[Any, ...]], list[int]]) -> dict[str, dict[str, Any]]:
+    """The groups' counts per condition; labels are (session, task, replicate, condition), a route
+    (mode, method, URL, model, fingerprint, replay result)."""
     conds: dict[str, dict[str, Any]] = {}
-    for ex in exchanges:
-        cond = ex.condition or UNLABELED
+    for ((session, _, _, condition), (mode, _, _, model, fingerprint, result)), (n, errors, truncated, tokens_in,
+                                                                                tokens_out) in groups.items():
+        cond = condition or UNLABELED
         s = conds.get(cond)
         if s is None:
             s = conds[cond] = {"exchanges": 0, "sessions": set(), "misses": 0, "order_violations": 0, "errors": 0,
                                "truncated": 0, "input_tokens": 0, "output_tokens": 0, "models": set(),
                                "fingerprints": set(), "modes": set()}
-        s["exchanges"] += 1
-        s["sessions"].add(ex.session)
-        s["modes"].add(ex.mode)
-        if ex.replay:
-            result = ex.replay.get("result")
-            s["misses"] += result == "miss"
-            s["order_violations"] += result == "order_violation"
-        if ex.error is not None or (ex.status or 0) >= 500:
-            s["errors"] += 1
-        if ex.truncated:
-            s["truncated"] += 1
-        if ex.usage:
-            s["input_tokens"] += ex.usage.get("input") or 0
-            s["output_tokens"] += ex.usage.get("output") or 0
-        if ex.model:
-            s["models"].add(ex.model)
-        if ex.fingerprint:
-            s["fingerprints"].add(ex.fingerprint)
+        s["exchanges"] += n
+        s["sessions"].add(session)
+        s["modes"].add(mode)
+        s["misses"] += n if result == "miss" else 0
+        s["order_violations"] += n if result == "order_violation" else 0
+        s["errors"] += errors
+        s["truncated"] += truncated
+        s["input_tokens"] += tokens_in
+        s["output_tokens"] += tokens_out
+        if model:
+            s["models"].add(model)
+        if fingerprint:
+            s["fingerprints"].add(fingerprint)
     for s in conds.values():
         s["sessions"] = len(s["sessions"])
         for k in ("models", "fingerprints", "modes"):
             s[k] = sorted(s[k])
-    return {"conditions": conds}
+    return conds
 
 
 def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
@@ -56,13 +76,14 @@ def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
     paths = [path] if isinstance(path, Path | str) else list(path)
     rules: list[Any] = []
 
-    def exchanges() -> Iterator[Head]:  # streamed, heads only: memory grows with sessions, not exchanges
+    def heads() -> Iterator[Parts]:  # streamed, heads only: memory grows with sessions, not exchanges
         for p in paths:
             with Store.open(p, write=False) as store:
                 rules.append(store.meta("rules_id"))
-                yield from store.heads()
+                for _, parts in store.head_parts():
+                    yield parts
 
-    doc = summarize(exchanges())
+    doc = summarize(heads())
     doc["store"] = ", ".join(map(str, paths))
     doc["rules_id"] = rules[0] if len(set(rules)) == 1 else sorted({str(r) for r in rules})
     return doc

@@ -6,6 +6,7 @@ that both see the same load.
 
     python bench/store_scale.py --sizes 10000,100000 --build-only --keep DIR
     python bench/readers_scale.py --keep DIR --sizes 10000,100000 --baseline main [--json out.json]
+    [--this-keep DIR2: the same stores migrated (`nfproxy migrate`), where this code's format is newer]
 
 Per command: CPU seconds (user + system of the process, which moves far less than wall time on a
 shared machine), wall seconds, peak RSS (VmHWM, which counts the store pages the process mapped)
@@ -131,6 +132,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--baseline", default="main", help="git revision to compare against")
     ap.add_argument("--this", help="git revision measured as this code (default: the checkout as installed)")
+    ap.add_argument("--this-keep", type=Path, help="where this code reads the stores instead (copies of --keep's "
+                    "migrated by `nfproxy migrate`, for a format the baseline cannot read)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--only", help="comma-separated commands (default: all)")
     ap.add_argument("--json", type=Path, help="also write the results here")
@@ -140,15 +143,16 @@ def main() -> None:
         variants = {"baseline": unpack(a.baseline, Path(tmp) / "baseline"),
                     "this": unpack(a.this, Path(tmp) / "this") if a.this else None}
         for n in map(int, a.sizes.split(",")):
-            cmds = commands(a.keep / f"s{n}.lmdb")
+            cmds = {"baseline": commands(a.keep / f"s{n}.lmdb"),
+                    "this": commands((a.this_keep or a.keep) / f"s{n}.lmdb")}
             for r in range(a.rounds):
-                for name, argv in cmds.items():
+                for name in cmds["this"]:
                     if a.only and name not in a.only.split(","):
                         continue
                     order = list(variants.items()) if r % 2 == 0 else list(variants.items())[::-1]
                     for variant, path in order:
                         row = {"exchanges": n, "round": r, "command": name, "code": variant,
-                               "load": os.getloadavg()[0], **measure(argv, path)}
+                               "load": os.getloadavg()[0], **measure(cmds[variant][name], path)}
                         results.setdefault(str(n), []).append(row)
                         print(json.dumps(row), flush=True)
     table = summary(results)

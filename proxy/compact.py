@@ -21,10 +21,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import lmdb
 
-from noisefloor.proxy import codec, replay_index
+from noisefloor.proxy import codec, replay_index, store_heads
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
 
@@ -66,7 +67,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
             dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts")}
+                                                                 "dicts", "heads", *store_heads.SETS)}
             dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
@@ -79,7 +80,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
                         txn.put(keys[kind], trained, db=dbs["dicts"])
             out = codec.Codec(dicts.get)
             _copy_bodies(src, env, dbs["bodies"], out, keys.get("body"), progress)
-            _copy_records(src, env, dbs["exchanges"], out, keys.get("record"), progress)
+            _copy_records(src, env, dbs, out, keys.get("record"), progress)
             # the replay index, in layout 2 (a compacted store replays without loading it)
             indexed = _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
@@ -115,16 +116,24 @@ def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec
     _append_batched(env, db, items, progress, "bodies")  # in digest order, appended: pages filled whole
 
 
-def _copy_records(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
+def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out: codec.Codec, key: bytes | None,
                   progress: Callable[[str], None]) -> None:
-    def items() -> Iterator[tuple[bytes, bytes]]:
+    """The records encoded again, each with its head (written from the record, tied to its new bytes)."""
+    def items() -> Iterator[tuple[bytes, Any]]:
         # parsed: a record that is not an exchange record stops the rewrite, by name
         for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
             if ex.id != i:
                 raise StoreError(f"store {src.path}: exchange {i} is listed out of order; restore it from a copy")
-            yield _U64.pack(i), out.encode(text, key)
+            stored = out.encode(text, key)
+            yield _U64.pack(i), stored
+            yield _U64.pack(i), src.head_row(text, stored, i)
 
-    _append_batched(env, db, items(), progress, "exchanges")
+    names = store_heads.Sets(dbs["labels"], dbs["routes"])
+
+    def head(txn: lmdb.Transaction, k: bytes, r: store_heads.Row | None) -> None:
+        txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)
+
+    _append_batched(env, dbs["exchanges"], items(), progress, "exchanges", also=head, settle=names.settle)
 
 
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
@@ -173,19 +182,26 @@ def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
         yield k, raw
 
 
-def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, bytes]],
-                    progress: Callable[[str], None], what: str, append: bool = True) -> None:
+def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, Any]],
+                    progress: Callable[[str], None], what: str, append: bool = True,
+                    also: Callable[[lmdb.Transaction, bytes, Any], None] | None = None,
+                    settle: Callable[[bool], None] = lambda ok: None) -> None:
     """Append `items` (in key order) in transactions of _BATCH puts, saying how far it got after
-    each. `append=False` for a table of sorted duplicates: LMDB fills its pages whole all the same."""
+    each. `append=False` for a table of sorted duplicates: LMDB fills its pages whole all the same.
+    `also`: each item of `db` followed by one it writes (a record, then its head row); `settle`
+    told after each transaction."""
     done = 0
     while True:
         with env.begin(write=True) as txn:
             n = 0
             for k, v in items:
                 txn.put(k, v, db=db, append=append)
+                if also is not None:
+                    also(txn, *next(items))
                 n += 1
                 if n >= _BATCH:
                     break
+        settle(True)
         done += n
         if n < _BATCH:
             return

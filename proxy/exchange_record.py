@@ -10,9 +10,7 @@ path would cost as much as the rest of recording.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
-import operator
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -138,6 +136,18 @@ class Exchange:
     def replay_result(self) -> str | None:
         return (self.replay or {}).get("result")
 
+    @property
+    def status(self) -> int | None:  # a head's fields, so that listings read either
+        return None if self.response is None else self.response["status"]
+
+    @property
+    def method(self) -> str:
+        return self.request["method"]
+
+    @property
+    def url(self) -> str:
+        return self.request["url"]
+
 
 _FIELD_NAMES = tuple(n for n in Exchange.__dataclass_fields__ if n != "unknown")
 _KNOWN = frozenset(_FIELD_NAMES)
@@ -166,13 +176,7 @@ _PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
 
 
 class _Part(msgspec.Struct):
-    """A part of a head, read like the record's dict (`part["status"]`, `part.get("url")`)."""
-
-    def __getitem__(self, name: str) -> Any:
-        return getattr(self, name)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return getattr(self, name, default)
+    """A part of a record's head as its JSON text has it."""
 
 
 class _RequestHead(_Part):
@@ -184,9 +188,8 @@ class _ResponseHead(_Part):
     status: int
 
 
-class Head(msgspec.Struct):
-    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
-    status and identity, decoded and type-checked without the headers and the rest."""
+class _HeadText(msgspec.Struct):
+    """What a head is read from in a stored record's JSON (stores without a heads table)."""
 
     id: int
     time: float
@@ -201,24 +204,45 @@ class Head(msgspec.Struct):
     condition: str | None = None
     model: str | None = None
     fingerprint: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = msgspec.field(default_factory=dict)  # as `Exchange` defaults it
     truncated: bool | None = False
     replay: dict[str, Any] | None = None
     error: str | None = None
     notes: list[str] = msgspec.field(default_factory=list)
 
-    @property
-    def status(self) -> int | None:
-        return None if self.response is None else self.response.status
 
-    @property
-    def replay_result(self) -> str | None:
-        return (self.replay or {}).get("result")
+class Head(msgspec.Struct, gc=False, frozen=True):
+    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
+    status and identity. Kept beside the record in a store's heads table (`store_heads`), read from
+    the record's JSON where a store has none. The fields after `notes` are those an exchange shares
+    with others: its labels (with its session), then its route (with most of the store), which the
+    heads table stores once per distinct set."""
+
+    id: int
+    time: float
+    key: str
+    occurrence: int
+    status: int | None  # None: no response
+    usage: dict[str, Any] | None
+    truncated: bool | None
+    error: str | None
+    notes: list[str]
+    session: str
+    task: str | None
+    replicate: str | None
+    condition: str | None
+    mode: str
+    method: str
+    url: str
+    model: str | None
+    fingerprint: str | None
+    replay_result: str | None
 
 
 _DECODER = msgspec.json.Decoder(Exchange)
-_HEAD_DECODER = msgspec.json.Decoder(Head)
+_HEAD_TEXT = msgspec.json.Decoder(_HeadText)
 _ENCODER = msgspec.json.Encoder()
+
 
 
 def parse(data: bytes) -> Exchange:
@@ -258,12 +282,38 @@ def migrate(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_head(data: bytes) -> Head:
-    """What listings read of a stored record (ValidationError / DecodeError as msgspec raises them)."""
-    return _HEAD_DECODER.decode(data)
+    """What listings read of a stored record's JSON (ValidationError / DecodeError as msgspec raises them)."""
+    h = _HEAD_TEXT.decode(data)
+    result = (h.replay or {}).get("result")
+    return Head(h.id, h.time, h.key, h.occurrence, None if h.response is None else h.response.status, h.usage,
+                h.truncated, h.error, h.notes, h.session, h.task, h.replicate, h.condition, h.mode, h.request.method,
+                h.request.url, h.model, h.fingerprint, _result_text(result))
+
+
+def _result_text(result: Any) -> str | None:
+    """A replay result as a listing shows it (a damaged record's non-text result as its text)."""
+    return result if result is None or type(result) is str else (str(result) if result else None)
 
 
 def head_of(ex: Exchange) -> Head:
-    return msgspec.convert(ex.to_json(), Head)
+    return Head(ex.id, ex.time, ex.key, ex.occurrence, ex.status, ex.usage, ex.truncated, ex.error, list(ex.notes),
+                ex.session, ex.task, ex.replicate, ex.condition, ex.mode, ex.method, ex.url, ex.model, ex.fingerprint,
+                _result_text(ex.replay_result))
+
+
+def checked_head(record: bytes) -> tuple[Head, int] | None:
+    """A record's JSON text's head and the fields it leaves out (a bit each; NOT_LISTED: only
+    `parse` can list it), checked once here so that listings need not; None where msgspec refuses
+    its JSON (a lone surrogate, which json reads): its record is read instead. TypeError where the
+    text is not an exchange record."""
+    try:
+        head = parse_head(record)
+    except msgspec.DecodeError:
+        return None
+    except msgspec.ValidationError as exc:
+        raise TypeError(str(exc)) from None
+    checked = _listable(record)
+    return head, NOT_LISTED if checked is None else checked[1]
 
 
 def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
@@ -327,23 +377,44 @@ def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
     return msgspec.json.Decoder(checker), checker.__struct_fields__, defaults
 
 
-_ADDED: dict[tuple[bool, ...], bytes] = {}  # which fields a record leaves out -> the text that adds them
+@functools.cache
+def left_out_of(keys: frozenset[str]) -> int:
+    """The fields a record of these keys leaves out, a bit each as `_listable` gives them (a writer
+    that built the record knows its keys and types: nothing to parse)."""
+    _, names, _ = _record_checker()
+    return sum(1 << i for i, n in enumerate(names) if n not in keys)
+
+
+_ADDED: dict[int, bytes] = {}  # which fields a record leaves out (a bit each) -> the text that adds them
+NOT_LISTED = 0xFFFFFFFF  # a record only `parse` can list (its head says so)
 
 
 def listed(data: bytes, exchange_id: int) -> bytes | None:
     """The stored record `data` as one line of JSON with every field (the object `Exchange.json_bytes`
     gives), checked as `parse` checks it; None where only `parse` can say (keys this version does not
     know, another layout, JSON msgspec refuses, a type that is wrong: `parse` names it)."""
-    decoder, names, implicit = _record_checker()
+    checked = _listable(data)
+    if checked is None or checked[0] != exchange_id:
+        return None
+    return with_implicit(data, checked[1])
+
+
+def _listable(data: bytes) -> tuple[int, int] | None:
+    """(id, the fields it leaves out: a bit each) of a record `listed` passes through, else None."""
+    decoder, _, _ = _record_checker()
     try:
         rec = decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    if rec.id != exchange_id or rec.version not in (RECORD_VERSION, msgspec.UNSET) or b"\n" in data \
-            or b"\r" in data or not data.endswith(b"}"):
+    if rec.version not in (RECORD_VERSION, msgspec.UNSET) or b"\n" in data or b"\r" in data or not data.endswith(b"}"):
         return None
-    unset = tuple(map(operator.is_, msgspec.structs.astuple(rec), itertools.repeat(msgspec.UNSET)))
-    added = _ADDED.get(unset)
+    return rec.id, sum(1 << i for i, v in enumerate(msgspec.structs.astuple(rec)) if v is msgspec.UNSET)
+
+
+def with_implicit(data: bytes, left_out: int) -> bytes:
+    """A checked record's text with the fields it leaves out (`left_out`, a bit each) added."""
+    added = _ADDED.get(left_out)
     if added is None:
-        added = _ADDED[unset] = b"".join(implicit[n] for n, u in zip(names, unset, strict=True) if u)
+        _, names, implicit = _record_checker()
+        added = _ADDED[left_out] = b"".join(implicit[n] for i, n in enumerate(names) if left_out >> i & 1)
     return data[:-1] + added + b"}" if added else data

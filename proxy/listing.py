@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.errors import InputError
-from noisefloor.proxy.exchange_record import Exchange
+from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.store import Store
 
 SHOWN_BODY = 2 << 20  # bytes of a body searched (and shown by nfview)
@@ -51,7 +51,8 @@ class Filters:
         """No filter given: every exchange is wanted (a listing then skips asking, per exchange)."""
         return self == _NONE
 
-    def wanted(self, ex: Exchange, store: Store) -> bool:
+    def wanted(self, ex: Exchange | Head, store: Store) -> bool:
+        """Whether `ex` passes; a head suffices unless the text or order filter is given."""
         if self.condition is not None and ex.condition != self.condition:
             return False
         if self.task is not None and ex.task != self.task:
@@ -72,8 +73,8 @@ class Filters:
 _NONE = Filters()
 
 
-def _status_matches(ex: Exchange, want: str) -> bool:
-    status = ex.response["status"] if ex.response else None
+def _status_matches(ex: Exchange | Head, want: str) -> bool:
+    status = ex.status
     if want == "error":
         return status is None or ex.error is not None
     if status is None:
@@ -83,7 +84,7 @@ def _status_matches(ex: Exchange, want: str) -> bool:
     return str(status) == want
 
 
-def result_of(ex: Exchange) -> str:
+def result_of(ex: Exchange | Head) -> str:
     """hit / miss / order_violation for replayed exchanges, error, or recorded."""
     r = ex.replay_result
     if r:

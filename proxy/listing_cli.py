@@ -20,6 +20,7 @@ from noisefloor.proxy.exchange_record import Head
 from noisefloor.proxy.listing import Filters
 from noisefloor.proxy.options import store_option
 from noisefloor.proxy.store import Exchange, Store
+from noisefloor.proxy.store_heads import Parts
 
 
 @click.command("log")
@@ -47,9 +48,13 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                 else store.listed_records()  # no filter: the stored text, checked, with no Exchange built
             _json_lines(islice(lines, limit))
             return
-        # the records' heads suffice, except for filters that read more
-        source = store.exchanges() if filters.q or filters.order else store.heads()
-        _listing(islice(_wanted(source, filters, store), limit), store_path, sessions_only)
+        line = _Line(Visible())
+        if filters.empty:  # every exchange: the heads as the store keeps them, no Head built
+            entries = line.of_parts(store.head_parts(), not sessions_only)
+        else:  # the records' heads suffice, except for filters that read more
+            source = store.exchanges() if filters.q or filters.order else store.heads()
+            entries = line.of_heads(_wanted(source, filters, store), not sessions_only)
+        _listing(islice(entries, limit), store_path, line.shown)
 
 
 def _wanted(exchanges: Iterator[Any], filters: Filters, store: Store) -> Iterator[Any]:
@@ -77,29 +82,31 @@ def _json_lines(records: Iterable[bytes]) -> None:
     sys.stdout.flush()
 
 
-def _listing(heads: Iterable[Head | Exchange], store_path: Path, sessions_only: bool) -> None:
+Entry = tuple[str, str, Any, str]  # an exchange's session, mode, condition and line ("": sessions only)
+
+
+def _listing(entries: Iterable[Entry], store_path: Path, shown: Callable[[object], str]) -> None:
     """The sessions, then a line per exchange. One pass: lines go to a spool file while sessions are
     counted, so memory holds sessions, never exchanges."""
     per_session: dict[str, list[Any]] = {}  # name -> [exchanges, mode (a set once there are two), condition]
-    line = _Line(Visible())
     with tempfile.TemporaryFile("w+b") as spool:
         lines: list[str] = []
-        for ex in heads:
-            s = per_session.get(ex.session)
+        for session, mode, condition, text in entries:
+            s = per_session.get(session)
             if s is None:
-                per_session[ex.session] = [1, ex.mode, ex.condition]
+                per_session[session] = [1, mode, condition]
             else:
                 s[0] += 1
-                if s[1] != ex.mode:
-                    s[1] = {*_modes(s[1]), ex.mode}
-            if not sessions_only:
-                lines.append(line(ex))
+                if s[1] != mode:
+                    s[1] = {*_modes(s[1]), mode}
+            if text:
+                lines.append(text)
                 if len(lines) >= 1024:
                     spool.write(_encoded(lines))
                     lines.clear()
         spool.write(_encoded(lines))
         out = sys.stdout.buffer
-        out.write(_encoded(_summary(per_session, store_path, line.shown)))
+        out.write(_encoded(_summary(per_session, store_path, shown)))
         spool.seek(0)
         shutil.copyfileobj(spool, out, 1 << 20)
         out.flush()
@@ -131,22 +138,47 @@ class _Line:
         self._stamp = _Stamps()
         self._middles: dict[tuple[Any, ...], str] = {}
 
+    def of_heads(self, heads: Iterable[Head | Exchange], with_lines: bool) -> Iterator[Entry]:
+        for ex in heads:
+            yield ex.session, ex.mode, ex.condition, self(ex) if with_lines else ""
+
+    def of_parts(self, heads: Iterable[tuple[int, Parts]], with_lines: bool) -> Iterator[Entry]:
+        """Entries from the heads as the store keeps them: the middle of a line is looked up by the
+        labels and route tuples a session's heads share, and the key is shown from its digest."""
+        middles, stamp, shown = self._middles, self._stamp, self.shown
+        for exchange_id, (s, labels, route) in heads:
+            if not with_lines:
+                yield labels[0], route[0], labels[3], ""
+                continue
+            code, failed = s.status, s.error is not None
+            middle = middles.get((labels, route, code, failed))
+            if middle is None:
+                res = route[5] or ("error" if failed else "")
+                middle = self._middle((labels, route, code, failed), route[0], labels[0], route[1], route[2], code, res)
+            if s.other_key is None:
+                key = s.key[:6].hex()
+            else:
+                key = s.other_key[:12]
+                key = key if key.isalnum() else shown(key)
+            yield (labels[0], route[0], labels[3],
+                   f"{exchange_id:>6} {stamp(s.time)} {middle} key={key} occ={s.occurrence}\n")
+
+    def _middle(self, key: tuple[Any, ...], mode: str, session: str, method: str, url: str, code: int | None,
+                res: Any) -> str:
+        if len(self._middles) >= _MIDDLES:
+            self._middles.clear()
+        shown = self.shown
+        middle = self._middles[key] = (f"{shown(mode):<7} {shown(session)} {shown(method)} {shown(url)} "
+                                       f"{'ERR' if code is None else code} {shown(res if type(res) is str else str(res))}")
+        return middle
+
     def __call__(self, ex: Head | Exchange) -> str:
-        if type(ex) is Head:  # parts are structs: attributes, not the record's dicts
-            method, url = ex.request.method, ex.request.url
-            code = ex.response.status if ex.response is not None else "ERR"
-        else:
-            method, url = ex.request["method"], ex.request["url"]
-            code = ex.response["status"] if ex.response is not None else "ERR"
+        method, url, code = ex.method, ex.url, ex.status
         res = ex.replay_result or ("error" if ex.error else "")
-        parts = (ex.mode, ex.session, method, url, code, res if type(res) is str else str(res))
+        parts = (ex.mode, ex.session, method, url, code, res)
         middle = self._middles.get(parts)
         if middle is None:
-            if len(self._middles) >= _MIDDLES:
-                self._middles.clear()
-            shown = self.shown
-            middle = self._middles[parts] = (f"{shown(parts[0]):<7} {shown(parts[1])} {shown(method)} {shown(url)} "
-                                             f"{code} {shown(parts[5])}")
+            middle = self._middle(parts, *parts)
         key = ex.key[:12]  # a digest the proxy wrote; escaped should a damaged record hold anything else
         return (f"{ex.id:>6} {self._stamp(ex.time)} {middle} key={key if key.isalnum() else self.shown(key)} "
                 f"occ={ex.occurrence}\n")

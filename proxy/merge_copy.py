@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from noisefloor.proxy import codec, replay_index
+from noisefloor.proxy import codec, replay_index, store_heads
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.store_merge import LOOKUP_KEY, Batch
@@ -54,29 +54,33 @@ class Preparer:
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
-    def record(self, new_id: int, text: bytes) -> bytes:
-        """A record's JSON (an object without "id") as OUT stores it under `new_id`."""
-        return self.codec.encode(b'{"id":%d,%s' % (new_id, text[1:]), self.key)
+    def record(self, new_id: int, text: bytes) -> tuple[bytes, store_heads.Row | None]:
+        """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head's row."""
+        doc = b'{"id":%d,%s' % (new_id, text[1:])
+        stored = self.codec.encode(doc, self.key)
+        return stored, self.src.head_row(doc, stored, new_id)
 
     def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
         must be mapped to OUT's, which the merging process knows) is left to it: returned with its
         place in the batch, its value empty."""
-        records, replays, digests = [], [], set()
+        records, heads, replays, digests = [], [], [], set()
         for k, text in enumerate(self.src.record_texts_of(olds)):
             digests.update(_BODY.findall(text))
             if b'"replay": {' in text or b'"replay":{' in text:
                 replays.append((k, text))
-                records.append((_U64.pack(first + k), b""))
+                value, head = b"", None
             else:
-                records.append((_U64.pack(first + k), self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))))
+                value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))
+            records.append((_U64.pack(first + k), value))
+            heads.append(head)
         wanted = sorted(d.decode() for d in digests)
         bodies = dict(zip(wanted, self.src.raw_bodies(wanted)))
         if self.bulk:
             moved = [(_U64.pack(new_id), replay_index.moved_entry(raw, new_id))
                      for new_id, raw in enumerate(self.src.recorded_raw(olds), first) if raw is not None]
-            return Batch(records, bodies=bodies, moved=moved), replays
-        return Batch(records, index_entries(self.src, olds, first), bodies), replays
+            return Batch(records, bodies=bodies, moved=moved, heads=heads), replays
+        return Batch(records, index_entries(self.src, olds, first), bodies, heads=heads), replays
 
     def close(self) -> None:
         self.src.close()
@@ -176,7 +180,8 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
             for batch, replays in ready:
                 for k, text in replays:
                     packed = batch.records[k][0]
-                    batch.records[k] = (packed, local.record(_U64.unpack(packed)[0], moved(text)))
+                    value, batch.heads[k] = local.record(_U64.unpack(packed)[0], moved(text))
+                    batch.records[k] = (packed, value)
                 fresh = dest.absorb(batch, local.src)
                 done(len(batch.records), len(batch.bodies), fresh)
             if bulk and batches:

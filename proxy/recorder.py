@@ -10,6 +10,7 @@ from typing import Any
 
 from noisefloor.proxy import exchange_record, providers, replay_index, secrets
 from noisefloor.proxy.dependencies import Tracker, body_text
+from noisefloor.proxy.exchange_record import Head
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.providers import Provider
@@ -31,6 +32,7 @@ class Pending:
     provider: Provider | None = None
     deps: tuple[int, ...] = ()  # seqs of this session's answers the request carries
     near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # its nearest-request index entry
+    route: tuple[str, str] = ("", "")  # its method and URL as recorded (the head's)
 
 
 class Recorder:
@@ -40,6 +42,8 @@ class Recorder:
         self.answers = Tracker()
         self.rules = rules
         self.stats = Stats()
+        self._left_out: dict[tuple[str, ...], int] = {}  # the answer part's keys -> what the record leaves out
+        self._request_keys: frozenset[str] = frozenset()
         if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
             self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq)
                                                            for e in store.session_entries(name)])
@@ -51,6 +55,8 @@ class Recorder:
         """Key the request; call in arrival order (occurrence numbers follow it)."""
         p = prepare(request, labels, self.rules, self.counters)
         record = exchange_record.request_part(p, "record", self.rules.id)
+        if not self._request_keys:
+            self._request_keys = frozenset((*record, "id"))
         notes = record.pop("notes")
         c = p.canonical
         provider = providers.pick(self.rules.profile, c.host, c.path)
@@ -59,7 +65,8 @@ class Recorder:
             if provider.substring_deps else None
         deps = self.answers.deps(labels.session, provider, doc, text)
         near = replay_index.sketch(c, _route(p)) if c.body_kind == "json" else None
-        return Pending(p, json.dumps(record), notes, provider, deps, near)
+        route = (record["request"]["method"], record["request"]["url"])
+        return Pending(p, json.dumps(record), notes, provider, deps, near, route)
 
     def finish(
         self,
@@ -111,9 +118,42 @@ class Recorder:
             deps=pending.deps,
             near=pending.near,
         )
-        exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry)
+        exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry,
+                                        self._head(pending, record, response, identity))
         self.stats.exchanges += 1
         return exchange_id
+
+
+    def _head(self, pending: Pending, record: dict[str, Any], response: ResponseData | None,
+              identity: dict[str, Any] | None) -> tuple[Head, int] | None:
+        """The exchange's head and the fields its record leaves out, from the values the record was
+        built of (the store need not read them back from its text); None where the provider's
+        identity is not of the record's types, which the store then checks from the text."""
+        p, labels = pending.prepared, pending.prepared.labels
+        model = fingerprint = None
+        usage: dict[str, Any] = {}
+        truncated: Any = False
+        if identity is not None:
+            model, fingerprint, usage, truncated = (identity["model"], identity["fingerprint"], identity["usage"],
+                                                    identity["truncated"])
+            if not (_text(model) and _text(fingerprint) and _text(identity["finish_reason"])
+                    and _count(usage["input"]) and _count(usage["output"]) and type(truncated) is bool):
+                return None
+        keys = tuple(record)
+        left = self._left_out.get(keys)
+        if left is None:
+            left = self._left_out[keys] = exchange_record.left_out_of(self._request_keys | set(keys))
+        return Head(0, p.started, p.key, p.occurrence, None if response is None else response.status, usage,
+                    truncated, record["error"], record["notes"], labels.session, labels.task, labels.replicate,
+                    labels.condition, "record", *pending.route, model, fingerprint, None), left
+
+
+def _text(v: Any) -> bool:
+    return v is None or type(v) is str
+
+
+def _count(v: Any) -> bool:
+    return v is None or type(v) is int
 
 
 def _route(p: Prepared) -> str:

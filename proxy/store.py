@@ -11,6 +11,10 @@ Layout (named databases; values encoded as `codec` says: tagged, zstd with a tra
   lookups   key -> sorted 4-byte ids: the replay index's lookups (see `replay_index.py`), so
                                    that replay reads what a request needs instead of loading the
                                    whole index (`rindex`: layout 1's; stores made before have none)
+  heads     u64 id -> head         each exchange's head (`exchange_record.Head`: labels, route,
+                                   status, identity; CRC-checked), written in the record's
+                                   transaction, so that listings never decompress records
+                                   (noisefloor-log/4; older stores' heads are read from the records)
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it (bulk writers may put a batch in
@@ -24,8 +28,8 @@ parse as the exchange record; anything else is a StoreError naming the store and
 Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
 dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
 replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
-do not read. Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy
-compact` rewrite a store whole in today's format.
+do not read; noisefloor-log/4 the heads table. Each is read as it is and written in its own
+layout; `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's format.
 """
 
 from __future__ import annotations
@@ -36,9 +40,11 @@ import os
 import re
 import struct
 import threading
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +52,7 @@ import lmdb
 import msgspec
 
 from noisefloor.outcome_rows import row_key
-from noisefloor.proxy import codec, exchange_record, replay_index
+from noisefloor.proxy import codec, exchange_record, replay_index, store_heads
 from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_bodies import Bodies
@@ -55,11 +61,12 @@ from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, ope
 from noisefloor.proxy.store_index import IndexLookups
 from noisefloor.proxy.store_merge import MergeIO
 
-FORMAT = "noisefloor-log/3"
-LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2")  # read as they are, written in their own layout
+FORMAT = "noisefloor-log/4"
+LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3")  # read as they are, written in their own layout
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
@@ -86,6 +93,9 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
         self._index_v: int | None = None  # the replay index's layout (meta), read on open
+        self._heads: Any = None  # the heads table: opened once the format says the store has one
+        self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
+        self._numbering: store_heads.Sets | None = None
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
         self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
@@ -94,7 +104,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
         self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
         self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
-        self._batch: list[tuple[str, Mapping[str, bytes], RecordedEntry | None]] | None = None
+        self._batch: list[_Item] | None = None
         self._batch_size = self._batch_base = 0
 
     def _optional_db(self, name: bytes, **flags: bool) -> Any:
@@ -102,6 +112,12 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             return self._env.open_db(name, create=self.writable, **flags)
         except lmdb.NotFoundError:
             return None
+
+    def _open_heads(self) -> None:
+        self._heads = self._optional_db(b"heads")
+        self._sets = {kind: self._optional_db(kind.encode()) for kind in store_heads.SETS}
+        if self.writable:
+            self._numbering = store_heads.Sets(self._sets["labels"], self._sets["routes"])
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -118,6 +134,8 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
             store._adopt_format()
+            if store.format == FORMAT:
+                store._open_heads()
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
@@ -236,17 +254,20 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         record: dict[str, Any] | str,
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
+        head: tuple[Head, int] | None = None,
     ) -> int:
         """Write one exchange atomically; returns the new id.
 
         `record` is a dict or its JSON text (a non-empty object, without "id"); `bodies` maps sha256
-        hex to bytes. Inside `batch()`, the exchange is committed with the batch (the id is known now).
+        hex to bytes. `head`: the record's head (its id left 0) and the fields it leaves out, from a
+        writer that built the record (else they are read from the text). Inside `batch()`, the
+        exchange is committed with the batch (the id is known now).
         """
         text = record if isinstance(record, str) else json.dumps(record)
         self._learn(text, bodies)
         if self._batch is None:
-            return self._commit([(text, bodies, recorded)])[0]
-        self._batch.append((text, bodies, recorded))
+            return self._commit([(text, bodies, recorded, head)])[0]
+        self._batch.append((text, bodies, recorded, head))
         new_id = self._batch_base + len(self._batch)
         if len(self._batch) >= self._batch_size:
             self._flush()
@@ -278,7 +299,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                 raise StoreError(f"store {self.path} was written by another process during a batch; record it again")
             self._batch_base = ids[-1]
 
-    def _commit(self, items: list[tuple[str, Mapping[str, bytes], RecordedEntry | None]]) -> list[int]:
+    def _commit(self, items: list[_Item]) -> list[int]:
         """Exchanges in one transaction. A session's next request is compressed against bodies
         committed before it, so the chain links this transaction set are undone if it is not."""
         undo: list[tuple[str, Any]] = []
@@ -294,9 +315,9 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         def write(txn: lmdb.Transaction) -> list[int]:
             rollback()  # a retry after the map grew starts again
             ids = []
-            for text, bodies, recorded in items:
+            for text, bodies, recorded, head in items:
                 self._chain_next = None
-                ids.append(self._append(txn, text, bodies, recorded, chain=True))
+                ids.append(self._append(txn, text, bodies, recorded, chain=True, head=head))
                 if self._chain_next is not None:
                     session, link = self._chain_next
                     undo.append((session, self._chains.get(session)))
@@ -334,6 +355,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
         chain: bool = False,
+        head: tuple[Head, int] | None = None,
     ) -> int:
         body_key = self._keys.get("body") or None
         request = None
@@ -364,9 +386,13 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                                                        depth if depth >= 0 else CHAIN_DEPTH))
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
-        doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id)
-        txn.put(_U64.pack(new_id), self._codec.encode(doc.encode(), self._keys.get("record") or None),
-                db=self._exchanges, append=True)
+        doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id).encode()
+        stored = self._codec.encode(doc, self._keys.get("record") or None)
+        packed = _U64.pack(new_id)
+        txn.put(packed, stored, db=self._exchanges, append=True)
+        if self._numbering is not None:
+            r = store_heads.row(*head, stored) if head is not None else self.head_row(doc, stored, new_id)
+            txn.put(packed, self._numbering.sealed(txn, packed, r), db=self._heads, append=True)
         if recorded is not None:
             self._put_index(txn, new_id, recorded)
         return new_id
@@ -401,9 +427,94 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                 yield self._decode_record(_U64.unpack(k)[0], raw)
 
     def heads(self) -> Iterator[Head]:
-        """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, at a
-        fraction of the cost of whole records (still checked: a record whose head does not have
-        the record type's fields is a StoreError naming the exchange)."""
+        """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
+        heads table (`_paired`: each head checked, and its tie to its record) or, in a store
+        without one, from the records (each checked against the record type). Damage is a
+        StoreError naming the exchange."""
+        if self._heads is None:
+            yield from self._record_heads()
+            return
+        head = store_heads.head
+        for exchange_id, p in self.head_parts():
+            yield head(exchange_id, p)
+
+    def head_parts(self) -> Iterator[tuple[int, store_heads.Parts]]:
+        """Every exchange's head in write order as the heads table keeps it (`store_heads.parts`:
+        the labels and route as tuples shared by every head with the same, so that a reader can
+        group by them), for readers that need no Head (nfanalyze's counts); checked as `heads`."""
+        if self._heads is None:
+            for h in self._record_heads():
+                yield h.id, store_heads.parts_of(h)
+            return
+        parts, labels, routes = store_heads.parts, self._sets_of("labels"), self._sets_of("routes")
+        for exchange_id, value, raw in self._paired("heads"):
+            if not value:  # left to the record
+                yield exchange_id, store_heads.parts_of(exchange_record.head_of(self._decode_record(exchange_id, raw)))
+                continue
+            try:
+                yield exchange_id, parts(value, labels, routes)
+            except ValueError as exc:
+                raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
+                                 "`nfproxy compact` rewrites the heads from the records") from None
+
+    def _sets_of(self, kind: str) -> dict[int, tuple[Any, ...]]:
+        """The heads' labels or routes, read whole (an entry per distinct set: labels grow with sessions)."""
+        db = self._sets.get(kind)
+        if db is None:
+            return {}
+        with self._reading(kind), self._env.begin(db=db, buffers=True) as txn:
+            try:
+                return store_heads.read_sets(kind, txn.cursor())
+            except ValueError as exc:
+                raise StoreError(f"store {self.path}: {exc}; `nfproxy compact` rewrites the heads from the "
+                                 "records") from None
+
+    def _paired(self, what: str) -> Iterator[tuple[int, memoryview, memoryview]]:
+        """(id, head, record as stored) in write order, in one read: every head's CRC checked and
+        its record's bytes those the head was written for (a CRC, nothing decompressed)."""
+        check, crc, u32 = store_heads.check, zlib.crc32, _U32.unpack_from  # a million times: `check` inlined
+        with self._reading(what), self._env.begin(buffers=True) as txn:
+            pairs = zip_longest(txn.cursor(db=self._heads), txn.cursor(db=self._exchanges), fillvalue=(None, None))
+            for (k, value), (rk, raw) in pairs:
+                if k is None or rk is None or k != rk:
+                    self._unpaired(k, rk)
+                if not value or (len(value) >= 8 and u32(value)[0] == crc(value[4:], crc(k))
+                                 and u32(value, 4)[0] == crc(raw)):
+                    yield _U64.unpack(k)[0], value, raw
+                    continue
+                exchange_id = _U64.unpack(k)[0]
+                wrong = check(k, value, raw)
+                if wrong == "head":
+                    raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its "
+                                     "checksum does not match); `nfproxy compact` rewrites the heads from the records")
+                if wrong == "record":
+                    self._decode_record(exchange_id, raw)  # a damaged record says what is wrong with it
+                    raise StoreError(f"store {self.path}: exchange {exchange_id}'s head and record do not match (one "
+                                     "was changed after the other was written); restore the store from a copy, or "
+                                     "`nfproxy compact` rewrites the heads from the records")
+                yield exchange_id, value, raw  # not reached: `check` agrees with the test above
+
+    def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:
+        """A head without its record or a record without its head: the first such exchange, named."""
+        keys = [k for k in (head_key, record_key) if k is not None]
+        exchange_id = _U64.unpack(bytes(min(keys, key=bytes)))[0]
+        which = "record" if record_key is None or (head_key is not None and bytes(head_key) < bytes(record_key)) \
+            else "head"
+        raise StoreError(f"store {self.path}: exchange {exchange_id} has no {which} (the heads table and the records "
+                         "differ); `nfproxy compact` rewrites the heads from the records")
+
+    def head_row(self, record: bytes, stored: bytes, exchange_id: int) -> store_heads.Row | None:
+        """The heads-table row of a record's JSON text stored as `stored` (`store_heads.row`, read
+        from the text), or StoreError naming this store and the exchange where the text is not an
+        exchange record."""
+        try:
+            checked = exchange_record.checked_head(record)
+        except (TypeError, ValueError) as exc:
+            raise StoreError(f"store {self.path}: exchange {exchange_id} is not an exchange record ({exc}); "
+                             "restore the store from a copy or record it again") from None
+        return None if checked is None else store_heads.row(*checked, stored)
+
+    def _record_heads(self) -> Iterator[Head]:
         decode, parse, limit = self._codec.decode, exchange_record.parse_head, self.max_body  # a million times
         with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
             for k, raw in txn.cursor():
@@ -419,17 +530,31 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
 
     def listed_records(self) -> Iterator[bytes]:
         """Every exchange record in write order as one line of JSON with every field (the object
-        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text, checked against
-        the record type and passed through; a record only `exchange()` can read is read by it
-        (so a damaged one is the same StoreError)."""
-        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
+        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text passed through,
+        checked against the record type when it was written (its head says what it leaves out,
+        and is tied to its bytes) or, in a store without heads, now; a record only `exchange()`
+        can read is read by it (so a damaged one is the same StoreError)."""
+        decode, limit, passed = self._codec.decode, self.max_body, exchange_record.with_implicit
+        if self._heads is None:
+            pairs: Iterator[tuple[int, Any, Any]] = self._unheaded("exchanges")
+        else:
+            pairs = self._paired("exchanges")
+        for exchange_id, value, raw in pairs:
+            try:
+                text = decode(raw, limit)
+            except DAMAGE:
+                text = None
+            left = store_heads.left_out(value) if value else exchange_record.NOT_LISTED
+            if text is not None and left != exchange_record.NOT_LISTED and text.startswith(b'{"id":%d,' % exchange_id):
+                yield passed(text, left)
+                continue
+            text = exchange_record.listed(text, exchange_id) if text is not None else None
+            yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
+
+    def _unheaded(self, what: str) -> Iterator[tuple[int, None, memoryview]]:
+        with self._reading(what), self._env.begin(db=self._exchanges, buffers=True) as txn:
             for k, raw in txn.cursor():
-                exchange_id = _U64.unpack(k)[0]
-                try:
-                    text = exchange_record.listed(self._codec.decode(raw, self.max_body), exchange_id)
-                except DAMAGE:
-                    text = None
-                yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
+                yield _U64.unpack(k)[0], None, raw
 
     def record_texts_of(self, ids: list[int]) -> list[bytes]:
         """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""
@@ -476,7 +601,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
         db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups}[name]
+              "lookups": self._lookups, "heads": self._heads, **self._sets}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:
@@ -516,11 +641,23 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             self._check_intact()
             try:
                 with self._env.begin(write=True) as txn:
-                    return fn(txn)
+                    done = fn(txn)
+                self._settle(True)
+                return done
             except lmdb.MapFullError:
+                self._settle(False)
                 grow(self._env, self.path)
             except lmdb.Error as exc:
+                self._settle(False)
                 raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") from exc
+
+
+    def _settle(self, committed: bool) -> None:
+        if self._numbering is not None:
+            self._numbering.settle(committed)
+
+
+_Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None]  # an exchange to append
 
 
 def _row(value: bytes) -> Any:

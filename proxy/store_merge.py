@@ -64,6 +64,8 @@ class MergeIO:
 
     _env: Any
     _exchanges: Any
+    _heads: Any
+    _numbering: Any
     _bodies: Any
     _dicts: Any
     _codec: codec.Codec
@@ -243,6 +245,10 @@ class MergeIO:
             fresh = self._put_bodies(txn, batch.bodies, source)
             with txn.cursor(db=self._exchanges) as cur:
                 cur.putmulti(batch.records, append=True)
+            if self._numbering is not None:
+                with txn.cursor(db=self._heads) as cur:
+                    cur.putmulti([(k, self._numbering.sealed(txn, k, r))
+                                  for (k, _), r in zip(batch.records, batch.heads, strict=True)], append=True)
             for new_id, entry in batch.entries:
                 self._put_index(txn, new_id, entry)
             if batch.moved:  # entries as stored, their lookups copied after the shard's records
@@ -285,3 +291,4 @@ class Batch:
     entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
     bodies: dict[str, bytes | None] = field(default_factory=dict)
     moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 entries as OUT stores them
+    heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order

@@ -1,0 +1,268 @@
+"""The heads table (noisefloor-log/4): every writer fills it in the record's transaction, listings
+and nfanalyze read it instead of the records and print what the records say, a store made by
+main before it (tests/data/store-main-0410ae8, noisefloor-log/3) is read as it is and migrated,
+and a damaged head is one line naming the store and the exchange. Real LMDB files, the real
+recorder, real nfproxy / nfanalyze processes."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import lmdb
+import msgspec
+import pytest
+
+from noisefloor.analyzer import logstats
+from noisefloor.proxy import codec, exchange_record, store_heads
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
+from noisefloor.proxy.merge import merge
+from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.store import FORMAT, Store, StoreError
+from tests.conftest import nfproxy_argv
+
+DATA = Path(__file__).parent / "data"
+sys.path.insert(0, str(DATA))
+from make_main_store import answer, chat  # noqa: E402 - the fixture's own traffic
+
+_U64 = struct.Struct(">Q")
+NFANALYZE = [str(Path(sys.executable).with_name("nfanalyze"))]
+
+
+def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
+
+
+def listings(store: Path) -> tuple[str, str]:
+    plain, as_json = run([*nfproxy_argv(), "log", "--store", str(store)]), \
+        run([*nfproxy_argv(), "log", "--json", "--store", str(store)])
+    assert plain.returncode == as_json.returncode == 0, plain.stderr + as_json.stderr
+    return plain.stdout.replace(str(store), "STORE"), as_json.stdout
+
+
+def from_records(store: Path) -> list[exchange_record.Head]:
+    """Each exchange's head as its whole record gives it (the independent reading)."""
+    with Store.open(store, write=False) as s:
+        return [exchange_record.head_of(ex) for ex in s.exchanges()]
+
+
+def table(store: Path) -> dict[int, bytes]:
+    env = lmdb.open(str(store), max_dbs=16, readonly=True, lock=False)
+    try:
+        with env.begin(db=env.open_db(b"heads", create=False)) as txn:
+            return {_U64.unpack(k)[0]: bytes(v) for k, v in txn.cursor()}
+    finally:
+        env.close()
+
+
+def record_more(store: Path, n: int, session: str) -> None:
+    with Store.open(store, write=True) as s:
+        rec = Recorder(s, Rules())
+        for i in range(n):
+            rec.finish(rec.begin(chat([{"role": "user", "content": f"{session} asks {i}"}]),
+                                 Labels(session, condition=f"c{i % 2}")), answer(f"answer {i}", i))
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("heads")
+    old, new = base / "old.lmdb", base / "new.lmdb"
+    shutil.copytree(DATA / "store-main-0410ae8", old)
+    shutil.copytree(old, new)
+    r = run([*nfproxy_argv(), "migrate", "--store", str(new)])
+    assert r.returncode == 0, r.stderr
+    return {"old": old, "new": new, "base": base}
+
+
+def test_a_store_of_main_is_listed_from_its_records_and_migrated_with_heads_that_list_the_same(stores):
+    old, new = stores["old"], stores["new"]
+    with Store.open(old, write=False) as s:
+        assert s.format == "noisefloor-log/3"
+        assert list(s.raw_table("heads")) == []  # no heads table: listed from the records
+        old_heads = list(s.heads())
+    with Store.open(new, write=False) as s:
+        assert s.format == FORMAT and s.meta("migrated_from") == "noisefloor-log/3"
+        new_heads = list(s.heads())
+    assert new_heads == old_heads == from_records(new)
+    assert len(table(new)) == len(old_heads) == 8
+    assert listings(old) == listings(new)
+    summary = logstats.from_store(new)
+    assert summary["conditions"] == logstats.from_store(old)["conditions"]
+    assert summary["conditions"]["(unlabeled)"]["exchanges"] == 8
+    assert summary["conditions"]["(unlabeled)"]["input_tokens"] == 40  # 5 each, as the fixture answered
+
+
+def test_every_writer_fills_the_heads_table_and_an_old_store_keeps_its_layout(stores, tmp_path):
+    old, new = tmp_path / "old.lmdb", tmp_path / "new.lmdb"
+    shutil.copytree(stores["old"], old)
+    shutil.copytree(stores["new"], new)
+    record_more(old, 3, "later")  # an older store opened for writing is written in its own layout
+    with Store.open(old, write=False) as s:
+        assert s.format == "noisefloor-log/3" and len(s) == 11
+        assert [h.session for h in s.heads()].count("later") == 3
+    record_more(new, 5, "recorded")  # the recorder (and import, which records through it)
+    shard = tmp_path / "shard.lmdb"
+    with Store.open(shard, write=True, create=True) as s:
+        s.append({"time": 1.7e9, "mode": "replay", "session": "replayed", "key": "ab" * 32, "occurrence": 0,
+                  "seq": 1, "rules_id": Rules().id, "request": {"method": "POST", "url": "http://up/v1", "headers": []},
+                  "response": {"status": 412, "headers": []}, "replay": {"result": "miss"}}, {}, None)
+    record_more(shard, 4, "sharded")
+    out = tmp_path / "merged.lmdb"
+    merge(out, [new, shard])  # merge, its replay records moved to the new ids too
+    for store, n in ((new, 13), (out, 18)):
+        heads = from_records(store)
+        assert len(heads) == n and len(table(store)) == n
+        with Store.open(store, write=False) as s:
+            listed = list(s.heads())
+        assert listed == heads
+    merged = logstats.from_store(out)["conditions"]
+    assert merged["c0"]["exchanges"] == 5 and merged["c1"]["exchanges"] == 4
+    assert merged["(unlabeled)"]["misses"] == 1 and merged["(unlabeled)"]["sessions"] == 2
+
+
+def damage(store: Path, how: str) -> None:
+    env = lmdb.open(str(store), max_dbs=16)
+    try:
+        with env.begin(write=True, db=env.open_db(b"heads")) as txn:
+            three, four = txn.get(_U64.pack(3)), txn.get(_U64.pack(4))
+            if how == "flipped":
+                txn.put(_U64.pack(3), three[:20] + bytes([three[20] ^ 1]) + three[21:])
+            elif how == "moved":  # a well-formed head, of another exchange: its CRC covers its exchange's id
+                txn.put(_U64.pack(3), four)
+            elif how in ("typed", "forged"):  # checksum recomputed: the status no longer a number, or another one
+                head = msgspec.msgpack.decode(three[8:])  # after its CRC and its record's CRC
+                head[7] = "two hundred" if how == "typed" else 500  # after labels, route, left out, time, keys, occurrence
+                rest = three[4:8] + msgspec.msgpack.encode(head)
+                txn.put(_U64.pack(3), struct.pack(">I", zlib.crc32(rest, zlib.crc32(_U64.pack(3)))) + rest)
+            elif how == "dropped":
+                txn.delete(_U64.pack(3))
+            elif how == "record":  # the record rewritten, valid, after its head was written: it says 503
+                records, dicts = env.open_db(b"exchanges", txn=txn), env.open_db(b"dicts", txn=txn)
+                text = codec.Codec(lambda k: txn.get(k, db=dicts)).decode(txn.get(_U64.pack(3), db=records), 1 << 24)
+                assert b'"status": 200' in text
+                txn.put(_U64.pack(3), codec.Codec(lambda k: None).encode(text.replace(b'"status": 200', b'"status": 503')),
+                        db=records)
+            elif how == "cut":  # the record's stored bytes cut short
+                records = env.open_db(b"exchanges", txn=txn)
+                txn.put(_U64.pack(3), txn.get(_U64.pack(3), db=records)[:-1], db=records)
+    finally:
+        env.close()
+
+
+@pytest.mark.parametrize("how, said", [("flipped", "exchange 3 is damaged (its checksum"),
+                                       ("moved", "exchange 3 is damaged (its checksum"),
+                                       ("typed", "exchange 3 is damaged (Expected `int | null`"),
+                                       ("dropped", "exchange 3 has no head"),
+                                       ("record", "exchange 3's head and record do not match"),
+                                       ("cut", "exchange 3 is damaged")])
+def test_a_damaged_head_is_one_line_naming_the_store_and_the_exchange(stores, tmp_path, how, said):
+    store = tmp_path / "s.lmdb"
+    shutil.copytree(stores["new"], store)
+    damage(store, how)
+    for argv in ([*nfproxy_argv(), "log", "--store", str(store)], [*NFANALYZE, str(store)]):
+        r = run(argv)
+        assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+        line = r.stderr.strip()
+        assert "\n" not in line and str(store) in line and said in line, line
+        assert "nfproxy compact" in line or how == "cut"  # a damaged record: restored, not rewritten
+    with pytest.raises(StoreError, match=said.replace("(", r"\(")):
+        logstats.from_store(store)
+    r = run([*nfproxy_argv(), "compact", "--store", str(store)])  # the fix the line names
+    if how == "cut":
+        assert r.returncode != 0 and "is damaged" in r.stderr  # refused: nothing rewritten from a damaged record
+        return
+    assert r.returncode == 0, r.stderr
+    with Store.open(store, write=False) as s:
+        listed = list(s.heads())
+    assert listed == from_records(store)
+    assert [h.status for h in listed][2] == (503 if how == "record" else 200)  # the record is what counts
+
+
+def test_a_forged_head_with_its_checksum_recomputed_lists_what_it_says(stores, tmp_path):
+    """The limit of a checksum: a head rewritten whole, its CRC recomputed and still tied to its
+    record, is listed as it says (the record is not read); `log --json` prints the record."""
+    store = tmp_path / "s.lmdb"
+    shutil.copytree(stores["new"], store)
+    damage(store, "forged")
+    with Store.open(store, write=False) as s:
+        statuses = [h.status for h in s.heads()]
+    assert statuses[2] == 500 and [h.status for h in from_records(store)][2] == 200
+
+
+def test_log_json_passes_records_through_as_their_heads_say_and_parses_the_rest(stores, tmp_path):
+    """A record checked when written is printed from its stored text with what it leaves out added;
+    one with a key this version does not know (its head says so) is printed by the full parse."""
+    store = tmp_path / "s.lmdb"
+    shutil.copytree(stores["new"], store)
+    with Store.open(store, write=True) as s:
+        s.append({"time": 1.7e9, "mode": "record", "session": "odd", "key": "cd" * 32, "occurrence": 0, "seq": 1,
+                  "rules_id": "r", "request": {"method": "POST", "url": "http://up/", "headers": []},
+                  "response": None, "from_the_future": [1, 2]}, {}, None)
+        values = dict(s.raw_table("heads"))
+        assert [store_heads.left_out(v) for v in values.values()].count(exchange_record.NOT_LISTED) == 1
+        whole = [msgspec.json.decode(ex.json_bytes()) for ex in s.exchanges()]
+    printed = [msgspec.json.decode(line) for line in listings(store)[1].splitlines()]
+    assert printed == whole and printed[-1]["from_the_future"] == [1, 2] and printed[-1]["replay"] is None
+    assert len(printed) == 9 and all(p["version"] == 1 and "usage" in p for p in printed)
+
+
+def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
+    """The recorder builds each head from the values it built the record of (no parse of its own
+    text): the head, and what the record leaves out, are what reading the stored text gives, for an
+    answer, an answer without a response (a connection error) and a label msgpack cannot hold."""
+    store = tmp_path / "s.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("a", task="t", condition="c")),
+                   answer("hello", 0))
+        rec.finish(rec.begin(chat([{"role": "user", "content": "again"}]), Labels("a", replicate="r1")), None,
+                   error="connection refused", notes=["upstream gone"])
+        rec.finish(rec.begin(chat([{"role": "user", "content": "odd"}]), Labels("b\udc80")), answer("x", 1))
+        rec.finish(rec.begin(chat([{"role": "user", "content": "more"}]), Labels("a", task="t", condition="c")),
+                   answer("hello again", 2))
+        values = dict(s.raw_table("heads"))
+        texts = dict(s.record_texts())
+        assert len(values) == len(texts) == 4 and len(list(s.raw_table("labels"))) == 2
+        for i, text in texts.items():
+            checked = exchange_record.checked_head(text)
+            value = values[_U64.pack(i)]
+            if checked is None:  # the lone surrogate: JSON msgspec refuses, so the record is read instead
+                assert i == 3 and value == b""
+                continue
+            assert store_heads.left_out(value) == checked[1] != exchange_record.NOT_LISTED
+            numbered = msgspec.msgpack.decode(value[8:])[:2]  # the first two: a new label set and route each
+            assert numbered == ([i, i] if i < 3 else [1, 1])  # the fourth: the first's again
+        listed = list(s.heads())
+        assert listed == [exchange_record.head_of(ex) for ex in s.exchanges()]
+        assert [h.status for h in listed] == [200, None, 200, 200] and listed[1].error == "connection refused"
+        assert listed[0].usage == {"input": 5, "output": 3} and listed[1].usage == {} and listed[0].model == "gpt-4o-mini-2024-07-18"
+
+
+def test_a_listing_from_the_tables_parts_prints_what_one_from_heads_prints(tmp_path):
+    """`nfproxy log` without a filter formats the heads as the store keeps them (shared label and
+    route tuples, the key's digest); with a filter, whole Heads: the lines are the same, for an
+    answer, a connection error, a replay miss, a key that is not a digest and a label msgpack
+    cannot hold (listed from its record)."""
+    from noisefloor.display import Visible
+    from noisefloor.proxy.listing_cli import _Line
+
+    store = tmp_path / "s.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("a", condition="c")), answer("x", 0))
+        rec.finish(rec.begin(chat([{"role": "user", "content": "no"}]), Labels("a", condition="c")), None,
+                   error="refused")
+        rec.finish(rec.begin(chat([{"role": "user", "content": "odd"}]), Labels("b\udc80\x1b[2J")), answer("y", 1))
+        s.append({"time": 1.7e9, "mode": "replay", "session": "r", "key": "not a digest\x07", "occurrence": 2,
+                  "seq": 1, "rules_id": Rules().id, "request": {"method": "POST", "url": "http://up/v1", "headers": []},
+                  "response": {"status": 412, "headers": []}, "replay": {"result": "miss"}}, {}, None)
+        from_parts = list(_Line(Visible()).of_parts(s.head_parts(), True))
+        from_heads = list(_Line(Visible()).of_heads(s.heads(), True))
+    assert from_parts == from_heads and len(from_parts) == 4
+    assert "ERR error" in from_parts[1][3] and "412 miss" in from_parts[3][3] and "\x1b" not in from_parts[2][3]
+    assert "\x07" not in from_parts[3][3] and from_parts[3][:3] == ("r", "replay", None)

@@ -160,18 +160,21 @@ def store(tmp_path: Path) -> Path:
 
 
 def delete_exchanges(store: Path, ids: list[int]) -> None:
-    """Damage a store from outside, as another process could: the exchange records go, the replay
-    index keeps naming them."""
+    """Damage a store from outside, as another process could: the exchange records go (with their
+    heads, so listings still agree with the records), the replay index keeps naming them."""
     import struct
 
     import lmdb
 
-    env = lmdb.open(str(store), max_dbs=8)
+    env = lmdb.open(str(store), max_dbs=32)
     try:
         with env.begin(write=True) as txn:
             db = env.open_db(b"exchanges", txn=txn)
+            heads = env.open_db(b"heads", txn=txn, create=False) if txn.get(b"heads") is not None else None
             for i in ids:
                 assert txn.delete(struct.pack(">Q", i), db=db), f"no exchange {i} to delete"
+                if heads is not None:
+                    assert txn.delete(struct.pack(">Q", i), db=heads), f"no head {i} to delete"
     finally:
         env.close()
 

@@ -3,6 +3,7 @@ replayed with the upstream stopped, giving the same texts."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import queue
@@ -15,7 +16,8 @@ import pytest
 
 from tests.conftest import start_nfproxy
 
-pytest.importorskip("litellm", reason="litellm is in the test extra")
+# litellm runs in the agent process only: looked for, not imported (its import is ~4 CPU-s a worker)
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("litellm") is None, reason="litellm is in the test extra")
 
 # One agent process for both runs (litellm's import is most of the test's CPU): each line on its
 # stdin names a proxy and a key; it answers with one JSON line of what litellm got back.

@@ -308,10 +308,10 @@ def checked_head(record: bytes) -> tuple[Head, int] | None:
     text is not an exchange record."""
     try:
         head = parse_head(record)
+    except msgspec.ValidationError as exc:  # first: msgspec's ValidationError is a DecodeError
+        raise TypeError(str(exc)) from None
     except msgspec.DecodeError:
         return None
-    except msgspec.ValidationError as exc:
-        raise TypeError(str(exc)) from None
     checked = _listable(record)
     return head, NOT_LISTED if checked is None else checked[1]
 

@@ -642,15 +642,17 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             try:
                 with self._env.begin(write=True) as txn:
                     done = fn(txn)
-                self._settle(True)
-                return done
-            except lmdb.MapFullError:
+            except BaseException as exc:  # whatever undid the transaction, its label numbers go with it
                 self._settle(False)
-                grow(self._env, self.path)
-            except lmdb.Error as exc:
-                self._settle(False)
-                raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") from exc
-
+                if isinstance(exc, lmdb.MapFullError):
+                    grow(self._env, self.path)
+                    continue
+                if isinstance(exc, lmdb.Error):
+                    raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") \
+                        from exc
+                raise
+            self._settle(True)
+            return done
 
     def _settle(self, committed: bool) -> None:
         if self._numbering is not None:

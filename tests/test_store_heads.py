@@ -266,3 +266,23 @@ def test_a_listing_from_the_tables_parts_prints_what_one_from_heads_prints(tmp_p
     assert from_parts == from_heads and len(from_parts) == 4
     assert "ERR error" in from_parts[1][3] and "412 miss" in from_parts[3][3] and "\x1b" not in from_parts[2][3]
     assert "\x07" not in from_parts[3][3] and from_parts[3][:3] == ("r", "replay", None)
+
+
+def test_a_transaction_undone_by_an_error_takes_its_label_numbers_with_it(tmp_path):
+    """A batch that fails on its second exchange (a text that is not an exchange record) writes
+    nothing, its first exchange's new label and route sets included: the writer must not reuse
+    their numbers, or the next exchange of that session would name sets the store does not hold."""
+    source = tmp_path / "a.lmdb"
+    with Store.open(source, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("fresh", condition="c")), answer("x", 0))
+        (text,) = dict(s.record_texts()).values()
+    record = '{' + text.decode().split(",", 1)[1]  # the record without its id, as a writer appends it
+    store = tmp_path / "b.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        with pytest.raises(StoreError, match="is not an exchange record"):
+            s.append_many([(record, {}, None), ('{"x": 1}', {}, None)])
+        assert s.last_id() == 0 and list(s.raw_table("labels")) == []
+        s.append_many([(record, {}, None)])
+        (head,) = list(s.heads())
+        assert (head.session, head.condition, head.url) == ("fresh", "c", "http://127.0.0.1:9/v1/chat/completions")

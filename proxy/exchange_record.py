@@ -244,7 +244,6 @@ _HEAD_TEXT = msgspec.json.Decoder(_HeadText)
 _ENCODER = msgspec.json.Encoder()
 
 
-
 def parse(data: bytes) -> Exchange:
     """One stored record, typed: msgspec checks every field against Exchange's annotations in C
     (json.loads plus checks in Python cost five times as much and dominated listing a store);

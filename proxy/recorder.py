@@ -123,7 +123,6 @@ class Recorder:
         self.stats.exchanges += 1
         return exchange_id
 
-
     def _head(self, pending: Pending, record: dict[str, Any], response: ResponseData | None,
               identity: dict[str, Any] | None) -> tuple[Head, int] | None:
         """The exchange's head and the fields its record leaves out, from the values the record was

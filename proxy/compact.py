@@ -52,6 +52,9 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
     before = (path / "data.mdb").stat().st_size if (path / "data.mdb").exists() else 0
     with Store.open(path, write=True) as src:
         src.lock_for_recording()  # no proxy records into it while it is rewritten
+        if src.meta(replay_index.MERGING) is not None:  # a merge killed before its lookups were in:
+            progress("indexing what an interrupted merge copied")  # the rewritten store replays whole
+            src.repair_lookups()
         fmt = src.meta("migrated_from") or src.format
         n_ex, n_bodies = len(src), src.body_count()
         progress(f"sampling {n_ex} exchanges and {n_bodies} bodies")

@@ -15,7 +15,7 @@ import lmdb
 import pytest
 
 from bench.store_traffic import record
-from noisefloor.proxy import merge_copy, replay_index
+from noisefloor.proxy import compact, merge_copy, replay_index
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import Store, StoreError
@@ -137,3 +137,22 @@ def test_a_merge_stopped_before_a_shards_lookups_is_refused_by_replay_and_repair
     with Store.open(out, write=False) as s:
         assert s.meta(replay_index.MERGING) is None
         assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
+
+
+def test_compacting_a_store_a_merge_left_unindexed_indexes_it_first(shards, per_exchange, tmp_path, monkeypatch):
+    """compact copies a store's lookups as they are: a merge's unfinished ones are finished first
+    (computed from the entries, as the next merge would), so the compacted store replays whole."""
+    out = tmp_path / "out.lmdb"
+    with monkeypatch.context() as mp:
+        mp.setattr(merge_copy, "copy_lookups", lambda *a: (_ for _ in ()).throw(SystemExit("killed")))
+        with pytest.raises(SystemExit):
+            merge(out, shards)
+    with Store.open(out, write=False) as s:
+        present = len(s)
+    assert 0 < present < 320
+    compact.rewrite(out)
+    with Store.open(out, write=False) as s:
+        assert len(s) == present and s.meta(replay_index.MERGING) is None
+        assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
+    want = [(k, v) for k, v in tables(per_exchange)["lookups"] if replay_index.ID.unpack(v)[0] <= present]
+    assert tables(out)["lookups"] == want

@@ -20,6 +20,7 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import lmdb
@@ -118,6 +119,18 @@ def parts(value: bytes | memoryview, labels: dict[int, tuple[Any, ...]], routes:
     return s, shared, route
 
 
+def parts_many(values: Sequence[bytes], labels: dict[int, tuple[Any, ...]],
+               routes: dict[int, tuple[Any, ...]]) -> list[Parts] | None:
+    """`parts` of each of a batch of checked values, in one comprehension; None where any of them
+    is not what `parts` takes (empty, or not a head's shape or sets): read those one at a time."""
+    decode = _STORED.decode
+    try:
+        stored = [decode(v[HEAD_AT:]) for v in values]
+        return [(s, labels[s.labels], routes[s.route]) for s in stored]
+    except (msgspec.MsgspecError, KeyError):
+        return None
+
+
 def parts_of(head: Head) -> Parts:
     """A head read from its record, as the heads table's parts (its sets not numbered)."""
     fields = msgspec.structs.astuple(head)
@@ -193,5 +206,5 @@ class Sets:
                 known.clear()
 
 
-__all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_of", "read_sets",
+__all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_many", "parts_of", "read_sets",
            "row", "seal", "usage_dict"]

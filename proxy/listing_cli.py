@@ -147,7 +147,8 @@ def _summary(per_session: dict[str, list[Any]], store_path: Path, shown: Callabl
     yield f"{len(per_session)} sessions in {store_path}\n"
     for name, (n, modes, cond) in per_session.items():
         cond_text = f" condition={shown(cond)}" if cond else ""
-        yield f"  {shown(name)}: {n} exchanges ({', '.join(sorted(map(shown, _modes(modes))))}){cond_text}\n"
+        modes_text = shown(modes) if type(modes) is str else ', '.join(sorted(map(shown, modes)))
+        yield f"  {shown(name)}: {n} exchanges ({modes_text}){cond_text}\n"
 
 
 def _encoded(lines: Iterable[str]) -> bytes:
@@ -165,7 +166,7 @@ class _Line:
         self._stamp = _Stamps()
         self._middles: dict[tuple[Any, ...], str] = {}  # a Head's middle by its parts
         self._by_parts: dict[Any, tuple[str, Group]] = {}  # a stored head's middle, and its group, by its sets
-        self._pieces: dict[Any, Any] = {}  # the shown route, session and status a middle is put together from
+        self._pieces: dict[Any, Any] = {}  # the shown route (by its number or tuple) and status (code, result)
 
     def of_heads(self, heads: Iterable[Head | Exchange], with_lines: bool) -> Iterator[Entry]:
         for ex in heads:
@@ -219,22 +220,20 @@ class _Line:
     def _middle_of(self, key: tuple[Any, ...], labels: tuple[Any, ...], route: tuple[Any, ...], code: int | None,
                    failed: bool) -> tuple[str, Group]:
         """A stored head's middle (what `_middle` gives) and group. A session's heads differ in
-        route or status now and then, so the middle is put together from the shown route
-        (mode, method, URL: shared by most of a store), session and status, each remembered."""
+        route or status now and then, so the middle is put together from the shown route (mode,
+        method, URL: shared by most of a store) and status, each remembered, and the session
+        (`shown` remembers it)."""
         pieces, shown = self._pieces, self.shown
         if len(pieces) >= _MIDDLES:
             pieces.clear()
-        route_key, session_key, res = key[1], key[0], route[5] or ("error" if failed else "")
-        around = pieces.get(("route", route_key))
+        res = route[5] or ("error" if failed else "")
+        around = pieces.get(key[1])
         if around is None:
-            around = pieces[("route", route_key)] = (f"{shown(route[0]):<7} ", f" {shown(route[1])} {shown(route[2])} ")
-        session = pieces.get(("session", session_key))
-        if session is None:
-            session = pieces[("session", session_key)] = shown(labels[0])
+            around = pieces[key[1]] = (f"{shown(route[0]):<7} ", f" {shown(route[1])} {shown(route[2])} ")
         end = pieces.get((code, res))
         if end is None:
             end = pieces[(code, res)] = f"{'ERR' if code is None else code} {shown(res if type(res) is str else str(res))}"
-        return f"{around[0]}{session}{around[1]}{end}", (labels[0], route[0], labels[3])
+        return f"{around[0]}{shown(labels[0])}{around[1]}{end}", (labels[0], route[0], labels[3])
 
     def _middle(self, key: tuple[Any, ...], mode: str, session: str, method: str, url: str, code: int | None,
                 res: Any) -> str:

@@ -153,7 +153,21 @@ def usage_dict(usage: Any) -> dict[str, Any] | None:
 
 
 def read_sets(kind: str, items: Any) -> dict[int, tuple[Any, ...]]:
-    """A `labels` or `routes` table's (u32 key, value) items, decoded; ValueError naming a damaged one."""
+    """A `labels` or `routes` table's (u32 key, value) items, decoded; ValueError naming a damaged
+    one (the first in key order). A set per session: checked and decoded in comprehensions, and
+    read again one at a time only where one of them fails."""
+    rows = [(bytes(k), bytes(v)) for k, v in items]
+    crc, u32, decode = zlib.crc32, _U32.unpack_from, SETS[kind].decode
+    if not [k for k, v in rows if len(k) != 4 or len(v) < 4 or u32(v)[0] != crc(v[4:], crc(k))]:
+        try:
+            return dict(zip(struct.unpack(f">{len(rows)}I", b"".join(k for k, _ in rows)),
+                            [decode(v[4:]) for _, v in rows]))
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            pass
+    return _read_sets_one_by_one(kind, rows)
+
+
+def _read_sets_one_by_one(kind: str, items: Any) -> dict[int, tuple[Any, ...]]:
     out, decode = {}, SETS[kind].decode
     for k, v in items:
         n = _U32.unpack(bytes(k))[0]
@@ -206,5 +220,5 @@ class Sets:
                 known.clear()
 
 
-__all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_many", "parts_of", "read_sets",
-           "row", "seal", "usage_dict"]
+__all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_many",
+           "parts_of", "read_sets", "row", "seal", "usage_dict"]

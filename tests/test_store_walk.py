@@ -142,3 +142,39 @@ def test_decode_many_is_decode_of_each_and_none_where_decode_refuses():
             assert text is None
     alike = [*plain[:3], broken, *plain[4:]]  # one frame of an alike batch damaged: read alone, the rest kept
     assert c.decode_many(alike, limit) == [*texts[:3], None, *texts[4:]]
+
+
+def _put_labels(store: Path, entries: dict[int, bytes]) -> dict[int, bytes]:
+    """Label-set entries written as given; what they were before."""
+    env = lmdb.open(str(store), max_dbs=16)
+    try:
+        with env.begin(write=True, db=env.open_db(b"labels")) as txn:
+            before = {n: txn.get(struct.pack(">I", n)) for n in entries}
+            for n, value in entries.items():
+                txn.put(struct.pack(">I", n), value)
+    finally:
+        env.close()
+    return before
+
+
+def test_a_damaged_label_set_is_named_the_first_in_key_order(store, tmp_path):
+    """The label sets are checked and decoded in one pass; where any fails they are read again
+    one at a time, so the line names the first damaged one, whichever way it is damaged."""
+    copy = tmp_path / "s.lmdb"
+    shutil.copytree(store, copy)
+    key, rest = struct.pack(">I", 3), msgspec.msgpack.encode([1, None, None, None])  # a session not a string
+    typed = struct.pack(">I", zlib.crc32(rest, zlib.crc32(key))) + rest  # its CRC right
+    env = lmdb.open(str(copy), max_dbs=16, readonly=True, lock=False)
+    with env.begin(db=env.open_db(b"labels", create=False)) as txn:
+        nine = txn.get(struct.pack(">I", 9))
+    env.close()
+    flipped = nine[:6] + bytes([nine[6] ^ 1]) + nine[7:]
+    original = _put_labels(copy, {3: typed, 9: flipped})
+    for expected in ("labels entry 3 is damaged (Expected", "labels entry 9 is damaged (its checksum"):
+        r = log(copy)
+        line = r.stderr.decode().strip()
+        assert r.returncode != 0 and "\n" not in line and str(copy) in line and expected in line, line
+        _put_labels(copy, {3: original[3]})  # the first put right: the next is named
+    assert log(copy, "--json").returncode == 0  # --json reads no label sets
+    _put_labels(copy, {9: nine})
+    assert log(copy).stdout == log(store).stdout.replace(str(store).encode(), str(copy).encode())

@@ -165,7 +165,7 @@ class _Line:
         self.shown = shown
         self._stamp = _Stamps()
         self._middles: dict[tuple[Any, ...], str] = {}  # a Head's middle by its parts
-        self._by_parts: dict[Any, tuple[str, Group]] = {}  # a stored head's middle, and its group, by its sets
+        self._by_parts: dict[Any, str] = {}  # a stored head's middle by its sets (numbers or tuples), status
         self._pieces: dict[Any, Any] = {}  # the shown route (by its number or tuple) and status (code, result)
 
     def of_heads(self, heads: Iterable[Head | Exchange], with_lines: bool) -> Iterator[Entry]:
@@ -178,20 +178,20 @@ class _Line:
         its exchanges counted by session, mode and condition (a Counter: one C call a batch)."""
         for ids, parts in batches:
             lines, keys = self._batch(ids, parts, with_lines)
-            middles = self._by_parts
-            yield "".join(lines), [(middles[k][1], n) for k, n in Counter(keys).items()]
+            first = dict(zip(keys, parts))  # a head of each key: its labels and route give its group
+            yield "".join(lines), [(_group(first[k]), n) for k, n in Counter(keys).items()]
 
     def of_parts(self, heads: Iterable[tuple[int, Parts]], with_lines: bool) -> Iterator[Entry]:
         """`of_part_batches` one head at a time (a listing with --limit reads no further than it shows)."""
         for exchange_id, p in heads:
             lines, (key,) = self._batch((exchange_id,), (p,), with_lines)
-            yield (*self._by_parts[key][1], lines[0] if lines else "")
+            yield (*_group(p), lines[0] if lines else "")
 
     def _batch(self, ids: Sequence[int], parts: Sequence[Parts], with_lines: bool) -> tuple[list[str], list[Any]]:
         """The lines of some heads (none without `with_lines`) and each one's key in `_by_parts`:
         the middle of a line is looked up by the numbers of the labels and route sets a session's
         heads share (their tuples, for a head read from its record), and the key is shown from its digest."""
-        if len(self._by_parts) >= _MIDDLES:  # between batches only: a batch's keys stay until it is counted
+        if len(self._by_parts) >= _MIDDLES:
             self._by_parts.clear()
         middles, shown, stamp = self._by_parts, self.shown, self._stamp
         second, when = stamp.second, stamp.text
@@ -201,11 +201,11 @@ class _Line:
             code, failed = s.status, s.error is not None
             key = (s.labels, s.route, code, failed) if s.labels else (labels, route, code, failed)
             keys.append(key)
+            if not with_lines:
+                continue
             middle = middles.get(key)
             if middle is None:
                 middle = middles[key] = self._middle_of(key, labels, route, code, failed)
-            if not with_lines:
-                continue
             if s.other_key is None:
                 digest = s.key[:6].hex()
             else:
@@ -214,12 +214,12 @@ class _Line:
             if int(s.time) != second:
                 second = int(s.time)
                 when = stamp(second)
-            lines.append(f"{exchange_id:>6} {when} {middle[0]} key={digest} occ={s.occurrence}\n")
+            lines.append(f"{exchange_id:>6} {when} {middle} key={digest} occ={s.occurrence}\n")
         return lines, keys
 
     def _middle_of(self, key: tuple[Any, ...], labels: tuple[Any, ...], route: tuple[Any, ...], code: int | None,
-                   failed: bool) -> tuple[str, Group]:
-        """A stored head's middle (what `_middle` gives) and group. A session's heads differ in
+                   failed: bool) -> str:
+        """A stored head's middle (what `_middle` gives). A session's heads differ in
         route or status now and then, so the middle is put together from the shown route (mode,
         method, URL: shared by most of a store) and status, each remembered, and the session
         (`shown` remembers it)."""
@@ -233,7 +233,7 @@ class _Line:
         end = pieces.get((code, res))
         if end is None:
             end = pieces[(code, res)] = f"{'ERR' if code is None else code} {shown(res if type(res) is str else str(res))}"
-        return f"{around[0]}{shown(labels[0])}{around[1]}{end}", (labels[0], route[0], labels[3])
+        return f"{around[0]}{shown(labels[0])}{around[1]}{end}"
 
     def _middle(self, key: tuple[Any, ...], mode: str, session: str, method: str, url: str, code: int | None,
                 res: Any) -> str:
@@ -257,6 +257,10 @@ class _Line:
 
 
 _MIDDLES = 1 << 16
+
+
+def _group(p: Parts) -> Group:
+    return p[1][0], p[2][0], p[1][3]
 
 
 class _Stamps:

@@ -21,6 +21,7 @@ import re
 import struct
 import zlib
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 import lmdb
@@ -154,17 +155,20 @@ def usage_dict(usage: Any) -> dict[str, Any] | None:
 
 def read_sets(kind: str, items: Any) -> dict[int, tuple[Any, ...]]:
     """A `labels` or `routes` table's (u32 key, value) items, decoded; ValueError naming a damaged
-    one (the first in key order). A set per session: checked and decoded in comprehensions, and
-    read again one at a time only where one of them fails."""
-    rows = [(bytes(k), bytes(v)) for k, v in items]
-    crc, u32, decode = zlib.crc32, _U32.unpack_from, SETS[kind].decode
-    if not [k for k, v in rows if len(k) != 4 or len(v) < 4 or u32(v)[0] != crc(v[4:], crc(k))]:
-        try:
-            return dict(zip(struct.unpack(f">{len(rows)}I", b"".join(k for k, _ in rows)),
-                            [decode(v[4:]) for _, v in rows]))
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            pass
-    return _read_sets_one_by_one(kind, rows)
+    one (the first in key order). A set per session: checked and decoded in comprehensions, 4096
+    at a time, and a chunk read again one at a time only where one of it fails."""
+    out: dict[int, tuple[Any, ...]] = {}
+    crc, u32, decode, items = zlib.crc32, _U32.unpack_from, SETS[kind].decode, iter(items)
+    while rows := [(bytes(k), bytes(v)) for k, v in islice(items, 4096)]:
+        if not [k for k, v in rows if len(k) != 4 or len(v) < 4 or u32(v)[0] != crc(v[4:], crc(k))]:
+            try:
+                out.update(zip(struct.unpack(f">{len(rows)}I", b"".join(k for k, _ in rows)),
+                               [decode(v[4:]) for _, v in rows]))
+                continue
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass
+        out.update(_read_sets_one_by_one(kind, rows))  # raises: the chunks before it were whole
+    return out
 
 
 def _read_sets_one_by_one(kind: str, items: Any) -> dict[int, tuple[Any, ...]]:

@@ -184,7 +184,7 @@ class _Line:
     def of_parts(self, heads: Iterable[tuple[int, Parts]], with_lines: bool) -> Iterator[Entry]:
         """`of_part_batches` one head at a time (a listing with --limit reads no further than it shows)."""
         for exchange_id, p in heads:
-            lines, (key,) = self._batch((exchange_id,), (p,), with_lines)
+            lines, _ = self._batch((exchange_id,), (p,), with_lines)
             yield (*_group(p), lines[0] if lines else "")
 
     def _batch(self, ids: Sequence[int], parts: Sequence[Parts], with_lines: bool) -> tuple[list[str], list[Any]]:

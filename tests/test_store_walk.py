@@ -130,6 +130,7 @@ def test_decode_many_is_decode_of_each_and_none_where_decode_refuses():
     assert {v[0] for v in plain} == {codec.PLAIN}
     limit = 1 << 20
     assert c.decode_many(plain, limit) == texts  # all alike: one call
+    assert c.decode_many([c.encode(b"tiny"), *plain[:5]], limit) == [b"tiny", *texts[:5]]  # grouped, one call
     bomb = b"\x01" + zstandard.ZstdCompressor().compress(b"x" * 5000)  # declares more than the limit below
     broken = plain[3][:12] + bytes(b ^ 0x55 for b in plain[3][12:])
     mixed = [plain[0], c.encode(b"tiny"), bomb, broken, b"\x09what", b"", *plain[5:9]]

@@ -8,7 +8,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -44,17 +45,23 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
                       result="miss" if miss else result, model=model)
     with Store.open(store_path, write=False) as store:
         if as_json:
+            if filters.empty and limit is None:  # every record: the stored texts, checked, a batch at a time
+                _json_chunks(store.listed_chunks())
+                return
             lines = (ex.json_bytes() for ex in _wanted(store.exchanges(), filters, store)) if not filters.empty \
                 else store.listed_records()  # no filter: the stored text, checked, with no Exchange built
             _json_lines(islice(lines, limit))
             return
         line = _Line(Visible())
-        if filters.empty:  # every exchange: the heads as the store keeps them, no Head built
+        if filters.empty and limit is None:  # every exchange: the heads as the store keeps them, a batch at a time
+            _listing(line.of_part_batches(store.head_part_batches(), not sessions_only), store_path, line.shown)
+            return
+        if filters.empty:
             entries = line.of_parts(store.head_parts(), not sessions_only)
         else:  # the records' heads suffice, except for filters that read more
             source = store.exchanges() if filters.q or filters.order else store.heads()
             entries = line.of_heads(_wanted(source, filters, store), not sessions_only)
-        _listing(islice(entries, limit), store_path, line.shown)
+        _listing(_one_each(islice(entries, limit)), store_path, line.shown)
 
 
 def _wanted(exchanges: Iterator[Any], filters: Filters, store: Store) -> Iterator[Any]:
@@ -82,28 +89,48 @@ def _json_lines(records: Iterable[bytes]) -> None:
     sys.stdout.flush()
 
 
+def _json_chunks(chunks: Iterable[bytes]) -> None:
+    """Lines already joined, each chunk written as it comes (what came before a damaged record is
+    printed); `json_line` on a chunk is `json_line` on each of its lines (it leaves newlines alone)."""
+    write = sys.stdout.buffer.write
+    for chunk in chunks:
+        write(json_line(chunk))
+    sys.stdout.flush()
+
+
 Entry = tuple[str, str, Any, str]  # an exchange's session, mode, condition and line ("": sessions only)
+Group = tuple[str, str, Any]  # the session, mode and condition exchanges are counted by
+Lines = tuple[str, list[tuple[Group, int]]]  # some exchanges' lines, and how many there are of each group
 
 
-def _listing(entries: Iterable[Entry], store_path: Path, shown: Callable[[object], str]) -> None:
+def _one_each(entries: Iterable[Entry]) -> Iterator[Lines]:
+    for session, mode, condition, text in entries:
+        yield text, [((session, mode, condition), 1)]
+
+
+def _listing(batches: Iterable[Lines], store_path: Path, shown: Callable[[object], str]) -> None:
     """The sessions, then a line per exchange. One pass: lines go to a spool file while sessions are
     counted, so memory holds sessions, never exchanges."""
     per_session: dict[str, list[Any]] = {}  # name -> [exchanges, mode (a set once there are two), condition]
     with tempfile.TemporaryFile("w+b") as spool:
         lines: list[str] = []
-        for session, mode, condition, text in entries:
-            s = per_session.get(session)
-            if s is None:
-                per_session[session] = [1, mode, condition]
-            else:
-                s[0] += 1
-                if s[1] != mode:
-                    s[1] = {*_modes(s[1]), mode}
+        size = 0
+        for text, groups in batches:
+            for (session, mode, condition), n in groups:
+                s = per_session.get(session)
+                if s is None:
+                    per_session[session] = [n, mode, condition]
+                else:
+                    s[0] += n
+                    if s[1] != mode:
+                        s[1] = {*_modes(s[1]), mode}
             if text:
                 lines.append(text)
-                if len(lines) >= 1024:
+                size += len(text)
+                if size >= _CHUNK:
                     spool.write(_encoded(lines))
                     lines.clear()
+                    size = 0
         spool.write(_encoded(lines))
         out = sys.stdout.buffer
         out.write(_encoded(_summary(per_session, store_path, shown)))
@@ -120,7 +147,8 @@ def _summary(per_session: dict[str, list[Any]], store_path: Path, shown: Callabl
     yield f"{len(per_session)} sessions in {store_path}\n"
     for name, (n, modes, cond) in per_session.items():
         cond_text = f" condition={shown(cond)}" if cond else ""
-        yield f"  {shown(name)}: {n} exchanges ({', '.join(sorted(map(shown, _modes(modes))))}){cond_text}\n"
+        modes_text = shown(modes) if type(modes) is str else ', '.join(sorted(map(shown, modes)))
+        yield f"  {shown(name)}: {n} exchanges ({modes_text}){cond_text}\n"
 
 
 def _encoded(lines: Iterable[str]) -> bytes:
@@ -136,32 +164,76 @@ class _Line:
     def __init__(self, shown: Callable[[object], str]) -> None:
         self.shown = shown
         self._stamp = _Stamps()
-        self._middles: dict[tuple[Any, ...], str] = {}
+        self._middles: dict[tuple[Any, ...], str] = {}  # a Head's middle by its parts
+        self._by_parts: dict[Any, str] = {}  # a stored head's middle by its sets (numbers or tuples), status
+        self._pieces: dict[Any, Any] = {}  # the shown route (by its number or tuple) and status (code, result)
 
     def of_heads(self, heads: Iterable[Head | Exchange], with_lines: bool) -> Iterator[Entry]:
         for ex in heads:
             yield ex.session, ex.mode, ex.condition, self(ex) if with_lines else ""
 
+    def of_part_batches(self, batches: Iterable[tuple[Sequence[int], Sequence[Parts]]],
+                        with_lines: bool) -> Iterator[Lines]:
+        """Each batch of heads as the store keeps them (`Store.head_part_batches`): its lines, and
+        its exchanges counted by session, mode and condition (a Counter: one C call a batch)."""
+        for ids, parts in batches:
+            lines, keys = self._batch(ids, parts, with_lines)
+            first = dict(zip(keys, parts))  # a head of each key: its labels and route give its group
+            yield "".join(lines), [(_group(first[k]), n) for k, n in Counter(keys).items()]
+
     def of_parts(self, heads: Iterable[tuple[int, Parts]], with_lines: bool) -> Iterator[Entry]:
-        """Entries from the heads as the store keeps them: the middle of a line is looked up by the
-        labels and route tuples a session's heads share, and the key is shown from its digest."""
-        middles, stamp, shown = self._middles, self._stamp, self.shown
-        for exchange_id, (s, labels, route) in heads:
-            if not with_lines:
-                yield labels[0], route[0], labels[3], ""
-                continue
+        """`of_part_batches` one head at a time (a listing with --limit reads no further than it shows)."""
+        for exchange_id, p in heads:
+            lines, _ = self._batch((exchange_id,), (p,), with_lines)
+            yield (*_group(p), lines[0] if lines else "")
+
+    def _batch(self, ids: Sequence[int], parts: Sequence[Parts], with_lines: bool) -> tuple[list[str], list[Any]]:
+        """The lines of some heads (none without `with_lines`) and each one's key in `_by_parts`:
+        the middle of a line is looked up by the numbers of the labels and route sets a session's
+        heads share (their tuples, for a head read from its record), and the key is shown from its digest."""
+        if len(self._by_parts) >= _MIDDLES:
+            self._by_parts.clear()
+        middles, shown, stamp = self._by_parts, self.shown, self._stamp
+        second, when = stamp.second, stamp.text
+        lines: list[str] = []
+        keys: list[Any] = []
+        for exchange_id, (s, labels, route) in zip(ids, parts):
             code, failed = s.status, s.error is not None
-            middle = middles.get((labels, route, code, failed))
+            key = (s.labels, s.route, code, failed) if s.labels else (labels, route, code, failed)
+            keys.append(key)
+            if not with_lines:
+                continue
+            middle = middles.get(key)
             if middle is None:
-                res = route[5] or ("error" if failed else "")
-                middle = self._middle((labels, route, code, failed), route[0], labels[0], route[1], route[2], code, res)
+                middle = middles[key] = self._middle_of(key, labels, route, code, failed)
             if s.other_key is None:
-                key = s.key[:6].hex()
+                digest = s.key[:6].hex()
             else:
-                key = s.other_key[:12]
-                key = key if key.isalnum() else shown(key)
-            yield (labels[0], route[0], labels[3],
-                   f"{exchange_id:>6} {stamp(s.time)} {middle} key={key} occ={s.occurrence}\n")
+                digest = s.other_key[:12]
+                digest = digest if digest.isalnum() else shown(digest)
+            if int(s.time) != second:
+                second = int(s.time)
+                when = stamp(second)
+            lines.append(f"{exchange_id:>6} {when} {middle} key={digest} occ={s.occurrence}\n")
+        return lines, keys
+
+    def _middle_of(self, key: tuple[Any, ...], labels: tuple[Any, ...], route: tuple[Any, ...], code: int | None,
+                   failed: bool) -> str:
+        """A stored head's middle (what `_middle` gives). A session's heads differ in
+        route or status now and then, so the middle is put together from the shown route (mode,
+        method, URL: shared by most of a store) and status, each remembered, and the session
+        (`shown` remembers it)."""
+        pieces, shown = self._pieces, self.shown
+        if len(pieces) >= _MIDDLES:
+            pieces.clear()
+        res = route[5] or ("error" if failed else "")
+        around = pieces.get(key[1])
+        if around is None:
+            around = pieces[key[1]] = (f"{shown(route[0]):<7} ", f" {shown(route[1])} {shown(route[2])} ")
+        end = pieces.get((code, res))
+        if end is None:
+            end = pieces[(code, res)] = f"{'ERR' if code is None else code} {shown(res if type(res) is str else str(res))}"
+        return f"{around[0]}{shown(labels[0])}{around[1]}{end}"
 
     def _middle(self, key: tuple[Any, ...], mode: str, session: str, method: str, url: str, code: int | None,
                 res: Any) -> str:
@@ -187,18 +259,22 @@ class _Line:
 _MIDDLES = 1 << 16
 
 
+def _group(p: Parts) -> Group:
+    return p[1][0], p[2][0], p[1][3]
+
+
 class _Stamps:
     """Local time to the second, formatted once per second rather than once per exchange."""
 
     def __init__(self) -> None:
-        self._second: int | None = None
-        self._text = ""
+        self.second: int | None = None  # the second last formatted, and its text (a batch reads them)
+        self.text = ""
 
     def __call__(self, t: float) -> str:
         second = int(t)
-        if second != self._second:
-            self._second, self._text = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        return self._text
+        if second != self.second:
+            self.second, self.text = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return self.text
 
 
 @click.command("show")

@@ -21,7 +21,8 @@ killed with SIGKILL) sees either the whole exchange or none of it (bulk writers 
 one). `Store` is the only way any part of noisefloor reads the log, made of one part per job: the
 environment (`store_env`: opening, disk reservation, map growth), the body table (`store_bodies`),
 the dictionaries (`store_dicts`), the replay-index tables (`store_index`), merge's reads and
-writes (`store_merge`), and here the records, meta and outcome rows; the record's type is `exchange_record`'s. Every read is verified: a body must hash to the digest it is
+writes (`store_merge`), the walk of heads and records together (`store_walk`: listings), and here
+the records, meta and outcome rows; the record's type is `exchange_record`'s. Every read is verified: a body must hash to the digest it is
 stored under and decompress within its recorded size (and the --max-body-mb bound), a record must
 parse as the exchange record; anything else is a StoreError naming the store and the exchange.
 
@@ -40,11 +41,9 @@ import os
 import re
 import struct
 import threading
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -60,19 +59,19 @@ from noisefloor.proxy.store_dicts import Dictionaries
 from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, open_env
 from noisefloor.proxy.store_index import IndexLookups
 from noisefloor.proxy.store_merge import MergeIO
+from noisefloor.proxy.store_walk import Walks
 
 FORMAT = "noisefloor-log/4"
 LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3")  # read as they are, written in their own layout
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
-_U32 = struct.Struct(">I")
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
-class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
+class Store(Bodies, Dictionaries, IndexLookups, MergeIO, Walks):
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
@@ -428,7 +427,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
 
     def heads(self) -> Iterator[Head]:
         """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
-        heads table (`_paired`: each head checked, and its tie to its record) or, in a store
+        heads table (`_paired_batches`: each head checked, and its tie to its record) or, in a store
         without one, from the records (each checked against the record type). Damage is a
         StoreError naming the exchange."""
         if self._heads is None:
@@ -437,25 +436,6 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
         head = store_heads.head
         for exchange_id, p in self.head_parts():
             yield head(exchange_id, p)
-
-    def head_parts(self) -> Iterator[tuple[int, store_heads.Parts]]:
-        """Every exchange's head in write order as the heads table keeps it (`store_heads.parts`:
-        the labels and route as tuples shared by every head with the same, so that a reader can
-        group by them), for readers that need no Head (nfanalyze's counts); checked as `heads`."""
-        if self._heads is None:
-            for h in self._record_heads():
-                yield h.id, store_heads.parts_of(h)
-            return
-        parts, labels, routes = store_heads.parts, self._sets_of("labels"), self._sets_of("routes")
-        for exchange_id, value, raw in self._paired("heads"):
-            if not value:  # left to the record
-                yield exchange_id, store_heads.parts_of(exchange_record.head_of(self._decode_record(exchange_id, raw)))
-                continue
-            try:
-                yield exchange_id, parts(value, labels, routes)
-            except ValueError as exc:
-                raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
-                                 "`nfproxy compact` rewrites the heads from the records") from None
 
     def _sets_of(self, kind: str) -> dict[int, tuple[Any, ...]]:
         """The heads' labels or routes, read whole (an entry per distinct set: labels grow with sessions)."""
@@ -468,40 +448,6 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
             except ValueError as exc:
                 raise StoreError(f"store {self.path}: {exc}; `nfproxy compact` rewrites the heads from the "
                                  "records") from None
-
-    def _paired(self, what: str) -> Iterator[tuple[int, memoryview, memoryview]]:
-        """(id, head, record as stored) in write order, in one read: every head's CRC checked and
-        its record's bytes those the head was written for (a CRC, nothing decompressed)."""
-        check, crc, u32 = store_heads.check, zlib.crc32, _U32.unpack_from  # a million times: `check` inlined
-        with self._reading(what), self._env.begin(buffers=True) as txn:
-            pairs = zip_longest(txn.cursor(db=self._heads), txn.cursor(db=self._exchanges), fillvalue=(None, None))
-            for (k, value), (rk, raw) in pairs:
-                if k is None or rk is None or k != rk:
-                    self._unpaired(k, rk)
-                if not value or (len(value) >= 8 and u32(value)[0] == crc(value[4:], crc(k))
-                                 and u32(value, 4)[0] == crc(raw)):
-                    yield _U64.unpack(k)[0], value, raw
-                    continue
-                exchange_id = _U64.unpack(k)[0]
-                wrong = check(k, value, raw)
-                if wrong == "head":
-                    raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its "
-                                     "checksum does not match); `nfproxy compact` rewrites the heads from the records")
-                if wrong == "record":
-                    self._decode_record(exchange_id, raw)  # a damaged record says what is wrong with it
-                    raise StoreError(f"store {self.path}: exchange {exchange_id}'s head and record do not match (one "
-                                     "was changed after the other was written); restore the store from a copy, or "
-                                     "`nfproxy compact` rewrites the heads from the records")
-                yield exchange_id, value, raw  # not reached: `check` agrees with the test above
-
-    def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:
-        """A head without its record or a record without its head: the first such exchange, named."""
-        keys = [k for k in (head_key, record_key) if k is not None]
-        exchange_id = _U64.unpack(bytes(min(keys, key=bytes)))[0]
-        which = "record" if record_key is None or (head_key is not None and bytes(head_key) < bytes(record_key)) \
-            else "head"
-        raise StoreError(f"store {self.path}: exchange {exchange_id} has no {which} (the heads table and the records "
-                         "differ); `nfproxy compact` rewrites the heads from the records")
 
     def head_row(self, record: bytes, stored: bytes, exchange_id: int) -> store_heads.Row | None:
         """The heads-table row of a record's JSON text stored as `stored` (`store_heads.row`, read
@@ -527,34 +473,6 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO):
                     raise StoreError(f"store {self.path}: exchange {_U64.unpack(k)[0]} is damaged "
                                      f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
                                      "it again") from None
-
-    def listed_records(self) -> Iterator[bytes]:
-        """Every exchange record in write order as one line of JSON with every field (the object
-        `Exchange.json_bytes` gives), for `nfproxy log --json`: the stored text passed through,
-        checked against the record type when it was written (its head says what it leaves out,
-        and is tied to its bytes) or, in a store without heads, now; a record only `exchange()`
-        can read is read by it (so a damaged one is the same StoreError)."""
-        decode, limit, passed = self._codec.decode, self.max_body, exchange_record.with_implicit
-        if self._heads is None:
-            pairs: Iterator[tuple[int, Any, Any]] = self._unheaded("exchanges")
-        else:
-            pairs = self._paired("exchanges")
-        for exchange_id, value, raw in pairs:
-            try:
-                text = decode(raw, limit)
-            except DAMAGE:
-                text = None
-            left = store_heads.left_out(value) if value else exchange_record.NOT_LISTED
-            if text is not None and left != exchange_record.NOT_LISTED and text.startswith(b'{"id":%d,' % exchange_id):
-                yield passed(text, left)
-                continue
-            text = exchange_record.listed(text, exchange_id) if text is not None else None
-            yield text if text is not None else self._decode_record(exchange_id, raw).json_bytes()
-
-    def _unheaded(self, what: str) -> Iterator[tuple[int, None, memoryview]]:
-        with self._reading(what), self._env.begin(db=self._exchanges, buffers=True) as txn:
-            for k, raw in txn.cursor():
-                yield _U64.unpack(k)[0], None, raw
 
     def record_texts_of(self, ids: list[int]) -> list[bytes]:
         """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""

@@ -20,6 +20,8 @@ from __future__ import annotations
 import re
 import struct
 import zlib
+from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 import lmdb
@@ -118,6 +120,18 @@ def parts(value: bytes | memoryview, labels: dict[int, tuple[Any, ...]], routes:
     return s, shared, route
 
 
+def parts_many(values: Sequence[bytes], labels: dict[int, tuple[Any, ...]],
+               routes: dict[int, tuple[Any, ...]]) -> list[Parts] | None:
+    """`parts` of each of a batch of checked values, in one comprehension; None where any of them
+    is not what `parts` takes (empty, or not a head's shape or sets): read those one at a time."""
+    decode = _STORED.decode
+    try:
+        stored = [decode(v[HEAD_AT:]) for v in values]
+        return [(s, labels[s.labels], routes[s.route]) for s in stored]
+    except (msgspec.MsgspecError, KeyError):
+        return None
+
+
 def parts_of(head: Head) -> Parts:
     """A head read from its record, as the heads table's parts (its sets not numbered)."""
     fields = msgspec.structs.astuple(head)
@@ -140,7 +154,24 @@ def usage_dict(usage: Any) -> dict[str, Any] | None:
 
 
 def read_sets(kind: str, items: Any) -> dict[int, tuple[Any, ...]]:
-    """A `labels` or `routes` table's (u32 key, value) items, decoded; ValueError naming a damaged one."""
+    """A `labels` or `routes` table's (u32 key, value) items, decoded; ValueError naming a damaged
+    one (the first in key order). A set per session: checked and decoded in comprehensions, 4096
+    at a time, and a chunk read again one at a time only where one of it fails."""
+    out: dict[int, tuple[Any, ...]] = {}
+    crc, u32, decode, items = zlib.crc32, _U32.unpack_from, SETS[kind].decode, iter(items)
+    while rows := [(bytes(k), bytes(v)) for k, v in islice(items, 4096)]:
+        if not [k for k, v in rows if len(k) != 4 or len(v) < 4 or u32(v)[0] != crc(v[4:], crc(k))]:
+            try:
+                out.update(zip(struct.unpack(f">{len(rows)}I", b"".join(k for k, _ in rows)),
+                               [decode(v[4:]) for _, v in rows]))
+                continue
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                pass
+        out.update(_read_sets_one_by_one(kind, rows))  # raises: the chunks before it were whole
+    return out
+
+
+def _read_sets_one_by_one(kind: str, items: Any) -> dict[int, tuple[Any, ...]]:
     out, decode = {}, SETS[kind].decode
     for k, v in items:
         n = _U32.unpack(bytes(k))[0]
@@ -193,5 +224,5 @@ class Sets:
                 known.clear()
 
 
-__all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_of", "read_sets",
-           "row", "seal", "usage_dict"]
+__all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_many",
+           "parts_of", "read_sets", "row", "seal", "usage_dict"]

@@ -38,6 +38,7 @@ from noisefloor.proxy import merge_copy
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store_merge_scan import Identity
 
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
@@ -57,10 +58,13 @@ class MergeResult:
 def identity(doc: dict[str, Any] | Exchange) -> bytes:
     """What makes an exchange the same one in two stores (its id is only a position)."""
     if isinstance(doc, dict):
-        parts = repr(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")))
-    else:  # the same text, without a call per field (once per exchange of every shard)
-        parts = repr((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
-    return hashlib.blake2b(parts.encode("utf-8", "surrogatepass"), digest_size=32).digest()
+        return _identity(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")))
+    return _identity((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
+
+
+def _identity(parts: tuple[Any, ...]) -> bytes:
+    """`identity` of (session, mode, key, occurrence, seq, time) as `Store.merge_scan` gives them."""
+    return hashlib.blake2b(repr(parts).encode("utf-8", "surrogatepass"), digest_size=32).digest()
 
 
 @dataclass
@@ -70,9 +74,9 @@ class _Session:
     ids: array = field(default_factory=lambda: array("Q"))
     mark: int = 0
 
-    def add(self, ex: Exchange) -> None:
-        self.ids.append(ex.id)
-        self.mark = (self.mark + int.from_bytes(identity(ex), "big")) % (1 << 256)
+    def add(self, exchange_id: int, parts: Identity) -> None:
+        self.ids.append(exchange_id)
+        self.mark = (self.mark + int.from_bytes(_identity(parts), "big")) % (1 << 256)
 
     def join(self, ids: bytes, mark: int) -> None:
         """The same session's exchanges read by another worker, later in the store."""
@@ -94,17 +98,17 @@ class _Shard:
     last_id: int
 
 
-def _sessions(exchanges: Iterator[Exchange]) -> dict[str, _Session]:
+def _sessions(exchanges: Iterator[tuple[int, Identity]]) -> dict[str, _Session]:
     sessions: dict[str, _Session] = {}
-    for ex in exchanges:
-        sessions.setdefault(ex.session, _Session()).add(ex)
+    for exchange_id, parts in exchanges:
+        sessions.setdefault(parts[0], _Session()).add(exchange_id, parts)
     return sessions
 
 
 def _check_range(path: str, start: int, stop: int) -> list[tuple[str, bytes, int]]:
     """The sessions of exchanges start <= id < stop, every record and body checked (a worker's share)."""
     with Store.open(path, write=False) as s:
-        found = _sessions(s.checked_exchanges(start, stop))
+        found = _sessions(s.merge_scan(start, stop))
     return [(name, sess.ids.tobytes(), sess.mark) for name, sess in found.items()]
 
 
@@ -124,9 +128,9 @@ def _check_all(path: Path, last_id: int, jobs: int) -> dict[str, _Session]:
     return sessions
 
 
-def _store_checked(path: Path) -> Iterator[Exchange]:
+def _store_checked(path: Path) -> Iterator[tuple[int, Identity]]:
     with Store.open(path, write=False) as s:
-        yield from s.checked_exchanges()
+        yield from s.merge_scan()
 
 
 def _read_shard(path: Path, jobs: int) -> _Shard:
@@ -162,7 +166,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             if dest.repair_lookups():  # an earlier merge was killed before its lookups were in
                 progress(f"{out}: the replay lookups of an interrupted merge written")
             rules = _rules(dest, shards)
-            present = _sessions(dest.exchanges())
+            present = _sessions(dest.merge_scan(bodies=False))
             plan = _plan(present, shards)  # every refusal comes before the first write
             seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
             rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]

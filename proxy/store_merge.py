@@ -102,21 +102,18 @@ class MergeIO:
                 if stop is not None and exchange_id >= stop:
                     return
                 ex = self._decode_record(exchange_id, raw)
-                self._check_body(txn, ex.request, exchange_id, "request", recent)
-                self._check_body(txn, ex.response, exchange_id, "response", recent)
+                for name, part in (("request", ex.request), ("response", ex.response)):
+                    if part and part.get("body") is not None:
+                        self._check_body(txn, part["body"], part.get("body_size"), exchange_id, name, recent)
                 yield ex
 
-    def _check_body(self, txn: lmdb.Transaction, part: Mapping[str, Any] | None, exchange_id: int, name: str,
+    def _check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
                     recent: _Recent) -> None:
         """One body checked as `body` checks it; on any failure `body` itself reads it again, to
         raise its one-line error."""
-        hexdigest = part.get("body") if part else None
-        if hexdigest is None:
-            return
         digest = bytes.fromhex(hexdigest)
         if recent.get(digest) is not None:
             return
-        size = part.get("body_size") if part else None
         raw = txn.get(digest, db=self._bodies)
         data = None
         if raw is not None:

@@ -13,11 +13,11 @@ is killed between), bodies copied as stored (never recompressed) when this store
 
 from __future__ import annotations
 
-import hashlib
+from hashlib import sha256
 import json
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any
@@ -40,16 +40,21 @@ _KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + re
 
 
 class _Recent:
-    """Verified bodies, newest last, bounded in count and bytes."""
+    """Verified bodies, oldest first, bounded in count and bytes (first in, first out: a session's
+    next request refers to the bodies just checked); `resolve` gives a referenced body, verified
+    (`fallback` reads one that is not here, as `Store.body` does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fallback: Callable[[bytes], bytes]) -> None:
         self.data: OrderedDict[bytes, bytes] = OrderedDict()
         self.size = 0
+        self.fallback = fallback
+        self.exchange_id = 0  # the exchange being checked, for the fallback's error
 
-    def get(self, digest: bytes) -> bytes | None:
+    def resolve(self, digest: bytes) -> bytes:
         got = self.data.get(digest)
-        if got is not None:
-            self.data.move_to_end(digest)
+        if got is None:
+            got = self.fallback(digest)
+            self.add(digest, got)
         return got
 
     def add(self, digest: bytes, data: bytes) -> None:
@@ -92,7 +97,7 @@ class MergeIO:
     def checked_exchanges(self, start: int = 1, stop: int | None = None) -> Iterator[Exchange]:
         """Exchanges with start <= id < stop, in write order, each yielded once it and every body it
         names passed the checks every read makes (a StoreError naming the exchange otherwise)."""
-        recent = _Recent()
+        recent = self.recent_bodies()
         with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
             cur = txn.cursor(db=self._exchanges)
             if not cur.set_range(_U64.pack(start)):
@@ -107,30 +112,28 @@ class MergeIO:
                         self._check_body(txn, part["body"], part.get("body_size"), exchange_id, name, recent)
                 yield ex
 
+    def recent_bodies(self) -> _Recent:
+        """The verified bodies a check keeps while it reads (`_check_body`)."""
+        recent = _Recent(lambda ref: self.body(ref.hex(), exchange_id=recent.exchange_id, part="referenced"))
+        return recent
+
     def _check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
                     recent: _Recent) -> None:
         """One body checked as `body` checks it; on any failure `body` itself reads it again, to
         raise its one-line error."""
         digest = bytes.fromhex(hexdigest)
-        if recent.get(digest) is not None:
+        if digest in recent.data:
             return
         raw = txn.get(digest, db=self._bodies)
         data = None
         if raw is not None:
-            limit = self.max_body if size is None else min(size, self.max_body)
-
-            def resolve(ref: bytes) -> bytes:
-                got = recent.get(ref)
-                if got is None:
-                    got = self.body(ref.hex(), exchange_id=exchange_id, part="referenced")
-                    recent.add(ref, got)
-                return got
-
+            recent.exchange_id = exchange_id
             try:
-                data = self._codec.decode(raw, limit, resolve)
+                data = self._codec.decode(raw, self.max_body if size is None else min(size, self.max_body),
+                                          recent.resolve)
             except (codec.TooLarge, *DAMAGE):
                 data = None
-        if data is None or hashlib.sha256(data).digest() != digest:
+        if data is None or sha256(data).digest() != digest:
             data = self.body(hexdigest, size=size, exchange_id=exchange_id, part=name)  # raises, or b"" (empty)
         recent.add(digest, data)
 
@@ -261,9 +264,8 @@ class MergeIO:
         todo = [(bytes.fromhex(h), raw) for h, raw in sorted(raw_bodies.items(), reverse=True)]
         while todo:
             digest, raw = todo.pop()
-            if not raw or txn.get(digest, db=self._bodies) is not None:
+            if not raw or not txn.put(digest, raw, db=self._bodies, overwrite=False):  # False: held already
                 continue
-            txn.put(digest, raw, db=self._bodies)
             fresh += 1
             for ref in codec.Codec.refs_of(raw):  # another session's, maybe
                 if txn.get(ref, db=self._bodies) is None and ref.hex() not in raw_bodies:

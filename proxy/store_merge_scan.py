@@ -74,6 +74,7 @@ class MergeScan:
     _reading: Any
     _decode_record: Any
     _check_body: Any
+    recent_bodies: Any
     _sets: dict[str, Any]
     _packed_sets: dict[tuple[str, int], bytes]
     path: Any
@@ -83,9 +84,7 @@ class MergeScan:
         """(id, identity) of exchanges start <= id < stop in write order, each yielded once its
         record (and, with `bodies`, every body it names) passed the checks (a StoreError naming the
         exchange otherwise)."""
-        from noisefloor.proxy.store_merge import _Recent
-
-        recent = _Recent()
+        recent = self.recent_bodies()
         with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
             cur = txn.cursor(db=self._exchanges)
             if not cur.set_range(_U64.pack(start)):

@@ -13,12 +13,12 @@ is killed between), bodies copied as stored (never recompressed) when this store
 
 from __future__ import annotations
 
-from hashlib import sha256
 import json
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from hashlib import sha256
 from itertools import islice
 from typing import Any
 

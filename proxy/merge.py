@@ -23,22 +23,19 @@ by worker processes when asked (`jobs`), each check as strict as a read in this 
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from noisefloor.errors import NoisefloorError
 from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy import merge_copy
+from noisefloor.proxy import merge_copy, merge_sessions
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.store_merge_scan import Identity
 
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
@@ -58,39 +55,15 @@ class MergeResult:
 def identity(doc: dict[str, Any] | Exchange) -> bytes:
     """What makes an exchange the same one in two stores (its id is only a position)."""
     if isinstance(doc, dict):
-        return _identity(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")))
-    return _identity((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
-
-
-def _identity(parts: tuple[Any, ...]) -> bytes:
-    """`identity` of (session, mode, key, occurrence, seq, time) as `Store.merge_scan` gives them."""
-    return hashlib.blake2b(repr(parts).encode("utf-8", "surrogatepass"), digest_size=32).digest()
-
-
-@dataclass
-class _Session:
-    """One session of a store: its exchange ids in write order and an order-free hash of their identities."""
-
-    ids: array = field(default_factory=lambda: array("Q"))
-    mark: int = 0
-
-    def add(self, exchange_id: int, parts: Identity) -> None:
-        self.ids.append(exchange_id)
-        self.mark = (self.mark + int.from_bytes(_identity(parts), "big")) % (1 << 256)
-
-    def join(self, ids: bytes, mark: int) -> None:
-        """The same session's exchanges read by another worker, later in the store."""
-        self.ids.frombytes(ids)
-        self.mark = (self.mark + mark) % (1 << 256)
-
-    def same(self, other: _Session) -> bool:
-        return len(self.ids) == len(other.ids) and self.mark == other.mark
+        return merge_sessions.identity_hash(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq",
+                                                                       "time")))
+    return merge_sessions.identity_hash((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
 
 
 @dataclass
 class _Shard:
     path: Path
-    sessions: dict[str, _Session]  # in order of first appearance
+    sessions: merge_sessions.Sessions  # in order of first appearance
     outcomes: list[dict[str, Any]]
     rules_id: str | None
     rules: Any
@@ -98,39 +71,29 @@ class _Shard:
     last_id: int
 
 
-def _sessions(exchanges: Iterator[tuple[int, Identity]]) -> dict[str, _Session]:
-    sessions: dict[str, _Session] = {}
-    for exchange_id, parts in exchanges:
-        sessions.setdefault(parts[0], _Session()).add(exchange_id, parts)
-    return sessions
-
-
-def _check_range(path: str, start: int, stop: int) -> list[tuple[str, bytes, int]]:
-    """The sessions of exchanges start <= id < stop, every record and body checked (a worker's share)."""
+def _check_range(path: str, start: int, stop: int) -> merge_sessions.Scanned:
+    """Exchanges start <= id < stop, every record and body checked (a worker's share)."""
     with Store.open(path, write=False) as s:
-        found = _sessions(s.merge_scan(start, stop))
-    return [(name, sess.ids.tobytes(), sess.mark) for name, sess in found.items()]
+        return merge_sessions.scan(s.merge_scan(start, stop))
 
 
-def _check_all(path: Path, last_id: int, jobs: int) -> dict[str, _Session]:
+def _check_all(path: Path, last_id: int, jobs: int) -> merge_sessions.Sessions:
     """Every session of a shard, checked by `jobs` processes at once (each a range of ids) when the
     shard is large enough to pay for starting them."""
     jobs = merge_copy.workers(jobs, last_id)
     if not jobs:
-        return _sessions(_store_checked(path))
+        return merge_sessions.sessions(path, _check_range(str(path), 1, last_id + 1))
     bounds = [1 + last_id * i // jobs for i in range(jobs)] + [last_id + 1]
     with merge_copy.pool(jobs) as pool:
         parts = pool.starmap(_check_range, [(str(path), bounds[i], bounds[i + 1]) for i in range(jobs)])
-    sessions: dict[str, _Session] = {}
-    for part in parts:
-        for name, ids, mark in part:
-            sessions.setdefault(name, _Session()).join(ids, mark)
-    return sessions
+    return merge_sessions.sessions(path, merge_sessions.join(parts))
 
 
-def _store_checked(path: Path) -> Iterator[tuple[int, Identity]]:
-    with Store.open(path, write=False) as s:
-        yield from s.merge_scan()
+def _name_of(sessions: merge_sessions.Sessions, s: int) -> str:
+    """A session's name, read back from its first exchange (for a message)."""
+    with Store.open(sessions.path, write=False) as store:
+        ex = store.exchange(int(sessions.first[s]))
+    return ex.session if ex is not None else f"#{s}"
 
 
 def _read_shard(path: Path, jobs: int) -> _Shard:
@@ -166,21 +129,24 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             if dest.repair_lookups():  # an earlier merge was killed before its lookups were in
                 progress(f"{out}: the replay lookups of an interrupted merge written")
             rules = _rules(dest, shards)
-            present = _sessions(dest.merge_scan(bodies=False))
-            plan = _plan(present, shards)  # every refusal comes before the first write
+            present = merge_sessions.sessions(Path(out), merge_sessions.scan(dest.merge_scan(bodies=False)))
+            try:  # every refusal comes before the first write
+                plan = merge_sessions.plan(present, [shard.sessions for shard in shards], _name_of)
+            except ValueError as exc:
+                raise StoreError(str(exc)) from None
             seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
             rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
-            for shard in shards:
-                _copy_shard(dest, shard, plan, present, added, progress, jobs)
+            for i, shard in enumerate(shards):
+                _copy_shard(dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs)
             if rows:
                 dest.put_outcomes(rows)
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
                     dest.set_meta(name, value)
-    return MergeResult(len(shards), added["sessions"], sum(1 for name in plan if plan[name] is None),
+    return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], len(rows))
 
 
@@ -195,22 +161,24 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _copy_shard(dest: Store, shard: _Shard, plan: dict[str, _Shard | None], present: dict[str, _Session],
+def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: merge_sessions.Sessions,
                 added: dict[str, int], progress: Callable[[str], None], jobs: int) -> None:
     """The sessions this shard brings, whole sessions per transaction."""
-    new_ids = array("Q", bytes(8 * (shard.last_id + 1)))  # shard id -> id in OUT (replay sources)
-    for name, sess in shard.sessions.items():
-        if plan.get(name) is None and name in present:  # already there: its ids, for replays naming it
-            for old, new in zip(sess.ids, present[name].ids):
-                new_ids[old] = new
-    todo = [name for name in shard.sessions if plan.get(name) is shard]
-    size = min(_BATCH_MAX, max(_BATCH, sum(len(shard.sessions[n].ids) for n in todo) // 8))
-    grouped = list(_batches(todo, shard.sessions, size))
-    batches = [array("Q", [i for name in names for i in shard.sessions[name].ids]) for names in grouped]
-    sessions = iter(len(names) for names in grouped)
+    import numpy as np
+
+    brings, in_out = planned
+    ss = shard.sessions
+    new_ids = np.zeros(shard.last_id + 1, dtype=np.uint64)  # shard id -> id in OUT (replay sources)
+    for s in np.flatnonzero(in_out >= 0).tolist():  # already there: its ids, for replays naming it
+        new_ids[ss.ids(s)] = present.ids(int(in_out[s]))
+    size = min(_BATCH_MAX, max(_BATCH, int(ss.counts[brings].sum()) // 8))
+    grouped = list(merge_sessions.batches(ss, brings, size))
+    batches = [ids for ids, _ in grouped]
+    sessions = iter(n for _, n in grouped)
     following = dest.last_id() + 1  # OUT is locked: the batches take the next ids, in this order
-    for old in (i for b in batches for i in b):
-        new_ids[old], following = following, following + 1
+    if batches:
+        olds = np.concatenate(batches)
+        new_ids[olds] = np.arange(following, following + len(olds), dtype=np.uint64)
     with Store.open(shard.path, write=False) as src:
         dest.adopt_dictionaries(src)
 
@@ -262,44 +230,12 @@ def _same_keys(rules_id: str, described: Any) -> frozenset[str]:
     return frozenset(ids) if rules_id in ids else frozenset({rules_id})
 
 
-def _plan(present: dict[str, _Session], shards: list[_Shard]) -> dict[str, _Shard | None]:
-    """session -> the shard that brings it, or None when OUT holds it already; refuses clashes."""
-    seen: dict[str, tuple[_Session, str]] = {n: (s, "the output store") for n, s in present.items()}
-    plan: dict[str, _Shard | None] = {}
-    for shard in shards:
-        for name, sess in shard.sessions.items():
-            if name in seen:
-                theirs, where = seen[name]
-                if not theirs.same(sess):
-                    raise StoreError(f"session {name!r} is in {shard.path} and in {where} with different exchanges: "
-                                     "session names must be unique across shards (label each process's runs "
-                                     "differently); nothing was merged")
-                plan.setdefault(name, None)
-                continue
-            seen[name] = (sess, str(shard.path))
-            plan[name] = shard
-    return plan
-
-
-def _batches(names: list[str], sessions: dict[str, _Session], most: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    size = 0
-    for name in names:
-        batch.append(name)
-        size += len(sessions[name].ids)
-        if size >= most:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-def _moved(text: bytes, new_ids: array) -> bytes:
+def _moved(text: bytes, new_ids: Any) -> bytes:
     """A stored replay record as OUT appends it: without its id, its source id mapped."""
     doc = json.loads(text)
     doc.pop("id")
     if (doc.get("replay") or {}).get("source_id") is not None:
         source = doc["replay"]["source_id"]
-        mapped = new_ids[source] if 0 < source < len(new_ids) else 0
+        mapped = int(new_ids[source]) if 0 < source < len(new_ids) else 0
         doc["replay"] = {**doc["replay"], "source_id": mapped or None}
     return json.dumps(doc).encode()

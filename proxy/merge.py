@@ -31,8 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from noisefloor.errors import NoisefloorError
-from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy import merge_copy, merge_sessions
+from noisefloor.proxy import merge_copy, merge_outcomes, merge_sessions
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Store, StoreError
@@ -64,7 +63,6 @@ def identity(doc: dict[str, Any] | Exchange) -> bytes:
 class _Shard:
     path: Path
     sessions: merge_sessions.Sessions  # in order of first appearance
-    outcomes: list[dict[str, Any]]
     rules_id: str | None
     rules: Any
     meta: dict[str, Any]
@@ -100,15 +98,15 @@ def _read_shard(path: Path, jobs: int) -> _Shard:
     """Check one shard; StoreError names it (and the exchange) when anything in it is damaged."""
     with Store.open(path, write=False) as s:
         meta = {k: s.meta(k) for k in ("upstream",)}
-        head = (s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), s.last_id())
+        rules_id, rules, last_id = s.meta("rules_id"), s.meta("rules"), s.last_id()
     try:
-        sessions = _check_all(path, head[3], jobs)
+        sessions = _check_all(path, last_id, jobs)
         with Store.open(path, write=False) as s:
             if s.copies_lookups():  # copied as they are: checked as the records are
                 s.checked_lookups()
     except StoreError as exc:
         raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
-    return _Shard(path, sessions, head[0], head[1], head[2], meta, head[3])
+    return _Shard(path, sessions, rules_id, rules, meta, last_id)
 
 
 def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None] = lambda s: None,
@@ -134,20 +132,18 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
                 plan = merge_sessions.plan(present, [shard.sessions for shard in shards], _name_of)
             except ValueError as exc:
                 raise StoreError(str(exc)) from None
-            seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
-            rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]
+            merge_outcomes.check(dest, [shard.path for shard in shards])
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
             for i, shard in enumerate(shards):
                 _copy_shard(dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs)
-            if rows:
-                dest.put_outcomes(rows)
+            rows = merge_outcomes.write(dest, [shard.path for shard in shards])
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
                     dest.set_meta(name, value)
     return MergeResult(len(shards), added["sessions"], plan.present,
-                       added["exchanges"], added["bodies"], added["shared"], len(rows))
+                       added["exchanges"], added["bodies"], added["shared"], rows)
 
 
 @contextmanager

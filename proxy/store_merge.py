@@ -88,6 +88,7 @@ class MergeIO:
     _recorded: Any
     _lookups: Any
     _meta: Any
+    _outcomes: Any
     last_id: Any
     lookup_chunks: Any
     recorded_table: Any
@@ -215,6 +216,33 @@ class MergeIO:
             done = found[-1] + 1 - first
         self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
         return done
+
+    def outcome_items(self) -> Iterator[tuple[bytes, Any]]:
+        """Every outcome row as (its key as stored, the row), one at a time (merge streams them)."""
+        from noisefloor.proxy.store import _row
+
+        if self._outcomes is None:
+            return
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
+            for k, v in txn.cursor():
+                yield k, _row(v)
+
+    def outcome_row_of(self, key: bytes) -> Any:
+        """The outcome row stored under `key` (`json.dumps(row_key(row))`), or None."""
+        from noisefloor.proxy.store import _row
+
+        if self._outcomes is None:
+            return None
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
+            v = txn.get(key)
+        return None if v is None else _row(v)
+
+    def add_outcomes(self, items: list[tuple[bytes, bytes]]) -> int:
+        """Outcome rows (key, value as stored) this store does not hold yet; returns how many were new."""
+        def put(txn: lmdb.Transaction) -> int:
+            return sum(1 for k, v in items if txn.put(k, v, db=self._outcomes, overwrite=False))
+
+        return self._write(put) if items else 0
 
     def adopt_dictionaries(self, source: Any) -> None:
         """New values of a kind this store has no dictionary for use the one `source` uses (merge:

@@ -13,11 +13,14 @@ or in another shard with different exchanges is a clash and is refused, as are s
 under different normalization rules. Bodies are copied as stored (with the compression
 dictionaries they name) and only when OUT lacks them (content addressing deduplicates across shards).
 
-Memory is bounded by the number of sessions, not of exchanges or bodies: the check keeps, per
-session, a hash of its exchanges' identities and their ids (8 bytes each); the copy (`merge_copy`)
-reads each batch's records by id and passes their JSON through without parsing it (only a replay
-record, whose source id changes, is parsed). A large shard is checked, and its batches prepared,
-by worker processes when asked (`jobs`), each check as strict as a read in this process.
+Memory does not grow with bodies, records or outcome rows: a shard is checked through its heads
+(`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
+not parsed whole), its sessions kept as numpy arrays (`merge_sessions`: per exchange 8 bytes
+once a store is read, per session about 90), its outcome rows streamed (`merge_outcomes`); the
+copy (`merge_copy`) reads each batch's records by id and passes their JSON through without
+parsing it (only a replay record, whose source id changes, is parsed), each head copied from the
+shard's. A large shard is checked, and its batches prepared, by worker processes when asked
+(`jobs`), each check as strict as a read in this process.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """The store's side of `nfproxy merge`: a shard read checked whole, and another store's exchanges
 absorbed with their bodies and compression dictionaries as stored (a part of Store).
 
-Reading: one read transaction checks a range of exchanges (each record parses as the exchange
-record, each body it names decodes within its recorded size and hashes to its digest), keeping the
-decoded bodies of the last exchanges, since a session's next request is compressed against its
-previous request and answer and replicates repeat bodies. Writing: one transaction per batch
+Reading: a body is checked as a reader checks it (it decodes within its recorded size and hashes
+to its digest), the decoded bodies of the last exchanges kept, since a session's next request is
+compressed against its previous request and answer and replicates repeat bodies (the records are
+read by `store_merge_scan`); a store's outcome rows one at a time. Writing: one transaction per batch
 that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
 recording writes them (or, between layout-2 stores, entries as stored, the lookups copied after
 the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
@@ -26,7 +26,6 @@ import lmdb
 import msgspec
 
 from noisefloor.proxy import codec, replay_index
-from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_env import DAMAGE, StoreError
 
@@ -94,24 +93,6 @@ class MergeIO:
     recorded_table: Any
     recorded_raw: Any
     recorded_entries_by_id: Any
-
-    def checked_exchanges(self, start: int = 1, stop: int | None = None) -> Iterator[Exchange]:
-        """Exchanges with start <= id < stop, in write order, each yielded once it and every body it
-        names passed the checks every read makes (a StoreError naming the exchange otherwise)."""
-        recent = self.recent_bodies()
-        with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
-            cur = txn.cursor(db=self._exchanges)
-            if not cur.set_range(_U64.pack(start)):
-                return
-            for k, raw in cur:
-                exchange_id = _U64.unpack(k)[0]
-                if stop is not None and exchange_id >= stop:
-                    return
-                ex = self._decode_record(exchange_id, raw)
-                for name, part in (("request", ex.request), ("response", ex.response)):
-                    if part and part.get("body") is not None:
-                        self._check_body(txn, part["body"], part.get("body_size"), exchange_id, name, recent)
-                yield ex
 
     def recent_bodies(self) -> _Recent:
         """The verified bodies a check keeps while it reads (`_check_body`)."""

@@ -35,9 +35,9 @@ def name_hash(name: str) -> bytes:
 class Scanned:
     """A store's exchanges as its check read them: ids, session-name hashes, identity hashes (blobs)."""
 
-    ids: bytes
-    names: bytes
-    marks: bytes
+    ids: bytes | bytearray
+    names: bytes | bytearray
+    marks: bytes | bytearray
 
 
 def scan(exchanges: Iterable[tuple[int, Identity]]) -> Scanned:
@@ -53,7 +53,7 @@ def scan(exchanges: Iterable[tuple[int, Identity]]) -> Scanned:
             h = known[parts[0]] = name_hash(parts[0])
         names += h
         marks += identity_hash(parts)
-    return Scanned(bytes(ids), bytes(names), bytes(marks))
+    return Scanned(ids, names, marks)  # bytearrays, not copied: numpy reads them as they are
 
 
 def join(parts: list[Scanned]) -> Scanned:

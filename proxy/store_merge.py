@@ -33,7 +33,7 @@ _U64 = struct.Struct(">Q")
 _RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
 _RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
 UNINDEXED = replay_index.MERGING
-_COUNTED = 1 << 18  # lookup ids counted at a time
+_COUNTED = 1 << 16  # lookup ids counted at a time (each a Python object while read: a bounded peak)
 LOOKUP_KEY = 1 + replay_index.TAG  # bytes of a layout-2 lookup's key: its kind, then 8
 _KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + replay_index.BAND)
 

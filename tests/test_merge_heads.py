@@ -3,7 +3,8 @@ match its checked head is read narrowly (not parsed whole) and its head copied, 
 else takes the full parse. So a merge writes exactly the tables a merge that parsed every record
 writes; a record damaged under an intact head, or a body, is refused by name with nothing merged;
 a record rewritten after its head (valid, other bytes) is merged with the head read from it; a
-damaged head alone costs nothing. Real LMDB stores recorded through the real recorder."""
+damaged head alone costs nothing. Real LMDB stores recorded through the real recorder; the
+sessions plan (which shard brings a session, which OUT holds, which clash) on its own arrays."""
 
 from __future__ import annotations
 
@@ -134,3 +135,29 @@ def test_a_damaged_head_alone_costs_nothing(shards, parsed, tmp_path):
     out = tmp_path / "out.lmdb"
     merge(out, [shard, shards[1]])
     assert tables(out) == parsed  # its head read from the record, as a full parse would
+
+
+def _sessions_of(path: str, exchanges: list[tuple[int, str, int]]):
+    """A store's sessions from (id, session, seq) triples, through the same arrays a merge builds."""
+    from noisefloor.proxy import merge_sessions
+
+    scanned = merge_sessions.scan((i, (name, "record", f"k{seq}", 0, seq, 1.5)) for i, name, seq in exchanges)
+    return merge_sessions.sessions(Path(path), scanned)
+
+
+def test_sessions_plan_brings_each_session_once_keeps_outs_and_refuses_a_clash():
+    from noisefloor.proxy import merge_sessions
+
+    out = _sessions_of("OUT", [(1, "a", 0), (2, "a", 1)])
+    one = _sessions_of("one", [(1, "b", 0), (2, "a", 0), (3, "b", 1), (4, "a", 1)])
+    two = _sessions_of("two", [(1, "c", 0), (2, "b", 0), (3, "b", 1)])
+    assert [one.ids(s).tolist() for s in range(len(one))] == [[1, 3], [2, 4]]  # first appearance, write order
+    p = merge_sessions.plan(out, [one, two], lambda s, i: "?")
+    assert p.present == 1  # "a": OUT holds it, and shard one has the same exchanges
+    assert p.brings[0].tolist() == [True, False] and p.in_out[0].tolist() == [-1, 0]
+    assert p.brings[1].tolist() == [True, False] and p.in_out[1].tolist() == [-1, -1]  # "b" came with shard one
+    assert [(ids.tolist(), n) for ids, n in merge_sessions.batches(one, p.brings[0], 1)] == [([1, 3], 1)]
+    clash = _sessions_of("three", [(1, "b", 0), (2, "b", 7)])  # "b" with other exchanges
+    names = {("one", 0): "b", ("three", 0): "b"}
+    with pytest.raises(ValueError, match="session 'b' is in three and in one with different exchanges"):
+        merge_sessions.plan(out, [one, clash], lambda s, i: names[(str(s.path), i)])

@@ -107,7 +107,7 @@ class Codec:
             if resolve is None:
                 raise ValueError("a value compressed against other bodies, read without them")
             refs = self.refs_of(value)
-            prefix = b"".join(resolve(d) for d in refs)
+            prefix = b"".join([resolve(d) for d in refs])
             dctx = zstandard.ZstdDecompressor(dict_data=_raw_dict(prefix))
             return _bounded(dctx, value[2 + 32 * len(refs):], limit)
         if value[:4] == LEGACY_MAGIC:

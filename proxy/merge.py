@@ -13,28 +13,28 @@ or in another shard with different exchanges is a clash and is refused, as are s
 under different normalization rules. Bodies are copied as stored (with the compression
 dictionaries they name) and only when OUT lacks them (content addressing deduplicates across shards).
 
-Memory is bounded by the number of sessions, not of exchanges or bodies: the check keeps, per
-session, a hash of its exchanges' identities and their ids (8 bytes each); the copy (`merge_copy`)
-reads each batch's records by id and passes their JSON through without parsing it (only a replay
-record, whose source id changes, is parsed). A large shard is checked, and its batches prepared,
-by worker processes when asked (`jobs`), each check as strict as a read in this process.
+Memory does not grow with bodies, records or outcome rows: a shard is checked through its heads
+(`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
+not parsed whole), its sessions kept as numpy arrays (`merge_sessions`: per exchange 8 bytes
+once a store is read, per session about 90), its outcome rows streamed (`merge_outcomes`); the
+copy (`merge_copy`) reads each batch's records by id and passes their JSON through without
+parsing it (only a replay record, whose source id changes, is parsed), each head copied from the
+shard's. A large shard is checked, and its batches prepared, by worker processes when asked
+(`jobs`), each check as strict as a read in this process.
 """
 
 from __future__ import annotations
 
 import gc
-import hashlib
 import json
-from array import array
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from noisefloor.errors import NoisefloorError
-from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy import merge_copy
+from noisefloor.proxy import merge_copy, merge_outcomes, merge_sessions
 from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Store, StoreError
@@ -57,91 +57,59 @@ class MergeResult:
 def identity(doc: dict[str, Any] | Exchange) -> bytes:
     """What makes an exchange the same one in two stores (its id is only a position)."""
     if isinstance(doc, dict):
-        parts = repr(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq", "time")))
-    else:  # the same text, without a call per field (once per exchange of every shard)
-        parts = repr((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
-    return hashlib.blake2b(parts.encode("utf-8", "surrogatepass"), digest_size=32).digest()
-
-
-@dataclass
-class _Session:
-    """One session of a store: its exchange ids in write order and an order-free hash of their identities."""
-
-    ids: array = field(default_factory=lambda: array("Q"))
-    mark: int = 0
-
-    def add(self, ex: Exchange) -> None:
-        self.ids.append(ex.id)
-        self.mark = (self.mark + int.from_bytes(identity(ex), "big")) % (1 << 256)
-
-    def join(self, ids: bytes, mark: int) -> None:
-        """The same session's exchanges read by another worker, later in the store."""
-        self.ids.frombytes(ids)
-        self.mark = (self.mark + mark) % (1 << 256)
-
-    def same(self, other: _Session) -> bool:
-        return len(self.ids) == len(other.ids) and self.mark == other.mark
+        return merge_sessions.identity_hash(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq",
+                                                                       "time")))
+    return merge_sessions.identity_hash((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
 
 
 @dataclass
 class _Shard:
     path: Path
-    sessions: dict[str, _Session]  # in order of first appearance
-    outcomes: list[dict[str, Any]]
+    sessions: merge_sessions.Sessions  # in order of first appearance
     rules_id: str | None
     rules: Any
     meta: dict[str, Any]
     last_id: int
 
 
-def _sessions(exchanges: Iterator[Exchange]) -> dict[str, _Session]:
-    sessions: dict[str, _Session] = {}
-    for ex in exchanges:
-        sessions.setdefault(ex.session, _Session()).add(ex)
-    return sessions
-
-
-def _check_range(path: str, start: int, stop: int) -> list[tuple[str, bytes, int]]:
-    """The sessions of exchanges start <= id < stop, every record and body checked (a worker's share)."""
+def _check_range(path: str, start: int, stop: int) -> merge_sessions.Scanned:
+    """Exchanges start <= id < stop, every record and body checked (a worker's share)."""
     with Store.open(path, write=False) as s:
-        found = _sessions(s.checked_exchanges(start, stop))
-    return [(name, sess.ids.tobytes(), sess.mark) for name, sess in found.items()]
+        return merge_sessions.scan(s.merge_scan(start, stop))
 
 
-def _check_all(path: Path, last_id: int, jobs: int) -> dict[str, _Session]:
+def _check_all(path: Path, last_id: int, jobs: int) -> merge_sessions.Sessions:
     """Every session of a shard, checked by `jobs` processes at once (each a range of ids) when the
     shard is large enough to pay for starting them."""
     jobs = merge_copy.workers(jobs, last_id)
     if not jobs:
-        return _sessions(_store_checked(path))
+        return merge_sessions.sessions(path, _check_range(str(path), 1, last_id + 1))
     bounds = [1 + last_id * i // jobs for i in range(jobs)] + [last_id + 1]
     with merge_copy.pool(jobs) as pool:
         parts = pool.starmap(_check_range, [(str(path), bounds[i], bounds[i + 1]) for i in range(jobs)])
-    sessions: dict[str, _Session] = {}
-    for part in parts:
-        for name, ids, mark in part:
-            sessions.setdefault(name, _Session()).join(ids, mark)
-    return sessions
+    return merge_sessions.sessions(path, merge_sessions.join(parts))
 
 
-def _store_checked(path: Path) -> Iterator[Exchange]:
-    with Store.open(path, write=False) as s:
-        yield from s.checked_exchanges()
+def _name_of(sessions: merge_sessions.Sessions, s: int) -> str:
+    """A session's name, read back from its first exchange (for a message)."""
+    with Store.open(sessions.path, write=False) as store:
+        ex = store.exchange(int(sessions.first[s]))
+    return ex.session if ex is not None else f"#{s}"
 
 
 def _read_shard(path: Path, jobs: int) -> _Shard:
     """Check one shard; StoreError names it (and the exchange) when anything in it is damaged."""
     with Store.open(path, write=False) as s:
         meta = {k: s.meta(k) for k in ("upstream",)}
-        head = (s.outcome_rows(), s.meta("rules_id"), s.meta("rules"), s.last_id())
+        rules_id, rules, last_id = s.meta("rules_id"), s.meta("rules"), s.last_id()
     try:
-        sessions = _check_all(path, head[3], jobs)
+        sessions = _check_all(path, last_id, jobs)
         with Store.open(path, write=False) as s:
             if s.copies_lookups():  # copied as they are: checked as the records are
                 s.checked_lookups()
     except StoreError as exc:
         raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
-    return _Shard(path, sessions, head[0], head[1], head[2], meta, head[3])
+    return _Shard(path, sessions, rules_id, rules, meta, last_id)
 
 
 def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None] = lambda s: None,
@@ -162,22 +130,23 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             if dest.repair_lookups():  # an earlier merge was killed before its lookups were in
                 progress(f"{out}: the replay lookups of an interrupted merge written")
             rules = _rules(dest, shards)
-            present = _sessions(dest.exchanges())
-            plan = _plan(present, shards)  # every refusal comes before the first write
-            seen = {row_key(r): (r, "the output store") for r in dest.outcome_rows()}
-            rows = [r for shard in shards for r in new_rows(seen, shard.outcomes, str(shard.path))]
+            present = merge_sessions.sessions(Path(out), merge_sessions.scan(dest.merge_scan(bodies=False)))
+            try:  # every refusal comes before the first write
+                plan = merge_sessions.plan(present, [shard.sessions for shard in shards], _name_of)
+            except ValueError as exc:
+                raise StoreError(str(exc)) from None
+            merge_outcomes.check(dest, [shard.path for shard in shards])
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
-            for shard in shards:
-                _copy_shard(dest, shard, plan, present, added, progress, jobs)
-            if rows:
-                dest.put_outcomes(rows)
+            for i, shard in enumerate(shards):
+                _copy_shard(dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs)
+            rows = merge_outcomes.write(dest, [shard.path for shard in shards])
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
                     dest.set_meta(name, value)
-    return MergeResult(len(shards), added["sessions"], sum(1 for name in plan if plan[name] is None),
-                       added["exchanges"], added["bodies"], added["shared"], len(rows))
+    return MergeResult(len(shards), added["sessions"], plan.present,
+                       added["exchanges"], added["bodies"], added["shared"], rows)
 
 
 @contextmanager
@@ -191,22 +160,24 @@ def _no_gc() -> Iterator[None]:
             gc.enable()
 
 
-def _copy_shard(dest: Store, shard: _Shard, plan: dict[str, _Shard | None], present: dict[str, _Session],
+def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: merge_sessions.Sessions,
                 added: dict[str, int], progress: Callable[[str], None], jobs: int) -> None:
     """The sessions this shard brings, whole sessions per transaction."""
-    new_ids = array("Q", bytes(8 * (shard.last_id + 1)))  # shard id -> id in OUT (replay sources)
-    for name, sess in shard.sessions.items():
-        if plan.get(name) is None and name in present:  # already there: its ids, for replays naming it
-            for old, new in zip(sess.ids, present[name].ids):
-                new_ids[old] = new
-    todo = [name for name in shard.sessions if plan.get(name) is shard]
-    size = min(_BATCH_MAX, max(_BATCH, sum(len(shard.sessions[n].ids) for n in todo) // 8))
-    grouped = list(_batches(todo, shard.sessions, size))
-    batches = [array("Q", [i for name in names for i in shard.sessions[name].ids]) for names in grouped]
-    sessions = iter(len(names) for names in grouped)
+    import numpy as np
+
+    brings, in_out = planned
+    ss = shard.sessions
+    new_ids = np.zeros(shard.last_id + 1, dtype=np.uint64)  # shard id -> id in OUT (replay sources)
+    for s in np.flatnonzero(in_out >= 0).tolist():  # already there: its ids, for replays naming it
+        new_ids[ss.ids(s)] = present.ids(int(in_out[s]))
+    size = min(_BATCH_MAX, max(_BATCH, int(ss.counts[brings].sum()) // 8))
+    grouped = list(merge_sessions.batches(ss, brings, size))
+    batches = [ids for ids, _ in grouped]
+    sessions = iter(n for _, n in grouped)
     following = dest.last_id() + 1  # OUT is locked: the batches take the next ids, in this order
-    for old in (i for b in batches for i in b):
-        new_ids[old], following = following, following + 1
+    if batches:
+        olds = np.concatenate(batches)
+        new_ids[olds] = np.arange(following, following + len(olds), dtype=np.uint64)
     with Store.open(shard.path, write=False) as src:
         dest.adopt_dictionaries(src)
 
@@ -258,44 +229,12 @@ def _same_keys(rules_id: str, described: Any) -> frozenset[str]:
     return frozenset(ids) if rules_id in ids else frozenset({rules_id})
 
 
-def _plan(present: dict[str, _Session], shards: list[_Shard]) -> dict[str, _Shard | None]:
-    """session -> the shard that brings it, or None when OUT holds it already; refuses clashes."""
-    seen: dict[str, tuple[_Session, str]] = {n: (s, "the output store") for n, s in present.items()}
-    plan: dict[str, _Shard | None] = {}
-    for shard in shards:
-        for name, sess in shard.sessions.items():
-            if name in seen:
-                theirs, where = seen[name]
-                if not theirs.same(sess):
-                    raise StoreError(f"session {name!r} is in {shard.path} and in {where} with different exchanges: "
-                                     "session names must be unique across shards (label each process's runs "
-                                     "differently); nothing was merged")
-                plan.setdefault(name, None)
-                continue
-            seen[name] = (sess, str(shard.path))
-            plan[name] = shard
-    return plan
-
-
-def _batches(names: list[str], sessions: dict[str, _Session], most: int) -> Iterator[list[str]]:
-    batch: list[str] = []
-    size = 0
-    for name in names:
-        batch.append(name)
-        size += len(sessions[name].ids)
-        if size >= most:
-            yield batch
-            batch, size = [], 0
-    if batch:
-        yield batch
-
-
-def _moved(text: bytes, new_ids: array) -> bytes:
+def _moved(text: bytes, new_ids: Any) -> bytes:
     """A stored replay record as OUT appends it: without its id, its source id mapped."""
     doc = json.loads(text)
     doc.pop("id")
     if (doc.get("replay") or {}).get("source_id") is not None:
         source = doc["replay"]["source_id"]
-        mapped = new_ids[source] if 0 < source < len(new_ids) else 0
+        mapped = int(new_ids[source]) if 0 < source < len(new_ids) else 0
         doc["replay"] = {**doc["replay"], "source_id": mapped or None}
     return json.dumps(doc).encode()

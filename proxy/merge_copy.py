@@ -13,6 +13,7 @@ import multiprocessing
 import re
 import struct
 import threading
+import zlib
 from array import array
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -24,10 +25,12 @@ from noisefloor.proxy import codec, replay_index, store_heads
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.store_merge import LOOKUP_KEY, Batch
+from noisefloor.proxy.store_merge_scan import HeadTail
 
 LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 _BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
 _ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
 
@@ -54,10 +57,13 @@ class Preparer:
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
-    def record(self, new_id: int, text: bytes) -> tuple[bytes, store_heads.Row | None]:
-        """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head's row."""
+    def record(self, new_id: int, text: bytes, tail: HeadTail | None = None) -> tuple[bytes, store_heads.Row | None]:
+        """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head's
+        row: the shard's checked head (`tail`) tied to the new bytes, or read from the text."""
         doc = b'{"id":%d,%s' % (new_id, text[1:])
         stored = self.codec.encode(doc, self.key)
+        if tail is not None:  # the id is in no head's field: only the record's CRC changes
+            return stored, (tail[0], tail[1], _U32.pack(zlib.crc32(stored)) + tail[2])
         return stored, self.src.head_row(doc, stored, new_id)
 
     def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
@@ -65,13 +71,13 @@ class Preparer:
         must be mapped to OUT's, which the merging process knows) is left to it: returned with its
         place in the batch, its value empty."""
         records, heads, replays, digests = [], [], [], set()
-        for k, text in enumerate(self.src.record_texts_of(olds)):
+        for k, (text, tail) in enumerate(self.src.copied_records(olds)):
             digests.update(_BODY.findall(text))
             if b'"replay": {' in text or b'"replay":{' in text:
                 replays.append((k, text))
                 value, head = b"", None
             else:
-                value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1))
+                value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1), tail)
             records.append((_U64.pack(first + k), value))
             heads.append(head)
         wanted = sorted(d.decode() for d in digests)

@@ -21,8 +21,9 @@ killed with SIGKILL) sees either the whole exchange or none of it (bulk writers 
 one). `Store` is the only way any part of noisefloor reads the log, made of one part per job: the
 environment (`store_env`: opening, disk reservation, map growth), the body table (`store_bodies`),
 the dictionaries (`store_dicts`), the replay-index tables (`store_index`), merge's reads and
-writes (`store_merge`), the walk of heads and records together (`store_walk`: listings), and here
-the records, meta and outcome rows; the record's type is `exchange_record`'s. Every read is verified: a body must hash to the digest it is
+writes (`store_merge`, its check `store_merge_scan`), the walk of heads and records together
+(`store_walk`: listings), and here the records, meta and outcome rows; the record's type is
+`exchange_record`'s. Every read is verified: a body must hash to the digest it is
 stored under and decompress within its recorded size (and the --max-body-mb bound), a record must
 parse as the exchange record; anything else is a StoreError naming the store and the exchange.
 
@@ -59,6 +60,7 @@ from noisefloor.proxy.store_dicts import Dictionaries
 from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, open_env
 from noisefloor.proxy.store_index import IndexLookups
 from noisefloor.proxy.store_merge import MergeIO
+from noisefloor.proxy.store_merge_scan import MergeScan
 from noisefloor.proxy.store_walk import Walks
 
 FORMAT = "noisefloor-log/4"
@@ -71,7 +73,7 @@ _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LR
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
-class Store(Bodies, Dictionaries, IndexLookups, MergeIO, Walks):
+class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
@@ -95,6 +97,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, Walks):
         self._heads: Any = None  # the heads table: opened once the format says the store has one
         self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
         self._numbering: store_heads.Sets | None = None
+        self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
         self._samples: dict[str, list[bytes]] = {"body": [], "record": []}

@@ -1,10 +1,10 @@
 """The store's side of `nfproxy merge`: a shard read checked whole, and another store's exchanges
 absorbed with their bodies and compression dictionaries as stored (a part of Store).
 
-Reading: one read transaction checks a range of exchanges (each record parses as the exchange
-record, each body it names decodes within its recorded size and hashes to its digest), keeping the
-decoded bodies of the last exchanges, since a session's next request is compressed against its
-previous request and answer and replicates repeat bodies. Writing: one transaction per batch
+Reading: a body is checked as a reader checks it (it decodes within its recorded size and hashes
+to its digest), the decoded bodies of the last exchanges kept, since a session's next request is
+compressed against its previous request and answer and replicates repeat bodies (the records are
+read by `store_merge_scan`); a store's outcome rows one at a time. Writing: one transaction per batch
 that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
 recording writes them (or, between layout-2 stores, entries as stored, the lookups copied after
 the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
@@ -13,12 +13,12 @@ is killed between), bodies copied as stored (never recompressed) when this store
 
 from __future__ import annotations
 
-import hashlib
 import json
 import struct
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from hashlib import sha256
 from itertools import islice
 from typing import Any
 
@@ -26,7 +26,6 @@ import lmdb
 import msgspec
 
 from noisefloor.proxy import codec, replay_index
-from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_env import DAMAGE, StoreError
 
@@ -34,22 +33,27 @@ _U64 = struct.Struct(">Q")
 _RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
 _RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
 UNINDEXED = replay_index.MERGING
-_COUNTED = 1 << 18  # lookup ids counted at a time
+_COUNTED = 1 << 16  # lookup ids counted at a time (each a Python object while read: a bounded peak)
 LOOKUP_KEY = 1 + replay_index.TAG  # bytes of a layout-2 lookup's key: its kind, then 8
 _KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + replay_index.BAND)
 
 
 class _Recent:
-    """Verified bodies, newest last, bounded in count and bytes."""
+    """Verified bodies, oldest first, bounded in count and bytes (first in, first out: a session's
+    next request refers to the bodies just checked); `resolve` gives a referenced body, verified
+    (`fallback` reads one that is not here, as `Store.body` does)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fallback: Callable[[bytes], bytes]) -> None:
         self.data: OrderedDict[bytes, bytes] = OrderedDict()
         self.size = 0
+        self.fallback = fallback
+        self.exchange_id = 0  # the exchange being checked, for the fallback's error
 
-    def get(self, digest: bytes) -> bytes | None:
+    def resolve(self, digest: bytes) -> bytes:
         got = self.data.get(digest)
-        if got is not None:
-            self.data.move_to_end(digest)
+        if got is None:
+            got = self.fallback(digest)
+            self.add(digest, got)
         return got
 
     def add(self, digest: bytes, data: bytes) -> None:
@@ -83,57 +87,35 @@ class MergeIO:
     _recorded: Any
     _lookups: Any
     _meta: Any
+    _outcomes: Any
     last_id: Any
     lookup_chunks: Any
     recorded_table: Any
     recorded_raw: Any
     recorded_entries_by_id: Any
 
-    def checked_exchanges(self, start: int = 1, stop: int | None = None) -> Iterator[Exchange]:
-        """Exchanges with start <= id < stop, in write order, each yielded once it and every body it
-        names passed the checks every read makes (a StoreError naming the exchange otherwise)."""
-        recent = _Recent()
-        with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
-            cur = txn.cursor(db=self._exchanges)
-            if not cur.set_range(_U64.pack(start)):
-                return
-            for k, raw in cur:
-                exchange_id = _U64.unpack(k)[0]
-                if stop is not None and exchange_id >= stop:
-                    return
-                ex = self._decode_record(exchange_id, raw)
-                self._check_body(txn, ex.request, exchange_id, "request", recent)
-                self._check_body(txn, ex.response, exchange_id, "response", recent)
-                yield ex
+    def recent_bodies(self) -> _Recent:
+        """The verified bodies a check keeps while it reads (`_check_body`)."""
+        recent = _Recent(lambda ref: self.body(ref.hex(), exchange_id=recent.exchange_id, part="referenced"))
+        return recent
 
-    def _check_body(self, txn: lmdb.Transaction, part: Mapping[str, Any] | None, exchange_id: int, name: str,
+    def _check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
                     recent: _Recent) -> None:
         """One body checked as `body` checks it; on any failure `body` itself reads it again, to
         raise its one-line error."""
-        hexdigest = part.get("body") if part else None
-        if hexdigest is None:
-            return
         digest = bytes.fromhex(hexdigest)
-        if recent.get(digest) is not None:
+        if digest in recent.data:
             return
-        size = part.get("body_size") if part else None
         raw = txn.get(digest, db=self._bodies)
         data = None
         if raw is not None:
-            limit = self.max_body if size is None else min(size, self.max_body)
-
-            def resolve(ref: bytes) -> bytes:
-                got = recent.get(ref)
-                if got is None:
-                    got = self.body(ref.hex(), exchange_id=exchange_id, part="referenced")
-                    recent.add(ref, got)
-                return got
-
+            recent.exchange_id = exchange_id
             try:
-                data = self._codec.decode(raw, limit, resolve)
+                data = self._codec.decode(raw, self.max_body if size is None else min(size, self.max_body),
+                                          recent.resolve)
             except (codec.TooLarge, *DAMAGE):
                 data = None
-        if data is None or hashlib.sha256(data).digest() != digest:
+        if data is None or sha256(data).digest() != digest:
             data = self.body(hexdigest, size=size, exchange_id=exchange_id, part=name)  # raises, or b"" (empty)
         recent.add(digest, data)
 
@@ -216,6 +198,33 @@ class MergeIO:
         self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
         return done
 
+    def outcome_items(self) -> Iterator[tuple[bytes, Any]]:
+        """Every outcome row as (its key as stored, the row), one at a time (merge streams them)."""
+        from noisefloor.proxy.store import _row
+
+        if self._outcomes is None:
+            return
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
+            for k, v in txn.cursor():
+                yield k, _row(v)
+
+    def outcome_row_of(self, key: bytes) -> Any:
+        """The outcome row stored under `key` (`json.dumps(row_key(row))`), or None."""
+        from noisefloor.proxy.store import _row
+
+        if self._outcomes is None:
+            return None
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
+            v = txn.get(key)
+        return None if v is None else _row(v)
+
+    def add_outcomes(self, items: list[tuple[bytes, bytes]]) -> int:
+        """Outcome rows (key, value as stored) this store does not hold yet; returns how many were new."""
+        def put(txn: lmdb.Transaction) -> int:
+            return sum(1 for k, v in items if txn.put(k, v, db=self._outcomes, overwrite=False))
+
+        return self._write(put) if items else 0
+
     def adopt_dictionaries(self, source: Any) -> None:
         """New values of a kind this store has no dictionary for use the one `source` uses (merge:
         the shard's records are encoded again, and its bodies arrive compressed with it)."""
@@ -264,9 +273,8 @@ class MergeIO:
         todo = [(bytes.fromhex(h), raw) for h, raw in sorted(raw_bodies.items(), reverse=True)]
         while todo:
             digest, raw = todo.pop()
-            if not raw or txn.get(digest, db=self._bodies) is not None:
+            if not raw or not txn.put(digest, raw, db=self._bodies, overwrite=False):  # False: held already
                 continue
-            txn.put(digest, raw, db=self._bodies)
             fresh += 1
             for ref in codec.Codec.refs_of(raw):  # another session's, maybe
                 if txn.get(ref, db=self._bodies) is None and ref.hex() not in raw_bodies:

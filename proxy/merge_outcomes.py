@@ -1,0 +1,46 @@
+"""Merge's outcome rows, streamed: each shard's graded rows checked against OUT's and the earlier
+shards' (a key graded differently in two places is refused before anything is written, as
+`outcome_rows.new_rows` refuses it), then written where OUT lacks them, the first place's row
+kept. One row at a time, looked up by key in each store: memory does not grow with the rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+
+from noisefloor.outcome_rows import new_rows, row_key
+from noisefloor.proxy.store import Store
+
+_CHUNK = 10000  # rows written per transaction
+
+
+def check(dest: Store, shards: Sequence[Path]) -> None:
+    """OutcomeError naming the first row two places grade differently (OUT first, then the shards in order)."""
+    with ExitStack() as opened:
+        earlier: list[tuple[Store, str]] = [(dest, "the output store")]
+        for path in shards:
+            store = opened.enter_context(Store.open(path, write=False))
+            for _, row in store.outcome_items():
+                key = json.dumps(row_key(row)).encode()
+                for other, where in earlier:
+                    first = other.outcome_row_of(key)
+                    if first is not None:
+                        new_rows({row_key(row): (first, where)}, [row], str(path))  # raises on a clash
+                        break
+            earlier.append((store, str(path)))
+
+
+def write(dest: Store, shards: Sequence[Path]) -> int:
+    """The shards' rows OUT does not hold, in shard order (a key twice: the first place's row). Returns how many."""
+    added = 0
+    for path in shards:
+        with Store.open(path, write=False) as store:
+            chunk: list[tuple[bytes, bytes]] = []
+            for _, row in store.outcome_items():
+                chunk.append((json.dumps(row_key(row)).encode(), json.dumps(dict(row)).encode()))
+                if len(chunk) >= _CHUNK:
+                    added, chunk = added + dest.add_outcomes(chunk), []
+            added += dest.add_outcomes(chunk)
+    return added

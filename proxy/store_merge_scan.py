@@ -1,0 +1,179 @@
+"""Merge's check of a shard, through its heads (a part of Store): what merge needs of each
+exchange (its session and identity, the bodies it names), every record and body verified.
+
+A noisefloor-log/4 record was checked against the record type when its head was written, and
+its head carries a CRC-32 of the record as stored (`store_heads`): a record whose bytes still
+match its checked head is decompressed and read for the few fields merge needs, not parsed
+whole, as `nfproxy log --json` trusts it. Anything else (no head, a head that fails its CRC or
+was not written from a checked record, bytes that are not those the head was written for, a
+text the narrow read refuses) takes the full parse, which names what is damaged. Every body is
+checked as a reader checks it (present, within its recorded size, hashing to its digest).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+
+from noisefloor.proxy import store_heads
+from noisefloor.proxy.exchange_record import NOT_LISTED
+
+_U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
+Identity = tuple[str, str, str, int, int, float]  # session, mode, key, occurrence, seq, time (`merge.identity`)
+
+
+class _Body(msgspec.Struct, gc=False):
+    body: str | None = None
+    body_size: int | None = None
+
+
+class _Identity(msgspec.Struct, gc=False):
+    """The fields merge reads of a record whose head vouches for its type (unknown keys skipped)."""
+
+    id: int
+    time: float
+    mode: str
+    session: str
+    key: str
+    occurrence: int
+    seq: int
+    request: _Body
+    response: _Body | None
+
+
+_VIEW = msgspec.json.Decoder(_Identity)
+
+
+def checked_value(k: bytes, value: Any, raw: Any) -> bool:
+    """Whether head `value` of exchange key `k` passes its CRC, is tied to the record's stored
+    bytes `raw`, and was written from a record checked against the record type."""
+    if value is None or len(value) < store_heads.HEAD_AT:
+        return False
+    crc, u32 = zlib.crc32, _U32.unpack_from
+    if u32(value)[0] != crc(value[4:], crc(k)) or u32(value, 4)[0] != crc(raw):
+        return False
+    try:
+        return store_heads.left_out(value) != NOT_LISTED
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return False
+
+
+class MergeScan:
+    """The check that merge makes of every shard (a part of Store)."""
+
+    _env: Any
+    _exchanges: Any
+    _heads: Any
+    _codec: Any
+    max_body: int
+    _reading: Any
+    _decode_record: Any
+    _check_body: Any
+    recent_bodies: Any
+    _sets: dict[str, Any]
+    _packed_sets: dict[tuple[str, int], bytes]
+    path: Any
+
+    def merge_scan(self, start: int = 1, stop: int | None = None,
+                   bodies: bool = True) -> Iterator[tuple[int, Identity]]:
+        """(id, identity) of exchanges start <= id < stop in write order, each yielded once its
+        record (and, with `bodies`, every body it names) passed the checks (a StoreError naming the
+        exchange otherwise)."""
+        recent = self.recent_bodies()
+        with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
+            cur = txn.cursor(db=self._exchanges)
+            if not cur.set_range(_U64.pack(start)):
+                return
+            for k, raw in cur:
+                exchange_id = _U64.unpack(k)[0]
+                if stop is not None and exchange_id >= stop:
+                    return
+                found = self._viewed(txn, k, exchange_id, raw)
+                if bodies:
+                    for name, part in (("request", found[1]), ("response", found[2])):
+                        if part is not None and part[0] is not None:
+                            self._check_body(txn, part[0], part[1], exchange_id, name, recent)
+                yield exchange_id, found[0]
+
+    def _viewed(self, txn: Any, k: bytes, exchange_id: int,
+                raw: Any) -> tuple[Identity, tuple[str | None, int | None] | None, tuple[str | None, int | None] | None]:
+        """A record's identity and its request's and response's (body digest, size): read narrowly
+        when its head vouches for it, else from the full parse (which raises on damage)."""
+        if self._heads is not None and checked_value(k, txn.get(k, db=self._heads), raw):
+            try:
+                v = _VIEW.decode(self._codec.decode(raw, self.max_body))
+            except (msgspec.ValidationError, msgspec.DecodeError, ValueError, LookupError):
+                v = None  # not reached for a record its head vouches for: the full parse says why
+            except Exception:  # noqa: BLE001 - zstd's errors: the full parse names the damage
+                v = None
+            if v is not None and v.id == exchange_id:
+                resp = v.response
+                return ((v.session, v.mode, v.key, v.occurrence, v.seq, v.time), (v.request.body, v.request.body_size),
+                        None if resp is None else (resp.body, resp.body_size))
+        ex = self._decode_record(exchange_id, raw)
+        parts = [(p.get("body"), p.get("body_size")) if p else None for p in (ex.request, ex.response)]
+        return (ex.session, ex.mode, ex.key, ex.occurrence, ex.seq, ex.time), parts[0], parts[1]
+
+    def copied_records(self, ids: list[int]) -> list[tuple[bytes, HeadTail | None]]:
+        """The records of these exchanges as JSON bytes (decoded, not parsed), each with its head
+        as merge copies it (`HeadTail`: its labels and route as packed, the fields after them)
+        where the head passes `checked_value` (None: merge reads the head from the text)."""
+        from noisefloor.proxy.store_env import StoreError
+
+        out = []
+        with self._reading("exchanges"), self._env.begin() as txn:
+            for i in ids:
+                k = _U64.pack(i)
+                raw = txn.get(k, db=self._exchanges)
+                if raw is None:
+                    raise StoreError(f"store {self.path}: exchange {i} is missing; restore it from a copy")
+                value = txn.get(k, db=self._heads) if self._heads is not None else None
+                tail = self._head_tail(txn, value) if checked_value(k, value, raw) else None
+                out.append((self._codec.decode(raw, self.max_body), tail))
+        return out
+
+    def _head_tail(self, txn: Any, value: bytes) -> HeadTail | None:
+        """A checked head's labels and route as their tables pack them, and its fields after them."""
+        try:
+            labels, at = _int_at(value, store_heads.HEAD_AT + 1)  # after the CRCs and the array's header
+            route, at = _int_at(value, at)
+            return self._packed(txn, "labels", labels), self._packed(txn, "routes", route), value[at:]
+        except (ValueError, IndexError, KeyError):
+            return None  # a set that does not check: the head is read from the text
+
+    def _packed(self, txn: Any, kind: str, n: int) -> bytes:
+        """Set `n` of `labels` or `routes` as packed (its CRC and shape checked; KeyError if not)."""
+        cache = self._packed_sets
+        got = cache.get((kind, n))
+        if got is None:
+            key = _U32.pack(n)
+            v = txn.get(key, db=self._sets[kind])
+            if v is None or len(v) < 4 or _U32.unpack_from(v)[0] != zlib.crc32(v[4:], zlib.crc32(key)):
+                raise KeyError(n)
+            try:
+                store_heads.SETS[kind].decode(v[4:])
+            except (msgspec.ValidationError, msgspec.DecodeError):
+                raise KeyError(n) from None
+            if len(cache) > 1 << 16:
+                cache.clear()
+            got = cache[(kind, n)] = bytes(v[4:])
+        return got
+
+
+HeadTail = tuple[bytes, bytes, bytes]  # a head's labels and route, packed, and its fields after them
+
+
+def _int_at(buf: bytes, at: int) -> tuple[int, int]:
+    """The msgpack unsigned integer at `at` and where the next value starts (ValueError if none)."""
+    b = buf[at]
+    if b < 0x80:
+        return b, at + 1
+    size = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8}.get(b)
+    if size is None:
+        raise ValueError("not an unsigned integer")
+    return int.from_bytes(buf[at + 1:at + 1 + size], "big"), at + 1 + size

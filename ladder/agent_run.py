@@ -24,17 +24,36 @@ from noisefloor.proxy.providers import sdk_env
 STDERR_TAIL = 2000
 _RUNNING: set[subprocess.Popen[str]] = set()  # agents started here and not finished: killed on an interrupt
 _LOCK = threading.Lock()
+_stopping = False  # set by an interrupt: an agent that starts after it is killed at once
 
 
 def kill_running() -> None:
-    """Kill every agent this process started that is still running (and what each started)."""
+    """Kill every agent this process started that is still running (and what each started), and
+    any that a thread starts from now on: an interrupt landing between a run's task file and its
+    agent's registration must not leave that agent running (the command would wait out its whole
+    run, up to the timeout, before it could exit). `accept_runs` ends this state."""
+    global _stopping
     with _LOCK:
+        _stopping = True
         procs = list(_RUNNING)
     for proc in procs:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        _kill(proc)
+
+
+def accept_runs() -> None:
+    """Start agents again (an executor's run begins: an earlier interrupt in this process is over)."""
+    global _stopping
+    with _LOCK:
+        _stopping = False
+
+
+def _kill(proc: subprocess.Popen[str]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 INLINE = "nf-inline:"  # an agent argv of one word `nf-inline:MODULE[:FUNCTION]`: a built-in client run in this thread
 
 
@@ -97,6 +116,9 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     if proc is not None:
         with _LOCK:
             _RUNNING.add(proc)
+            late = _stopping
+        if late:  # the interrupt came while it started: it is not left to run its course
+            _kill(proc)
         try:
             _, err = proc.communicate(timeout=run.timeout)
             code = proc.returncode

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from noisefloor.errors import StateError
-from noisefloor.ladder.agent_run import AgentRun, Attempt, kill_running, run_agent
+from noisefloor.ladder.agent_run import AgentRun, Attempt, accept_runs, kill_running, run_agent
 from noisefloor.proxy import launch
 from noisefloor.verifier.grading import GradeOptions, code_grader
 
@@ -53,6 +53,7 @@ class LocalExecutor:
 
     def run(self, runs: Sequence[AgentRun], proxy_args: Sequence[str], store: Path,
             on_done: Callable[[Attempt], None], replay: bool = False) -> int:
+        accept_runs()
         proxy = start_proxy(["--store", str(store), *proxy_args])
         pool = ThreadPoolExecutor(self.jobs)
         try:

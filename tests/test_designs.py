@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,7 @@ from noisefloor.ladder import designs
 from noisefloor.ladder.conditions import Condition, ConditionError, Override, Registry
 from noisefloor.ladder.judge_study import parse_verdict
 from noisefloor.ladder.pipeline import drift
-from tests.conftest import SHARED_DATA
+from tests.conftest import SHARED_DATA, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 BOOT = "1000"
@@ -185,22 +184,39 @@ def test_readme_exit_code_table_is_the_modules():
 
 
 def test_sigterm_exits_143_and_stops_the_proxy(tmp_path):
+    """The agent would run 10 minutes: the command must stop it, not wait for it, wherever in
+    the run's start the signal lands (the task file is written before the agent is registered)."""
     agent = tmp_path / "slow.py"
-    agent.write_text("import time\ntime.sleep(60)\n")
+    agent.write_text("import time\ntime.sleep(600)\n")
     exe = Path(sys.executable).with_name("nfladder")
     p = subprocess.Popen([str(exe), "run", "--agent", f"{sys.executable} {agent} {{task_file}}", "--tasks", "1",
                           "-R", "2", "--conditions", "live", "--out", str(tmp_path / "o"), "-j", "1"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not list((tmp_path / "o").glob("tasks/*.json")):
-        time.sleep(0.2)
-    p.send_signal(signal.SIGTERM)
     try:
-        _, err = p.communicate(timeout=90)
+        wait_until(lambda: list((tmp_path / "o").glob("tasks/*.json")), "the first run's task file")
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
     assert p.returncode == exit_codes.TERMINATED, err[-2000:]
+
+
+def test_an_agent_starting_as_the_interrupt_lands_is_killed_not_waited_for(tmp_path):
+    """`kill_running` between a run's task file and its agent's registration: the agent that
+    registers after it is killed at once (the run returns killed, not after its 600 s), and
+    `accept_runs` lets the next executor run start agents again."""
+    from noisefloor.ladder import agent_run
+
+    run = agent_run.AgentRun("live", 0, "t/1", "p", "f", (sys.executable, "-c", "import time; time.sleep(600)"), 600.0)
+    agent_run.kill_running()
+    try:
+        attempt = agent_run.run_agent(run, 9, tmp_path)
+    finally:
+        agent_run.accept_runs()
+    assert attempt.returncode == -signal.SIGKILL, attempt
+    quick = agent_run.AgentRun("live", 0, "t/1", "p", "f", (sys.executable, "-c", "pass"), 60.0)
+    assert agent_run.run_agent(quick, 9, tmp_path).returncode == 0
 
 
 def test_a_study_file_with_an_unknown_key_is_refused_in_one_line(tmp_path):

@@ -62,12 +62,24 @@ def of_rows(rows: Sequence[Any]) -> RowColumns:
         conditions=conds.names(), tasks=tasks.names(), failures=fails.names(),
         condition=np.array(c, dtype=np.int32),
         task=np.array(t, dtype=np.int32),
-        replicate=np.array([r.replicate for r in rows], dtype=np.int64),
+        replicate=replicates([r.replicate for r in rows]),
         outcome=np.array([r.outcome for r in rows], dtype=np.int8),
         reference=np.array([NONE if r.reference is None else r.reference for r in rows], dtype=np.int8),
         confidence=np.array([np.nan if r.confidence is None else r.confidence for r in rows], dtype=float),
         failure=np.array(f, dtype=np.int32),
     )
+
+
+def replicates(values: list[Any]) -> np.ndarray:
+    """Replicates as int64 in the same order: as they are when they fit, else their ranks (a file's
+    replicate may be any whole number; only their order and equality matter to the matrices)."""
+    if all(type(v) is int for v in values):
+        try:
+            return np.array(values, dtype=np.int64)
+        except OverflowError:
+            pass
+    rank = {v: i for i, v in enumerate(sorted(set(values)))}
+    return np.array([rank[v] for v in values], dtype=np.int64)
 
 
 @dataclass(frozen=True)

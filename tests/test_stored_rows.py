@@ -156,6 +156,22 @@ def test_a_row_kept_in_two_stores_is_left_to_the_full_read(tmp_path):
     assert r.returncode != 0 and "with different grades" in r.stderr
 
 
+def test_replicates_past_int64_keep_their_order(tmp_path):
+    """A file's replicate may be any whole number: the matrices take the lowest-numbered ones."""
+    rows = [{"task_id": f"t{i}", "condition": "live", "replicate": rep, "outcome": int(rep == 5 or (i + j) % 2)}
+            for i in range(12) for j, rep in enumerate((10**30, 5, 10**20, -(10**25)))]
+    typed_rows = parse_rows(enumerate(rows, 1), "rows")
+    data = build(typed_rows, unbalanced="trim")
+    order = sorted({r["replicate"] for r in rows})
+    want = [[next(r["outcome"] for r in rows if r["task_id"] == f"t{i}" and r["replicate"] == rep) for rep in order]
+            for i in sorted(range(12), key=lambda i: f"t{i}")]
+    assert data.conditions["live"].outcomes.tolist() == [want[i] for i in range(12)]
+    file = tmp_path / "big.jsonl"
+    file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = nfanalyze("--outcomes", str(file), "--bootstrap", "100")
+    assert r.returncode == 0, r.stderr
+
+
 def test_the_decoder_knows_every_column_the_full_parse_types():
     """A column added to OutcomeRow must be added to `_Stored`, or its rows would go the full way."""
     assert set(stored_rows._Stored.__struct_fields__) == set(_PARSERS) | {VERSION_KEY}

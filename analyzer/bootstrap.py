@@ -88,15 +88,36 @@ def task_bootstrap(
         raise InputError("cannot bootstrap zero tasks")
     out = np.empty((resamples, len(names)))
     done = 0
-    for idx in index_blocks(n, resamples, seed):
-        b = idx.shape[0]
-        offsets = (np.arange(b) * n)[:, None]
-        counts = np.bincount((idx + offsets).ravel(), minlength=b * n).reshape(b, n)
+    for counts in multiplicity_blocks(n, resamples, seed):
+        b = counts.shape[0]
         out[done : done + b] = counts @ matrix / n
         done += b
         if progress is not None:
             progress(done, resamples)
     return Draws(resamples, seed, {k: out[:, i] for i, k in enumerate(names)})
+
+
+COUNT_CELLS = 1 << 18  # draws held at once while a block's multiplicities are counted (2 MB)
+
+
+def multiplicity_blocks(n: int, resamples: int, seed: int) -> Iterator[np.ndarray]:
+    """Blocks (b, n) of task multiplicities (float64: how often each task is drawn in each of b
+    resamples) of `index_blocks`' draws, block for block the same b (BLAS sums a product's rows
+    differently with their number: the same blocks, the same bits). The draws are taken and
+    counted COUNT_CELLS at a time into one buffer that every block reuses, so the bootstrap holds
+    one block of counts, not four block-sized arrays (draws, offset draws, counts, their floats)."""
+    rng = np.random.default_rng(seed)
+    rows = max(1, COUNT_CELLS // n)
+    buf = np.empty((0, n))
+    for b in block_sizes(resamples, n):
+        if buf.shape[0] != b:
+            buf = np.empty((b, n))
+        for r0 in range(0, b, rows):
+            r1 = min(b, r0 + rows)
+            idx = rng.integers(0, n, size=(r1 - r0, n))  # the stream does not depend on how it is cut
+            idx += (np.arange(r1 - r0) * n)[:, None]
+            buf[r0:r1] = np.bincount(idx.ravel(), minlength=(r1 - r0) * n).reshape(r1 - r0, n)
+        yield buf
 
 
 @dataclass(frozen=True)

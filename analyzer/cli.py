@@ -19,7 +19,8 @@ from noisefloor.analyzer import audit_checks, floors_report, gate_cli, report, r
 from noisefloor.analyzer.analysis import Analysis, analyze
 from noisefloor.analyzer.analyze_options import AnalyzeOptions, analyze_options, from_cli
 from noisefloor.analyzer.inputs import Inputs, gather
-from noisefloor.analyzer.outcomes import build
+from noisefloor.analyzer.outcome_columns import RowColumns
+from noisefloor.analyzer.outcomes import build, build_columns
 from noisefloor.display import visible
 from noisefloor.errors import EXIT_DRIFT
 
@@ -63,9 +64,12 @@ def analyze_cmd(**params: Any) -> None:
     _write(o, study, inputs, doc)
 
 
-def compute(o: AnalyzeOptions, rows: list[Any]) -> Study:
+def compute(o: AnalyzeOptions, rows: list[Any] | RowColumns) -> Study:
     """The floors (when the rows carry endpoints), the ladder and the gate section; exit 4 on drift
-    unless --allow-drift."""
+    unless --allow-drift. Rows as columns (a store's, `inputs.gather`) carry neither floors nor gate."""
+    if isinstance(rows, RowColumns):
+        data = build_columns(rows, missing_tasks=o.missing_tasks, unbalanced=o.unbalanced)
+        return Study(analyze(data, o.settings(), progress_bar("bootstrap", o.progress, final=False)), None, None)
     audits = None
     if o.floors or (o.floors is None and audit_mod.is_audit(rows)):
         audits = audit_mod.audit(rows, seed=o.seed, resamples=o.resamples)

@@ -8,13 +8,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.analyzer.analyze_options import AnalyzeOptions
+from noisefloor.analyzer.outcome_columns import RowColumns
 from noisefloor.errors import InputError
 from noisefloor.outcome_rows import OutcomeRow, key_of, parse_rows, read_rows
 
 
 @dataclass(frozen=True)
 class Inputs:
-    rows: list[OutcomeRow]
+    rows: list[OutcomeRow] | RowColumns  # columns: a store's rows read straight into them (`stored_rows`)
     log: dict[str, Any] | None = None  # the logs' per-condition counts
     kept: dict[str, Any] | None = None  # what nfladder kept about its study in the log
 
@@ -29,11 +30,16 @@ def gather(o: AnalyzeOptions) -> Inputs:
         from noisefloor.analyzer import logstats
 
         log_doc = logstats.from_store(list(o.logs))  # a damaged store: one line, from the command's handling
+        columns = _columns(o)
+        if columns is not None:
+            kept = logstats.study(list(o.logs))
+            if not len(columns):
+                raise _no_rows(where)
+            return Inputs(columns, log_doc, kept)
         logged = logstats.outcome_rows(list(o.logs))
         kept = logstats.study(list(o.logs))
     if not o.outcomes and not o.example and not o.inspect_specs and not logged:
-        raise InputError(f"{where} holds exchanges but no graded outcome rows; grade them with "
-                         f"`nfverify SUITE {where}` (which keeps the rows in the log) or pass --outcomes FILE")
+        raise _no_rows(where)
     if o.example:
         from noisefloor.analyzer.simulate import example
 
@@ -48,3 +54,22 @@ def gather(o: AnalyzeOptions) -> Inputs:
 
         rows += parse_rows(inspect_logs.rows(spec, o.inspect_pass_at), spec)
     return Inputs(rows, log_doc, kept)
+
+
+def _no_rows(where: str) -> InputError:
+    return InputError(f"{where} holds exchanges but no graded outcome rows; grade them with "
+                      f"`nfverify SUITE {where}` (which keeps the rows in the log) or pass --outcomes FILE")
+
+
+def _columns(o: AnalyzeOptions) -> RowColumns | None:
+    """The stores' rows as columns when they are the only rows and the ladder is all they feed (no
+    floors, no gate: those read typed rows); None when the rows are to be read the full way."""
+    if o.outcomes or o.example or o.inspect_specs or o.floors:
+        return None
+    from noisefloor.analyzer import stored_rows
+    from noisefloor.analyzer.gate import GATE_CONDITIONS
+
+    columns = stored_rows.read(list(o.logs))
+    if columns is None or set(GATE_CONDITIONS) <= set(columns.conditions):
+        return None
+    return columns

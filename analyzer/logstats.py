@@ -5,6 +5,7 @@ served model / fingerprint identities (a model that changed mid-study is a diffe
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -41,34 +42,35 @@ def summarize(heads: Iterable[Parts]) -> dict[str, Any]:
 
 def _conditions(groups: Mapping[tuple[tuple[Any, ...], tuple[Any, ...]], list[int]]) -> dict[str, dict[str, Any]]:
     """The groups' counts per condition; labels are (session, task, replicate, condition), a route
-    (mode, method, URL, model, fingerprint, replay result)."""
-    conds: dict[str, dict[str, Any]] = {}
+    (mode, method, URL, model, fingerprint, replay result). A group per session: the sums are kept
+    in lists and the condition's document written once, at the end."""
+    acc: dict[str, tuple[list[int], set[Any], set[Any], set[Any], set[Any]]] = {}
     for ((session, _, _, condition), (mode, _, _, model, fingerprint, result)), (n, errors, truncated, tokens_in,
                                                                                 tokens_out) in groups.items():
         cond = condition or UNLABELED
-        s = conds.get(cond)
-        if s is None:
-            s = conds[cond] = {"exchanges": 0, "sessions": set(), "misses": 0, "order_violations": 0, "errors": 0,
-                               "truncated": 0, "input_tokens": 0, "output_tokens": 0, "models": set(),
-                               "fingerprints": set(), "modes": set()}
-        s["exchanges"] += n
-        s["sessions"].add(session)
-        s["modes"].add(mode)
-        s["misses"] += n if result == "miss" else 0
-        s["order_violations"] += n if result == "order_violation" else 0
-        s["errors"] += errors
-        s["truncated"] += truncated
-        s["input_tokens"] += tokens_in
-        s["output_tokens"] += tokens_out
+        a = acc.get(cond)
+        if a is None:
+            a = acc[cond] = ([0] * 7, set(), set(), set(), set())
+        counts, sessions, modes, models, fingerprints = a
+        counts[0] += n
+        if result == "miss":
+            counts[1] += n
+        elif result == "order_violation":
+            counts[2] += n
+        counts[3] += errors
+        counts[4] += truncated
+        counts[5] += tokens_in
+        counts[6] += tokens_out
+        sessions.add(session)
+        modes.add(mode)
         if model:
-            s["models"].add(model)
+            models.add(model)
         if fingerprint:
-            s["fingerprints"].add(fingerprint)
-    for s in conds.values():
-        s["sessions"] = len(s["sessions"])
-        for k in ("models", "fingerprints", "modes"):
-            s[k] = sorted(s[k])
-    return conds
+            fingerprints.add(fingerprint)
+    return {cond: {"exchanges": c[0], "sessions": len(sessions), "misses": c[1], "order_violations": c[2],
+                   "errors": c[3], "truncated": c[4], "input_tokens": c[5], "output_tokens": c[6],
+                   "models": sorted(models), "fingerprints": sorted(fingerprints), "modes": sorted(modes)}
+            for cond, (c, sessions, modes, models, fingerprints) in acc.items()}
 
 
 def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
@@ -80,8 +82,7 @@ def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
         for p in paths:
             with Store.open(p, write=False) as store:
                 rules.append(store.meta("rules_id"))
-                for _, parts in store.head_parts():
-                    yield parts
+                yield from map(itemgetter(1), store.head_parts())
 
     doc = summarize(heads())
     doc["store"] = ", ".join(map(str, paths))

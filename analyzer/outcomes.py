@@ -9,7 +9,6 @@ tasks have unequal replicate counts keeps the lowest-numbered R_min replicates o
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from noisefloor.analyzer.outcome_columns import NONE, Cells, RowColumns, cells, failure_counts, of_rows
 from noisefloor.outcome_rows import OutcomeError, OutcomeRow, read, unique_rows
 
 Row = OutcomeRow  # the analyzer reads the one row type the graders write
@@ -50,14 +50,22 @@ def load(path: Path, *, missing_tasks: str = "intersect", unbalanced: str = "tri
 def build(rows: Sequence[Row], *, missing_tasks: str = "intersect", unbalanced: str = "trim") -> OutcomeSet:
     """Group rows into aligned matrices, applying (and reporting) the documented rules."""
     unique_rows(rows, where="outcome rows")
-    by_cond: dict[str, dict[str, dict[int, Row]]] = defaultdict(lambda: defaultdict(dict))
-    for r in rows:
-        by_cond[r.condition][r.task_id][r.replicate] = r
-    order = _condition_order([r.condition for r in rows])
+    return build_columns(of_rows(rows), missing_tasks=missing_tasks, unbalanced=unbalanced)
+
+
+def build_columns(cols: RowColumns, *, missing_tasks: str = "intersect", unbalanced: str = "trim") -> OutcomeSet:
+    """`build` from rows as columns, one per (condition, task, replicate) (`build` checks that of
+    typed rows; `stored_rows` of a store's)."""
+    order = _condition_order(cols.conditions)
+    code = {name: i for i, name in enumerate(cols.conditions)}
+    present = np.zeros((len(cols.conditions), len(cols.tasks)), dtype=bool)
+    present[cols.condition, cols.task] = True
+    names = cols.tasks
     warnings: list[str] = []
-    all_tasks = sorted({r.task_id for r in rows}, key=_natural)
-    common = [t for t in all_tasks if all(t in by_cond[c] for c in order)]
-    dropped = {c: tuple(t for t in all_tasks if t not in by_cond[c]) for c in order}
+    all_tasks = sorted(range(len(names)), key=lambda i: _natural(names[i]))
+    in_all = present[np.array([code[c] for c in order], dtype=np.intp)].all(axis=0)
+    common = [i for i in all_tasks if in_all[i]]
+    dropped = {c: tuple(names[i] for i in all_tasks if not present[code[c], i]) for c in order}
     dropped = {c: ts for c, ts in dropped.items() if ts}
     if dropped:
         detail = "; ".join(f"{c} lacks {len(ts)} ({', '.join(ts[:3])}{'...' if len(ts) > 3 else ''})" for c, ts in dropped.items())
@@ -66,15 +74,14 @@ def build(rows: Sequence[Row], *, missing_tasks: str = "intersect", unbalanced: 
         warnings.append(f"dropped {len(all_tasks) - len(common)} tasks missing from some condition: {detail}")
     if not common:
         raise OutcomeError("no task appears in every condition; check the condition and task_id columns")
-    conditions = {c: _matrix(c, by_cond[c], common, unbalanced, warnings) for c in order}
-    return OutcomeSet(tuple(common), conditions, dropped, tuple(warnings), len(rows))
+    place = np.full(len(names), -1, dtype=np.int64)
+    place[common] = np.arange(len(common))
+    conditions = {c: _matrix(c, cols, cells(cols, code[c], place, len(common)), unbalanced, warnings) for c in order}
+    return OutcomeSet(tuple(names[i] for i in common), conditions, dropped, tuple(warnings), len(cols))
 
 
-def _matrix(
-    name: str, cells: Mapping[str, Mapping[int, Row]], tasks: Sequence[str], unbalanced: str, warnings: list[str]
-) -> ConditionData:
-    counts = [len(cells[t]) for t in tasks]
-    r_min, r_max = min(counts), max(counts)
+def _matrix(name: str, cols: RowColumns, cell: Cells, unbalanced: str, warnings: list[str]) -> ConditionData:
+    r_min, r_max = cell.r_min, cell.r_max
     trimmed = None
     if r_min != r_max:
         if unbalanced == "error":
@@ -88,27 +95,22 @@ def _matrix(
         raise OutcomeError(
             f"condition {name!r} has a task with {r_min} replicate; within-task variance needs at least 2 per task"
         )
-    picked = [[cells[t][k] for k in sorted(cells[t])[:r_min]] for t in tasks]
-    outcomes = np.array([[r.outcome for r in row] for row in picked], dtype=np.int8)
-    refs = [[r.reference for r in row if r.reference is not None] for row in picked]
+    picked = cell.picked
+    ref = cols.reference[picked]
+    given = ref != NONE
     reference = None
-    if all(refs):
-        ref_means = np.array([np.mean(x) for x in refs])
+    if given.any(axis=1).all():  # every task has a reference in some replicate
+        ref_means = np.where(given, ref, 0).sum(axis=1) / given.sum(axis=1)
         if np.any((ref_means > 0) & (ref_means < 1)):
             warnings.append(f"condition {name!r}: the reference varies within a task; its majority is used")
         reference = (ref_means >= 0.5).astype(np.int8)
-    conf = np.array([[np.nan if r.confidence is None else r.confidence for r in row] for row in picked], dtype=float)
-    failures: dict[str, int] = defaultdict(int)
-    for row in picked:
-        for r in row:
-            if r.failure:
-                failures[r.failure] += 1
+    conf = cols.confidence[picked]
     return ConditionData(
         name=name,
-        outcomes=outcomes,
+        outcomes=cols.outcome[picked],
         reference=reference,
         confidence=None if np.isnan(conf).all() else conf,
-        failures=dict(failures),
+        failures=failure_counts(cols, picked),
         trimmed_from=trimmed,
     )
 

@@ -45,6 +45,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -518,6 +519,16 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
             return []
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
             return [_row(v) for _, v in txn.cursor()]
+
+    def outcome_texts(self, size: int = 10_000) -> Iterator[list[bytes]]:
+        """The stored outcome rows' texts in key order (`outcome_rows`' order), `size` at a time,
+        in one read: a reader holds one list of them, not a study's rows."""
+        if self._outcomes is None:
+            return
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
+            texts = txn.cursor().iternext(keys=False, values=True)
+            while chunk := list(islice(texts, size)):
+                yield chunk
 
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""

@@ -1,0 +1,130 @@
+"""A store's graded rows read straight into columns (`outcome_columns.RowColumns`), for
+`nfanalyze STORE`: a million-exchange study keeps a few hundred thousand rows, which as typed
+rows (`OutcomeRow.from_json`, 13 µs and ~2 kB each) were most of its time and memory.
+
+Exact or not at all: a row is taken here only when its text decodes into `_Stored` (every column
+this version knows, each of a type its parser in `outcome_rows` returns unchanged) and its values
+are ones `OutcomeRow.from_json` keeps as they are. Anything else (a column this version does not
+know, a text where a number belongs, NaN, an empty task, an outcome that is not 0/1, another row
+version, a (condition, task, replicate) given twice in or across the stores, the floors' or the
+gate's rows) makes `read` answer None, and the caller reads the rows the full way, which checks
+them one by one and names the first bad one exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from contextlib import closing
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from noisefloor.analyzer.outcome_columns import NONE, Numbering, RowColumns
+from noisefloor.proxy.store import Store
+
+_DTYPES = (np.int32, np.int32, np.int64, np.int8, np.int8, np.float64, np.int32)  # RowColumns' arrays, in order
+CHUNK = 4096  # rows decoded at once: their texts and structs are what the read holds beside the columns
+_EXACT = 2**53  # a replicate the full parse keeps as given (it goes through float)
+
+
+class _Stored(msgspec.Struct, forbid_unknown_fields=True):
+    """A stored row whose every value the full parse would keep as it is (`outcome_rows._PARSERS`)."""
+
+    task_id: str
+    condition: str
+    replicate: int
+    outcome: int
+    row_version: int = 1
+    failure: str | None = None
+    detail: str | None = None
+    reference: int | None = None
+    confidence: float | None = None
+    endpoint: str | None = None
+    variant: str | None = None
+    fingerprint: str | None = None
+    session: str | None = None
+    model: str | None = None
+    served_model: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    grader_version: str | None = None
+
+
+_DECODER = msgspec.json.Decoder(_Stored)
+
+
+def decoded(texts: list[bytes]) -> list[_Stored] | None:
+    """The rows of `texts`, one each, decoded in one call; None when any is not a `_Stored`. A text
+    holding a line break could be read as two lines: those are left to the full parse."""
+    joined = b"\n".join(texts)
+    if joined.count(b"\n") != len(texts) - 1:
+        return None
+    try:
+        rows = _DECODER.decode_lines(joined)
+    except msgspec.DecodeError:  # ValidationError included
+        return None
+    return rows if len(rows) == len(texts) else None
+
+
+class _Reader:
+    """Columns gathered chunk by chunk, the texts numbered across every chunk and store."""
+
+    def __init__(self) -> None:
+        self.conds, self.tasks, self.fails = Numbering(), Numbering(), Numbering()
+        self.parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, rows: list[_Stored]) -> bool:
+        """Keep `rows`' columns; False when some value is not one the full parse keeps as given."""
+        if ({r.row_version for r in rows} != {1} or not {r.outcome for r in rows} <= {0, 1}
+                or not {r.reference for r in rows} <= {None, 0, 1}
+                or not {r.endpoint for r in rows} | {r.variant for r in rows} <= {None, ""}):
+            return False
+        replicate = [r.replicate for r in rows]
+        if max(replicate) >= _EXACT or min(replicate) <= -_EXACT:
+            return False
+        fails = self.fails
+        self.parts.append((
+            np.array(self.conds.of(r.condition for r in rows), dtype=np.int32),
+            np.array(self.tasks.of(r.task_id for r in rows), dtype=np.int32),
+            np.array(replicate, dtype=np.int64),
+            np.array([r.outcome for r in rows], dtype=np.int8),
+            np.array([NONE if r.reference is None else r.reference for r in rows], dtype=np.int8),
+            np.array([r.confidence for r in rows], dtype=float),  # None -> NaN
+            np.array([fails.of((r.failure,))[0] if r.failure else NONE for r in rows], dtype=np.int32),
+        ))
+        return True
+
+    def columns(self) -> RowColumns | None:
+        """All rows as columns; None when a task or condition is empty or a row's key repeats."""
+        if "" in self.conds.ids or "" in self.tasks.ids:
+            return None
+        arrays = [np.concatenate(a) for a in zip(*self.parts)] if self.parts else [np.empty(0, t) for t in _DTYPES]
+        cols = RowColumns(self.conds.names(), self.tasks.names(), self.fails.names(), *arrays)
+        return None if repeats(cols) else cols
+
+
+def repeats(cols: RowColumns) -> bool:
+    """Whether two rows have the same (condition, task, replicate)."""
+    if len(cols) < 2:
+        return False
+    order = np.lexsort((cols.replicate, cols.task, cols.condition))
+    same = np.ones(order.size - 1, dtype=bool)
+    for a in (cols.condition, cols.task, cols.replicate):
+        s = a[order]
+        same &= s[1:] == s[:-1]
+    return bool(same.any())
+
+
+def read(paths: Sequence[Path]) -> RowColumns | None:
+    """The rows kept in the stores, in the order `logstats.outcome_rows` gives them, as columns;
+    None when the full parse is needed (see the module's docstring)."""
+    reader = _Reader()
+    for p in paths:
+        with Store.open(p, write=False) as store, closing(store.outcome_texts(CHUNK)) as chunks:  # read done before close
+            for texts in chunks:  # CHUNK rows at a time
+                rows = decoded(texts)
+                if rows is None or not reader.add(rows):
+                    return None
+    return reader.columns()

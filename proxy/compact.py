@@ -57,10 +57,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             src.repair_lookups()
         fmt = src.meta("migrated_from") or src.format
         n_ex, n_bodies = len(src), src.body_count()
-        progress(f"sampling {n_ex} exchanges and {n_bodies} bodies")
-        step_b, step_r = _every(n_bodies, _SAMPLES), _every(n_ex, _SAMPLES)
-        body_samples = [b for i, (_, b) in enumerate(src.stored_bodies()) if i % step_b == 0 and len(b) < 1 << 16]
-        rec_samples = [t for i, t in src.record_texts() if i % step_r == 0]
+        samples = _samples(src, n_ex, n_bodies, progress)
         work = path.parent / f".{path.name}.rewrite"
         final = path.parent / f".{path.name}.compact"
         for p in (work, final):
@@ -75,8 +72,8 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
             with env.begin(write=True) as txn:
-                for kind, samples in (("body", body_samples), ("record", rec_samples)):
-                    trained = codec.train(samples)
+                for kind, kind_samples in zip(("body", "record"), samples):
+                    trained = codec.train(kind_samples)
                     if trained is not None:
                         keys[kind] = codec.dict_key(trained)
                         dicts[keys[kind]] = trained
@@ -137,6 +134,14 @@ def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out
         txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)
 
     _append_batched(env, dbs["exchanges"], items(), progress, "exchanges", also=head, settle=names.settle)
+
+
+def _samples(src: Store, n_ex: int, n_bodies: int, progress: Callable[[str], None]) -> tuple[list[bytes], list[bytes]]:
+    """Bodies and record texts spread evenly over the store, to train its new dictionaries on."""
+    progress(f"sampling {n_ex} exchanges and {n_bodies} bodies")
+    step_b, step_r = _every(n_bodies, _SAMPLES), _every(n_ex, _SAMPLES)
+    bodies = [b for i, (_, b) in enumerate(src.stored_bodies()) if i % step_b == 0 and len(b) < 1 << 16]
+    return bodies, [t for i, t in src.record_texts() if i % step_r == 0]
 
 
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:

@@ -13,6 +13,8 @@ them one by one and names the first bad one exactly as before.
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
@@ -21,6 +23,7 @@ import msgspec
 import numpy as np
 
 from noisefloor.analyzer.outcome_columns import NONE, Numbering, RowColumns
+from noisefloor.outcome_rows import VERSION_KEY, OutcomeRow
 from noisefloor.proxy.store import Store
 
 _DTYPES = (np.int32, np.int32, np.int64, np.int8, np.int8, np.float64, np.int32)  # RowColumns' arrays, in order
@@ -28,29 +31,17 @@ CHUNK = 4096  # rows decoded at once: their texts and structs are what the read 
 _EXACT = 2**53  # a replicate the full parse keeps as given (it goes through float)
 
 
-class _Stored(msgspec.Struct, forbid_unknown_fields=True):
-    """A stored row whose every value the full parse would keep as it is (`outcome_rows._PARSERS`)."""
+def _stored_type() -> type[msgspec.Struct]:
+    """`OutcomeRow`'s columns (their one definition) as a strict msgspec type, with the row's
+    version: every value it decodes is one the full parse keeps as it is (`outcome_rows._PARSERS`).
+    `extra` (the columns this version does not know) is left out: a row with one is the full parse's."""
+    hints = typing.get_type_hints(OutcomeRow)
+    columns = [(f.name, hints[f.name]) if f.default is dataclasses.MISSING else (f.name, hints[f.name], f.default)
+               for f in dataclasses.fields(OutcomeRow) if f.name != "extra"]
+    return msgspec.defstruct("_Stored", [*columns, (VERSION_KEY, int, 1)], forbid_unknown_fields=True)
 
-    task_id: str
-    condition: str
-    replicate: int
-    outcome: int
-    row_version: int = 1
-    failure: str | None = None
-    detail: str | None = None
-    reference: int | None = None
-    confidence: float | None = None
-    endpoint: str | None = None
-    variant: str | None = None
-    fingerprint: str | None = None
-    session: str | None = None
-    model: str | None = None
-    served_model: str | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    grader_version: str | None = None
 
+_Stored = _stored_type()
 
 _DECODER = msgspec.json.Decoder(_Stored)
 

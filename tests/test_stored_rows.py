@@ -173,7 +173,7 @@ def test_replicates_past_int64_keep_their_order(tmp_path):
 
 
 def test_the_decoder_knows_every_column_the_full_parse_types():
-    """A column added to OutcomeRow must be added to `_Stored`, or its rows would go the full way."""
+    """`_Stored` is derived from OutcomeRow: it decodes every column the full parse types, and only those."""
     assert set(stored_rows._Stored.__struct_fields__) == set(_PARSERS) | {VERSION_KEY}
     assert {f.name for f in fields(OutcomeRow)} == set(_PARSERS) | {"extra"}
 

@@ -22,6 +22,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from itertools import islice
+from operator import attrgetter
 from typing import Any
 
 import lmdb
@@ -132,6 +133,25 @@ def parts_many(values: Sequence[bytes], labels: dict[int, tuple[Any, ...]],
         return None
 
 
+def stored_many(values: Sequence[bytes], labels: dict[int, tuple[Any, ...]],
+                routes: dict[int, tuple[Any, ...]]) -> list[Stored] | None:
+    """A batch of checked values decoded as `parts` decodes them (every field's type checked), for
+    a reader that counts heads by their sets' numbers instead of building each head's parts; None
+    where any of them is not what `parts` takes (empty, not a head's shape, or a set the store
+    lacks): read those one at a time."""
+    decode = _STORED.decode
+    try:
+        stored = [decode(v[HEAD_AT:]) for v in values]
+    except msgspec.MsgspecError:
+        return None
+    if labels.keys() >= set(map(_LABELS_ID, stored)) and routes.keys() >= set(map(_ROUTE_ID, stored)):
+        return stored
+    return None
+
+
+_LABELS_ID, _ROUTE_ID = attrgetter("labels"), attrgetter("route")
+
+
 def parts_of(head: Head) -> Parts:
     """A head read from its record, as the heads table's parts (its sets not numbered)."""
     fields = msgspec.structs.astuple(head)
@@ -225,4 +245,4 @@ class Sets:
 
 
 __all__ = ["NOT_LISTED", "Parts", "Row", "Sets", "Stored", "check", "head", "left_out", "parts", "parts_many",
-           "parts_of", "read_sets", "row", "seal", "usage_dict"]
+           "parts_of", "read_sets", "row", "seal", "stored_many", "usage_dict"]

@@ -131,6 +131,30 @@ class Walks:
             for exchange_id, value, raw in zip(ids, values, raws):
                 yield (exchange_id,), (self._head_part(exchange_id, value, raw, labels, routes),)
 
+    def head_sets(self) -> tuple[dict[int, tuple[Any, ...]], dict[int, tuple[Any, ...]]]:
+        """The heads' labels and routes by number, each table checked and read whole (empty in a
+        store without heads)."""
+        return self._sets_of("labels"), self._sets_of("routes")
+
+    def stored_head_batches(self, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]
+                            ) -> Iterator[tuple[Sequence[store_heads.Stored], Sequence[store_heads.Parts]]]:
+        """Every exchange's head in write order, a batch at a time, for a reader that counts heads
+        by their sets' numbers (nfanalyze) instead of building a tuple per head: (the batch's heads
+        as stored, ()) where each decodes as `head_part_batches` decodes it and its sets are in
+        `labels` / `routes` (from `head_sets`), else ((), its parts) one head at a time up to that
+        head's StoreError; the walk checked as `head_part_batches`. A store without heads: ((), parts)."""
+        if self._heads is None:
+            for _, parts in self.head_part_batches():
+                yield (), parts
+            return
+        for ids, values, raws in self._paired_batches("heads"):
+            stored = store_heads.stored_many(values, labels, routes)
+            if stored is not None:
+                yield stored, ()
+                continue
+            for exchange_id, value, raw in zip(ids, values, raws):
+                yield (), (self._head_part(exchange_id, value, raw, labels, routes),)
+
     def head_parts(self) -> Iterator[tuple[int, store_heads.Parts]]:
         """`head_part_batches` one exchange at a time (nfanalyze's counts, `heads`); a store
         without heads read one record at a time, so that a reader that stops early reads no further."""

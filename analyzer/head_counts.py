@@ -28,7 +28,7 @@ _LABELS, _ROUTE, _STATUS, _USAGE, _TRUNCATED, _ERROR = (
     attrgetter(f) for f in ("labels", "route", "status", "usage", "truncated", "error"))
 _NO_USAGE = [0, 0]
 _LIMIT = 1 << 32  # a count this large or larger is summed in Python (int64 sums stay exact below it)
-_PENDING = 1 << 16  # rows kept before they are summed into one row per group
+_PENDING = 1 << 13  # `columns`' rows kept before they are summed into one row per group (a chunk)
 _NUMBERED = 1 << 32  # a set's number is a u32: (labels, route) packed in one int64
 UNLABELED = "(unlabeled)"
 
@@ -70,11 +70,12 @@ def _errors(stored: Sequence[Stored], n: int) -> np.ndarray | int:
 def summed(rows: np.ndarray) -> np.ndarray:
     """`columns`' rows summed into one per (labels number, route number), its position the first."""
     key = rows[0] * _NUMBERED + rows[1]
-    order = np.lexsort((rows[2], key))
+    order = np.argsort(key, kind="stable")  # runs already sorted (summed chunks) are merged, not sorted again
     key, rows = key[order], rows[:, order]
     starts = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
     out = np.empty((8, len(starts)), np.int64)
-    out[:3] = rows[:3, starts]
+    out[:2] = rows[:2, starts]
+    out[2] = np.minimum.reduceat(rows[2], starts)
     out[3:] = np.add.reduceat(rows[3:], starts, axis=1)
     return out
 
@@ -94,6 +95,9 @@ class HeadCounts:
         self._groups: dict[Key, Group] = {}  # counted head by head
         self._pending: list[np.ndarray] = []  # `columns`' rows of the store being counted
         self._rows = 0
+        self._chunks: list[np.ndarray] = []  # the pending rows summed, _PENDING at a time
+        self._chunk_rows = 0
+        self._merged = 0  # the rows of the chunks when last summed into one (its groups so far)
         self._seen = 0  # heads counted: the next head's position
         self._conditions: dict[Any, int] = {}
         self._sessions: dict[Any, int] = {}
@@ -114,8 +118,20 @@ class HeadCounts:
         self._pending.append(rows)
         self._rows += rows.shape[1]
         if self._rows >= _PENDING:
-            self._pending = [summed(np.concatenate(self._pending, axis=1))]
-            self._rows = self._pending[0].shape[1]
+            self._sum_pending()
+
+    def _sum_pending(self) -> None:
+        """The pending rows as a chunk, and the chunks summed into one each time their rows have
+        doubled since they last were: memory stays within about twice the store's groups, and the
+        groups (a session's at least) are summed a logarithmic number of times."""
+        chunk = summed(np.concatenate(self._pending, axis=1))
+        self._pending, self._rows = [], 0
+        self._chunks.append(chunk)
+        self._chunk_rows += chunk.shape[1]
+        if self._chunk_rows >= 2 * self._merged:
+            merged = summed(np.concatenate(self._chunks, axis=1)) if len(self._chunks) > 1 else chunk
+            self._chunks, self._chunk_rows = [merged], merged.shape[1]
+            self._merged = self._chunk_rows
 
     def add_parts(self, heads: Iterable[Parts]) -> None:
         """Heads with their sets (`Store.head_parts`), counted one at a time."""
@@ -142,11 +158,14 @@ class HeadCounts:
     def end_store(self, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]) -> None:
         """The numbered groups of the store just counted as (condition, route) rows: its sets
         (`labels`, `routes`) looked up once per distinct number."""
-        if not self._pending:
+        if self._pending:
+            self._sum_pending()
+        if not self._chunks:
             return
-        rows = summed(np.concatenate(self._pending, axis=1))
-        self._pending, self._rows = [], 0
-        lids, at_l = np.unique(rows[0], return_inverse=True)
+        rows = summed(np.concatenate(self._chunks, axis=1))
+        self._chunks, self._chunk_rows, self._merged = [], 0, 0
+        new = np.concatenate(([True], rows[0, 1:] != rows[0, :-1]))  # rows[0] is sorted: `summed`'s first key
+        lids, at_l = rows[0, new], np.cumsum(new) - 1
         rids, at_r = np.unique(rows[1], return_inverse=True)
         sets = [labels[i] for i in lids.tolist()]
         conds, sessions, known = self._conditions, self._sessions, self._routes

@@ -87,9 +87,9 @@ def expected(paths: list[Path]) -> dict[str, dict[str, Any]]:
     return acc
 
 
-@pytest.mark.parametrize("pending", [head_counts._PENDING, 100])
+@pytest.mark.parametrize("pending", [head_counts._PENDING, 100, 7])
 def test_the_counts_are_those_of_the_records_in_the_order_conditions_first_appear(shards, pending, monkeypatch):
-    monkeypatch.setattr(head_counts, "_PENDING", pending)  # summed into groups every batch, or at the end
+    monkeypatch.setattr(head_counts, "_PENDING", pending)  # summed every batch (chunks merged), or at the end
     for paths in ([shards[0]], [shards[1]], shards, shards[::-1]):
         got = logstats.from_store(paths)["conditions"]
         want = expected(paths)

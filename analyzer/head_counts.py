@@ -5,8 +5,8 @@ A million heads pass through here. Building a (head, labels, route) tuple per he
 in a Python loop, then folding a group per session into conditions, was most of nfanalyze's cost
 per exchange. A batch of heads as stored (`Store.stored_head_batches`) is instead turned into
 integer columns in C loops (`map`, `np.fromiter`) and summed per (labels number, route number) in
-numpy; at the end of its store each labels number is looked up once, for its condition and
-session. A batch whose values are not the usual shapes (usage as a dict, with a missing count, or
+numpy; each labels number met is looked up once per 8192 heads, for its condition and session,
+and the groups summed into (condition, route) cells. A batch whose values are not the usual shapes (usage as a dict, with a missing count, or
 a count past 32 bits) is counted head by head in Python ints as before, so every head counts
 exactly as it did.
 """
@@ -86,24 +86,24 @@ Folded = tuple[list[int], int, set[Any], set[Any], set[Any]]  # a condition's 7 
 class HeadCounts:
     """The counts of one or more stores' heads per condition, in the order conditions first appear.
 
-    A batch of heads as stored is summed per (labels number, route number) in numpy; at the end of
-    its store, those groups become (condition, route) rows (each labels set's condition and session,
-    and each route, numbered once across stores), so that nothing is done in Python per group. Heads
-    counted one at a time (`add_parts`) are grouped per (labels, route) as before, in Python ints."""
+    Batches of heads as stored are summed per (labels number, route number) in numpy, _PENDING
+    heads at a time, and those groups into (condition, route) cells (each labels set's condition and
+    session, and each route, numbered once across stores), so that nothing is done in Python per
+    head and nothing kept per exchange. Heads counted one at a time (`add_parts`) are grouped per
+    (labels, route) as before, in Python ints."""
 
     def __init__(self) -> None:
         self._groups: dict[Key, Group] = {}  # counted head by head
         self._pending: list[np.ndarray] = []  # `columns`' rows of the store being counted
         self._rows = 0
-        self._chunks: list[np.ndarray] = []  # the pending rows summed, _PENDING at a time
-        self._chunk_rows = 0
-        self._merged = 0  # the rows of the chunks when last summed into one (its groups so far)
         self._seen = 0  # heads counted: the next head's position
         self._conditions: dict[Any, int] = {}
         self._sessions: dict[Any, int] = {}
         self._routes: dict[tuple[Any, ...], int] = {}
-        self._folded: list[np.ndarray] = []  # (condition, route, first, counts...) rows, summed
-        self._pairs: list[np.ndarray] = []  # condition * _NUMBERED + session, each seen
+        self._cells = np.zeros((8, 0), np.int64)  # (condition, route, first, counts...) rows, summed
+        self._pairs: list[np.ndarray] = []  # condition * _NUMBERED + session, each seen (distinct per array)
+        self._pair_rows = 0
+        self._merged = 0  # the pairs when last made distinct
 
     def add(self, stored: Sequence[Stored], labels: dict[int, tuple[Any, ...]],
             routes: dict[int, tuple[Any, ...]]) -> None:
@@ -118,20 +118,33 @@ class HeadCounts:
         self._pending.append(rows)
         self._rows += rows.shape[1]
         if self._rows >= _PENDING:
-            self._sum_pending()
+            self._fold_pending(labels, routes)
 
-    def _sum_pending(self) -> None:
-        """The pending rows as a chunk, and the chunks summed into one each time their rows have
-        doubled since they last were: memory stays within about twice the store's groups, and the
-        groups (a session's at least) are summed a logarithmic number of times."""
-        chunk = summed(np.concatenate(self._pending, axis=1))
+    def _fold_pending(self, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]) -> None:
+        """The pending rows summed per (labels number, route number), each labels set looked up once
+        for its condition and session, and the groups summed into the (condition, route) cells: what
+        is kept grows with sessions (a number per session and condition), not with exchanges."""
+        rows = summed(np.concatenate(self._pending, axis=1))
         self._pending, self._rows = [], 0
-        self._chunks.append(chunk)
-        self._chunk_rows += chunk.shape[1]
-        if self._chunk_rows >= 2 * self._merged:
-            merged = summed(np.concatenate(self._chunks, axis=1)) if len(self._chunks) > 1 else chunk
-            self._chunks, self._chunk_rows = [merged], merged.shape[1]
-            self._merged = self._chunk_rows
+        new = np.concatenate(([True], rows[0, 1:] != rows[0, :-1]))  # rows[0] is sorted: `summed`'s first key
+        lids, at_l = rows[0, new], np.cumsum(new) - 1
+        rids, at_r = np.unique(rows[1], return_inverse=True)
+        sets = [labels[i] for i in lids.tolist()]
+        conds, sessions, known = self._conditions, self._sessions, self._routes
+        cond = np.fromiter((conds.setdefault(t[3] or UNLABELED, len(conds)) for t in sets), np.int64, len(sets))
+        session = np.fromiter((sessions.setdefault(t[0], len(sessions)) for t in sets), np.int64, len(sets))
+        route = np.fromiter((known.setdefault(routes[i], len(known)) for i in rids.tolist()), np.int64, len(rids))
+        self._add_pairs(np.unique(cond * _NUMBERED + session))
+        rows[0], rows[1] = cond[at_l], route[at_r]
+        self._cells = summed(np.concatenate((self._cells, rows), axis=1))
+
+    def _add_pairs(self, pairs: np.ndarray) -> None:
+        """Distinct (condition, session) numbers, made distinct again each time they have doubled."""
+        self._pairs.append(pairs)
+        self._pair_rows += len(pairs)
+        if self._pair_rows >= 2 * self._merged:
+            self._pairs = [np.unique(np.concatenate(self._pairs))]
+            self._pair_rows = self._merged = len(self._pairs[0])
 
     def add_parts(self, heads: Iterable[Parts]) -> None:
         """Heads with their sets (`Store.head_parts`), counted one at a time."""
@@ -156,25 +169,9 @@ class HeadCounts:
         self._seen = pos
 
     def end_store(self, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]) -> None:
-        """The numbered groups of the store just counted as (condition, route) rows: its sets
-        (`labels`, `routes`) looked up once per distinct number."""
+        """The rows still pending of the store just counted, folded with its sets (`labels`, `routes`)."""
         if self._pending:
-            self._sum_pending()
-        if not self._chunks:
-            return
-        rows = summed(np.concatenate(self._chunks, axis=1))
-        self._chunks, self._chunk_rows, self._merged = [], 0, 0
-        new = np.concatenate(([True], rows[0, 1:] != rows[0, :-1]))  # rows[0] is sorted: `summed`'s first key
-        lids, at_l = rows[0, new], np.cumsum(new) - 1
-        rids, at_r = np.unique(rows[1], return_inverse=True)
-        sets = [labels[i] for i in lids.tolist()]
-        conds, sessions, known = self._conditions, self._sessions, self._routes
-        cond = np.fromiter((conds.setdefault(t[3] or UNLABELED, len(conds)) for t in sets), np.int64, len(sets))[at_l]
-        session = np.fromiter((sessions.setdefault(t[0], len(sessions)) for t in sets), np.int64, len(sets))[at_l]
-        route = np.fromiter((known.setdefault(routes[i], len(known)) for i in rids.tolist()), np.int64, len(rids))
-        self._pairs.append(np.unique(cond * _NUMBERED + session))
-        rows[0], rows[1] = cond, route[at_r]
-        self._folded.append(summed(rows))
+            self._fold_pending(labels, routes)
 
     def by_condition(self) -> dict[Any, Folded]:
         """Each condition's counts (calls, misses, order violations, errors, truncated, input and
@@ -186,9 +183,8 @@ class HeadCounts:
             c = conds.setdefault(condition or UNLABELED, len(conds))
             pairs.append([c * _NUMBERED + sessions.setdefault(session, len(sessions))])
             _merge(cells, (c, known.setdefault(route, len(known))), group)
-        for block in self._folded:
-            for c, r, first, *counts in block.T.tolist():
-                _merge(cells, (c, r), [*counts, first])
+        for c, r, first, *counts in self._cells.T.tolist():
+            _merge(cells, (c, r), [*counts, first])
         return _fold(cells, set(chain.from_iterable(pairs)), list(conds), list(known))
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import shutil
 import struct
+import subprocess
+import sys
 import zlib
 from pathlib import Path
 from typing import Any
@@ -130,3 +132,8 @@ def test_a_head_whose_labels_the_store_lacks_is_one_error_naming_the_exchange(sh
         env.close()
     with pytest.raises(StoreError, match=rf"store {store}: the head of exchange 400 is damaged \(its labels"):
         logstats.from_store(store)
+    r = subprocess.run([str(Path(sys.executable).with_name("nfanalyze")), str(store)], capture_output=True,
+                       text=True, timeout=120)
+    line = r.stderr.strip()
+    assert r.returncode != 0 and "\n" not in line and "Traceback" not in line, r.stderr
+    assert str(store) in line and "exchange 400" in line, line

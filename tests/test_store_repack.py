@@ -1,0 +1,118 @@
+"""A merge that brought most of OUT's exchanges ends with OUT's pages refilled (`store_repack`):
+every table holds exactly the rows, in the same order, that the merge wrote, in fewer pages and a
+file no larger than them; replay, listings and verification answer as before; a refill stopped
+midway leaves the store as it was; a merge that adds nothing leaves the file alone. Real LMDB
+stores recorded through the real recorder, merged by the real merge."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from bench.store_traffic import record
+from noisefloor.proxy import merge as merge_mod
+from noisefloor.proxy import store_repack
+from noisefloor.proxy.merge import merge
+from noisefloor.proxy.store import Store, StoreError
+from tests.data.make_index_v1_store import answers
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    where = tmp_path_factory.mktemp("refill")
+    paths = [where / "a.lmdb", where / "b.lmdb"]
+    for seed, p in enumerate(paths):
+        with Store.open(p, write=True, create=True) as s:
+            record(s, 200, seed=seed, prefix=f"sh{seed}")
+    return paths
+
+
+@pytest.fixture(scope="module")
+def unfilled(shards: list[Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The shards merged as before this: no refill."""
+    out = tmp_path_factory.mktemp("unfilled") / "out.lmdb"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(merge_mod, "_REFILL", 0)
+        merge(out, shards)
+    return out
+
+
+def rows(path: Path) -> dict[bytes, list[tuple[bytes, bytes]]]:
+    """Every table's rows as stored, in order (the main table lists the tables)."""
+    env = lmdb.open(str(path), max_dbs=16, readonly=True, lock=False)
+    try:
+        return {name: _all(env, db) for name, db, _ in store_repack.tables(env)}
+    finally:
+        env.close()
+
+
+def _all(env: lmdb.Environment, db: object) -> list[tuple[bytes, bytes]]:
+    with env.begin(db=db, buffers=False) as txn:
+        return list(txn.cursor())
+
+
+def used(path: Path) -> int:
+    env = lmdb.open(str(path), max_dbs=16, readonly=True, lock=False)
+    try:
+        return store_repack.used_bytes(env)
+    finally:
+        env.close()
+
+
+def log(path: Path, *flags: str) -> str:
+    done = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "log", "--store", str(path), *flags],
+                          capture_output=True, text=True, check=True)
+    return done.stdout.replace(str(path), "STORE")
+
+
+def test_a_merge_refills_its_pages_and_keeps_every_row(shards, unfilled, tmp_path):
+    out = tmp_path / "out.lmdb"
+    merge(out, shards)
+    got, before = rows(out), rows(unfilled)
+    assert b"lookups" in got and b"heads" in got and len(got[b"exchanges"]) == 400
+    assert got == before  # every table, every row, in order: values as stored
+    assert used(out) < used(unfilled) * 0.9  # bodies went in by hash: pages were a third empty
+    assert (out / "data.mdb").stat().st_size == used(out)  # the file is what it uses
+    assert log(out) == log(unfilled) and log(out, "--json") == log(unfilled, "--json")
+    with Store.open(out, write=False) as a, Store.open(unfilled, write=False) as b:
+        assert answers(a, range(1, 401, 7)) == answers(b, range(1, 401, 7))
+    with Store.open(out, write=True) as s:  # recorded into afterwards: the map grows from the file
+        record(s, 5, seed=9, prefix="later")
+    assert len(rows(out)[b"exchanges"]) == 405
+
+
+def test_a_merge_that_adds_nothing_leaves_the_file(shards, tmp_path):
+    out = tmp_path / "out.lmdb"
+    merge(out, shards)
+    inode = (out / "data.mdb").stat().st_ino
+    merge(out, shards)  # everything is there already
+    assert (out / "data.mdb").stat().st_ino == inode
+
+
+def test_a_refill_stopped_midway_leaves_the_store_as_it_was(unfilled, tmp_path, monkeypatch):
+    store = tmp_path / "s.lmdb"
+    store.mkdir()
+    (store / "data.mdb").write_bytes((unfilled / "data.mdb").read_bytes())
+    before, data = rows(store), (store / "data.mdb").read_bytes()
+
+    def killed(file: Path) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store_repack, "_fsync", killed)
+    with Store.open(store, write=True) as s, pytest.raises(KeyboardInterrupt):
+        s.lock_for_recording()
+        s.refill_pages()
+    assert (store / "data.mdb").read_bytes() == data and rows(store) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.lmdb"]  # nothing left beside it
+
+
+def test_refilling_needs_the_recording_lock(unfilled, tmp_path):
+    store = tmp_path / "s.lmdb"
+    store.mkdir()
+    (store / "data.mdb").write_bytes((unfilled / "data.mdb").read_bytes())
+    with Store.open(store, write=True) as s, pytest.raises(StoreError, match="recording lock"):
+        s.refill_pages()

@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Callable, Iterator
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ import lmdb
 
 from noisefloor.proxy.store_env import StoreError
 
-_BATCH = 20000  # values per write transaction: memory bounded, few commits
+_BATCH, _BATCH_BYTES = 20000, 64 << 20  # rows and bytes per write transaction: memory bounded, few commits
 _FLAGS = ("reverse_key", "dupsort", "integerkey", "integerdup", "dupfixed")
 
 
@@ -80,8 +79,7 @@ def _copy_table(env: lmdb.Environment, db: Any, out: lmdb.Environment, out_db: A
     must hold as many rows as the source, or nothing is swapped in."""
     with env.begin(db=db, buffers=False) as txn:
         want = txn.stat(db)["entries"]
-        rows: Iterator[tuple[bytes, bytes]] = iter(txn.cursor())
-        while chunk := list(islice(rows, _BATCH)):
+        for chunk in _chunks(iter(txn.cursor())):
             with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
                 cur.putmulti(chunk, append=True)
     with out.begin(db=out_db) as txn:
@@ -90,6 +88,20 @@ def _copy_table(env: lmdb.Environment, db: Any, out: lmdb.Environment, out_db: A
         raise StoreError(f"refilling table {name} copied {got} of its {want} rows; the store was left as it was")
     if want > _BATCH:  # a large table: say how far it got
         progress(f"table {name}: {want} rows refilled")
+
+
+def _chunks(rows: Iterator[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, bytes]]]:
+    """`rows` in lists of at most `_BATCH` rows and about `_BATCH_BYTES` (large bodies: few a list)."""
+    chunk: list[tuple[bytes, bytes]] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += len(row[0]) + len(row[1])
+        if len(chunk) >= _BATCH or size >= _BATCH_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
 
 
 def _fsync(file: Path) -> None:

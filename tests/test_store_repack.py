@@ -139,3 +139,20 @@ def test_compact_compresses_harder_than_the_record_path_and_reads_the_same(unfil
     with Store.open(copies["compact"], write=False) as a, Store.open(unfilled, write=False) as b:
         assert answers(a, range(1, 401, 7)) == answers(b, range(1, 401, 7))
         assert [d for d, _ in a.stored_bodies()] == [d for d, _ in b.stored_bodies()]
+
+
+def test_a_refill_copies_in_bounded_chunks(unfilled, tmp_path, monkeypatch):
+    """Rows are copied a bounded number (and bytes) at a time: with chunks of 7 rows or 3 kB the
+    copy holds every row all the same."""
+    monkeypatch.setattr(store_repack, "_BATCH", 7)
+    monkeypatch.setattr(store_repack, "_BATCH_BYTES", 3000)
+    chunks = store_repack._chunks(iter([(b"k", b"v" * 5000)] * 3 + [(b"k", b"v")] * 20))
+    assert [len(c) for c in chunks] == [1, 1, 1, 7, 7, 6]  # a large row alone, small ones 7 at a time
+    store = tmp_path / "s.lmdb"
+    store.mkdir()
+    (store / "data.mdb").write_bytes((unfilled / "data.mdb").read_bytes())
+    before = rows(store)
+    with Store.open(store, write=True) as s:
+        s.lock_for_recording()
+        s.refill_pages()
+    assert rows(store) == before and used(store) < used(unfilled)

@@ -51,12 +51,21 @@ def refill(env: lmdb.Environment, path: Path, progress: Callable[[str], None] = 
     file it maps has been replaced."""
     before = used_bytes(env)
     work, final = path.parent / f".{path.name}.refill", path.parent / f".{path.name}.refilled"
+    try:
+        _rewrite(env, path, work, final, progress)
+    except (lmdb.Error, OSError) as exc:  # a full disk, say: the store stays as it was
+        raise StoreError(f"refilling the pages of store {path} failed ({exc}); the store is as it was") from None
+    return before, (path / "data.mdb").stat().st_size
+
+
+def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progress: Callable[[str], None]) -> None:
+    """The tables copied into `work`, copied to `final`, and its file renamed over the store's."""
     for p in (work, final):
         shutil.rmtree(p, ignore_errors=True)
     work.mkdir()
     final.mkdir()
     try:
-        out = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=16, sync=False, metasync=False)
+        out = lmdb.open(str(work), map_size=max(1 << 30, 2 * used_bytes(env)), max_dbs=16, sync=False, metasync=False)
         try:
             for name, db, flags in tables(env):
                 _copy_table(env, db, out, out.open_db(name, **flags), name.decode(errors="replace"), progress)
@@ -70,7 +79,6 @@ def refill(env: lmdb.Environment, path: Path, progress: Callable[[str], None] = 
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
-    return before, (path / "data.mdb").stat().st_size
 
 
 def _copy_table(env: lmdb.Environment, db: Any, out: lmdb.Environment, out_db: Any, name: str,

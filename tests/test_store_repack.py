@@ -156,3 +156,17 @@ def test_a_refill_copies_in_bounded_chunks(unfilled, tmp_path, monkeypatch):
         s.lock_for_recording()
         s.refill_pages()
     assert rows(store) == before and used(store) < used(unfilled)
+
+
+def test_a_merge_whose_refill_fails_is_merged_whole(shards, unfilled, tmp_path, monkeypatch):
+    """A full disk while refilling: the merge still succeeds, says so, and OUT is as merged."""
+    def full(file: Path) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store_repack, "_fsync", full)
+    said: list[str] = []
+    out = tmp_path / "out.lmdb"
+    merge(out, shards, said.append)
+    assert any("refilling the pages of store" in s and "No space left" in s for s in said)
+    assert rows(out) == rows(unfilled) and log(out, "--json") == log(unfilled, "--json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.lmdb"]

@@ -64,9 +64,10 @@ def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
 class Codec:
     """Encoder and bounded decoder for one store; `load` fetches a dictionary by key (None if absent)."""
 
-    def __init__(self, load: Callable[[bytes], bytes | None]) -> None:
+    def __init__(self, load: Callable[[bytes], bytes | None], level: int = LEVEL) -> None:
         self._load = load
-        self._plain_c = zstandard.ZstdCompressor(level=LEVEL)
+        self._level = level  # what `encode` compresses at (decoding is as fast whatever it was)
+        self._plain_c = zstandard.ZstdCompressor(level=level)
         self._plain_d = zstandard.ZstdDecompressor()
         self._c: dict[bytes, zstandard.ZstdCompressor] = {}
         self._d: dict[bytes, zstandard.ZstdDecompressor] = {}
@@ -194,8 +195,8 @@ class Codec:
         c = self._c.get(key)
         if c is None:
             d = self._dict(key)
-            d.precompute_compress(level=LEVEL)  # else every frame loads the 64 kB dictionary again
-            c = self._c[key] = zstandard.ZstdCompressor(level=LEVEL, dict_data=d)
+            d.precompute_compress(level=self._level)  # else every frame loads the dictionary again
+            c = self._c[key] = zstandard.ZstdCompressor(level=self._level, dict_data=d)
         return c
 
     def _decompressor(self, key: bytes) -> zstandard.ZstdDecompressor:

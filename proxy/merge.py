@@ -41,6 +41,8 @@ from noisefloor.proxy.store import Store, StoreError
 
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
+_REFILL = 4  # a merge that brought at least 1/4 of OUT's exchanges ends with OUT's pages refilled
+# (`store_repack`): its bodies went in by hash, in random order, leaving pages a third empty
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,12 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
                     dest.set_meta(name, value)
+            if added["exchanges"] and added["exchanges"] * _REFILL >= len(dest):  # written out of key order
+                try:
+                    before, after = dest.refill_pages(progress)
+                    progress(f"{out}: pages refilled, {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+                except StoreError as exc:  # merged whole all the same: only larger than it could be
+                    progress(f"{exc} (merged whole; `nfproxy compact` shrinks it later)")
     return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], rows)
 

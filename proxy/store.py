@@ -546,6 +546,19 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
             # store with layout-2 lookups is copied page for page
             self._env.copy(str(folder), compact=self._lookups is None or not self._has_rows(self._lookups))
 
+    def refill_pages(self, progress: Any = lambda s: None) -> tuple[int, int]:
+        """This store rewritten with its pages full (`store_repack`: tables in key order, values as
+        stored), the data file swapped in one rename; used bytes before and after. The handle's
+        last write: it is read-only afterwards (its map is the replaced file)."""
+        from noisefloor.proxy import store_repack
+
+        if self._record_lock is None:
+            raise StoreError(f"store {self.path}: refilling its pages needs the recording lock")
+        with self._reading("refilling pages"):
+            done = store_repack.refill(self._env, self.path, progress)
+        self.writable = False
+        return done
+
     def _has_rows(self, db: Any) -> bool:
         with self._env.begin(db=db) as txn:
             return txn.stat(db)["entries"] > 0

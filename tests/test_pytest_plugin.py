@@ -12,9 +12,14 @@ import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy  # noqa: F401 - imported before pytester's in-process runs, not inside one (see below)
 import pytest
 
 from tests.fake_upstream import FakeUpstream
+
+# pytester's in-process runs drop the modules first imported inside them; numpy (which the plugin's
+# merge of a test's recording imports) cannot be imported twice in one process, so the second run
+# failed whenever no earlier test in this worker had imported it
 
 pytest_plugins = ["pytester"]
 

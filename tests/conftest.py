@@ -159,6 +159,19 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "log.lmdb"
 
 
+def recorded_shards(where: Path, exchanges: int) -> list[Path]:
+    """Two stores of `exchanges` each, recorded through the real recorder (bench/store_traffic's
+    multi-turn sessions, different in each shard): what the merge tests merge."""
+    from bench.store_traffic import record
+    from noisefloor.proxy.store import Store
+
+    paths = [where / "a.lmdb", where / "b.lmdb"]
+    for seed, path in enumerate(paths):
+        with Store.open(path, write=True, create=True) as s:
+            record(s, exchanges, seed=seed, prefix=f"sh{seed}")
+    return paths
+
+
 def delete_exchanges(store: Path, ids: list[int]) -> None:
     """Damage a store from outside, as another process could: the exchange records go (with their
     heads, so listings still agree with the records), the replay index keeps naming them."""

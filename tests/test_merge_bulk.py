@@ -14,11 +14,11 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from bench.store_traffic import record
 from noisefloor.proxy import compact, merge_copy, replay_index
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import Store, StoreError
+from tests.conftest import recorded_shards
 from tests.data.make_index_v1_store import answers
 
 TABLES = ("exchanges", "recorded", "lookups", "bodies", "outcomes")
@@ -27,12 +27,7 @@ TABLES = ("exchanges", "recorded", "lookups", "bodies", "outcomes")
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     """Two layout-2 shards recorded through the recorder (different sessions), only read by the tests."""
-    where = tmp_path_factory.mktemp("bulk")
-    paths = [where / "a.lmdb", where / "b.lmdb"]
-    for seed, p in enumerate(paths):
-        with Store.open(p, write=True, create=True) as s:
-            record(s, 160, seed=seed, prefix=f"sh{seed}")
-    return paths
+    return recorded_shards(tmp_path_factory.mktemp("bulk"), 160)
 
 
 @pytest.fixture(scope="module")

@@ -18,10 +18,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from bench.store_traffic import record
 from noisefloor.proxy import codec, store_merge_scan
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import Store
+from tests.conftest import recorded_shards
 
 NFPROXY = str(Path(sys.executable).with_name("nfproxy"))
 TABLES = ("exchanges", "heads", "labels", "routes", "recorded", "lookups", "bodies", "outcomes", "dicts")
@@ -29,12 +29,7 @@ TABLES = ("exchanges", "heads", "labels", "routes", "recorded", "lookups", "bodi
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    where = tmp_path_factory.mktemp("heads")
-    paths = [where / "a.lmdb", where / "b.lmdb"]
-    for seed, p in enumerate(paths):
-        with Store.open(p, write=True, create=True) as s:
-            record(s, 120, seed=seed, prefix=f"sh{seed}")
-    return paths
+    return recorded_shards(tmp_path_factory.mktemp("heads"), 120)
 
 
 def tables(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:

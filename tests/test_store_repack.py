@@ -19,17 +19,13 @@ from noisefloor.proxy import merge as merge_mod
 from noisefloor.proxy import store_repack
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import Store, StoreError
+from tests.conftest import recorded_shards
 from tests.data.make_index_v1_store import answers
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    where = tmp_path_factory.mktemp("refill")
-    paths = [where / "a.lmdb", where / "b.lmdb"]
-    for seed, p in enumerate(paths):
-        with Store.open(p, write=True, create=True) as s:
-            record(s, 200, seed=seed, prefix=f"sh{seed}")
-    return paths
+    return recorded_shards(tmp_path_factory.mktemp("refill"), 200)
 
 
 @pytest.fixture(scope="module")

@@ -389,6 +389,15 @@ class _Session:
     entries: list[RecordedEntry]
     by_seq: dict[int, RecordedEntry]
 
+    @functools.cached_property
+    def by_key(self) -> dict[str, list[RecordedEntry]]:
+        """Its requests by key, each key's in occurrence order: the candidates when this session
+        alone answers a replay (`replay_from`), without reading every exchange of the key."""
+        out: dict[str, list[RecordedEntry]] = defaultdict(list)
+        for e in sorted(self.entries, key=lambda e: e.occurrence):
+            out[e.key].append(e)
+        return dict(out)
+
 
 class LmdbIndex:
     """Lookups in the store's `rindex` rows: nothing loaded up front."""

@@ -169,9 +169,11 @@ class Replayer:
     # -- pairing -------------------------------------------------------------------------------
 
     def _candidates(self, key: str, labels: Labels) -> list[RecordedEntry]:
+        if labels.replay_from is not None:  # one recorded session answers: its own requests, read once
+            # for the session, not every recorded exchange with this key (a page read each, at 1M)
+            return self.index.session(labels.replay_from).by_key.get(key, [])
         found = self.index.candidates(key)
-        scope = {labels.replay_from} if labels.replay_from is not None else self.sources
-        return [e for e in found if e.session in scope] if scope else found
+        return [e for e in found if e.session in self.sources] if self.sources else found
 
     def _take(self, session: str, entry: RecordedEntry) -> None:
         self._used[session].add(entry.id)

@@ -329,3 +329,24 @@ def test_the_text_tie_break_ranks_the_closest_text_first_and_leaves_true_ties_to
     assert _closeness(body("write a haiku"), body("write a limerick")) > _closeness(body("the same every time"),
                                                                                      body("write a limerick"))
     assert _closeness(asked, asked) == 0.0  # nothing differs: nothing to compare
+
+
+def test_a_session_replayed_alone_gets_the_candidates_every_exchange_of_its_key_would_give(tmp_path):
+    """`replay_from` names one recorded session: its candidates for a key come from that session's
+    own requests (`_Session.by_key`), not from every recorded exchange with the key. On a store
+    whose keys repeat across sessions, both give the same entries in the same order."""
+    from collections import Counter
+
+    from noisefloor.proxy import replay_index
+    from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.store import Store
+    from tests.conftest import recorded_shards
+
+    with Store.open(recorded_shards(tmp_path, 160)[0], write=False) as s:
+        index = replay_index.open_index(s, Rules())
+        entries = s.recorded_entries_by_id(list(range(1, len(s) + 1)))
+        assert max(Counter(e.key for e in entries).values()) > 1  # keys shared across sessions
+        for e in entries:
+            assert index.session(e.session).by_key[e.key] == [c for c in index.candidates(e.key)
+                                                               if c.session == e.session]
+        assert index.session("no such session").by_key == {}

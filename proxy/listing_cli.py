@@ -166,7 +166,7 @@ class _Line:
         self._stamp = _Stamps()
         self._middles: dict[tuple[Any, ...], str] = {}  # a Head's middle by its parts
         self._by_parts: dict[Any, str] = {}  # a stored head's middle by its sets (numbers or tuples), status
-        self._pieces: dict[Any, Any] = {}  # the shown route (by its number or tuple) and status (code, result)
+        self._pieces: dict[Any, Any] = {}  # the shown route (mode, method, URL) and status (code, result)
 
     def of_heads(self, heads: Iterable[Head | Exchange], with_lines: bool) -> Iterator[Entry]:
         for ex in heads:
@@ -205,7 +205,7 @@ class _Line:
                 continue
             middle = middles.get(key)
             if middle is None:
-                middle = middles[key] = self._middle_of(key, labels, route, code, failed)
+                middle = middles[key] = self._middle_of(labels, route, code, failed)
             if s.other_key is None:
                 digest = s.key[:6].hex()
             else:
@@ -217,32 +217,24 @@ class _Line:
             lines.append(f"{exchange_id:>6} {when} {middle} key={digest} occ={s.occurrence}\n")
         return lines, keys
 
-    def _middle_of(self, key: tuple[Any, ...], labels: tuple[Any, ...], route: tuple[Any, ...], code: int | None,
-                   failed: bool) -> str:
-        """A stored head's middle (what `_middle` gives). A session's heads differ in
-        route or status now and then, so the middle is put together from the shown route (mode,
-        method, URL: shared by most of a store) and status, each remembered, and the session
-        (`shown` remembers it)."""
+    def _middle_of(self, labels: tuple[Any, ...], route: tuple[Any, ...], code: int | None, failed: bool) -> str:
+        """A stored head's middle, from its labels and route sets."""
+        return self._middle(route[0], labels[0], route[1], route[2], code, route[5] or ("error" if failed else ""))
+
+    def _middle(self, mode: str, session: str, method: str, url: str, code: int | None, res: Any) -> str:
+        """A line's middle. A session's exchanges differ in route or status now and then, so it is
+        put together from the shown route (mode, method, URL: shared by most of a store) and the
+        status, each remembered, around the session (`shown` remembers it)."""
         pieces, shown = self._pieces, self.shown
         if len(pieces) >= _MIDDLES:
             pieces.clear()
-        res = route[5] or ("error" if failed else "")
-        around = pieces.get(key[1])
+        around = pieces.get((mode, method, url))
         if around is None:
-            around = pieces[key[1]] = (f"{shown(route[0]):<7} ", f" {shown(route[1])} {shown(route[2])} ")
+            around = pieces[(mode, method, url)] = (f"{shown(mode):<7} ", f" {shown(method)} {shown(url)} ")
         end = pieces.get((code, res))
         if end is None:
             end = pieces[(code, res)] = f"{'ERR' if code is None else code} {shown(res if type(res) is str else str(res))}"
-        return f"{around[0]}{shown(labels[0])}{around[1]}{end}"
-
-    def _middle(self, key: tuple[Any, ...], mode: str, session: str, method: str, url: str, code: int | None,
-                res: Any) -> str:
-        if len(self._middles) >= _MIDDLES:
-            self._middles.clear()
-        shown = self.shown
-        middle = self._middles[key] = (f"{shown(mode):<7} {shown(session)} {shown(method)} {shown(url)} "
-                                       f"{'ERR' if code is None else code} {shown(res if type(res) is str else str(res))}")
-        return middle
+        return f"{around[0]}{shown(session)}{around[1]}{end}"
 
     def __call__(self, ex: Head | Exchange) -> str:
         method, url, code = ex.method, ex.url, ex.status
@@ -250,7 +242,9 @@ class _Line:
         parts = (ex.mode, ex.session, method, url, code, res)
         middle = self._middles.get(parts)
         if middle is None:
-            middle = self._middle(parts, *parts)
+            if len(self._middles) >= _MIDDLES:
+                self._middles.clear()
+            middle = self._middles[parts] = self._middle(*parts)
         key = ex.key[:12]  # a digest the proxy wrote; escaped should a damaged record hold anything else
         return (f"{ex.id:>6} {self._stamp(ex.time)} {middle} key={key if key.isalnum() else self.shown(key)} "
                 f"occ={ex.occurrence}\n")

@@ -123,14 +123,10 @@ def parts(value: bytes | memoryview, labels: dict[int, tuple[Any, ...]], routes:
 
 def parts_many(values: Sequence[bytes], labels: dict[int, tuple[Any, ...]],
                routes: dict[int, tuple[Any, ...]]) -> list[Parts] | None:
-    """`parts` of each of a batch of checked values, in one comprehension; None where any of them
-    is not what `parts` takes (empty, or not a head's shape or sets): read those one at a time."""
-    decode = _STORED.decode
-    try:
-        stored = [decode(v[HEAD_AT:]) for v in values]
-        return [(s, labels[s.labels], routes[s.route]) for s in stored]
-    except (msgspec.MsgspecError, KeyError):
-        return None
+    """`parts` of each of a batch of checked values; None where any of them is not what `parts`
+    takes (see `stored_many`): read those one at a time."""
+    stored = stored_many(values, labels, routes)
+    return None if stored is None else [(s, labels[s.labels], routes[s.route]) for s in stored]
 
 
 def stored_many(values: Sequence[bytes], labels: dict[int, tuple[Any, ...]],

@@ -80,11 +80,6 @@ class Walks:
                     self._refuse(hb[good] if good < len(hb) else (None, None),
                                  rb[good] if good < len(rb) else (None, None))
 
-    def _paired(self, what: str) -> Iterator[tuple[int, bytes, bytes]]:
-        """`_paired_batches` one exchange at a time."""
-        for ids, values, raws in self._paired_batches(what):
-            yield from zip(ids, values, raws)
-
     def _refuse(self, head: tuple[Any, Any], record: tuple[Any, Any]) -> None:
         """The StoreError of an entry `_good` stopped at: unpaired, a damaged head, or a record
         that is not the one its head was written for (the record's own error where it is damaged)."""
@@ -210,12 +205,8 @@ class Walks:
     def _chunk(self, ids: Sequence[int], values: Sequence[Any], raws: Sequence[Any], texts: list[bytes | None],
                tails: dict[int, bytes], out: bytearray) -> None:
         """A batch's lines onto `out`, up to a record that cannot be listed (its StoreError)."""
-        left_out = store_heads.left_out
         for exchange_id, value, raw, text in zip(ids, values, raws, texts):
-            try:
-                left = left_out(value) if value else exchange_record.NOT_LISTED
-            except DAMAGE as exc:
-                raise self._damaged_head(exchange_id, exc) from None
+            left = self._left_out(exchange_id, value) if value else exchange_record.NOT_LISTED
             if text is None or left == exchange_record.NOT_LISTED or not text.startswith(b'{"id":%d,' % exchange_id):
                 out += self._listed(exchange_id, text, left, raw) + b"\n"
                 continue

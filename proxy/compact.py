@@ -13,7 +13,6 @@ Readers that had the store open keep reading the old file until they close it.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import struct
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 
 import lmdb
 
-from noisefloor.proxy import codec, replay_index, store_heads
+from noisefloor.proxy import codec, replay_index, store_heads, store_repack
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
 
@@ -108,7 +107,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         finally:
             env.close()
             shutil.rmtree(work, ignore_errors=True)
-        os.replace(final / "data.mdb", path / "data.mdb")  # one rename: the old file or the new, never half
+        store_repack.swap_in(final, path)
         shutil.rmtree(final, ignore_errors=True)
     with Store.open(path, write=False) as check:  # the result reads back whole
         if len(check) != n_ex:

@@ -74,8 +74,7 @@ def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progres
             out.copy(str(final))
         finally:
             out.close()
-        _fsync(final / "data.mdb")  # on disk before it takes the store's name
-        os.replace(final / "data.mdb", path / "data.mdb")  # one rename: the old file or the new, never half
+        swap_in(final, path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
@@ -110,6 +109,13 @@ def _chunks(rows: Iterator[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, b
             chunk, size = [], 0
     if chunk:
         yield chunk
+
+
+def swap_in(folder: Path, path: Path) -> None:
+    """The data file written in `folder` becomes the store at `path`: on disk first, then one
+    rename (the old file or the new, never half), also after a power loss (compact, refill)."""
+    _fsync(folder / "data.mdb")
+    os.replace(folder / "data.mdb", path / "data.mdb")
 
 
 def _fsync(file: Path) -> None:

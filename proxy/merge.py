@@ -35,7 +35,6 @@ from typing import Any
 
 from noisefloor.errors import NoisefloorError
 from noisefloor.proxy import merge_copy, merge_outcomes, merge_sessions
-from noisefloor.proxy.exchange_record import Exchange
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Store, StoreError
 
@@ -54,14 +53,6 @@ class MergeResult:
     bodies_added: int
     bodies_shared: int  # bodies OUT already held (or another shard brought first)
     outcome_rows_added: int
-
-
-def identity(doc: dict[str, Any] | Exchange) -> bytes:
-    """What makes an exchange the same one in two stores (its id is only a position)."""
-    if isinstance(doc, dict):
-        return merge_sessions.identity_hash(tuple(doc.get(k) for k in ("session", "mode", "key", "occurrence", "seq",
-                                                                       "time")))
-    return merge_sessions.identity_hash((doc.session, doc.mode, doc.key, doc.occurrence, doc.seq, doc.time))
 
 
 @dataclass

@@ -5,13 +5,12 @@ kept. One row at a time, looked up by key in each store: memory does not grow wi
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from contextlib import ExitStack
 from pathlib import Path
 
 from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store import Store, outcome_item
 
 _CHUNK = 10000  # rows written per transaction
 
@@ -23,7 +22,7 @@ def check(dest: Store, shards: Sequence[Path]) -> None:
         for path in shards:
             store = opened.enter_context(Store.open(path, write=False))
             for _, row in store.outcome_items():
-                key = json.dumps(row_key(row)).encode()
+                key = outcome_item(row)[0]
                 for other, where in earlier:
                     first = other.outcome_row_of(key)
                     if first is not None:
@@ -39,7 +38,7 @@ def write(dest: Store, shards: Sequence[Path]) -> int:
         with Store.open(path, write=False) as store:
             chunk: list[tuple[bytes, bytes]] = []
             for _, row in store.outcome_items():
-                chunk.append((json.dumps(row_key(row)).encode(), json.dumps(dict(row)).encode()))
+                chunk.append(outcome_item(row))
                 if len(chunk) >= _CHUNK:
                     added, chunk = added + dest.add_outcomes(chunk), []
             added += dest.add_outcomes(chunk)

@@ -509,8 +509,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
         """Graded rows, one per (condition, task, replicate); grading again replaces a row."""
         def put(txn: lmdb.Transaction) -> None:
             for r in rows:
-                key = json.dumps(row_key(r)).encode()
-                txn.put(key, json.dumps(dict(r)).encode(), db=self._outcomes)
+                txn.put(*outcome_item(r), db=self._outcomes)
 
         self._write(put)
 
@@ -605,6 +604,11 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
 
 
 _Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None]  # an exchange to append
+
+
+def outcome_item(row: Mapping[str, Any]) -> tuple[bytes, bytes]:
+    """A graded row as the outcomes table keeps it: its key (condition, task, replicate) and itself, as JSON."""
+    return json.dumps(row_key(row)).encode(), json.dumps(dict(row)).encode()
 
 
 def _row(value: bytes) -> Any:

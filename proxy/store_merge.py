@@ -209,7 +209,7 @@ class MergeIO:
                 yield k, _row(v)
 
     def outcome_row_of(self, key: bytes) -> Any:
-        """The outcome row stored under `key` (`json.dumps(row_key(row))`), or None."""
+        """The outcome row stored under `key` (`store.outcome_item`'s), or None."""
         from noisefloor.proxy.store import _row
 
         if self._outcomes is None:

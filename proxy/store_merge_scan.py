@@ -24,7 +24,7 @@ from noisefloor.proxy.exchange_record import NOT_LISTED
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
-Identity = tuple[str, str, str, int, int, float]  # session, mode, key, occurrence, seq, time (`merge.identity`)
+Identity = tuple[str, str, str, int, int, float]  # session, mode, key, occurrence, seq, time (`merge_sessions.identity_hash`)
 
 
 class _Body(msgspec.Struct, gc=False):

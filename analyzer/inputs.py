@@ -31,13 +31,12 @@ def gather(o: AnalyzeOptions) -> Inputs:
 
         log_doc = logstats.from_store(list(o.logs))  # a damaged store: one line, from the command's handling
         columns = _columns(o)
+        logged = logstats.outcome_rows(list(o.logs)) if columns is None else []
+        kept = logstats.study(list(o.logs))
         if columns is not None:
-            kept = logstats.study(list(o.logs))
             if not len(columns):
                 raise _no_rows(where)
             return Inputs(columns, log_doc, kept)
-        logged = logstats.outcome_rows(list(o.logs))
-        kept = logstats.study(list(o.logs))
     if not o.outcomes and not o.example and not o.inspect_specs and not logged:
         raise _no_rows(where)
     if o.example:

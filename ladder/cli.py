@@ -28,7 +28,16 @@ class _Group(Group):
 def main() -> None:
     """Noise-floor study designs for your agent: the determinism ladder (live, temperature 0, replay), a
     judge study, a tool-calling audit and a regression gate."""
-    exit_on_sigterm()
+    exit_on_sigterm(hard_stop=_kill_children)
+
+
+def _kill_children() -> None:
+    """The agents and proxies this command started: none outlives a command that could not unwind."""
+    from noisefloor.ladder.agent_run import kill_running
+    from noisefloor.proxy.launch import kill_started
+
+    kill_running()
+    kill_started()
 
 
 OUTPUTS = ("report.json", "report.md", "ladder.png", "outcomes.jsonl", "log.lmdb")

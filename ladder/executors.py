@@ -7,7 +7,7 @@ attempt as it finishes. Another engine (Slurm, Kubernetes jobs) is one more clas
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -57,8 +57,8 @@ class LocalExecutor:
         proxy = start_proxy(["--store", str(store), *proxy_args])
         pool = ThreadPoolExecutor(self.jobs)
         try:
-            for attempt in pool.map(lambda r: run_agent(r, proxy.port, self.taskdir), runs):
-                on_done(attempt)
+            for future in [pool.submit(run_agent, r, proxy.port, self.taskdir) for r in runs]:
+                on_done(_result(future))
         except BaseException:  # an interrupt (SIGINT, SIGTERM): stop the agents now, not when they finish
             pool.shutdown(wait=False, cancel_futures=True)
             kill_running()
@@ -73,6 +73,20 @@ class LocalExecutor:
 
     def close(self) -> None:
         pass
+
+
+WAKE_S = 0.5  # how long the main thread sleeps at a time while agents run
+
+
+def _result(future: Future[Attempt]) -> Attempt:
+    """The attempt, waited for in short sleeps: a signal handler runs in the main thread only, and
+    one whose signal the kernel gave another thread runs when the main thread next wakes, which an
+    untimed wait would put off until the agent ends."""
+    while True:
+        try:
+            return future.result(timeout=WAKE_S)
+        except TimeoutError:
+            continue
 
 
 def grade_here(kind: str, dataset: Path, options: GradeOptions, items: Items) -> list[Any]:

@@ -24,6 +24,20 @@ READY_LINE_ENV = "NFPROXY_READY_LINE"  # set by `start`: print the ready line ev
 FINISH_SIGNAL = signal.SIGUSR1
 
 
+_STARTED: set[subprocess.Popen[str]] = set()  # proxies started here and not stopped yet
+_LOCK = threading.Lock()
+
+
+def kill_started() -> None:
+    """SIGKILL every proxy this process started and has not stopped: the last resort of a command
+    that cannot unwind (its SIGTERM deadline), so no proxy outlives it."""
+    with _LOCK:
+        procs = list(_STARTED)
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+
+
 class ProxyStartError(StateError):
     """nfproxy exited or did not listen in time; the message holds its last lines."""
 
@@ -39,6 +53,7 @@ class RunningProxy:
     proc: subprocess.Popen[str]
     lines: list[str] = field(default_factory=list)  # everything it printed (stdout and stderr)
     port: int = 0
+    _pump: threading.Thread | None = None  # reads its output into `lines`
 
     @property
     def url(self) -> str:
@@ -51,6 +66,8 @@ class RunningProxy:
     def stop(self, sig: int = FINISH_SIGNAL, timeout: float = 30) -> int:
         """Signal it, wait for its exit status (SIGKILL if it hangs). The default signal ends the
         proxy with the run's own status (0, 1, 3); SIGINT / SIGTERM end it with 130 / 143."""
+        with _LOCK:
+            _STARTED.discard(self.proc)
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
         try:
@@ -58,7 +75,8 @@ class RunningProxy:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait(10)
-        self._pump.join(5)  # the summary line is read before the caller looks at the output
+        if self._pump is not None:
+            self._pump.join(5)  # the summary line is read before the caller looks at the output
         return code
 
 
@@ -70,7 +88,18 @@ def start(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=cwd,
         env={**os.environ, READY_LINE_ENV: "1", **(env or {})},  # the port even under -q
     )
+    with _LOCK:
+        _STARTED.add(proc)
     running = RunningProxy(proc)
+    try:
+        return _until_ready(running, timeout)
+    except BaseException:  # an interrupt while it starts, or a start that failed: it does not live on
+        running.stop(signal.SIGKILL, timeout=10)
+        raise
+
+
+def _until_ready(running: RunningProxy, timeout: float) -> RunningProxy:
+    proc = running.proc
     ready = threading.Event()
 
     def pump() -> None:
@@ -83,8 +112,8 @@ def start(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
                 ready.set()
         ready.set()
 
-    running._pump = threading.Thread(target=pump, daemon=True)  # type: ignore[attr-defined]
-    running._pump.start()  # type: ignore[attr-defined]
+    running._pump = threading.Thread(target=pump, daemon=True)
+    running._pump.start()
     deadline = time.monotonic() + timeout
     while not ready.wait(0.05):
         if time.monotonic() > deadline:

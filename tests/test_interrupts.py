@@ -98,3 +98,89 @@ def test_ctrl_c_of_nfladder_exits_130_without_a_traceback_and_the_rerun_resumes(
     assert len(sessions) == 12 and len(set(sessions)) == 12  # each run once: none of the finished ones again
     doc = json.loads((out / "report.json").read_text())
     assert doc["conditions"]["live"]["tasks"] == 3 and doc["conditions"]["live"]["replicates"] == 4
+
+
+STUCK = '''
+import pathlib, sys, time
+from noisefloor._cli import exit_on_sigterm
+canary = pathlib.Path(sys.argv[1])
+exit_on_sigterm(grace=1.0, hard_stop=lambda: canary.write_text("killed what it started"))
+try:
+    print("ready", flush=True)  # inside: a signal from here on finds the cleanup below
+    time.sleep(600)
+finally:  # an unwinding that cannot end: a cleanup waiting on something that never comes
+    time.sleep(600)
+'''
+
+
+def test_a_command_that_cannot_unwind_after_sigterm_prints_its_stacks_stops_its_children_and_exits_143(tmp_path):
+    from noisefloor._cli import STUCK_AFTER_SIGTERM
+
+    canary = tmp_path / "canary"
+    p = subprocess.Popen([sys.executable, "-c", STUCK, str(canary)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
+        p.send_signal(signal.SIGQUIT)  # stacks on demand (printed in the C handler, at once), and it goes on
+        p.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        _, err = p.communicate(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    assert p.returncode == exit_codes.TERMINATED, err[-3000:]
+    assert 1.0 <= took < 30, (took, err)
+    assert canary.read_text() == "killed what it started"
+    stuck = err.index(STUCK_AFTER_SIGTERM)
+    assert "Current thread" in err[:stuck] or "Thread 0x" in err[:stuck], err  # SIGQUIT's dump came first
+    assert "in <module>" in err[stuck:], err  # and the deadline's dump names where the main thread was
+
+
+def test_a_signal_the_kernel_hands_another_thread_still_ends_the_wait_for_an_agent():
+    """The kernel may give a process's signal to any thread; Python runs its handler in the main
+    thread when that thread next wakes. The executor's wait for an agent wakes every WAKE_S, so
+    the interrupt does not wait for the agent (an untimed wait here ends only with the future)."""
+    import threading
+    from concurrent.futures import Future
+
+    from noisefloor.ladder import executors
+
+    class Stop(Exception):
+        pass
+
+    def handler(signum: int, frame: object) -> None:
+        raise Stop
+
+    never: Future = Future()  # an agent that would run on and on
+    sent = threading.Event()
+
+    def from_another_thread() -> None:
+        signal.pthread_kill(threading.get_ident(), signal.SIGUSR2)  # to this thread, not the main one
+        sent.set()
+
+    old = signal.signal(signal.SIGUSR2, handler)
+    try:
+        threading.Timer(0.2, from_another_thread).start()
+        start = time.monotonic()
+        with pytest.raises(Stop):
+            executors._result(never)
+        took = time.monotonic() - start
+    finally:
+        signal.signal(signal.SIGUSR2, old)
+    assert sent.is_set() and took < 0.2 + executors.WAKE_S + 5, took
+
+
+def test_a_proxy_that_fails_to_start_or_outlives_its_command_is_killed(tmp_path, monkeypatch):
+    from noisefloor.proxy import launch
+
+    monkeypatch.setattr(launch, "_STARTED", set())  # this test's proxies only: others in this process live on
+    with pytest.raises(launch.ProxyStartError, match="did not listen"):
+        launch.start("--store", str(tmp_path / "a.lmdb"), timeout=0.001)
+    assert not launch._STARTED  # the one that could not start in time is gone, not left listening
+    proxy = start_nfproxy("--store", str(tmp_path / "b.lmdb"), "--upstream", "http://127.0.0.1:9")
+    assert launch._STARTED == {proxy.proc}
+    launch.kill_started()
+    assert proxy.proc.wait(10) == -signal.SIGKILL
+    assert proxy.stop() == -signal.SIGKILL and not launch._STARTED

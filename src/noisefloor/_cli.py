@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -157,12 +158,38 @@ def progress_bar(label: str, enabled: bool | None = None, delay: float = 1.0,
     return update
 
 
-def exit_on_sigterm() -> None:
+def exit_on_sigterm(grace: float = 20.0, hard_stop: Callable[[], None] = lambda: None) -> None:
     """SIGTERM ends the command with 143 through normal unwinding, so `finally` blocks stop the
-    processes it started (for commands that own child processes and no signal handling of their own)."""
+    processes it started (for commands that own child processes and no signal handling of their own).
+
+    The unwinding is bounded: a command still alive `grace` s after the signal (a wait that did
+    not wake, a child that ignores its stop) prints every thread's stack, calls `hard_stop` (kill
+    what it started) and exits 143 at once. SIGQUIT prints the stacks without stopping."""
+    import faulthandler
     import signal
 
+    faulthandler.register(signal.SIGQUIT, all_threads=True)
+
     def stop(signum: int, frame: Any) -> None:
+        threading.Thread(target=_hard_exit_after, args=(grace, hard_stop), daemon=True,
+                         name="nf-sigterm-deadline").start()
         raise SystemExit(exit_codes.TERMINATED)
 
     signal.signal(signal.SIGTERM, stop)
+
+
+STUCK_AFTER_SIGTERM = "still running after SIGTERM"  # the line the deadline prints before the stacks
+
+
+def _hard_exit_after(grace: float, hard_stop: Callable[[], None]) -> None:
+    import faulthandler
+    import os
+
+    time.sleep(grace)
+    sys.stderr.write(f"{sys.argv[0].rsplit('/', 1)[-1]}: {STUCK_AFTER_SIGTERM} ({grace:g} s): its threads were at\n")
+    sys.stderr.flush()
+    faulthandler.dump_traceback(sys.stderr, all_threads=True)
+    try:
+        hard_stop()
+    finally:
+        os._exit(exit_codes.TERMINATED)

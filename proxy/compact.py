@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import lmdb
+import msgspec
 
-from noisefloor.proxy import codec, replay_index, store_heads, store_repack
+from noisefloor.proxy import codec, replay_index, store_heads, store_records, store_repack
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
 
@@ -125,15 +126,16 @@ def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec
 
 def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out: codec.Codec, key: bytes | None,
                   progress: Callable[[str], None]) -> None:
-    """The records encoded again, each with its head (written from the record, tied to its new bytes)."""
+    """The records encoded again, each with its head (written from the record, tied to its new
+    bytes), stripped of the head's fields where the head can stand for them (noisefloor-log/5)."""
     def items() -> Iterator[tuple[bytes, Any]]:
         # parsed: a record that is not an exchange record stops the rewrite, by name
         for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
             if ex.id != i:
                 raise StoreError(f"store {src.path}: exchange {i} is listed out of order; restore it from a copy")
-            stored = out.encode(text, key)
+            stored, r = store_records.encoded(out, key, text, src.checked_head(text, i), True)
             yield _U64.pack(i), stored
-            yield _U64.pack(i), src.head_row(text, stored, i)
+            yield _U64.pack(i), r
 
     names = store_heads.Sets(dbs["labels"], dbs["routes"])
 
@@ -153,7 +155,15 @@ def _samples(src: Store, n_ex: int, n_bodies: int, progress: Callable[[str], Non
     progress(f"sampling {n_ex} exchanges and {n_bodies} bodies")
     step_b, step_r = _every(n_bodies, _SAMPLES), _every(n_ex, _SAMPLES)
     bodies = [b for i, (_, b) in enumerate(src.stored_bodies()) if i % step_b == 0 and len(b) < 1 << 16]
-    return bodies, [t for i, t in src.record_texts() if i % step_r == 0]
+    return bodies, [_as_stored(t) for i, t in src.record_texts() if i % step_r == 0]
+
+
+def _as_stored(text: bytes) -> bytes:
+    """A record's text as the rewrite stores it, for training on (most are stored stripped)."""
+    try:
+        return store_records.stripped(text)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return text
 
 
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:

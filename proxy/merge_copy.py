@@ -1,7 +1,10 @@
 """Merge's copy: a checked shard's sessions written into OUT in batches of whole sessions.
 
-A batch is prepared as OUT will store it (`Batch`): each record given its id in OUT and encoded
-with OUT's record dictionary, the replay entries (with their nearest-request entries) under the
+A batch is prepared as OUT will store it (`Batch`): between noisefloor-log/5 stores each record
+copied as stored (its id is its key, its head's fields are in its head: nothing in its bytes
+changes; its dictionary goes with it), else given its id in OUT and encoded with OUT's record
+dictionary (a record of a /4 shard, one stored whole, a replay record whose source id changes);
+the replay entries (with their nearest-request entries) under the
 new ids, the bodies taken as the shard stores them. Preparing is most of the work, so for a large shard it is
 done by worker processes, a few batches ahead, while the merging process writes the batches in
 order, one transaction each (an interrupted merge leaves whole sessions).
@@ -21,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from noisefloor.proxy import codec, replay_index, store_heads
+from noisefloor.proxy import codec, replay_index, store_heads, store_records
 from noisefloor.proxy.replay_index import RecordedEntry
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store import FORMAT, Store
 from noisefloor.proxy.store_merge import LOOKUP_KEY, Batch
 from noisefloor.proxy.store_merge_scan import HeadTail
 
@@ -51,9 +54,11 @@ class Preparer:
     with `bulk`, the replay entries as the shard stores them under their new ids (their lookups
     are copied after the shard's records, `copy_lookups`)."""
 
-    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False) -> None:
+    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False, strip: bool = False) -> None:
         self.src = Store.open(path, write=False)
         self.bulk = bulk
+        self.strip = strip  # OUT is noisefloor-log/5: records stored stripped, a /5 shard's copied as stored
+        self.as_stored = strip and self.src.format == FORMAT
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
@@ -61,19 +66,21 @@ class Preparer:
         """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head's
         row: the shard's checked head (`tail`) tied to the new bytes, or read from the text."""
         doc = b'{"id":%d,%s' % (new_id, text[1:])
-        stored = self.codec.encode(doc, self.key)
         if tail is not None:  # the id is in no head's field: only the record's CRC changes
+            stored = self.codec.encode(store_records.stripped(doc) if self.strip else doc, self.key)
             return stored, (tail[0], tail[1], _U32.pack(zlib.crc32(stored)) + tail[2])
-        return stored, self.src.head_row(doc, stored, new_id)
+        return store_records.encoded(self.codec, self.key, doc, self.src.checked_head(doc, new_id), self.strip)
 
     def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
         must be mapped to OUT's, which the merging process knows) is left to it: returned with its
         place in the batch, its value empty."""
         records, heads, replays, digests = [], [], [], set()
-        for k, (text, tail) in enumerate(self.src.copied_records(olds)):
+        for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, self.as_stored)):
             digests.update(_BODY.findall(text))
-            if b'"replay": {' in text or b'"replay":{' in text:
+            if as_stored is not None and tail is not None:  # a /5 record: its bytes as they are
+                value, head = as_stored, (tail[0], tail[1], _U32.pack(zlib.crc32(as_stored)) + tail[2])
+            elif b'"replay": {' in text or b'"replay":{' in text:
                 replays.append((k, text))
                 value, head = b"", None
             else:
@@ -95,9 +102,9 @@ class Preparer:
 _worker: Preparer | None = None
 
 
-def _start(path: str, record_dict: bytes | None, bulk: bool) -> None:
+def _start(path: str, record_dict: bytes | None, bulk: bool, strip: bool) -> None:
     global _worker
-    _worker = Preparer(Path(path), record_dict, bulk)
+    _worker = Preparer(Path(path), record_dict, bulk, strip)
 
 
 def _prepare(olds: bytes, first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
@@ -178,8 +185,9 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
-    with pool(jobs, _start, (str(path), record_dict, bulk)) if jobs else nullcontext() as running:
-        local = Preparer(path, record_dict, bulk)  # for the replay records, the bodies' dictionaries, a small shard
+    strip = dest.format == FORMAT
+    with pool(jobs, _start, (str(path), record_dict, bulk, strip)) if jobs else nullcontext() as running:
+        local = Preparer(path, record_dict, bulk, strip)  # for the replay records, the bodies' dictionaries, a small shard
         try:
             ready = _ahead(running, batches, starts, jobs) if running is not None else (
                 local.batch(b.tolist(), start) for b, start in zip(batches, starts))

@@ -53,7 +53,7 @@ import lmdb
 import msgspec
 
 from noisefloor.outcome_rows import row_key
-from noisefloor.proxy import codec, exchange_record, replay_index, store_heads
+from noisefloor.proxy import codec, exchange_record, replay_index, store_heads, store_records
 from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_bodies import Bodies
@@ -62,11 +62,13 @@ from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, ope
 from noisefloor.proxy.store_index import IndexLookups
 from noisefloor.proxy.store_merge import MergeIO
 from noisefloor.proxy.store_merge_scan import MergeScan
+from noisefloor.proxy.store_records import Joins
 from noisefloor.proxy.store_walk import Walks
 
-FORMAT = "noisefloor-log/4"
-LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3")  # read as they are, written in their own layout
+FORMAT = "noisefloor-log/5"
+LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4")  # read as they are, written in their own layout
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
+_WITH_HEADS = ("noisefloor-log/4", FORMAT)
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
@@ -74,7 +76,7 @@ _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LR
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
-class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
+class Store(Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
@@ -98,6 +100,8 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
         self._heads: Any = None  # the heads table: opened once the format says the store has one
         self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
         self._numbering: store_heads.Sets | None = None
+        self._joins = False  # noisefloor-log/5: records stored without their id and their head's fields
+        self._joined_sets: dict[tuple[str, int], tuple[Any, ...]] = {}  # labels / routes joins read (`_set`)
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
@@ -137,8 +141,9 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
             store._adopt_format()
-            if store.format == FORMAT:
+            if store.format in _WITH_HEADS:
                 store._open_heads()
+                store._joins = store.format == FORMAT
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
@@ -347,7 +352,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
         if self._training:
             self._trained()
         if len(self._keys) < 2 and self.writable:
-            self._sample("record", text.encode())
+            self._sample("record", self._as_stored(text.encode()))
             for data in bodies.values():
                 self._sample("body", data)
 
@@ -390,21 +395,37 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id).encode()
-        stored = self._codec.encode(doc, self._keys.get("record") or None)
+        checked = None if self._numbering is None else head if head is not None else self.checked_head(doc, new_id)
+        stored, r = store_records.encoded(self._codec, self._keys.get("record") or None, doc, checked, self._joins)
         packed = _U64.pack(new_id)
         txn.put(packed, stored, db=self._exchanges, append=True)
         if self._numbering is not None:
-            r = store_heads.row(*head, stored) if head is not None else self.head_row(doc, stored, new_id)
             txn.put(packed, self._numbering.sealed(txn, packed, r), db=self._heads, append=True)
         if recorded is not None:
             self._put_index(txn, new_id, recorded)
         return new_id
 
-    def _decode_record(self, exchange_id: int, raw: bytes) -> Exchange:
-        """A stored record, or StoreError naming the store and the exchange: a record that does not
-        decode or does not have the record type's fields and types is never used."""
+    def _as_stored(self, text: bytes) -> bytes:
+        """A record's text as most are stored here, for the record dictionary to be trained on."""
+        if not self._joins:
+            return text
         try:
-            ex = exchange_record.parse(self._codec.decode(raw, self.max_body))
+            return store_records.stripped(text)
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            return text
+
+    def _decode_record(self, exchange_id: int, raw: bytes, value: Any = False, txn: Any = None) -> Exchange:
+        """A stored record, or StoreError naming the store and the exchange: a record that does not
+        decode or does not have the record type's fields and types is never used (in a /5 store,
+        joined with its head `value`, read here unless given, in `txn` or a read of its own)."""
+        try:
+            if not self._joins:
+                ex = exchange_record.parse(self._codec.decode(raw, self.max_body))
+            elif txn is not None:
+                ex = exchange_record.parse(self._text_of(txn, _U64.pack(exchange_id), raw, value))
+            else:
+                with self._env.begin() as own:
+                    ex = exchange_record.parse(self._text_of(own, _U64.pack(exchange_id), raw, value))
         except StoreError:
             raise
         except DAMAGE as exc:
@@ -418,7 +439,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
     def exchange(self, exchange_id: int) -> Exchange | None:
         with self._reading(f"exchange {exchange_id}"), self._env.begin(db=self._exchanges) as txn:
             raw = txn.get(_U64.pack(exchange_id))
-            return None if raw is None else self._decode_record(exchange_id, raw)
+            return None if raw is None else self._decode_record(exchange_id, raw, txn=txn)
 
     def exchanges(self, start: int = 1) -> Iterator[Exchange]:
         """Every exchange in write order (a consistent snapshot), from id `start` on."""
@@ -427,7 +448,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
             if not cur.set_range(_U64.pack(start)):
                 return
             for k, raw in cur:
-                yield self._decode_record(_U64.unpack(k)[0], raw)
+                yield self._decode_record(_U64.unpack(k)[0], raw, txn=txn)
 
     def heads(self) -> Iterator[Head]:
         """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
@@ -450,18 +471,22 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
             try:
                 return store_heads.read_sets(kind, txn.cursor())
             except ValueError as exc:
-                raise StoreError(f"store {self.path}: {exc}; `nfproxy compact` rewrites the heads from the "
-                                 "records") from None
+                raise StoreError(f"store {self.path}: {exc}; " + (store_records.RESTORE if self._joins else
+                                 "`nfproxy compact` rewrites the heads from the records")) from None
 
-    def head_row(self, record: bytes, stored: bytes, exchange_id: int) -> store_heads.Row | None:
-        """The heads-table row of a record's JSON text stored as `stored` (`store_heads.row`, read
-        from the text), or StoreError naming this store and the exchange where the text is not an
-        exchange record."""
+    def checked_head(self, record: bytes, exchange_id: int) -> tuple[Head, int] | None:
+        """A record's JSON text's head and the fields it leaves out (`exchange_record.checked_head`),
+        or StoreError naming this store and the exchange where the text is not an exchange record."""
         try:
-            checked = exchange_record.checked_head(record)
+            return exchange_record.checked_head(record)
         except (TypeError, ValueError) as exc:
             raise StoreError(f"store {self.path}: exchange {exchange_id} is not an exchange record ({exc}); "
                              "restore the store from a copy or record it again") from None
+
+    def head_row(self, record: bytes, stored: bytes, exchange_id: int) -> store_heads.Row | None:
+        """The heads-table row of a record's JSON text stored as `stored` (`store_heads.row`, read
+        from the text), or StoreError as `checked_head`."""
+        checked = self.checked_head(record, exchange_id)
         return None if checked is None else store_heads.row(*checked, stored)
 
     def _record_heads(self) -> Iterator[Head]:
@@ -486,7 +511,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
                 raw = txn.get(_U64.pack(i))
                 if raw is None:
                     raise StoreError(f"store {self.path}: exchange {i} is missing; restore it from a copy")
-                out.append(self._codec.decode(raw, self.max_body))
+                out.append(self._text_of(txn, _U64.pack(i), raw))
             return out
 
     def record_texts(self, start: int = 1) -> Iterator[tuple[int, bytes]]:
@@ -496,7 +521,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
             if not cur.set_range(_U64.pack(start)):
                 return
             for k, raw in cur:
-                yield _U64.unpack(k)[0], self._codec.decode(raw, self.max_body)
+                yield _U64.unpack(k)[0], self._text_of(txn, k, raw)
 
     def exchanges_after(self, after: int = 0) -> Iterator[Exchange]:
         """Exchanges with an id above `after`, in id order: a cursor, so a reader takes one page of

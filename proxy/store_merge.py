@@ -237,7 +237,10 @@ class MergeIO:
         and those bodies' dictionaries, from `source`, in one transaction. Returns how many bodies
         were new here."""
         dicts = {}
-        for key in {k for raw in batch.bodies.values() if raw and (k := self._codec.dictionary_of(raw))}:
+        of = self._codec.dictionary_of
+        wanted = {k for raw in batch.bodies.values() if raw and (k := of(raw))}
+        wanted.update(k for k in {of(raw) for _, raw in batch.records} if k and self.dictionary(k) is None)
+        for key in wanted:  # the records' are a /5 shard's, copied as stored
             data = source.dictionary(key)
             if data is None:
                 raise StoreError(f"store {source.path}: compression dictionary {key.hex()} is missing; restore "

@@ -74,6 +74,9 @@ class MergeScan:
     _reading: Any
     _decode_record: Any
     _check_body: Any
+    _joins: bool
+    _join: Any
+    _text_of: Any
     recent_bodies: Any
     _sets: dict[str, Any]
     _packed_sets: dict[tuple[str, int], bytes]
@@ -104,9 +107,11 @@ class MergeScan:
                 raw: Any) -> tuple[Identity, tuple[str | None, int | None] | None, tuple[str | None, int | None] | None]:
         """A record's identity and its request's and response's (body digest, size): read narrowly
         when its head vouches for it, else from the full parse (which raises on damage)."""
-        if self._heads is not None and checked_value(k, txn.get(k, db=self._heads), raw):
+        value = txn.get(k, db=self._heads) if self._heads is not None else None
+        if checked_value(k, value, raw):
             try:
-                v = _VIEW.decode(self._codec.decode(raw, self.max_body))
+                text = self._codec.decode(raw, self.max_body)
+                v = _VIEW.decode(self._join(txn, exchange_id, value, text) if self._joins else text)
             except (msgspec.ValidationError, msgspec.DecodeError, ValueError, LookupError):
                 v = None  # not reached for a record its head vouches for: the full parse says why
             except Exception:  # noqa: BLE001 - zstd's errors: the full parse names the damage
@@ -115,17 +120,20 @@ class MergeScan:
                 resp = v.response
                 return ((v.session, v.mode, v.key, v.occurrence, v.seq, v.time), (v.request.body, v.request.body_size),
                         None if resp is None else (resp.body, resp.body_size))
-        ex = self._decode_record(exchange_id, raw)
+        ex = self._decode_record(exchange_id, raw, value, txn)
         parts = [(p.get("body"), p.get("body_size")) if p else None for p in (ex.request, ex.response)]
         return (ex.session, ex.mode, ex.key, ex.occurrence, ex.seq, ex.time), parts[0], parts[1]
 
-    def copied_records(self, ids: list[int]) -> list[tuple[bytes, HeadTail | None]]:
-        """The records of these exchanges as JSON bytes (decoded, not parsed), each with its head
-        as merge copies it (`HeadTail`: its labels and route as packed, the fields after them)
-        where the head passes `checked_value` (None: merge reads the head from the text)."""
+    def copied_records(self, ids: list[int], as_stored: bool = False) -> list[Copied]:
+        """The records of these exchanges as JSON bytes (decoded, not parsed; whole, id first),
+        each with its head as merge copies it (`HeadTail`: its labels and route as packed, the
+        fields after them) where the head passes `checked_value` (None: merge reads the head from
+        the text). With `as_stored`, a /5 record stored stripped whose head passes (and that is no
+        replay: its source id changes) comes as its text left stripped, its head, and its bytes
+        as stored, which merge copies untouched."""
         from noisefloor.proxy.store_env import StoreError
 
-        out = []
+        out: list[Copied] = []
         with self._reading("exchanges"), self._env.begin() as txn:
             for i in ids:
                 k = _U64.pack(i)
@@ -134,7 +142,14 @@ class MergeScan:
                     raise StoreError(f"store {self.path}: exchange {i} is missing; restore it from a copy")
                 value = txn.get(k, db=self._heads) if self._heads is not None else None
                 tail = self._head_tail(txn, value) if checked_value(k, value, raw) else None
-                out.append((self._codec.decode(raw, self.max_body), tail))
+                if not self._joins:
+                    out.append((self._codec.decode(raw, self.max_body), tail, None))
+                    continue
+                text = self._codec.decode(raw, self.max_body)
+                if as_stored and tail is not None and b'"replay":{' not in text:
+                    out.append((text, tail, raw))
+                else:
+                    out.append((self._text_of(txn, k, raw, value), tail, None))
         return out
 
     def _head_tail(self, txn: Any, value: bytes) -> HeadTail | None:
@@ -166,6 +181,7 @@ class MergeScan:
 
 
 HeadTail = tuple[bytes, bytes, bytes]  # a head's labels and route, packed, and its fields after them
+Copied = tuple[bytes, HeadTail | None, bytes | None]  # a record's text, its head, its bytes as stored (or None)
 
 
 def _int_at(buf: bytes, at: int) -> tuple[int, int]:

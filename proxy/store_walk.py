@@ -23,6 +23,7 @@ from typing import Any
 
 from noisefloor.proxy import exchange_record, store_heads
 from noisefloor.proxy.store_env import DAMAGE, StoreError
+from noisefloor.proxy.store_records import RESTORE
 
 BATCH = 256  # entries read from each table at once
 _U64 = struct.Struct(">Q")
@@ -61,6 +62,8 @@ class Walks:
     _decode_record: Any
     _sets_of: Any
     _record_heads: Any
+    _joins: bool
+    _join: Any
 
     def _paired_batches(self, what: str, size: int = BATCH) -> Iterator[Batch]:
         """(ids, heads, records as stored) in write order, up to `size` of each at a time, in one
@@ -92,9 +95,15 @@ class Walks:
             self._decode_record(exchange_id, raw)  # a damaged record says what is wrong with it
             raise StoreError(f"store {self.path}: exchange {exchange_id}'s head and record do not match (one "
                              "was changed after the other was written); restore the store from a copy, or "
-                             f"{_COMPACT}")
+                             f"{_COMPACT}")  # (a /5 store's record read says so itself, with its own advice)
         raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its "
-                         f"checksum does not match); {_COMPACT}")
+                         f"checksum does not match); {self._fix}")
+
+    @property
+    def _fix(self) -> str:
+        """What a damaged head's message advises: rewrite the heads from the records, unless the
+        head is the one copy of its fields (noisefloor-log/5)."""
+        return RESTORE if self._joins else _COMPACT
 
     def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:
         """A head without its record or a record without its head: the first such exchange, named."""
@@ -103,7 +112,7 @@ class Walks:
         which = "record" if record_key is None or (head_key is not None and bytes(head_key) < bytes(record_key)) \
             else "head"
         raise StoreError(f"store {self.path}: exchange {exchange_id} has no {which} (the heads table and the records "
-                         f"differ); {_COMPACT}")
+                         f"differ); {self._fix}")
 
     # -- heads ---------------------------------------------------------------------------------
 
@@ -184,6 +193,8 @@ class Walks:
                 text = decode(raw, limit)
             except DAMAGE:
                 text = None
+            if self._joins:
+                text = self._joined((exchange_id,), (value,), [text])[0]
             left = self._left_out(exchange_id, value) if value else exchange_record.NOT_LISTED
             yield self._listed(exchange_id, text, left, raw)
 
@@ -228,7 +239,20 @@ class Walks:
         batch while this one is listed took as long in wall time, and 10% more CPU."""
         decode_many, limit = self._codec.decode_many, self.max_body
         for ids, values, raws in self._walk_batches(what):
-            yield ids, values, raws, decode_many(raws, limit)
+            texts = decode_many(raws, limit)
+            yield ids, values, raws, self._joined(ids, values, texts) if self._joins else texts
+
+    def _joined(self, ids: Sequence[int], values: Sequence[Any], texts: list[bytes | None]) -> list[bytes | None]:
+        """A /5 batch's decoded records joined with their checked heads (`Store._join`); None where
+        one cannot be: its own read (`_listed`) then says why, after the lines before it."""
+        out: list[bytes | None] = []
+        with self._env.begin() as txn:
+            for exchange_id, value, text in zip(ids, values, texts):
+                try:
+                    out.append(text if text is None or not value else self._join(txn, exchange_id, value, text))
+                except StoreError:
+                    out.append(None)
+        return out
 
     def _left_out(self, exchange_id: int, value: bytes) -> int:
         """The fields a checked head's record leaves out (`store_heads.left_out`), or StoreError
@@ -239,7 +263,7 @@ class Walks:
             raise self._damaged_head(exchange_id, exc) from None
 
     def _damaged_head(self, exchange_id: int, exc: BaseException) -> StoreError:
-        return StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); {_COMPACT}")
+        return StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); {self._fix}")
 
     def _listed(self, exchange_id: int, text: bytes | None, left: int, raw: bytes) -> bytes:
         """One record's line (`listed_records`): passed through where its head allows, else checked now."""

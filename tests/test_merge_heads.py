@@ -4,7 +4,8 @@ else takes the full parse. So a merge writes exactly the tables a merge that par
 writes; a record damaged under an intact head, or a body, is refused by name with nothing merged;
 a record rewritten after its head (valid, other bytes) is merged with the head read from it; a
 damaged head alone costs nothing. Real LMDB stores recorded through the real recorder; the
-sessions plan (which shard brings a session, which OUT holds, which clash) on its own arrays."""
+sessions plan (which shard brings a session, which OUT holds, which clash) on its own arrays.
+A /5 shard, whose records are copied as stored, is tests/test_merge_as_stored.py's."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ TABLES = ("exchanges", "heads", "labels", "routes", "recorded", "lookups", "bodi
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    return recorded_shards(tmp_path_factory.mktemp("heads"), 120)
+    return recorded_shards(tmp_path_factory.mktemp("heads"), 120, "noisefloor-log/4")  # records whole, id in them
 
 
 def tables(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:

@@ -3,7 +3,8 @@
 Layout (named databases; values encoded as `codec` says: tagged, zstd with a trained dictionary):
   meta      name -> JSON           format version, normalization rules and their id, dictionaries
   bodies    sha256 -> value        every request/response body, stored once
-  exchanges u64 id -> value(JSON)  one record per request the proxy saw, in write order
+  exchanges u64 id -> value(JSON)  one record per request the proxy saw, in write order (noisefloor-log/5:
+                                   without its id and the fields its head holds, `store_records`)
   dicts     key -> bytes           zstd dictionaries trained on this store's bodies and records
   recorded  u64 id -> entry        the compact replay index of record-mode exchanges
   outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
@@ -30,8 +31,9 @@ parse as the exchange record; anything else is a StoreError naming the store and
 Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
 dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
 replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
-do not read; noisefloor-log/4 the heads table. Each is read as it is and written in its own
-layout; `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's format.
+do not read; noisefloor-log/4 the heads table; noisefloor-log/5 records without their id and
+their head's fields (joined with the head when read; merge copies them as stored). Each is read
+as it is and written in its own layout; `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's format.
 """
 
 from __future__ import annotations

@@ -92,8 +92,8 @@ def test_a_replay_record_and_a_record_stored_whole_are_merged_with_their_ids_map
     with Store.open(shard, write=True) as s:
         first = s.exchange(1)
         base = {k: v for k, v in first.to_json().items() if k != "id"}
-        replayed = s.append({**base, "session": "rp", "seq": 0, "mode": "replay",
-                             "replay": {"result": "hit", "source_id": 1}}, {}, None)
+        s.append({**base, "session": "rp", "seq": 0, "mode": "replay", "replay": {"result": "hit", "source_id": 1}},
+                 {}, None)
         whole = s.append({**base, "session": "odd", "seq": 0, "from_a_newer_writer": [1, 2]}, {}, None)
     stored = rows(shard, "exchanges")[whole - 1][1]
     with Store.open(shard, write=False) as s:  # the unknown key: its head says NOT_LISTED, the record is whole

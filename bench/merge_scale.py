@@ -6,6 +6,8 @@ import path, as bench/readers_scale.py does), interleaved round by round so both
     python bench/merge_scale.py --keep DIR --sizes 10000,100000 --baseline main [--rounds 2]
     python bench/merge_scale.py --keep DIR --sizes 10000,100000 --shards 2   # shards built with
         store_scale.py --build-shard N --seed I --prefix shI --out DIR/sN.shardI.lmdb, I = 0, 1
+    python bench/merge_scale.py --keep DIR --this-keep DIR5 ...   # this checkout merges DIR5's
+        copies (`nfproxy migrate`d to its format), the baseline DIR's
 
 Per run: wall seconds, CPU seconds (user + system, worker processes included), exchanges per
 wall second and per CPU second, and the most private memory seen (RssAnon of the merging process,
@@ -67,6 +69,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--shards", type=int, default=0,
                     help="merge the K shards s{n}.shard{i}.lmdb of each size (n exchanges each) instead of s{n}.lmdb")
+    ap.add_argument("--this-keep", type=Path, help="this checkout's copies of the stores, where they differ "
+                    "(the shards migrated to today's format: `nfproxy migrate`); default --keep")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     results: list[dict[str, object]] = []
@@ -74,8 +78,9 @@ def main() -> None:
         base = unpack(a.baseline, Path(tmp) / "base")
         for round_ in range(a.rounds):
             for n in map(int, a.sizes.split(",")):
-                stores = [a.keep / f"s{n}.shard{i}.lmdb" for i in range(a.shards)] or [a.keep / f"s{n}.lmdb"]
+                names = [f"s{n}.shard{i}.lmdb" for i in range(a.shards)] or [f"s{n}.lmdb"]
                 for label, code in ((a.baseline, base), ("this", None)):
+                    stores = [(a.this_keep if code is None and a.this_keep else a.keep) / name for name in names]
                     r = {"round": round_, "exchanges": n * len(stores), "code": label,
                          **merge_run(stores, Path(tmp) / "out.lmdb", code, n * len(stores))}
                     results.append(r)

@@ -46,7 +46,17 @@ class _Identity(msgspec.Struct, gc=False):
     response: _Body | None
 
 
+class _Rest(msgspec.Struct, gc=False):
+    """What merge reads of a /5 record stored stripped (its identity is in its head)."""
+
+    seq: int
+    request: _Body
+    response: _Body | None
+
+
 _VIEW = msgspec.json.Decoder(_Identity)
+_REST = msgspec.json.Decoder(_Rest)
+_STORED = msgspec.msgpack.Decoder(store_heads.Stored)
 
 
 def checked_value(k: bytes, value: Any, raw: Any) -> bool:
@@ -76,6 +86,7 @@ class MergeScan:
     _check_body: Any
     _joins: bool
     _join: Any
+    _set: Any
     _text_of: Any
     recent_bodies: Any
     _sets: dict[str, Any]
@@ -111,7 +122,9 @@ class MergeScan:
         if checked_value(k, value, raw):
             try:
                 text = self._codec.decode(raw, self.max_body)
-                v = _VIEW.decode(self._join(txn, exchange_id, value, text) if self._joins else text)
+                if self._joins:  # a /5 record: its identity is its head's, its bodies the rest's
+                    return self._rest_viewed(txn, value, text)
+                v = _VIEW.decode(text)
             except (msgspec.ValidationError, msgspec.DecodeError, ValueError, LookupError):
                 v = None  # not reached for a record its head vouches for: the full parse says why
             except Exception:  # noqa: BLE001 - zstd's errors: the full parse names the damage
@@ -123,6 +136,15 @@ class MergeScan:
         ex = self._decode_record(exchange_id, raw, value, txn)
         parts = [(p.get("body"), p.get("body_size")) if p else None for p in (ex.request, ex.response)]
         return (ex.session, ex.mode, ex.key, ex.occurrence, ex.seq, ex.time), parts[0], parts[1]
+
+    def _rest_viewed(self, txn: Any, value: Any, text: bytes) -> tuple[Identity, Any, Any]:
+        """`_viewed` of a /5 record stored stripped, from its checked head and the rest's text."""
+        s = _STORED.decode(value[store_heads.HEAD_AT:])
+        r = _REST.decode(text)
+        labels, route = self._set(txn, "labels", s.labels), self._set(txn, "routes", s.route)
+        resp = r.response
+        return ((labels[0], route[0], s.key.hex() if s.other_key is None else s.other_key, s.occurrence, r.seq,
+                 s.time), (r.request.body, r.request.body_size), None if resp is None else (resp.body, resp.body_size))
 
     def copied_records(self, ids: list[int], as_stored: bool = False) -> list[Copied]:
         """The records of these exchanges as JSON bytes (decoded, not parsed; whole, id first),

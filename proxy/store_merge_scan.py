@@ -157,18 +157,21 @@ class MergeScan:
 
         out: list[Copied] = []
         with self._reading("exchanges"), self._env.begin() as txn:
+            rows = []
             for i in ids:
                 k = _U64.pack(i)
                 raw = txn.get(k, db=self._exchanges)
                 if raw is None:
                     raise StoreError(f"store {self.path}: exchange {i} is missing; restore it from a copy")
-                value = txn.get(k, db=self._heads) if self._heads is not None else None
+                rows.append((k, raw, txn.get(k, db=self._heads) if self._heads is not None else None))
+            texts = self._codec.decode_many([raw for _, raw, _ in rows], self.max_body)  # one call for the batch
+            for (k, raw, value), text in zip(rows, texts, strict=True):
                 tail = self._head_tail(txn, value) if checked_value(k, value, raw) else None
+                if text is None:  # one that does not decode: read alone, to raise its error
+                    text = self._codec.decode(raw, self.max_body)
                 if not self._joins:
-                    out.append((self._codec.decode(raw, self.max_body), tail, None))
-                    continue
-                text = self._codec.decode(raw, self.max_body)
-                if as_stored and tail is not None and b'"replay":{' not in text:
+                    out.append((text, tail, None))
+                elif as_stored and tail is not None and b'"replay":{' not in text:
                     out.append((text, tail, raw))
                 else:
                     out.append((self._text_of(txn, k, raw, value), tail, None))

@@ -17,9 +17,10 @@ Memory does not grow with bodies, records or outcome rows: a shard is checked th
 (`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
 not parsed whole), its sessions kept as numpy arrays (`merge_sessions`: per exchange 8 bytes
 once a store is read, per session about 90), its outcome rows streamed (`merge_outcomes`); the
-copy (`merge_copy`) reads each batch's records by id and passes their JSON through without
-parsing it (only a replay record, whose source id changes, is parsed), each head copied from the
-shard's. A large shard is checked, and its batches prepared, by worker processes when asked
+copy (`merge_copy`) reads each batch's records by id: between noisefloor-log/5 stores each is
+copied as stored (its id is its key: its bytes do not change), else its JSON passed through
+without parsing it and encoded again under its new id (only a replay record, whose source id
+changes, is parsed), each head copied from the shard's. A large shard is checked, and its batches prepared, by worker processes when asked
 (`jobs`), each check as strict as a read in this process.
 """
 

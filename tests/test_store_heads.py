@@ -1,6 +1,7 @@
 """The heads table (noisefloor-log/4): every writer fills it in the record's transaction, listings
 and nfanalyze read it instead of the records and print what the records say, a store made by
-main before it (tests/data/store-main-0410ae8, noisefloor-log/3) is read as it is and migrated,
+main before it (tests/data/store-main-0410ae8, noisefloor-log/3) is read as it is and migrated, as is
+one of noisefloor-log/4 (tests/data/store-main-05ff371) into /5,
 and a damaged head is one line naming the store and the exchange. Real LMDB files, the real
 recorder, real nfproxy / nfanalyze processes."""
 
@@ -103,6 +104,31 @@ def test_a_store_of_main_is_listed_from_its_records_and_migrated_with_heads_that
     assert summary["conditions"] == logstats.from_store(old)["conditions"]
     assert summary["conditions"]["(unlabeled)"]["exchanges"] == 8
     assert summary["conditions"]["(unlabeled)"]["input_tokens"] == 40  # 5 each, as the fixture answered
+
+
+def test_a_v4_store_of_main_reads_as_it_is_and_migrates_to_v5_with_every_record_the_same(tmp_path):
+    """tests/data/store-main-05ff371: made by main at 05ff371 (noisefloor-log/4: records whole, id
+    in them) with make_main_store.py; migrated, each record is stored without its head's fields
+    and reads back as the /4 store has it."""
+    old, new = tmp_path / "old.lmdb", tmp_path / "new.lmdb"
+    shutil.copytree(DATA / "store-main-05ff371", old)
+    shutil.copytree(old, new)
+    r = run([*nfproxy_argv(), "migrate", "--store", str(new)])
+    assert r.returncode == 0 and "from noisefloor-log/4 to " + FORMAT in r.stdout, r.stdout + r.stderr
+    with Store.open(old, write=False) as a, Store.open(new, write=False) as b:
+        assert (a.format, b.format, b.meta("migrated_from")) == ("noisefloor-log/4", FORMAT, "noisefloor-log/4")
+        assert [ex.to_json() for ex in a.exchanges()] == [ex.to_json() for ex in b.exchanges()]
+        assert list(a.heads()) == list(b.heads()) and len(b) == 8
+        whole = dict(a.record_texts())
+    rest = table(new, "exchanges")
+    assert all(b'"id":' in t for t in whole.values())
+    assert printed(old) == printed(new)
+    assert all(b'"key"' not in b.replace(b" ", b"") for b in _decoded(new, rest).values())
+
+
+def _decoded(store: Path, rows: dict[int, bytes]) -> dict[int, bytes]:
+    with Store.open(store, write=False) as s:
+        return {i: s._codec.decode(v, 1 << 24) for i, v in rows.items()}
 
 
 def test_every_writer_fills_the_heads_table_and_an_old_store_keeps_its_layout(stores, tmp_path):

@@ -1,7 +1,8 @@
 """How tests/data/store-main-1704f55 was made: run with main at 1704f55 on the import path
 (PYTHONPATH pointing at a checkout of that commit laid out as the `noisefloor` package).
 tests/data/store-main-0410ae8 was made the same way with main at 0410ae8 (noisefloor-log/3, the
-format before the heads table).
+format before the heads table), and tests/data/store-main-05ff371 with main at 05ff371
+(noisefloor-log/4: heads, records whole with their ids; the format before noisefloor-log/5).
 
 One session, "S": four independent questions, a two-turn conversation whose second turn carries
 the first answer, and one question asked twice (two different answers), all OpenAI chat."""

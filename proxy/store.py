@@ -104,6 +104,7 @@ class Store(Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks
         self._numbering: store_heads.Sets | None = None
         self._joins = False  # noisefloor-log/5: records stored without their id and their head's fields
         self._joined_sets: dict[tuple[str, int], tuple[Any, ...]] = {}  # labels / routes joins read (`_set`)
+        self._shared_text: dict[tuple[int, int, int], bytes] = {}  # their fields' text, as `joined` puts it back
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
         self._codec = codec.Codec(self._load_dict)
         self._keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use

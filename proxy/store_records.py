@@ -49,17 +49,36 @@ def _bits() -> dict[str, int]:
     return {n: 1 << i for i, n in enumerate(_record_checker()[1])}
 
 
-def joined(exchange_id: int, rest: bytes, s: store_heads.Stored, labels: tuple[Any, ...],
-           route: tuple[Any, ...]) -> bytes:
+_OWN = ("id", "time", "key", "occurrence", "usage", "truncated", "error", "notes")  # the head's own fields
+
+
+@functools.cache
+def _own_mask() -> int:
+    return sum(_bits().get(k, 0) for k in _OWN)
+
+
+def shared_text(left: int, labels: tuple[Any, ...], route: tuple[Any, ...]) -> bytes:
+    """The text of a record's labels and route fields as `joined` puts them back (after a comma),
+    those the record left out (`left`) left out: the same for every record of a session."""
+    bits = _bits()
+    values = {"session": labels[0], "task": labels[1], "replicate": labels[2], "condition": labels[3],
+              "mode": route[0], "model": route[3], "fingerprint": route[4]}
+    return b"," + _ENCODE({k: v for k, v in values.items() if not left & bits[k]})[1:-1]
+
+
+def joined(exchange_id: int, rest: bytes, s: store_heads.Stored, common: bytes) -> bytes:
     """The whole record's JSON text (the id first, as /4 stored it): `rest` (`stripped`) with its
-    head's fields put back, those the record left out (its `left_out`) left out again."""
-    bits, left = _bits(), s.left_out
-    values = {"id": exchange_id, "time": s.time, "key": s.key.hex() if s.other_key is None else s.other_key,
-              "occurrence": s.occurrence, "usage": store_heads.usage_dict(s.usage), "truncated": s.truncated,
-              "error": s.error, "notes": s.notes, "session": labels[0], "task": labels[1], "replicate": labels[2],
-              "condition": labels[3], "mode": route[0], "model": route[3], "fingerprint": route[4]}
-    head = _ENCODE({k: v for k, v in values.items() if not left & bits.get(k, 0)})
-    return head[:-1] + b"," + rest[1:] if len(rest) > 2 else head
+    head's fields put back (`common`: its labels and route's, `shared_text`), those the record
+    left out (its `left_out`) left out again."""
+    left = s.left_out
+    own = {"id": exchange_id, "time": s.time, "key": s.key.hex() if s.other_key is None else s.other_key,
+           "occurrence": s.occurrence, "usage": store_heads.usage_dict(s.usage), "truncated": s.truncated,
+           "error": s.error, "notes": s.notes}
+    if left & _own_mask():
+        bits = _bits()
+        own = {k: v for k, v in own.items() if not left & bits.get(k, 0)}
+    head = _ENCODE(own)[:-1] + common
+    return head + b"," + rest[1:] if len(rest) > 2 else head + b"}"
 
 
 def encoded(codec: Any, key: bytes | None, doc: bytes, checked: tuple[Head, int] | None,
@@ -105,6 +124,7 @@ class Joins:
     max_body: int
     _joins: bool
     _joined_sets: dict[tuple[str, int], tuple[Any, ...]]
+    _shared_text: dict[tuple[int, int, int], bytes]
 
     def _text_of(self, txn: Any, k: bytes, raw: Any, value: Any = False) -> bytes:
         """A record's whole JSON text, id first: decoded (zstd's errors as raised) and, in a /5
@@ -144,7 +164,14 @@ class Joins:
                              f"{RESTORE}") from None
         if s.left_out == NOT_LISTED:
             return text
-        return joined(exchange_id, text, s, self._set(txn, "labels", s.labels), self._set(txn, "routes", s.route))
+        at = (s.labels, s.route, s.left_out)
+        common = self._shared_text.get(at)
+        if common is None:
+            common = shared_text(s.left_out, self._set(txn, "labels", s.labels), self._set(txn, "routes", s.route))
+            if len(self._shared_text) > 1 << 16:
+                self._shared_text.clear()
+            self._shared_text[at] = common
+        return joined(exchange_id, text, s, common)
 
     def _set(self, txn: Any, kind: str, n: int) -> tuple[Any, ...]:
         """Labels or route `n`, checked (its CRC, its shape) and kept (a set per session at most)."""

@@ -16,7 +16,13 @@ oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
                            that share most of their content share a band)
 
 A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it),
-where layout 1 paid a whole row each. Layout 1 (stores recorded before; one table `rindex` of
+where layout 1 paid a whole row each.
+
+Layout 3 (`VERSION`, store format noisefloor-log/5): the same rows, smaller. An entry keeps no id
+(its table key is the id), and its sketch keeps each minimum's low 16 bits (64 bytes instead of
+128; the bands are computed from those); a lookup's key is its kind and 5 bytes (`TAG3`) instead
+of 8. A tag shared by chance costs a read (keys and sessions are checked on their entries; a band
+so shared brings a candidate whose own sketch is then compared), never a different hit. Layout 1 (stores recorded before; one table `rindex` of
 prefixed keys: k + key(32) + id, s + session(12) + id, b + bucket + id, n + band + id, and
 g + id -> sketch; JSON entries) is still read as it is, and written to by a recorder appending to
 such a store; `nfproxy migrate` (or `compact`) rewrites it in layout 2. Both layouts answer the
@@ -45,12 +51,14 @@ if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.keys import CanonicalRequest
     from noisefloor.proxy.store import Store
 
-VERSION = 2
-READ = (1, VERSION)  # the layouts this version reads
+VERSION = 3
+READ = (1, 2, VERSION)  # the layouts this version reads
+PACKED = (2, VERSION)  # the layouts whose lookups are `lookups`' sorted duplicates
 _U64 = struct.Struct(">Q")
 ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
 KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
 TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
+TAG3 = 5  # ... in a layout-3 one (every kind: a row under a shared tag costs a read, never an answer)
 MERGING = "merge_lookups_from"  # meta: a merge copying lookups after the records began at this id
 
 _HASHES = 32  # MinHash values per sketch
@@ -60,6 +68,15 @@ _MAX_FEATURES = 2048
 _CHUNK = 4  # words per feature of a long string
 BAND_READ = 32  # newest ids read per band
 RANKED = 64  # candidates whose sketches are compared
+
+
+def tag(version: int | None) -> int:
+    """Bytes of a hash in a lookup key of this layout."""
+    return TAG if version == 2 else TAG3
+
+
+def lookup_key_bytes(version: int | None) -> int:
+    return 1 + tag(version)
 
 
 @dataclass(frozen=True)
@@ -100,8 +117,34 @@ class _Entry(msgspec.Struct, array_like=True):
     sketch: bytes | None
 
 
+class _Entry3(msgspec.Struct, array_like=True):
+    """A layout-3 entry as stored: no id (the table's key is it), a 16-bit sketch."""
+
+    version: int
+    key: bytes
+    session: bytes
+    occurrence: int
+    seq: int
+    route: bytes
+    start: float | None
+    end: float | None
+    deps: tuple[int, ...]
+    bucket: bytes | None
+    sketch: bytes | None
+
+
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder(_Entry)
+_DECODE3 = msgspec.msgpack.Decoder(_Entry3)
+
+
+def _decoded(raw: bytes) -> _Entry | _Entry3:
+    """A msgpack entry of layout 2 or 3 (the array's first item is its version); ValueError if its
+    sketch is not its layout's width."""
+    e: _Entry | _Entry3 = _DECODE3.decode(raw) if raw[1:2] == b"\x03" else _DECODE.decode(raw)
+    if e.sketch is not None and len(e.sketch) != (_SIG16.size if isinstance(e, _Entry3) else _SIG.size):
+        raise ValueError(f"a replay-index sketch of {len(e.sketch)} bytes")
+    return e
 
 
 def _text(b: bytes) -> str:
@@ -112,48 +155,57 @@ def _utf8(s: str) -> bytes:
     return s.encode("utf-8", "surrogatepass")
 
 
-def entry(raw: bytes) -> RecordedEntry:
-    """A stored entry of either layout (layout 1's are JSON objects)."""
+def entry(raw: bytes, exchange_id: int) -> RecordedEntry:
+    """A stored entry of any layout, stored under `exchange_id` (layout 1's are JSON objects;
+    layouts 1 and 2 carry their id, which is the one given)."""
     if raw[:1] == b"{":
         doc = json.loads(raw)
         return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
                              deps=tuple(doc.get("deps", ())))
-    e = _DECODE.decode(raw)
-    return RecordedEntry(e.id, e.key.hex(), _text(e.session), e.occurrence, e.seq, _text(e.route), e.start, e.end,
+    e = _decoded(raw)
+    return RecordedEntry(e.id if isinstance(e, _Entry) else exchange_id, e.key.hex(), _text(e.session), e.occurrence, e.seq, _text(e.route), e.start, e.end,
                          e.deps)
 
 
 def entry_sketch(raw: bytes) -> tuple[bytes, bytes] | None:
-    """(bucket, sketch) a layout-2 entry carries (None: its request had none)."""
-    e = _DECODE.decode(raw)
+    """(bucket, sketch) a layout-2 or -3 entry carries (None: its request had none)."""
+    e = _decoded(raw)
     return None if e.bucket is None or e.sketch is None else (e.bucket, e.sketch)
 
 
 def moved_entry(raw: bytes, exchange_id: int) -> bytes:
-    """A layout-2 entry as stored, under another id (merge): checked by decoding it as the entry
-    type (a value that does not decode is a msgspec.DecodeError or ValidationError)."""
-    e = _DECODE.decode(raw)
+    """A layout-2 or -3 entry as stored, under another id (merge): checked by decoding it as the
+    entry type (a value that does not decode is a msgspec.DecodeError, ValidationError or
+    ValueError); layout 3's, holding no id, is copied as it is."""
+    e = _decoded(raw)
+    if isinstance(e, _Entry3):
+        return bytes(raw)
     e.id = exchange_id
     return _ENCODE.encode(e)
 
 
-def lookups_of(e: _Entry) -> int:
+def lookups_of(e: _Entry | _Entry3) -> int:
     """How many rows `lookup_rows` gives an entry: key and session, then bucket and bands when
     its request had a sketch."""
     return 2 + (1 + _HASHES // _ROWS if e.bucket is not None and e.sketch is not None else 0)
 
 
 def entry_lookups(raw: bytes) -> int:
-    return lookups_of(_DECODE.decode(raw))
+    return lookups_of(_decoded(raw))
 
 
 def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None) -> bytes:
-    """The entry as a store of this index layout keeps it (layout 2: with its sketch)."""
-    if version != VERSION:
+    """The entry as a store of this index layout keeps it (layouts 2 and 3: with its sketch in
+    the layout's width)."""
+    if version not in PACKED:
         return entry_json(exchange_id, e)
-    bucket_, _, sketch_ = e.near if e.near is not None else (None, (), None)
-    return _ENCODE.encode(_Entry(VERSION, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
-                                 _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
+    near = near_in(e.near, version)
+    bucket_, _, sketch_ = near if near is not None else (None, (), None)
+    if version == 2:
+        return _ENCODE.encode(_Entry(2, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
+                                     _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
+    return _ENCODE.encode(_Entry3(VERSION, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
+                                  _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
 
 
 def entry_json(exchange_id: int, e: RecordedEntry) -> bytes:
@@ -192,24 +244,25 @@ def rows_v1(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, byt
         yield SKETCH + idb, sketch_bytes
 
 
-def key_tag(key: str) -> bytes:
-    return KEY + bytes.fromhex(key)[:TAG]
+def key_tag(key: str, version: int | None = VERSION) -> bytes:
+    return KEY + bytes.fromhex(key)[:tag(version)]
 
 
-def session_key(session: str) -> bytes:
-    return SESSION + session_tag(session)[:TAG]
+def session_key(session: str, version: int | None = VERSION) -> bytes:
+    return SESSION + session_tag(session)[:tag(version)]
 
 
-def lookup_rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
-    """Layout 2's lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
-    idb = ID.pack(exchange_id)
-    yield key_tag(entry.key), idb
-    yield session_key(entry.session), idb
-    if entry.near is not None:
-        bucket, bands, _ = entry.near
-        yield BUCKET + bucket, idb
+def lookup_rows(exchange_id: int, entry: RecordedEntry, version: int | None = VERSION) -> Iterator[tuple[bytes, bytes]]:
+    """Layout 2's or 3's lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
+    idb, n = ID.pack(exchange_id), tag(version)
+    yield key_tag(entry.key, version), idb
+    yield session_key(entry.session, version), idb
+    near = near_in(entry.near, version)
+    if near is not None:
+        bucket, bands, _ = near
+        yield BUCKET + bucket[:n], idb
         for band in bands:
-            yield BAND + band, idb
+            yield BAND + band[:n], idb
 
 
 # -- the nearest-request sketch ------------------------------------------------------------------
@@ -230,7 +283,8 @@ _B = (2119253654, 1115689071, 1455360172, 1156079090, 1064680245, 1430009448, 16
       1539244850, 883014253, 1143942708, 1203318372, 632016368, 2002738074, 742244558, 782102548, 900954583,
       1604013398, 1705916142, 341563855, 1765437306, 1474081769, 1433842241, 1150346897, 1016003382, 1416561790,
       577416553, 2053460888, 552361298, 726460660, 1941780096)
-_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as stored: 32 little-endian 4-byte minima
+_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as layouts 1 and 2 store it: 32 little-endian 4-byte minima
+_SIG16 = struct.Struct(f"<{_HASHES}H")  # as layout 3 does: each minimum's low 16 bits
 # Up to this many features a signature is computed in plain Python (~32 operations a feature)
 # unless numpy is already loaded; above, with numpy, whose import (~0.2 CPU-s a process) is paid
 # only where bodies are large. The two give the same values (a test checks both).
@@ -328,18 +382,37 @@ def jaccard(a: set[int], b: set[int]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:
-    """(bucket, bands, sketch bytes) of a request's canonical form."""
+def sketch(canonical: CanonicalRequest, route: str,
+           version: int | None = VERSION) -> tuple[bytes, tuple[bytes, ...], bytes]:
+    """(bucket, bands, sketch bytes) of a request's canonical form, in this index layout's width."""
     feats = _Features(route)
     feats.walk(canonical.body, "")
-    sig = _SIG.pack(*feats.signature())
+    values = feats.signature()
+    sig = _SIG16.pack(*(v & 0xFFFF for v in values)) if version == VERSION else _SIG.pack(*values)
     buck = bucket(route, canonical.body)
     return buck, bands(buck, sig), sig
 
 
+def narrow(sig: bytes) -> bytes:
+    """A 32-bit sketch (layouts 1, 2) as layout 3 keeps it: each minimum's low 16 bits."""
+    return _SIG16.pack(*(v & 0xFFFF for v in _SIG.unpack(sig)))
+
+
+def near_in(near: tuple[bytes, tuple[bytes, ...], bytes] | None,
+            version: int | None) -> tuple[bytes, tuple[bytes, ...], bytes] | None:
+    """A nearest-request entry in this layout's width: a 32-bit sketch narrowed for layout 3, its
+    bands computed again; a 16-bit one cannot be widened for an older layout (None)."""
+    if near is None or len(near[2]) == (_SIG16.size if version == VERSION else _SIG.size):
+        return near
+    if version != VERSION:
+        return None
+    small = narrow(near[2])
+    return near[0], bands(near[0], small), small
+
+
 def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
     """The locality-sensitive bands of a sketch (`_ROWS` values each) within its bucket."""
-    step = 4 * _ROWS
+    step = len(sig) // (_HASHES // _ROWS)
     return tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * step:(i + 1) * step], digest_size=8).digest()
                  for i in range(_HASHES // _ROWS))
 
@@ -354,14 +427,18 @@ def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, 
 
 
 def agreement(a: bytes, others: list[bytes]) -> list[float]:
-    """Estimated Jaccard similarity of sketch `a` with each of `others`: the share of equal minima."""
+    """Estimated Jaccard similarity of sketch `a` with each of `others` (all of one width): the
+    share of equal minima."""
+    wide = len(a) == _SIG.size
     if "numpy" in sys.modules and others:  # the same shares, counted at once
         import numpy as np
 
-        rows = np.frombuffer(b"".join(others), dtype="<u4").reshape(len(others), _HASHES)
-        return ((rows == np.frombuffer(a, dtype="<u4")).sum(axis=1) / _HASHES).tolist()
-    mine = _SIG.unpack(a)
-    return [sum(x == y for x, y in zip(mine, _SIG.unpack(o))) / _HASHES for o in others]
+        kind = "<u4" if wide else "<u2"
+        rows = np.frombuffer(b"".join(others), dtype=kind).reshape(len(others), _HASHES)
+        return ((rows == np.frombuffer(a, dtype=kind)).sum(axis=1) / _HASHES).tolist()
+    form = _SIG if wide else _SIG16
+    mine = form.unpack(a)
+    return [sum(x == y for x, y in zip(mine, form.unpack(o))) / _HASHES for o in others]
 
 
 # -- the two index kinds -------------------------------------------------------------------------
@@ -431,7 +508,7 @@ class LmdbIndex:
         """The recorded requests most like this one, best first (see `Near.rank`): those on the
         same route and model before the others, then by the sketch's estimated similarity, then
         in recorded order. Those the bands find, or else the newest on the route and model."""
-        buck, bands, mine = sketch(canonical, route)
+        buck, bands, mine = sketch(canonical, route, self.store.index_layout())
         hits: Counter[int] = Counter()
         for found in self.store.bands_newest(bands, BAND_READ):
             hits.update(found)

@@ -30,7 +30,8 @@ parse as the exchange record; anything else is a StoreError naming the store and
 Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
 dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
 replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
-do not read; noisefloor-log/4 the heads table. Each is read as it is and written in its own
+do not read; noisefloor-log/4 the heads table; noisefloor-log/5 the replay index's layout 3
+(smaller entries and lookup keys, `replay_index.py`). Each is read as it is and written in its own
 layout; `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's format.
 """
 
@@ -64,9 +65,10 @@ from noisefloor.proxy.store_merge import MergeIO
 from noisefloor.proxy.store_merge_scan import MergeScan
 from noisefloor.proxy.store_walk import Walks
 
-FORMAT = "noisefloor-log/4"
-LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3")  # read as they are, written in their own layout
+FORMAT = "noisefloor-log/5"
+LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4")  # read as they are, written in their own layout
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
+_HEADED = ("noisefloor-log/4", FORMAT)  # the formats with a heads table
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
@@ -137,7 +139,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
             store._adopt_format()
-            if store.format == FORMAT:
+            if store.format in _HEADED:
                 store._open_heads()
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}

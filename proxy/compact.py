@@ -27,6 +27,7 @@ import lmdb
 from noisefloor.proxy import codec, replay_index, store_heads, store_repack
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
+from noisefloor.proxy.store_index import put_entry
 
 _SAMPLES = 4000  # values of each kind sampled for training
 _BATCH = 5000  # values per write transaction
@@ -75,7 +76,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
             dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts", "heads", *store_heads.SETS)}
+                                                                 "dicts", "heads", "index_routes", *store_heads.SETS)}
             dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
@@ -164,6 +165,7 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
     indexed, current = src.has_replay_index(), src.meta("replay_index") == replay_index.VERSION
     if not indexed or current:  # entries as they are (and this layout's lookups, already sorted)
         _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
+        _append_batched(env, dbs["index_routes"], src.raw_table("index_routes"), progress, "index routes")
         if indexed:
             _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
         return indexed
@@ -176,8 +178,7 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
                 with env.begin(write=True) as txn, spill.begin(write=True, db=unsorted) as spilled:
                     for e, near in zip(batch, replay_index.stored_near(src, [e.id for e in batch])):
                         e = replace(e, near=near)
-                        txn.put(_U64.pack(e.id), replay_index.entry_bytes(e.id, e, replay_index.VERSION),
-                                db=dbs["recorded"], append=True)
+                        put_entry(txn, dbs["recorded"], dbs["index_routes"], e.id, e, replay_index.VERSION)
                         spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e, replay_index.VERSION))
                 progress(f"{batch[-1].id} index entries converted")
             with spill.begin(buffers=False, db=unsorted) as txn:
@@ -192,7 +193,7 @@ def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
     for k, raw in src.raw_table("recorded"):
         exchange_id = _U64.unpack(k)[0]
         try:
-            ok = replay_index.entry(raw, exchange_id).id == exchange_id
+            ok = replay_index.entry(raw, exchange_id, src.route_of).id == exchange_id
         except DAMAGE as exc:
             raise StoreError(f"store {src.path}: the replay index entry of exchange {exchange_id} is damaged "
                              f"({exc.__class__.__name__}); restore the store from a copy") from None

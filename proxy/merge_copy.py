@@ -174,7 +174,9 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
     for b in batches:
         starts.append(starts[-1] + len(b))
     with Store.open(path, write=False) as src:
-        bulk = dest.copies_lookups() and src.lookup_layout() == dest.lookup_layout()
+        layout = dest.lookup_layout()  # shard and OUT of one layout: entries and lookups copied as stored
+        bulk = layout is not None and src.lookup_layout() == layout and (
+            layout != replay_index.VERSION or dest.adopt_index_routes(src))
     if bulk and batches:
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])

@@ -20,8 +20,10 @@ where layout 1 paid a whole row each.
 
 Layout 3 (`VERSION`, store format noisefloor-log/5): the same rows, smaller. An entry keeps no id
 (its table key is the id), and its sketch keeps each minimum's low 16 bits (64 bytes instead of
-128; the bands are computed from those); a lookup's key is its kind and 5 bytes (`TAG3`) instead
-of 8. A tag shared by chance costs a read (keys and sessions are checked on their entries; a band
+128; the bands are computed from those); its route and bucket, shared by most of a store, are a
+4-byte reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every
+store names a route alike and merge copies entries as they are; a hash already taking another
+route's row keeps its route inline); a lookup's key is its kind and 5 bytes (`TAG3`) instead of 8. A tag shared by chance costs a read (keys and sessions are checked on their entries; a band
 so shared brings a candidate whose own sketch is then compared), never a different hit. Layout 1 (stores recorded before; one table `rindex` of
 prefixed keys: k + key(32) + id, s + session(12) + id, b + bucket + id, n + band + id, and
 g + id -> sketch; JSON entries) is still read as it is, and written to by a recorder appending to
@@ -41,7 +43,7 @@ import struct
 import sys
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -118,14 +120,15 @@ class _Entry(msgspec.Struct, array_like=True):
 
 
 class _Entry3(msgspec.Struct, array_like=True):
-    """A layout-3 entry as stored: no id (the table's key is it), a 16-bit sketch."""
+    """A layout-3 entry as stored: no id (the table's key is it), a 16-bit sketch, the route and
+    bucket inline or (an int) a reference to their `index_routes` row."""
 
     version: int
     key: bytes
     session: bytes
     occurrence: int
     seq: int
-    route: bytes
+    route: bytes | int
     start: float | None
     end: float | None
     deps: tuple[int, ...]
@@ -155,22 +158,47 @@ def _utf8(s: str) -> bytes:
     return s.encode("utf-8", "surrogatepass")
 
 
-def entry(raw: bytes, exchange_id: int) -> RecordedEntry:
+RouteOf = Callable[[int], tuple[str, bytes]]  # a store's `index_routes` row: (route, bucket); ValueError if none
+
+
+def route_row(route: str, bucket_: bytes) -> tuple[bytes, bytes]:
+    """(key, value) of a route and bucket's `index_routes` row: the key a hash of the value."""
+    value = bucket_ + _utf8(route)
+    return hashlib.blake2b(value, digest_size=4).digest(), value
+
+
+def route_value(value: bytes) -> tuple[str, bytes]:
+    """An `index_routes` value as (route, bucket); ValueError if it is not one."""
+    if len(value) < 8:
+        raise ValueError("a replay-index route row cut short")
+    return _text(value[8:]), value[:8]
+
+
+def _route(e: _Entry | _Entry3, route_of: RouteOf) -> tuple[str, bytes | None]:
+    if isinstance(e.route, int):
+        return route_of(e.route)
+    return _text(e.route), e.bucket
+
+
+def entry(raw: bytes, exchange_id: int, route_of: RouteOf) -> RecordedEntry:
     """A stored entry of any layout, stored under `exchange_id` (layout 1's are JSON objects;
-    layouts 1 and 2 carry their id, which is the one given)."""
+    layouts 1 and 2 carry their id, which is the one given; layout 3's route from `route_of`)."""
     if raw[:1] == b"{":
         doc = json.loads(raw)
         return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
                              deps=tuple(doc.get("deps", ())))
     e = _decoded(raw)
-    return RecordedEntry(e.id if isinstance(e, _Entry) else exchange_id, e.key.hex(), _text(e.session), e.occurrence, e.seq, _text(e.route), e.start, e.end,
-                         e.deps)
+    return RecordedEntry(e.id if isinstance(e, _Entry) else exchange_id, e.key.hex(), _text(e.session), e.occurrence,
+                         e.seq, _route(e, route_of)[0], e.start, e.end, e.deps)
 
 
-def entry_sketch(raw: bytes) -> tuple[bytes, bytes] | None:
+def entry_sketch(raw: bytes, route_of: RouteOf) -> tuple[bytes, bytes] | None:
     """(bucket, sketch) a layout-2 or -3 entry carries (None: its request had none)."""
     e = _decoded(raw)
-    return None if e.bucket is None or e.sketch is None else (e.bucket, e.sketch)
+    if e.sketch is None:
+        return None
+    buck = _route(e, route_of)[1]
+    return None if buck is None else (buck, e.sketch)
 
 
 def moved_entry(raw: bytes, exchange_id: int) -> bytes:
@@ -178,7 +206,7 @@ def moved_entry(raw: bytes, exchange_id: int) -> bytes:
     entry type (a value that does not decode is a msgspec.DecodeError, ValidationError or
     ValueError); layout 3's, holding no id, is copied as it is."""
     e = _decoded(raw)
-    if isinstance(e, _Entry3):
+    if isinstance(e, _Entry3):  # its route's row is copied with the table (`Store.adopt_index_routes`)
         return bytes(raw)
     e.id = exchange_id
     return _ENCODE.encode(e)
@@ -187,16 +215,17 @@ def moved_entry(raw: bytes, exchange_id: int) -> bytes:
 def lookups_of(e: _Entry | _Entry3) -> int:
     """How many rows `lookup_rows` gives an entry: key and session, then bucket and bands when
     its request had a sketch."""
-    return 2 + (1 + _HASHES // _ROWS if e.bucket is not None and e.sketch is not None else 0)
+    bucketed = e.bucket is not None or isinstance(e.route, int)
+    return 2 + (1 + _HASHES // _ROWS if bucketed and e.sketch is not None else 0)
 
 
 def entry_lookups(raw: bytes) -> int:
     return lookups_of(_decoded(raw))
 
 
-def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None) -> bytes:
+def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None, ref: bytes | None = None) -> bytes:
     """The entry as a store of this index layout keeps it (layouts 2 and 3: with its sketch in
-    the layout's width)."""
+    the layout's width; layout 3: its route and bucket as `ref`, their row's key, when given)."""
     if version not in PACKED:
         return entry_json(exchange_id, e)
     near = near_in(e.near, version)
@@ -204,8 +233,9 @@ def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None) -> byte
     if version == 2:
         return _ENCODE.encode(_Entry(2, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
                                      _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
-    return _ENCODE.encode(_Entry3(VERSION, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
-                                  _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
+    route: bytes | int = _utf8(e.route) if ref is None else ID.unpack(ref)[0]
+    return _ENCODE.encode(_Entry3(VERSION, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq, route,
+                                  e.start, e.end, e.deps, None if ref is not None else bucket_, sketch_))
 
 
 def entry_json(exchange_id: int, e: RecordedEntry) -> bytes:

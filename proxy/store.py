@@ -96,6 +96,8 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
         self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
+        self._index_routes: Any = self._optional_db(b"index_routes")  # and before layout 3
+        self._routes_known: dict[int, tuple[str, bytes]] = {}
         self._index_v: int | None = None  # the replay index's layout (meta), read on open
         self._heads: Any = None  # the heads table: opened once the format says the store has one
         self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
@@ -534,7 +536,7 @@ class Store(Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
         db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups, "heads": self._heads, **self._sets}[name]
+              "lookups": self._lookups, "index_routes": self._index_routes, "heads": self._heads, **self._sets}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:

@@ -74,9 +74,11 @@ def test_migrate_and_compact_bring_it_to_layout_3_with_the_same_answers(v2, comm
     assert answered(v2) == EXPECTED
     with Store.open(v2, write=False) as s:
         rows = list(s.raw_table("lookups"))
-        raw = dict(s.raw_table("recorded"))
+        sketches = s.stored_sketches(list(range(1, 61)))
+        routes = list(s.raw_table("index_routes"))
     assert len(rows) == 60 * 19 and {len(k) for k, _ in rows} == {6}
-    assert all(len(replay_index.entry_sketch(v)[1]) == 64 for v in raw.values())  # type: ignore[index]
+    assert all(got is not None and len(got[1]) == 64 for got in sketches)
+    assert len(routes) == 1 and routes[0][1][:8] == sketches[0][0]  # type: ignore[index]  # one route and model
     assert table_bytes(v2, "recorded") < entries
 
 
@@ -137,3 +139,35 @@ def test_a_replay_miss_on_layout_3_names_the_nearest(v2):
                                 "/v1/chat/completions", REQUEST_HEADERS, changed(body)).canonical(Rules())
         near = index.near(canonical, "POST api.openai.com /v1/chat/completions")
     assert [[n.id, n.score, n.same_route_model] for n in near] == EXPECTED["9"]["near"]
+
+
+def test_a_damaged_route_row_is_refused_by_name(v2, tmp_path):
+    assert nfproxy("migrate", "--store", str(v2)).returncode == 0
+    env = lmdb.open(str(v2), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"index_routes", txn=txn)
+        key, value = next(iter(txn.cursor(db=db)))
+        txn.put(key, value[:-1] + b"X", db=db)  # the route's last byte changed
+    env.close()
+    with Store.open(v2, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged.*route row"):
+        s.recorded_entries_by_id([4])
+    r = nfproxy("merge", str(tmp_path / "out.lmdb"), str(v2))
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "route row" in r.stderr.strip().splitlines()[-1]
+
+
+def test_a_route_whose_row_key_is_taken_is_kept_inline(tmp_path):
+    store = tmp_path / "s.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        record(s, 3, seed=1, prefix="a")
+        (bucket, _), route = s.stored_sketches([1])[0], s.recorded_entry(1).route  # type: ignore[misc, union-attr]
+        key, _ = replay_index.route_row(route, bucket)
+    env = lmdb.open(str(store), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"index_routes", txn=txn)
+        txn.delete(key, db=db)
+        txn.put(key, b"\0" * 8 + b"GET other /", db=db)  # another route's row under this key
+    env.close()
+    with Store.open(store, write=True) as s:
+        record(s, 20, seed=2, prefix="b")
+        late = s.recorded_entries_by_id(list(range(4, 24)))
+        assert {e.route for e in late} == {route} and all(got[0] == bucket for got in s.stored_sketches(list(range(4, 24))))

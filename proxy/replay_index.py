@@ -223,6 +223,12 @@ def entry_lookups(raw: bytes) -> int:
     return lookups_of(_decoded(raw))
 
 
+def entry_shape(raw: bytes) -> tuple[int, int | None]:
+    """An entry's lookups count and the `index_routes` row it names (None: its route is inline)."""
+    e = _decoded(raw)
+    return lookups_of(e), e.route if isinstance(e.route, int) else None
+
+
 def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None, ref: bytes | None = None) -> bytes:
     """The entry as a store of this index layout keeps it (layouts 2 and 3: with its sketch in
     the layout's width; layout 3: its route and bucket as `ref`, their row's key, when given)."""

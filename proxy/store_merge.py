@@ -76,6 +76,7 @@ class MergeIO:
     path: Any
     max_body: int
     _reading: Any
+    _read_index_routes: Any
     _write: Any
     _decode_record: Any
     body: Any
@@ -129,12 +130,16 @@ class MergeIO:
 
         last, width = self.last_id(), replay_index.lookup_key_bytes(self.lookup_layout())
         expected = np.zeros(last + 1, dtype=np.int32)  # 8 bytes an exchange for both
+        with self._reading("replay index routes"):
+            routes = self._read_index_routes()  # layout 3's, each row checked against its key
         for k, raw in self.recorded_table():
             exchange_id = _U64.unpack(k)[0]
             try:
                 if exchange_id > last:
                     raise ValueError(f"no exchange {exchange_id} in a store of {last}")
-                expected[exchange_id] = replay_index.entry_lookups(raw)
+                expected[exchange_id], ref = replay_index.entry_shape(raw)
+                if ref is not None and ref not in routes:
+                    raise ValueError(f"it names route row {ref}, which the store does not hold")
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 raise StoreError(f"store {self.path}: exchange {exchange_id}'s replay-index entry is damaged "
                                  f"({exc}); restore the store from a copy") from None

@@ -171,3 +171,15 @@ def test_a_route_whose_row_key_is_taken_is_kept_inline(tmp_path):
         record(s, 20, seed=2, prefix="b")
         late = s.recorded_entries_by_id(list(range(4, 24)))
         assert {e.route for e in late} == {route} and all(got[0] == bucket for got in s.stored_sketches(list(range(4, 24))))
+
+
+def test_merge_refuses_a_shard_whose_entry_names_a_route_row_it_lacks(v2, tmp_path):
+    assert nfproxy("migrate", "--store", str(v2)).returncode == 0
+    env = lmdb.open(str(v2), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"index_routes", txn=txn)
+        txn.drop(db, delete=False)
+    env.close()
+    r = nfproxy("merge", str(tmp_path / "out.lmdb"), str(v2))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "route row" in r.stderr.strip().splitlines()[-1] and "exchange 1" in r.stderr

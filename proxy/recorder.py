@@ -64,7 +64,7 @@ class Recorder:
         text = body_text(request.decoded if request.decoded is not None else request.raw_body) \
             if provider.substring_deps else None
         deps = self.answers.deps(labels.session, provider, doc, text)
-        near = replay_index.sketch(c, _route(p), self.store.index_layout()) if c.body_kind == "json" else None
+        near = replay_index.sketch(c, _route(p)) if c.body_kind == "json" else None
         route = (record["request"]["method"], record["request"]["url"])
         return Pending(p, json.dumps(record), notes, provider, deps, near, route)
 

@@ -19,16 +19,21 @@ A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids pa
 where layout 1 paid a whole row each.
 
 Layout 3 (`VERSION`, store format noisefloor-log/5): the same rows, smaller. An entry keeps no id
-(its table key is the id), and its sketch keeps each minimum's low 16 bits (64 bytes instead of
-128; the bands are computed from those); its route and bucket, shared by most of a store, are a
-4-byte reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every
-store names a route alike and merge copies entries as they are; a hash already taking another
-route's row keeps its route inline); a lookup's key is its kind and 5 bytes (`TAG3`) instead of 8. A tag shared by chance costs a read (keys and sessions are checked on their entries; a band
-so shared brings a candidate whose own sketch is then compared), never a different hit. Layout 1 (stores recorded before; one table `rindex` of
-prefixed keys: k + key(32) + id, s + session(12) + id, b + bucket + id, n + band + id, and
-g + id -> sketch; JSON entries) is still read as it is, and written to by a recorder appending to
-such a store; `nfproxy migrate` (or `compact`) rewrites it in layout 2. Both layouts answer the
-same: the same ids under the same bands, buckets, keys and sessions, the same sketches.
+(its table key is the id); its route and bucket, shared by most of a store, are a 4-byte
+reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every store
+names a route alike and merge copies entries as they are; a hash already taking another route's
+row keeps its route inline); a lookup's key is its kind and 5 bytes (`TAG3`) instead of 8. A tag
+shared by chance costs a read (keys and sessions are checked on their entries; a band so shared
+brings a candidate whose own sketch is then compared), never a different hit. The sketch stays
+32 x 32 bits: measured, keeping each minimum's low 16 bits made bands that share one true value
+match by chance on the other (1 in 65,536, but per stored sketch: about 2 stray candidates a miss
+at 100k, growing with the store), which changed the nearest request for 3 of 1,031 misses.
+
+Layout 1 (stores recorded before; one table `rindex` of prefixed keys: k + key(32) + id,
+s + session(12) + id, b + bucket + id, n + band + id, and g + id -> sketch; JSON entries) is still
+read as it is, and written to by a recorder appending to such a store; `nfproxy migrate` (or
+`compact`) rewrites it in layout 3. All layouts answer the same: the same ids under the same
+bands, buckets, keys and sessions, the same sketches.
 
 Stores recorded before these rows existed are indexed in memory instead (`MemoryIndex`), with
 the content dependencies recomputed from their exchanges, and nothing is written to them.
@@ -120,8 +125,8 @@ class _Entry(msgspec.Struct, array_like=True):
 
 
 class _Entry3(msgspec.Struct, array_like=True):
-    """A layout-3 entry as stored: no id (the table's key is it), a 16-bit sketch, the route and
-    bucket inline or (an int) a reference to their `index_routes` row."""
+    """A layout-3 entry as stored: no id (the table's key is it), the route and bucket inline or
+    (an int) a reference to their `index_routes` row."""
 
     version: int
     key: bytes
@@ -145,7 +150,7 @@ def _decoded(raw: bytes) -> _Entry | _Entry3:
     """A msgpack entry of layout 2 or 3 (the array's first item is its version); ValueError if its
     sketch is not its layout's width."""
     e: _Entry | _Entry3 = _DECODE3.decode(raw) if raw[1:2] == b"\x03" else _DECODE.decode(raw)
-    if e.sketch is not None and len(e.sketch) != (_SIG16.size if isinstance(e, _Entry3) else _SIG.size):
+    if e.sketch is not None and len(e.sketch) != _SIG.size:
         raise ValueError(f"a replay-index sketch of {len(e.sketch)} bytes")
     return e
 
@@ -230,12 +235,11 @@ def entry_shape(raw: bytes) -> tuple[int, int | None]:
 
 
 def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None, ref: bytes | None = None) -> bytes:
-    """The entry as a store of this index layout keeps it (layouts 2 and 3: with its sketch in
-    the layout's width; layout 3: its route and bucket as `ref`, their row's key, when given)."""
+    """The entry as a store of this index layout keeps it (layouts 2 and 3: with its sketch;
+    layout 3: its route and bucket as `ref`, their row's key, when given)."""
     if version not in PACKED:
         return entry_json(exchange_id, e)
-    near = near_in(e.near, version)
-    bucket_, _, sketch_ = near if near is not None else (None, (), None)
+    bucket_, _, sketch_ = e.near if e.near is not None else (None, (), None)
     if version == 2:
         return _ENCODE.encode(_Entry(2, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
                                      _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
@@ -293,9 +297,8 @@ def lookup_rows(exchange_id: int, entry: RecordedEntry, version: int | None = VE
     idb, n = ID.pack(exchange_id), tag(version)
     yield key_tag(entry.key, version), idb
     yield session_key(entry.session, version), idb
-    near = near_in(entry.near, version)
-    if near is not None:
-        bucket, bands, _ = near
+    if entry.near is not None:
+        bucket, bands, _ = entry.near
         yield BUCKET + bucket[:n], idb
         for band in bands:
             yield BAND + band[:n], idb
@@ -319,8 +322,7 @@ _B = (2119253654, 1115689071, 1455360172, 1156079090, 1064680245, 1430009448, 16
       1539244850, 883014253, 1143942708, 1203318372, 632016368, 2002738074, 742244558, 782102548, 900954583,
       1604013398, 1705916142, 341563855, 1765437306, 1474081769, 1433842241, 1150346897, 1016003382, 1416561790,
       577416553, 2053460888, 552361298, 726460660, 1941780096)
-_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as layouts 1 and 2 store it: 32 little-endian 4-byte minima
-_SIG16 = struct.Struct(f"<{_HASHES}H")  # as layout 3 does: each minimum's low 16 bits
+_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as stored: 32 little-endian 4-byte minima
 # Up to this many features a signature is computed in plain Python (~32 operations a feature)
 # unless numpy is already loaded; above, with numpy, whose import (~0.2 CPU-s a process) is paid
 # only where bodies are large. The two give the same values (a test checks both).
@@ -418,37 +420,18 @@ def jaccard(a: set[int], b: set[int]) -> float:
     return len(a & b) / len(a | b) if a or b else 1.0
 
 
-def sketch(canonical: CanonicalRequest, route: str,
-           version: int | None = VERSION) -> tuple[bytes, tuple[bytes, ...], bytes]:
-    """(bucket, bands, sketch bytes) of a request's canonical form, in this index layout's width."""
+def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes, ...], bytes]:
+    """(bucket, bands, sketch bytes) of a request's canonical form."""
     feats = _Features(route)
     feats.walk(canonical.body, "")
-    values = feats.signature()
-    sig = _SIG16.pack(*(v & 0xFFFF for v in values)) if version == VERSION else _SIG.pack(*values)
+    sig = _SIG.pack(*feats.signature())
     buck = bucket(route, canonical.body)
     return buck, bands(buck, sig), sig
 
 
-def narrow(sig: bytes) -> bytes:
-    """A 32-bit sketch (layouts 1, 2) as layout 3 keeps it: each minimum's low 16 bits."""
-    return _SIG16.pack(*(v & 0xFFFF for v in _SIG.unpack(sig)))
-
-
-def near_in(near: tuple[bytes, tuple[bytes, ...], bytes] | None,
-            version: int | None) -> tuple[bytes, tuple[bytes, ...], bytes] | None:
-    """A nearest-request entry in this layout's width: a 32-bit sketch narrowed for layout 3, its
-    bands computed again; a 16-bit one cannot be widened for an older layout (None)."""
-    if near is None or len(near[2]) == (_SIG16.size if version == VERSION else _SIG.size):
-        return near
-    if version != VERSION:
-        return None
-    small = narrow(near[2])
-    return near[0], bands(near[0], small), small
-
-
 def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
     """The locality-sensitive bands of a sketch (`_ROWS` values each) within its bucket."""
-    step = len(sig) // (_HASHES // _ROWS)
+    step = 4 * _ROWS
     return tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * step:(i + 1) * step], digest_size=8).digest()
                  for i in range(_HASHES // _ROWS))
 
@@ -463,18 +446,14 @@ def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, 
 
 
 def agreement(a: bytes, others: list[bytes]) -> list[float]:
-    """Estimated Jaccard similarity of sketch `a` with each of `others` (all of one width): the
-    share of equal minima."""
-    wide = len(a) == _SIG.size
+    """Estimated Jaccard similarity of sketch `a` with each of `others`: the share of equal minima."""
     if "numpy" in sys.modules and others:  # the same shares, counted at once
         import numpy as np
 
-        kind = "<u4" if wide else "<u2"
-        rows = np.frombuffer(b"".join(others), dtype=kind).reshape(len(others), _HASHES)
-        return ((rows == np.frombuffer(a, dtype=kind)).sum(axis=1) / _HASHES).tolist()
-    form = _SIG if wide else _SIG16
-    mine = form.unpack(a)
-    return [sum(x == y for x, y in zip(mine, form.unpack(o))) / _HASHES for o in others]
+        rows = np.frombuffer(b"".join(others), dtype="<u4").reshape(len(others), _HASHES)
+        return ((rows == np.frombuffer(a, dtype="<u4")).sum(axis=1) / _HASHES).tolist()
+    mine = _SIG.unpack(a)
+    return [sum(x == y for x, y in zip(mine, _SIG.unpack(o))) / _HASHES for o in others]
 
 
 # -- the two index kinds -------------------------------------------------------------------------
@@ -544,7 +523,7 @@ class LmdbIndex:
         """The recorded requests most like this one, best first (see `Near.rank`): those on the
         same route and model before the others, then by the sketch's estimated similarity, then
         in recorded order. Those the bands find, or else the newest on the route and model."""
-        buck, bands, mine = sketch(canonical, route, self.store.index_layout())
+        buck, bands, mine = sketch(canonical, route)
         hits: Counter[int] = Counter()
         for found in self.store.bands_newest(bands, BAND_READ):
             hits.update(found)

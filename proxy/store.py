@@ -11,6 +11,8 @@ Layout (named databases; values encoded as `codec` says: tagged, zstd with a tra
   lookups   key -> sorted 4-byte ids: the replay index's lookups (see `replay_index.py`), so
                                    that replay reads what a request needs instead of loading the
                                    whole index (`rindex`: layout 1's; stores made before have none)
+  index_routes u32 -> bucket + route  layout 3's routes and models, each once, that its entries
+                                   name by a 4-byte hash instead of carrying them (noisefloor-log/5)
   heads     u64 id -> head         each exchange's head (`exchange_record.Head`: labels, route,
                                    status, identity; CRC-checked), written in the record's
                                    transaction, so that listings never decompress records

@@ -123,7 +123,8 @@ class MergeScan:
         if checked_value(k, value, raw):
             try:
                 text = self._codec.decode(raw, self.max_body)
-                if self._joins:  # a /5 record: its identity is its head's, its bodies the rest's
+                if self._joins and not text.startswith(b'{"id":'):  # a /5 record stored stripped: its
+                    # identity is its head's, its bodies the rest's
                     return self._rest_viewed(txn, value, text)
                 v = _VIEW.decode(text)
             except (msgspec.ValidationError, msgspec.DecodeError, ValueError, LookupError):
@@ -172,7 +173,7 @@ class MergeScan:
                     text = self._codec.decode(raw, self.max_body)
                 if not self._joins:
                     out.append((text, tail, None))
-                elif as_stored and tail is not None and b'"replay":{' not in text:
+                elif as_stored and tail is not None and b'"replay":{' not in text and not text.startswith(b'{"id":'):
                     out.append((text, tail, raw))
                 else:
                     out.append((self._text_of(txn, k, raw, value), tail, None))

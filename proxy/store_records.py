@@ -162,7 +162,7 @@ class Joins:
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
                              f"{RESTORE}") from None
-        if s.left_out == NOT_LISTED:
+        if s.left_out == NOT_LISTED or text.startswith(b'{"id":'):  # stored whole (a stripped one has no id)
             return text
         at = (s.labels, s.route, s.left_out)
         common = self._shared_text.get(at)

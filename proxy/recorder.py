@@ -93,16 +93,16 @@ class Recorder:
         if response is not None:
             response = response.without(p.request.secret_values)
             bodies[response.digest] = response.raw_body
-            meta = providers.served(pending.provider or providers.PROVIDERS["generic"], response.decoded_body,
-                                    response.header("content-type"))
+            decoded, ctype = response.decoded_body, response.header("content-type")
+            doc = providers.body_doc(decoded, ctype)  # parsed once for the served fields and the dependencies
+            meta = providers.served(pending.provider or providers.PROVIDERS["generic"], decoded, ctype, doc)
             identity = {"model": meta.model, "fingerprint": meta.fingerprint,
                         "usage": {"input": meta.input_tokens, "output": meta.output_tokens},
                         "finish_reason": meta.finish_reason, "truncated": meta.truncated}
             if response.status >= 400:
                 self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
             elif 200 <= response.status < 300 and pending.provider is not None and error is None:
-                self.answers.answered(p.labels.session, p.seq, pending.provider, response.decoded_body,
-                                      response.header("content-type"))
+                self.answers.answered(p.labels.session, p.seq, pending.provider, decoded, ctype, doc)
         record.update(exchange_record.answer_part(response, identity))
         if error is not None:
             self.stats.errors += 1

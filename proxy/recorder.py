@@ -69,6 +69,8 @@ class Recorder:
         deps = self.answers.deps(labels.session, provider, doc, text)
         near = replay_index.sketch(c, _route(p)) if c.body_kind == "json" else None
         route = (record["request"]["method"], record["request"]["url"])
+        if request.raw_body:  # compressed now, while the upstream works, instead of in finish
+            self.store.ahead(labels.session, request.stored_digest, request.stored_body)
         return Pending(p, json.dumps(record), notes, provider, deps, near, route)
 
     def finish(

@@ -4,7 +4,7 @@ Every value is read verified (a damaged store is refused by name before anything
 dictionaries are trained again on a sample spread over the whole store, every body and record is
 encoded with them, and the result is written to a new file of exactly the pages it uses, which
 then replaces the store's data file in one rename. A store of an earlier format comes out in
-today's (its replay index in layout 2); a store of today's format comes out smaller
+today's (its replay index in layout 3); a store of today's format comes out smaller
 (dictionaries trained on all of it, pages full, no reserved map beyond its data). Killed at any
 point, the store is as it was (the rewrite happens beside it), and running it again starts over.
 Readers that had the store open keep reading the old file until they close it.
@@ -27,6 +27,7 @@ import lmdb
 from noisefloor.proxy import codec, replay_index, store_heads, store_repack
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
+from noisefloor.proxy.store_index import put_entry
 
 _SAMPLES = 4000  # values of each kind sampled for training
 _BATCH = 5000  # values per write transaction
@@ -75,7 +76,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
             dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts", "heads", *store_heads.SETS)}
+                                                                 "dicts", "heads", "index_routes", *store_heads.SETS)}
             dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
@@ -88,7 +89,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
                         txn.put(keys[kind], trained, db=dbs["dicts"])
             _copy_bodies(src, env, dbs["bodies"], codec.Codec(dicts.get, LEVELS["body"]), keys.get("body"), progress)
             _copy_records(src, env, dbs, codec.Codec(dicts.get, LEVELS["record"]), keys.get("record"), progress)
-            # the replay index, in layout 2 (a compacted store replays without loading it)
+            # the replay index, in layout 3 (a compacted store replays without loading it)
             indexed = _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
                 for db_name, items in (("outcomes", src.raw_table("outcomes")), ("meta", src.raw_table("meta"))):
@@ -157,13 +158,14 @@ def _samples(src: Store, n_ex: int, n_bodies: int, progress: Callable[[str], Non
 
 
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
-    """The replay index in layout 2, whatever the source's: its entries in id order (pages full)
-    and its lookups in key order (a source of layout 1 is converted: entries with their sketches,
+    """The replay index in today's layout (3), whatever the source's: its entries in id order (pages
+    full) and its lookups in key order (a source of layout 1 or 2 is converted: entries with their sketches,
     lookups gathered unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
     (recorded before them), and its entries are copied as they are."""
     indexed, current = src.has_replay_index(), src.meta("replay_index") == replay_index.VERSION
-    if not indexed or current:  # entries as they are (and layout 2's lookups, already sorted)
+    if not indexed or current:  # entries as they are (and this layout's lookups, already sorted)
         _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
+        _append_batched(env, dbs["index_routes"], src.raw_table("index_routes"), progress, "index routes")
         if indexed:
             _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
         return indexed
@@ -176,9 +178,8 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
                 with env.begin(write=True) as txn, spill.begin(write=True, db=unsorted) as spilled:
                     for e, near in zip(batch, replay_index.stored_near(src, [e.id for e in batch])):
                         e = replace(e, near=near)
-                        txn.put(_U64.pack(e.id), replay_index.entry_bytes(e.id, e, replay_index.VERSION),
-                                db=dbs["recorded"], append=True)
-                        spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e))
+                        put_entry(txn, dbs["recorded"], dbs["index_routes"], e.id, e, replay_index.VERSION)
+                        spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e, replay_index.VERSION))
                 progress(f"{batch[-1].id} index entries converted")
             with spill.begin(buffers=False, db=unsorted) as txn:
                 _append_batched(env, dbs["lookups"], iter(txn.cursor()), progress, "index lookups", append=False)
@@ -192,7 +193,7 @@ def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
     for k, raw in src.raw_table("recorded"):
         exchange_id = _U64.unpack(k)[0]
         try:
-            ok = replay_index.entry(raw).id == exchange_id
+            ok = replay_index.entry(raw, exchange_id, src.route_of).id == exchange_id
         except DAMAGE as exc:
             raise StoreError(f"store {src.path}: the replay index entry of exchange {exchange_id} is damaged "
                              f"({exc.__class__.__name__}); restore the store from a copy") from None

@@ -6,7 +6,7 @@ sha256 it is stored under, so a shard damaged on a lost node is refused by name 
 exchange), never half merged. Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
-index is layout 2, a shard's entries are copied as stored and its lookups table after its records,
+index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,
 whole, ids mapped (`merge_copy.copy_lookups`): until that is done OUT is marked, replay refuses it,
 and the next merge first writes the missing lookups from OUT's own entries. A session that exists in OUT
 or in another shard with different exchanges is a clash and is refused, as are shards recorded

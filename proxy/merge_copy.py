@@ -24,7 +24,7 @@ from typing import Any
 from noisefloor.proxy import codec, replay_index, store_heads
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import Store
-from noisefloor.proxy.store_merge import LOOKUP_KEY, Batch
+from noisefloor.proxy.store_merge import Batch
 from noisefloor.proxy.store_merge_scan import HeadTail
 
 LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
@@ -128,7 +128,7 @@ def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[i
 
 
 def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
-    """The shard's layout-2 lookups of the exchanges this merge copied (new id `first` or above:
+    """The shard's lookups (layout 2 or 3, as OUT's) of the exchanges this merge copied (new id `first` or above:
     `new_ids` maps the others to older ids, or 0) into OUT with their ids mapped, in key order (so
     OUT's pages fill in order, not one random page per row), a chunk per transaction (memory does
     not grow with a key's ids); the last one clears the mark `mark_unindexed` set. The rows were
@@ -136,10 +136,11 @@ def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
     import numpy as np
 
     mapped = np.frombuffer(new_ids, dtype=np.uint64)
+    width = replay_index.lookup_key_bytes(src.lookup_layout())
     append = dest.lookup_rows_count() == 0
     before = None  # the last key written: a key with more ids than a chunk (a bucket's) goes on in the next
     for key_blob, id_blob in src.lookup_chunks(LOOKUP_CHUNK):
-        keys = np.frombuffer(key_blob, dtype=f"V{LOOKUP_KEY}")
+        keys = np.frombuffer(key_blob, dtype=f"V{width}")
         ids = mapped[np.frombuffer(id_blob, dtype=">u4")]
         lead = int((keys == before).sum()) if before is not None else 0  # sorted: they come first
         dest.put_lookups(_rows(keys[:lead], ids[:lead], first), _rows(keys[lead:], ids[lead:], first),
@@ -165,7 +166,7 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
     """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
-    bodies, new bodies)` after each batch. When both stores have layout-2 lookups, the shard's are
+    bodies, new bodies)` after each batch. When both stores have lookups of one layout (2 or 3), the shard's are
     copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`)."""
     key = (dest.meta("dicts") or {}).get("record")
     record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
@@ -173,7 +174,9 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
     for b in batches:
         starts.append(starts[-1] + len(b))
     with Store.open(path, write=False) as src:
-        bulk = dest.copies_lookups() and src.copies_lookups()
+        layout = dest.lookup_layout()  # shard and OUT of one layout: entries and lookups copied as stored
+        bulk = layout is not None and src.lookup_layout() == layout and (
+            layout != replay_index.VERSION or dest.adopt_index_routes(src))
     if bulk and batches:
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])

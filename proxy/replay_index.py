@@ -16,11 +16,24 @@ oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
                            that share most of their content share a band)
 
 A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it),
-where layout 1 paid a whole row each. Layout 1 (stores recorded before; one table `rindex` of
-prefixed keys: k + key(32) + id, s + session(12) + id, b + bucket + id, n + band + id, and
-g + id -> sketch; JSON entries) is still read as it is, and written to by a recorder appending to
-such a store; `nfproxy migrate` (or `compact`) rewrites it in layout 2. Both layouts answer the
-same: the same ids under the same bands, buckets, keys and sessions, the same sketches.
+where layout 1 paid a whole row each.
+
+Layout 3 (`VERSION`, store format noisefloor-log/5): the same rows, smaller. An entry keeps no id
+(its table key is the id); its route and bucket, shared by most of a store, are a 4-byte
+reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every store
+names a route alike and merge copies entries as they are; a hash already taking another route's
+row keeps its route inline); a lookup's key is its kind and 5 bytes (`TAG3`) instead of 8. A tag
+shared by chance costs a read (keys and sessions are checked on their entries; a band so shared
+brings a candidate whose own sketch is then compared), never a different hit. The sketch stays
+32 x 32 bits: measured, keeping each minimum's low 16 bits made bands that share one true value
+match by chance on the other (1 in 65,536, but per stored sketch: about 2 stray candidates a miss
+at 100k, growing with the store), which changed the nearest request for 3 of 1,031 misses.
+
+Layout 1 (stores recorded before; one table `rindex` of prefixed keys: k + key(32) + id,
+s + session(12) + id, b + bucket + id, n + band + id, and g + id -> sketch; JSON entries) is still
+read as it is, and written to by a recorder appending to such a store; `nfproxy migrate` (or
+`compact`) rewrites it in layout 3. All layouts answer the same: the same ids under the same
+bands, buckets, keys and sessions, the same sketches.
 
 Stores recorded before these rows existed are indexed in memory instead (`MemoryIndex`), with
 the content dependencies recomputed from their exchanges, and nothing is written to them.
@@ -35,7 +48,7 @@ import struct
 import sys
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -45,12 +58,14 @@ if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.keys import CanonicalRequest
     from noisefloor.proxy.store import Store
 
-VERSION = 2
-READ = (1, VERSION)  # the layouts this version reads
+VERSION = 3
+READ = (1, 2, VERSION)  # the layouts this version reads
+PACKED = (2, VERSION)  # the layouts whose lookups are `lookups`' sorted duplicates
 _U64 = struct.Struct(">Q")
 ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
 KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
 TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
+TAG3 = 5  # ... in a layout-3 one (every kind: a row under a shared tag costs a read, never an answer)
 MERGING = "merge_lookups_from"  # meta: a merge copying lookups after the records began at this id
 
 _HASHES = 32  # MinHash values per sketch
@@ -60,6 +75,15 @@ _MAX_FEATURES = 2048
 _CHUNK = 4  # words per feature of a long string
 BAND_READ = 32  # newest ids read per band
 RANKED = 64  # candidates whose sketches are compared
+
+
+def tag(version: int | None) -> int:
+    """Bytes of a hash in a lookup key of this layout."""
+    return TAG if version == 2 else TAG3
+
+
+def lookup_key_bytes(version: int | None) -> int:
+    return 1 + tag(version)
 
 
 @dataclass(frozen=True)
@@ -100,8 +124,35 @@ class _Entry(msgspec.Struct, array_like=True):
     sketch: bytes | None
 
 
+class _Entry3(msgspec.Struct, array_like=True):
+    """A layout-3 entry as stored: no id (the table's key is it), the route and bucket inline or
+    (an int) a reference to their `index_routes` row."""
+
+    version: int
+    key: bytes
+    session: bytes
+    occurrence: int
+    seq: int
+    route: bytes | int
+    start: float | None
+    end: float | None
+    deps: tuple[int, ...]
+    bucket: bytes | None
+    sketch: bytes | None
+
+
 _ENCODE = msgspec.msgpack.Encoder()
 _DECODE = msgspec.msgpack.Decoder(_Entry)
+_DECODE3 = msgspec.msgpack.Decoder(_Entry3)
+
+
+def _decoded(raw: bytes) -> _Entry | _Entry3:
+    """A msgpack entry of layout 2 or 3 (the array's first item is its version); ValueError if its
+    sketch is not its layout's width."""
+    e: _Entry | _Entry3 = _DECODE3.decode(raw) if raw[1:2] == b"\x03" else _DECODE.decode(raw)
+    if e.sketch is not None and len(e.sketch) != _SIG.size:
+        raise ValueError(f"a replay-index sketch of {len(e.sketch)} bytes")
+    return e
 
 
 def _text(b: bytes) -> str:
@@ -112,48 +163,93 @@ def _utf8(s: str) -> bytes:
     return s.encode("utf-8", "surrogatepass")
 
 
-def entry(raw: bytes) -> RecordedEntry:
-    """A stored entry of either layout (layout 1's are JSON objects)."""
+RouteOf = Callable[[int], tuple[str, bytes]]  # a store's `index_routes` row: (route, bucket); ValueError if none
+
+
+def route_row(route: str, bucket_: bytes) -> tuple[bytes, bytes]:
+    """(key, value) of a route and bucket's `index_routes` row: the key a hash of the value."""
+    value = bucket_ + _utf8(route)
+    return hashlib.blake2b(value, digest_size=4).digest(), value
+
+
+def route_value(value: bytes) -> tuple[str, bytes]:
+    """An `index_routes` value as (route, bucket); ValueError if it is not one."""
+    if len(value) < 8:
+        raise ValueError("a replay-index route row cut short")
+    return _text(value[8:]), value[:8]
+
+
+def _route(e: _Entry | _Entry3, route_of: RouteOf) -> tuple[str, bytes | None]:
+    if isinstance(e.route, int):
+        return route_of(e.route)
+    return _text(e.route), e.bucket
+
+
+def entry(raw: bytes, exchange_id: int, route_of: RouteOf) -> RecordedEntry:
+    """A stored entry of any layout, stored under `exchange_id` (layout 1's are JSON objects;
+    layouts 1 and 2 carry their id, which is the one given; layout 3's route from `route_of`)."""
     if raw[:1] == b"{":
         doc = json.loads(raw)
         return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
                              deps=tuple(doc.get("deps", ())))
-    e = _DECODE.decode(raw)
-    return RecordedEntry(e.id, e.key.hex(), _text(e.session), e.occurrence, e.seq, _text(e.route), e.start, e.end,
-                         e.deps)
+    e = _decoded(raw)
+    return RecordedEntry(e.id if isinstance(e, _Entry) else exchange_id, e.key.hex(), _text(e.session), e.occurrence,
+                         e.seq, _route(e, route_of)[0], e.start, e.end, e.deps)
 
 
-def entry_sketch(raw: bytes) -> tuple[bytes, bytes] | None:
-    """(bucket, sketch) a layout-2 entry carries (None: its request had none)."""
-    e = _DECODE.decode(raw)
-    return None if e.bucket is None or e.sketch is None else (e.bucket, e.sketch)
+def entry_sketch(raw: bytes, route_of: RouteOf) -> tuple[bytes, bytes] | None:
+    """(bucket, sketch) a layout-2 or -3 entry carries (None: its request had none). On every
+    miss for 64 entries: `_decoded` and `_route` written out."""
+    e = _DECODE3.decode(raw) if raw[1:2] == b"\x03" else _DECODE.decode(raw)
+    sk, route = e.sketch, e.route
+    if sk is None:
+        return None
+    if len(sk) != _SIG.size:
+        raise ValueError(f"a replay-index sketch of {len(sk)} bytes")
+    buck = e.bucket if route.__class__ is bytes else route_of(route)[1]  # type: ignore[arg-type]
+    return None if buck is None else (buck, sk)
 
 
 def moved_entry(raw: bytes, exchange_id: int) -> bytes:
-    """A layout-2 entry as stored, under another id (merge): checked by decoding it as the entry
-    type (a value that does not decode is a msgspec.DecodeError or ValidationError)."""
-    e = _DECODE.decode(raw)
+    """A layout-2 or -3 entry as stored, under another id (merge): checked by decoding it as the
+    entry type (a value that does not decode is a msgspec.DecodeError, ValidationError or
+    ValueError); layout 3's, holding no id, is copied as it is."""
+    e = _decoded(raw)
+    if isinstance(e, _Entry3):  # its route's row is copied with the table (`Store.adopt_index_routes`)
+        return bytes(raw)
     e.id = exchange_id
     return _ENCODE.encode(e)
 
 
-def lookups_of(e: _Entry) -> int:
+def lookups_of(e: _Entry | _Entry3) -> int:
     """How many rows `lookup_rows` gives an entry: key and session, then bucket and bands when
     its request had a sketch."""
-    return 2 + (1 + _HASHES // _ROWS if e.bucket is not None and e.sketch is not None else 0)
+    bucketed = e.bucket is not None or isinstance(e.route, int)
+    return 2 + (1 + _HASHES // _ROWS if bucketed and e.sketch is not None else 0)
 
 
 def entry_lookups(raw: bytes) -> int:
-    return lookups_of(_DECODE.decode(raw))
+    return lookups_of(_decoded(raw))
 
 
-def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None) -> bytes:
-    """The entry as a store of this index layout keeps it (layout 2: with its sketch)."""
-    if version != VERSION:
+def entry_shape(raw: bytes) -> tuple[int, int | None]:
+    """An entry's lookups count and the `index_routes` row it names (None: its route is inline)."""
+    e = _decoded(raw)
+    return lookups_of(e), e.route if isinstance(e.route, int) else None
+
+
+def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None, ref: bytes | None = None) -> bytes:
+    """The entry as a store of this index layout keeps it (layouts 2 and 3: with its sketch;
+    layout 3: its route and bucket as `ref`, their row's key, when given)."""
+    if version not in PACKED:
         return entry_json(exchange_id, e)
     bucket_, _, sketch_ = e.near if e.near is not None else (None, (), None)
-    return _ENCODE.encode(_Entry(VERSION, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
-                                 _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
+    if version == 2:
+        return _ENCODE.encode(_Entry(2, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
+                                     _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
+    route: bytes | int = _utf8(e.route) if ref is None else ID.unpack(ref)[0]
+    return _ENCODE.encode(_Entry3(VERSION, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq, route,
+                                  e.start, e.end, e.deps, None if ref is not None else bucket_, sketch_))
 
 
 def entry_json(exchange_id: int, e: RecordedEntry) -> bytes:
@@ -192,24 +288,24 @@ def rows_v1(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, byt
         yield SKETCH + idb, sketch_bytes
 
 
-def key_tag(key: str) -> bytes:
-    return KEY + bytes.fromhex(key)[:TAG]
+def key_tag(key: str, version: int | None = VERSION) -> bytes:
+    return KEY + bytes.fromhex(key)[:tag(version)]
 
 
-def session_key(session: str) -> bytes:
-    return SESSION + session_tag(session)[:TAG]
+def session_key(session: str, version: int | None = VERSION) -> bytes:
+    return SESSION + session_tag(session)[:tag(version)]
 
 
-def lookup_rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
-    """Layout 2's lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
-    idb = ID.pack(exchange_id)
-    yield key_tag(entry.key), idb
-    yield session_key(entry.session), idb
+def lookup_rows(exchange_id: int, entry: RecordedEntry, version: int | None = VERSION) -> Iterator[tuple[bytes, bytes]]:
+    """Layout 2's or 3's lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
+    idb, n = ID.pack(exchange_id), tag(version)
+    yield key_tag(entry.key, version), idb
+    yield session_key(entry.session, version), idb
     if entry.near is not None:
         bucket, bands, _ = entry.near
-        yield BUCKET + bucket, idb
+        yield BUCKET + bucket[:n], idb
         for band in bands:
-            yield BAND + band, idb
+            yield BAND + band[:n], idb
 
 
 # -- the nearest-request sketch ------------------------------------------------------------------

@@ -11,6 +11,8 @@ Layout (named databases; values encoded as `codec` says: tagged, zstd with a tra
   lookups   key -> sorted 4-byte ids: the replay index's lookups (see `replay_index.py`), so
                                    that replay reads what a request needs instead of loading the
                                    whole index (`rindex`: layout 1's; stores made before have none)
+  index_routes u32 -> bucket + route  layout 3's routes and models, each once, that its entries
+                                   name by a 4-byte hash instead of carrying them (noisefloor-log/5)
   heads     u64 id -> head         each exchange's head (`exchange_record.Head`: labels, route,
                                    status, identity; CRC-checked), written in the record's
                                    transaction, so that listings never decompress records
@@ -30,7 +32,8 @@ parse as the exchange record; anything else is a StoreError naming the store and
 Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
 dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
 replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
-do not read; noisefloor-log/4 the heads table. Each is read as it is and written in its own
+do not read; noisefloor-log/4 the heads table; noisefloor-log/5 the replay index's layout 3
+(smaller entries and lookup keys, `replay_index.py`). Each is read as it is and written in its own
 layout; `nfproxy migrate` / `nfproxy compact` rewrite a store whole in today's format.
 """
 
@@ -65,9 +68,10 @@ from noisefloor.proxy.store_merge import MergeIO
 from noisefloor.proxy.store_merge_scan import MergeScan
 from noisefloor.proxy.store_walk import Walks
 
-FORMAT = "noisefloor-log/4"
-LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3")  # read as they are, written in their own layout
+FORMAT = "noisefloor-log/5"
+LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4")  # read as they are, written in their own layout
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
+_HEADED = ("noisefloor-log/4", FORMAT)  # the formats with a heads table
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
@@ -94,6 +98,8 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan,
         self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
+        self._index_routes: Any = self._optional_db(b"index_routes")  # and before layout 3
+        self._routes_known: dict[int, tuple[str, bytes]] = {}
         self._index_v: int | None = None  # the replay index's layout (meta), read on open
         self._heads: Any = None  # the heads table: opened once the format says the store has one
         self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
@@ -138,7 +144,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan,
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
             store._adopt_format()
-            if store.format == FORMAT:
+            if store.format in _HEADED:
                 store._open_heads()
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
@@ -531,7 +537,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan,
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
         db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups, "heads": self._heads, **self._sets}[name]
+              "lookups": self._lookups, "index_routes": self._index_routes, "heads": self._heads, **self._sets}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:

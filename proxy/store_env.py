@@ -70,7 +70,7 @@ def open_env(p: Path, write: bool) -> tuple[lmdb.Environment, int]:
         env = lmdb.open(
             str(p),
             map_size=max(_INITIAL_MAP, data.stat().st_size if data.exists() else 0),
-            max_dbs=12,
+            max_dbs=16,
             subdir=True,
             readonly=not write,
             lock=write or not is_read_only(p),  # a read-only store gets no reader-table writes

@@ -1,5 +1,5 @@
 """The store's replay-index tables: the `recorded` entries and the lookups of either layout
-(`lookups`, layout 2; `rindex`, layout 1), read and written. `replay_index.py` owns their layout
+(`lookups`, layouts 2 and 3; `rindex`, layout 1), read and written. `replay_index.py` owns their layout
 and what replay asks of them; every read here answers the same whichever layout the store has."""
 
 from __future__ import annotations
@@ -18,6 +18,19 @@ _U64 = struct.Struct(">Q")
 _V1 = 1  # the layout of `rindex`
 
 
+def put_entry(txn: lmdb.Transaction, recorded: Any, routes: Any, new_id: int, e: RecordedEntry,
+              version: int | None) -> None:
+    """An entry appended to a `recorded` table in this layout; layout 3: its route and bucket as
+    a reference to their `index_routes` row, put there unless it is (kept inline where the row's
+    key is another route's)."""
+    ref = None
+    if version == replay_index.VERSION and routes is not None and e.near is not None:
+        key, value = replay_index.route_row(e.route, e.near[0])
+        if txn.put(key, value, db=routes, overwrite=False) or bytes(txn.get(key, db=routes)) == value:
+            ref = key
+    txn.put(_U64.pack(new_id), replay_index.entry_bytes(new_id, e, version, ref), db=recorded, append=True)
+
+
 class IndexLookups:
     """Reads of the `recorded` and `rindex` tables (a part of Store)."""
 
@@ -25,29 +38,73 @@ class IndexLookups:
     _recorded: Any
     _rindex: Any
     _lookups: Any
+    _index_routes: Any  # layout 3's routes and buckets, each once (`replay_index.route_row`)
+    _routes_known: dict[int, tuple[str, bytes]]
     _index_v: int | None  # meta "replay_index": the layout this store's index has
     _reading: Any
     meta: Any
 
     def _put_index(self, txn: lmdb.Transaction, new_id: int, recorded: RecordedEntry) -> None:
         """A recorded exchange's entry and lookups, in the layout of the store's index."""
-        layout2 = self._index_v == replay_index.VERSION and self._lookups is not None
-        txn.put(_U64.pack(new_id), replay_index.entry_bytes(new_id, recorded, replay_index.VERSION if layout2 else _V1),
-                db=self._recorded, append=True)
-        if layout2:
+        packed = self.lookup_layout()
+        put_entry(txn, self._recorded, self._index_routes, new_id, recorded, packed or _V1)
+        if packed:
             with txn.cursor(db=self._lookups) as cur:
-                cur.putmulti(replay_index.lookup_rows(new_id, recorded))
+                cur.putmulti(replay_index.lookup_rows(new_id, recorded, packed))
         elif self._rindex is not None:
             for k, v in replay_index.rows_v1(new_id, recorded):
                 txn.put(k, v, db=self._rindex)
 
     def _layout2(self) -> bool:
-        return self._index_v == replay_index.VERSION
+        """Whether the lookups are `lookups`' sorted duplicates (layouts 2 and 3)."""
+        return self._index_v in replay_index.PACKED
+
+    def index_layout(self) -> int | None:
+        """The replay index's layout (meta "replay_index"; None: a store without one)."""
+        return self._index_v
+
+    def lookup_layout(self) -> int | None:
+        """The layout of this store's `lookups` rows (2 or 3), None where it has none."""
+        return self._index_v if self._layout2() and self._lookups is not None else None
+
+    def route_of(self, ref: int) -> tuple[str, bytes]:
+        """Layout 3: the route and bucket of an `index_routes` row (the table read again for one
+        not seen: a recorder may have added it); ValueError if the store has none such."""
+        got = self._routes_known.get(ref)
+        if got is None:
+            self._routes_known = self._read_index_routes()
+            got = self._routes_known.get(ref)
+            if got is None:
+                raise ValueError(f"a replay-index entry names route row {ref}, which the store does not hold")
+        return got
+
+    def _read_index_routes(self) -> dict[int, tuple[str, bytes]]:
+        if self._index_routes is None:
+            return {}
+        with self._env.begin(db=self._index_routes, buffers=False) as txn:
+            rows = {replay_index.ID.unpack(k)[0]: (k, v) for k, v in txn.cursor()}
+        for k, v in rows.values():  # each row's key is its value's hash: a damaged one is named
+            if replay_index.route_row(*replay_index.route_value(v))[0] != k:
+                raise ValueError(f"replay-index route row {k.hex()} is damaged")
+        return {n: replay_index.route_value(v) for n, (_, v) in rows.items()}
+
+    def adopt_index_routes(self, source: Any) -> bool:
+        """Merge: `source`'s `index_routes` rows put here, so that its layout-3 entries are copied
+        as stored; False if one of its keys holds another route here (they are written again)."""
+        with source._reading("replay index routes"):
+            source._read_index_routes()  # each row checked against its key
+        rows = list(source.raw_table("index_routes"))
+
+        def put(txn: lmdb.Transaction) -> bool:
+            return all(txn.put(k, v, db=self._index_routes, overwrite=False)
+                       or bytes(txn.get(k, db=self._index_routes)) == v for k, v in rows)
+
+        return bool(self._write(put)) if rows else True
 
     def recorded_entries(self) -> Iterator[RecordedEntry]:
         with self._reading("replay index"), self._env.begin(db=self._recorded) as txn:
-            for _, raw in txn.cursor():
-                yield replay_index.entry(raw)
+            for k, raw in txn.cursor():
+                yield replay_index.entry(raw, _U64.unpack(k)[0], self.route_of)
 
     def has_replay_index(self) -> bool:
         """Whether every recorded exchange has its lookup rows (stores made since they exist)."""
@@ -58,15 +115,15 @@ class IndexLookups:
     # -- what replay asks, in either layout (ids oldest first unless said) -------------------------
 
     def key_ids(self, key: str) -> list[int]:
-        """Exchanges whose request key is `key` (layout 2: or shares its first 8 bytes; check the entries)."""
+        """Exchanges whose request key is `key` (layouts 2, 3: or shares its tag; check the entries)."""
         if self._layout2():
-            return self._dups(replay_index.key_tag(key))
+            return self._dups(replay_index.key_tag(key, self._index_v))
         return [_U64.unpack(s)[0] for s in self.index_scan(replay_index.KEY + bytes.fromhex(key))]
 
     def session_ids(self, name: str) -> list[int]:
         """Exchanges of session `name` (and of any whose hash shares its tag: check the entries)."""
         if self._layout2():
-            return self._dups(replay_index.session_key(name))
+            return self._dups(replay_index.session_key(name, self._index_v))
         return [_U64.unpack(s)[0] for s in self.index_scan(replay_index.SESSION + replay_index.session_tag(name))]
 
     def session_entries(self, name: str) -> list[RecordedEntry]:
@@ -78,7 +135,7 @@ class IndexLookups:
         if not self._layout2():
             got = self.index_scan(replay_index.SESSION + replay_index.session_tag(name), oldest=1)
             return _U64.unpack(got[0])[0] if got else None
-        ids = self._dups(replay_index.session_key(name), first=1)
+        ids = self._dups(replay_index.session_key(name, self._index_v), first=1)
         if ids and any(e.session == name for e in self.recorded_entries_by_id(ids)):
             return ids[0]
         return next((e.id for e in self.session_entries(name)), None)
@@ -86,14 +143,15 @@ class IndexLookups:
     def bucket_newest(self, bucket: bytes, n: int) -> list[int]:
         """The newest `n` exchanges asked on this route and model, oldest first."""
         if self._layout2():
-            return self._newest([replay_index.BUCKET + bucket], n)[0][::-1]
+            return self._newest([replay_index.BUCKET + bucket[:replay_index.tag(self._index_v)]], n)[0][::-1]
         return [_U64.unpack(s)[0] for s in self.index_scan(replay_index.BUCKET + bucket, newest=n)]
 
     def bands_newest(self, bands: tuple[bytes, ...], n: int) -> list[list[int]]:
         """Per band, the newest `n` exchanges whose sketch has it, newest first."""
-        prefixed = [replay_index.BAND + band for band in bands]
         if self._layout2():
-            return self._newest(prefixed, n)
+            width = replay_index.tag(self._index_v)
+            return self._newest([replay_index.BAND + band[:width] for band in bands], n)
+        prefixed = [replay_index.BAND + band for band in bands]
         return [[_U64.unpack(s)[0] for s in found] for found in self.index_scan_newest(prefixed, n)]
 
     def sketches_for(self, ids: list[int], bucket: bytes) -> list[tuple[bytes | None, bool]]:
@@ -109,7 +167,7 @@ class IndexLookups:
         if self._layout2():
             with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
                 raws = [txn.get(_U64.pack(i)) for i in ids]
-                return [None if raw is None else replay_index.entry_sketch(raw) for raw in raws]
+                return [None if raw is None else replay_index.entry_sketch(raw, self.route_of) for raw in raws]
         buckets = self.index_distinct(replay_index.BUCKET, 8)
         sketches = self.index_get_many([replay_index.SKETCH + _U64.pack(i) for i in ids])
         probes = [replay_index.BUCKET + b + _U64.pack(i) for i, sk in zip(ids, sketches) if sk for b in buckets]
@@ -139,16 +197,18 @@ class IndexLookups:
 
     # -- for copying the tables whole (merge) ------------------------------------------------------
 
+
     def copies_lookups(self) -> bool:
-        """Whether this store's lookups are layout 2's, which merge copies as they are (ids mapped)."""
-        return self._layout2() and self._lookups is not None
+        """Whether this store's lookups are layout 2's or 3's, which merge copies as they are (ids
+        mapped) into a store of the same layout."""
+        return self.lookup_layout() is not None
 
     def lookup_rows_count(self) -> int:
         with self._reading(), self._env.begin(db=self._lookups) as txn:
             return txn.stat(self._lookups)["entries"]
 
     def lookup_chunks(self, size: int) -> Iterator[tuple[bytes, bytes]]:
-        """Every layout-2 lookup in key order (ids oldest first under each key), `size` rows at a
+        """Every layout-2 or -3 lookup in key order (ids oldest first under each key), `size` rows at a
         time as two blobs: their keys, and their 4-byte ids, concatenated (a million rows are
         read without a Python step per row)."""
         with self._reading("replay index"), self._env.begin(db=self._lookups, buffers=False) as txn:
@@ -173,7 +233,7 @@ class IndexLookups:
     def recorded_entry(self, exchange_id: int) -> RecordedEntry | None:
         with self._reading(), self._env.begin(db=self._recorded) as txn:
             raw = txn.get(_U64.pack(exchange_id))
-            return None if raw is None else replay_index.entry(raw)
+            return None if raw is None else replay_index.entry(raw, exchange_id, self.route_of)
 
     def index_scan(self, prefix: bytes, *, newest: int | None = None, oldest: int | None = None) -> list[bytes]:
         """The index keys under `prefix` (their suffixes), oldest first; with `newest` (`oldest`),
@@ -233,7 +293,7 @@ class IndexLookups:
             for i in ids:
                 raw = txn.get(_U64.pack(i))
                 if raw is not None:
-                    out.append(replay_index.entry(raw))
+                    out.append(replay_index.entry(raw, i, self.route_of))
             return out
 
 

@@ -6,7 +6,7 @@ to its digest), the decoded bodies of the last exchanges kept, since a session's
 compressed against its previous request and answer and replicates repeat bodies (the records are
 read by `store_merge_scan`); a store's outcome rows one at a time. Writing: one transaction per batch
 that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
-recording writes them (or, between layout-2 stores, entries as stored, the lookups copied after
+recording writes them (or, between stores of one packed layout, entries as stored, the lookups copied after
 the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
 is killed between), bodies copied as stored (never recompressed) when this store lacks them.
 """
@@ -34,7 +34,6 @@ _RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
 _RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
 UNINDEXED = replay_index.MERGING
 _COUNTED = 1 << 16  # lookup ids counted at a time (each a Python object while read: a bounded peak)
-LOOKUP_KEY = 1 + replay_index.TAG  # bytes of a layout-2 lookup's key: its kind, then 8
 _KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + replay_index.BAND)
 
 
@@ -77,6 +76,7 @@ class MergeIO:
     path: Any
     max_body: int
     _reading: Any
+    _read_index_routes: Any
     _write: Any
     _decode_record: Any
     body: Any
@@ -120,7 +120,7 @@ class MergeIO:
         recent.add(digest, data)
 
     def checked_lookups(self) -> None:
-        """A layout-2 store's replay index checked as merge copies it (rows as they are, ids
+        """A layout-2 or -3 store's replay index checked as merge copies it (rows as they are, ids
         mapped): every entry decodes as the entry type and its exchange has exactly the lookups
         its entry implies, none naming an exchange that is not recorded (StoreError naming the
         exchange otherwise). Replay checks each row's entry for the full key and session name, so
@@ -128,22 +128,26 @@ class MergeIO:
         near candidate, never a wrong answer."""
         import numpy as np
 
-        last = self.last_id()
+        last, width = self.last_id(), replay_index.lookup_key_bytes(self.lookup_layout())
         expected = np.zeros(last + 1, dtype=np.int32)  # 8 bytes an exchange for both
+        with self._reading("replay index routes"):
+            routes = self._read_index_routes()  # layout 3's, each row checked against its key
         for k, raw in self.recorded_table():
             exchange_id = _U64.unpack(k)[0]
             try:
                 if exchange_id > last:
                     raise ValueError(f"no exchange {exchange_id} in a store of {last}")
-                expected[exchange_id] = replay_index.entry_lookups(raw)
+                expected[exchange_id], ref = replay_index.entry_shape(raw)
+                if ref is not None and ref not in routes:
+                    raise ValueError(f"it names route row {ref}, which the store does not hold")
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 raise StoreError(f"store {self.path}: exchange {exchange_id}'s replay-index entry is damaged "
                                  f"({exc}); restore the store from a copy") from None
         counted = np.zeros(last + 1, dtype=np.int32)
         for keys, ids in self.lookup_chunks(_COUNTED):
             got = np.frombuffer(ids, dtype=">u4") if len(ids) % 4 == 0 else None
-            if got is None or len(keys) != len(got) * LOOKUP_KEY or int(got.max()) > last or not np.isin(
-                    np.frombuffer(keys, dtype=np.uint8)[::LOOKUP_KEY], _KINDS).all():
+            if got is None or len(keys) != len(got) * width or int(got.max()) > last or not np.isin(
+                    np.frombuffer(keys, dtype=np.uint8)[::width], _KINDS).all():
                 raise StoreError(f"store {self.path}: a replay lookup is not one of its kinds or names no exchange "
                                  "of the store (damaged); restore the store from a copy")
             found, times = np.unique(got.astype(np.uint32), return_counts=True)  # O(chunk), not O(store)
@@ -192,7 +196,7 @@ class MergeIO:
             near = replay_index.stored_near(self, found)  # type: ignore[arg-type]
             rows = sorted(r for e, n in zip(self.recorded_entries_by_id(found), near)
                           for r in replay_index.lookup_rows(e.id, RecordedEntry(
-                              e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n)))
+                              e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n), self.lookup_layout()))
             self._write(lambda txn, rows=rows: txn.cursor(db=self._lookups).putmulti(rows))
             done = found[-1] + 1 - first
         self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
@@ -298,5 +302,5 @@ class Batch:
     records: list[tuple[bytes, bytes]]
     entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
     bodies: dict[str, bytes | None] = field(default_factory=dict)
-    moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 entries as OUT stores them
+    moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 or -3 entries as OUT stores them
     heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order

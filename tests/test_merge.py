@@ -210,7 +210,7 @@ def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
         for k, v in s.raw_table("lookups"):  # the raw table: what merge must carry is the rows themselves
             rows.setdefault(where[int.from_bytes(v, "big")], set()).add(k)
         for k, raw in s.raw_table("recorded"):
-            bucket, sketch = replay_index.entry_sketch(raw) or (b"", b"")
+            bucket, sketch = replay_index.entry_sketch(raw, s.route_of) or (b"", b"")
             rows[where[int.from_bytes(k, "big")]].add(b"g" + bucket + sketch)
         return rows
 

@@ -17,6 +17,7 @@ import pytest
 
 from bench.store_traffic import REQUEST_HEADERS, record
 from noisefloor.proxy.merge import merge
+from noisefloor.proxy.replay_index import VERSION
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from tests import loopback
 from tests.conftest import START_TIMEOUT, nfproxy_argv, wait_until
@@ -70,20 +71,20 @@ def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly(v1, proxie
 
 
 @pytest.mark.parametrize("command", ["migrate", "compact"])
-def test_migrate_and_compact_bring_it_to_layout_2_with_the_same_answers(v1, command):
+def test_migrate_and_compact_bring_it_to_todays_layout_with_the_same_answers(v1, command):
     r = nfproxy(command, "--store", str(v1))
     assert r.returncode == 0, r.stderr
     assert f"from noisefloor-log/2 to {FORMAT}" in r.stdout
-    assert layout(v1) == (FORMAT, 2)
+    assert layout(v1) == (FORMAT, VERSION)
     assert answered(v1) == EXPECTED
     with Store.open(v1, write=False) as s:
         assert list(s.raw_table("rindex")) == [] and len(list(s.raw_table("lookups"))) > 60 * 18
 
 
-def test_merge_writes_layout_2_with_the_same_answers(v1, tmp_path):
+def test_merge_writes_todays_layout_with_the_same_answers(v1, tmp_path):
     out = tmp_path / "merged.lmdb"
     assert merge(out, [v1]).exchanges_added == 60
-    assert layout(out) == (FORMAT, 2)
+    assert layout(out) == (FORMAT, VERSION)
     assert answered(out) == EXPECTED  # one shard: its sessions keep their order, so their ids
 
 
@@ -126,7 +127,7 @@ def test_a_migrate_killed_mid_way_leaves_the_store_as_it_was_and_the_next_one_fi
     assert answered(store, range(1, 2061, 37)) == before
     r = nfproxy("migrate", "--store", str(store))
     assert r.returncode == 0, r.stderr
-    assert layout(store) == (FORMAT, 2) and not work.parent.exists()
+    assert layout(store) == (FORMAT, VERSION) and not work.parent.exists()
     assert answered(store, range(1, 2061, 37)) == before
     copy = tmp_path / "shipped.lmdb"
     copy.mkdir()

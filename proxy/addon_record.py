@@ -74,9 +74,12 @@ class Record:
             if isinstance(pending, Exception):
                 raise pending
             self.recorder.finish(pending, response_data(flow.response, flow.metadata.get(CAPTURE)),
-                                 latency_ms=latency, notes=notes)
+                                 latency_ms=latency, notes=notes, defer_tracking=True)
         except Exception as exc:  # noqa: BLE001 - an answer that is not in the log must not reach the agent
             self._withhold(flow, exc)
+        # the answer's dependency marks: registered after it is released (the client does not wait
+        # for them), and before any request keyed later (`begin` registers what is left first)
+        asyncio.get_running_loop().call_soon(self.recorder.track_answers)
 
     def _record_complete(self, flow: http.HTTPFlow, pending: Pending | Exception, response: ResponseData) -> None:
         try:

@@ -49,8 +49,9 @@ class Tracker:
             found |= {seq for text, seq in answers.texts if _contains(body_text, text)}
         return tuple(sorted(found))
 
-    def answered(self, session: str, seq: int, provider: Provider, body: bytes, content_type: str | None) -> None:
-        got = providers.answered(provider, body, content_type)
+    def answered(self, session: str, seq: int, provider: Provider, body: bytes, content_type: str | None,
+                 doc: Any = providers.UNPARSED) -> None:
+        got = providers.answered(provider, body, content_type, doc)
         if not got.marks:
             return
         answers = self._sessions.get(session)

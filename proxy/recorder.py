@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,7 @@ class Recorder:
         self.stats = Stats()
         self._left_out: dict[tuple[str, ...], int] = {}  # the answer part's keys -> what the record leaves out
         self._request_keys: frozenset[str] = frozenset()
+        self._untracked: deque[tuple[Any, ...]] = deque()  # answers finish left for `track_answers`
         if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
             self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq)
                                                            for e in store.session_entries(name)])
@@ -53,6 +55,7 @@ class Recorder:
 
     def begin(self, request: RequestData, labels: Labels) -> Pending:
         """Key the request; call in arrival order (occurrence numbers follow it)."""
+        self.track_answers()  # a request keyed after an answer was complete may carry it
         p = prepare(request, labels, self.rules, self.counters)
         record = exchange_record.request_part(p, "record", self.rules.id)
         if not self._request_keys:
@@ -66,6 +69,8 @@ class Recorder:
         deps = self.answers.deps(labels.session, provider, doc, text)
         near = replay_index.sketch(c, _route(p)) if c.body_kind == "json" else None
         route = (record["request"]["method"], record["request"]["url"])
+        if request.raw_body:  # compressed now, while the upstream works, instead of in finish
+            self.store.ahead(labels.session, request.stored_digest, request.stored_body)
         return Pending(p, json.dumps(record), notes, provider, deps, near, route)
 
     def finish(
@@ -77,8 +82,11 @@ class Recorder:
         latency_ms: float | None = None,
         notes: Sequence[str] = (),
         end: float | None = None,
+        defer_tracking: bool = False,
     ) -> int:
-        """Write the exchange: a response, a connection error, or a stream that broke off (both)."""
+        """Write the exchange: a response, a connection error, or a stream that broke off (both).
+        `defer_tracking`: the answer's marks for later requests' dependencies are registered by
+        `track_answers` (or the next `begin`), not here: a proxy does that once the answer is out."""
         p = pending.prepared
         if error is not None:  # an upstream's status line or message may carry the key it was sent
             error = secrets.erase_text(error, p.request.secret_values)
@@ -93,16 +101,18 @@ class Recorder:
         if response is not None:
             response = response.without(p.request.secret_values)
             bodies[response.digest] = response.raw_body
-            meta = providers.served(pending.provider or providers.PROVIDERS["generic"], response.decoded_body,
-                                    response.header("content-type"))
+            decoded, ctype = response.decoded_body, response.header("content-type")
+            doc = providers.body_doc(decoded, ctype)  # parsed once for the served fields and the dependencies
+            meta = providers.served(pending.provider or providers.PROVIDERS["generic"], decoded, ctype, doc)
             identity = {"model": meta.model, "fingerprint": meta.fingerprint,
                         "usage": {"input": meta.input_tokens, "output": meta.output_tokens},
                         "finish_reason": meta.finish_reason, "truncated": meta.truncated}
             if response.status >= 400:
                 self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
             elif 200 <= response.status < 300 and pending.provider is not None and error is None:
-                self.answers.answered(p.labels.session, p.seq, pending.provider, response.decoded_body,
-                                      response.header("content-type"))
+                self._untracked.append((p.labels.session, p.seq, pending.provider, decoded, ctype, doc))
+                if not defer_tracking:
+                    self.track_answers()
         record.update(exchange_record.answer_part(response, identity))
         if error is not None:
             self.stats.errors += 1
@@ -122,6 +132,12 @@ class Recorder:
                                         self._head(pending, record, response, identity))
         self.stats.exchanges += 1
         return exchange_id
+
+    def track_answers(self) -> None:
+        """Register the answers `finish` left untracked, in the order they were finished (the
+        dependency marks of a request keyed afterwards are then what they would have been)."""
+        while self._untracked:
+            self.answers.answered(*self._untracked.popleft())
 
     def _head(self, pending: Pending, record: dict[str, Any], response: ResponseData | None,
               identity: dict[str, Any] | None) -> tuple[Head, int] | None:

@@ -67,9 +67,32 @@ def scrub_headers(headers: Iterable[tuple[str, str]], values: Sequence[str] = ()
 
 def erase_header_values(headers: Sequence[tuple[str, str]], values: Sequence[str]) -> Sequence[tuple[str, str]]:
     """`headers` with the secret `values` erased from each value (the same object when none holds one)."""
-    if not values or not erasure.contains("\n".join(_text(v) for _, v in headers), values):
+    if not values:
         return headers
-    return tuple((k, erasure.erase(_text(v), values)) for k, v in headers)
+    vals = tuple(values)
+    texts = [_text(v) for _, v in headers]
+    erased = [_erased(t, vals) for t in texts]
+    return tuple(zip((k for k, _ in headers), erased)) if erased != texts else headers
+
+
+_CACHED = 1024  # longer values are searched every time (a cache of them could hold megabytes)
+
+
+def _erased(text: str, values: tuple[str, ...]) -> str:
+    """`text` with `values` erased (equal to it when none is in it). Short ones are remembered:
+    every exchange of a session sends and is answered with the same header values (a cookie
+    echoed back, the URL), and the search for each costs more than the exchange's other work."""
+    return _erased_short(text, values) if len(text) <= _CACHED else _erase_or_same(text, values)
+
+
+@lru_cache(maxsize=4096)
+def _erased_short(text: str, values: tuple[str, ...]) -> str:
+    return _erase_or_same(text, values)
+
+
+def _erase_or_same(text: str, values: tuple[str, ...]) -> str:
+    found = erasure.spans(text, values)
+    return erasure.cut(text, found) if found else text
 
 
 def scrub_url(url: str, values: Sequence[str] = ()) -> str:
@@ -83,7 +106,7 @@ def scrub_url(url: str, values: Sequence[str] = ()) -> str:
             for k, v in parse_qsl(parts.query, keep_blank_values=True)
         ]
         url = urlunsplit(parts._replace(query=urlencode(pairs) if pairs else parts.query))
-    return erasure.erase(url, values) if values else url
+    return _erased(url, tuple(values)) if values else url
 
 
 _QUOTED = re.compile(r'([A-Za-z0-9_-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,]+)')

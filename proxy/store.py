@@ -62,6 +62,7 @@ from noisefloor.outcome_rows import row_key
 from noisefloor.proxy import codec, exchange_record, replay_index, store_heads, store_records
 from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.replay_index import RecordedEntry
+from noisefloor.proxy.store_ahead import CHAIN_DEPTH, AheadBodies
 from noisefloor.proxy.store_bodies import Bodies
 from noisefloor.proxy.store_dicts import Dictionaries
 from noisefloor.proxy.store_env import DAMAGE, StoreError, check_path, grow, open_env
@@ -77,12 +78,15 @@ _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writi
 _HEADED = ("noisefloor-log/4", FORMAT)  # the formats with a heads table
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
-CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
+<<<<<<< HEAD
 class Store(Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
+=======
+class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
+>>>>>>> main
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
@@ -119,6 +123,7 @@ class Store(Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks
         self._chains: OrderedDict[str, tuple[bytes, bytes, bytes, bytes, int]] = OrderedDict()
         self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
         self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
+        self._ahead: OrderedDict[str, tuple[Any, bytes | None, bytes]] = OrderedDict()  # `store_ahead`
         self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
         self._batch: list[_Item] | None = None
         self._batch_size = self._batch_base = 0
@@ -387,13 +392,11 @@ class Store(Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks
             digest = bytes.fromhex(hexdigest)
             if txn.get(digest, db=self._bodies) is not None:  # stored once: skip compressing a known body
                 continue
-            if hexdigest == request and link is not None and link[4] < CHAIN_DEPTH:
-                # most of a request is the previous request and answer of its session
-                value = self._codec.encode_against(data, [(link[0], link[1]), (link[2], link[3])])
-                depth = link[4] + 1
+            if hexdigest == request:  # against its session's previous exchange; computed ahead if it could be
+                value = self.taken(hexdigest, link, body_key, data)
+                depth = link[4] + 1 if link is not None and link[4] < CHAIN_DEPTH else 0
             else:
                 value = self._codec.encode(data, body_key)
-                depth = 0 if hexdigest == request else depth
             txn.put(digest, value, db=self._bodies)
         if request is not None and recorded is not None:
             response = next((h for h in bodies if h != request), None)

@@ -25,7 +25,7 @@ from noisefloor.proxy.providers import anthropic, bedrock, gemini, generic, mist
 from noisefloor.proxy.providers.base import Answered, Marks, Provider, Rewrite, Served, folded, sse_events
 
 __all__ = ["PROVIDERS", "Answered", "Marks", "Provider", "Rewrite", "Served", "answered", "carried", "detect", "pick",
-           "register", "sdk_env", "served", "sse_events"]
+           "register", "sdk_env", "served", "sse_events", "body_doc", "UNPARSED", "NOT_JSON"]
 ENTRY_POINTS = "noisefloor.providers"
 
 # Bump when any module's matching or ignored fields change in a way that moves existing keys.
@@ -91,14 +91,33 @@ def terminal_events() -> tuple[bytes, ...]:
     return tuple(dict.fromkeys(m for p in _ORDER for m in p.terminal_events))
 
 
-def served(provider: Provider, body: bytes, content_type: str | None) -> Served:
-    """Served model, fingerprint, usage and finish reason of a response (decoded body): a JSON
-    document, or a server-sent event stream folded event by event."""
+UNPARSED: Any = object()  # `served` and `answered` parse the body themselves
+NOT_JSON: Any = object()  # `body_doc` of a stream, or of a body that is not JSON
+
+
+def _stream(content_type: str | None) -> bool:
+    return bool(content_type) and content_type.lower().startswith("text/event-stream")  # type: ignore[union-attr]
+
+
+def body_doc(body: bytes, content_type: str | None) -> Any:
+    """A response body (decoded) parsed once, for both `served` and `answered` (the recorder
+    asks both of every answer, on the path the client waits on)."""
+    if _stream(content_type):
+        return NOT_JSON
     try:
-        if content_type and content_type.lower().startswith("text/event-stream"):
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return NOT_JSON
+
+
+def served(provider: Provider, body: bytes, content_type: str | None, doc: Any = UNPARSED) -> Served:
+    """Served model, fingerprint, usage and finish reason of a response (decoded body): a JSON
+    document, or a server-sent event stream folded event by event (`doc`: `body_doc`'s)."""
+    try:
+        if _stream(content_type):
             per_event = provider.served_event or provider.served_doc
             return folded(per_event(ev) for ev in sse_events(body))
-        doc = json.loads(body)
+        doc = json.loads(body) if doc is UNPARSED else doc
         return provider.served_doc(doc) if isinstance(doc, dict) else Served()
     except (ValueError, UnicodeDecodeError, RecursionError, TypeError, AttributeError):
         return Served()
@@ -118,13 +137,14 @@ def carried(provider: Provider, doc: Any) -> Marks:
         return set()
 
 
-def answered(provider: Provider, body: bytes, content_type: str | None) -> Answered:
-    """What a response (decoded body) can be recognized by in later requests."""
+def answered(provider: Provider, body: bytes, content_type: str | None, doc: Any = UNPARSED) -> Answered:
+    """What a response (decoded body) can be recognized by in later requests (`doc`: `body_doc`'s)."""
     events = None
-    doc = None
-    if content_type and content_type.lower().startswith("text/event-stream"):
-        events = sse_events(body)
-    else:
+    if _stream(content_type):
+        events, doc = sse_events(body), None
+    elif doc is NOT_JSON:
+        return Answered()
+    elif doc is UNPARSED:
         try:
             doc = json.loads(body)
         except (ValueError, UnicodeDecodeError, RecursionError):

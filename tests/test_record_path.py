@@ -1,0 +1,130 @@
+"""The record path's work done ahead or after the answer (round 6): a request body compressed while
+the upstream works, dependency marks registered once the answer is out, header erasure remembered
+per value. Each must leave the store as it was without it: real nfproxy processes on loopback, a
+real aiohttp upstream, real LMDB stores, concurrent clients."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import signal
+from pathlib import Path
+
+import httpx
+
+from noisefloor.proxy import secrets
+from noisefloor.proxy.keys import Rules
+from noisefloor.proxy.labels import Labels
+from noisefloor.proxy.recorder import Recorder
+from noisefloor.proxy.store import Store
+from noisefloor.proxy.traffic import RequestData, ResponseData
+from tests.conftest import start_nfproxy
+
+SYSTEM = "You are a careful assistant. " * 20
+
+
+async def _conversation(client: httpx.AsyncClient, url: str, i: int, turns: int, rng: random.Random) -> None:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"conversation {i} begins"}]
+    pause = [rng.uniform(0, 0.02) for _ in range(turns)]
+    for t in range(turns):
+        await asyncio.sleep(pause[t])
+        r = await client.post(url + "/v1/chat/completions", json={"model": "gpt-4o-mini", "messages": messages})
+        assert r.status_code == 200, r.text
+        answer = r.json()["choices"][0]["message"]["content"]
+        messages = [*messages, {"role": "assistant", "content": answer},
+                    {"role": "user", "content": f"conversation {i} turn {t + 1}"}]
+
+
+async def _talk(url: str, n: int, turns: int) -> None:
+    rng = random.Random(7)
+    async with httpx.AsyncClient(timeout=30) as client:
+        await asyncio.gather(*(_conversation(client, url, i, turns, rng) for i in range(n)))
+
+
+def test_concurrent_conversations_record_each_turn_depending_on_its_own_earlier_answers(store, upstream, proxies):
+    """Each turn carries every earlier answer of its own conversation, sent the moment the answer
+    arrived, while other conversations of the session are answered in between: its recorded
+    dependencies are exactly its conversation's earlier turns, none of another's (the marks are
+    registered after the answer is released, and before any later request is keyed)."""
+    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url, "--session", "s")
+    proxies.append(rec)
+    asyncio.run(_talk(rec.url, n=6, turns=4))
+    rec.stop(signal.SIGKILL)  # every answered exchange was committed before its answer went out
+    with Store.open(store, write=False) as s:
+        entries = {e.seq: e for e in s.recorded_entries()}
+        turns: dict[int, list[int]] = {}
+        for ex in s.exchanges():
+            doc = json.loads(s.body(ex.request["body"]) or b"{}")
+            if "messages" in doc:
+                turns.setdefault(int(doc["messages"][1]["content"].split()[1]), []).append(ex.seq)
+    assert sorted(map(len, turns.values())) == [4] * 6
+    for seqs in turns.values():
+        for t, seq in enumerate(sorted(seqs)):
+            assert entries[seq].deps == tuple(sorted(seqs)[:t]), (seq, entries[seq].deps, seqs)
+
+
+def _chat(text: str) -> RequestData:
+    body = json.dumps({"model": "m", "messages": [{"role": "system", "content": SYSTEM},
+                                                  {"role": "user", "content": text}]}).encode()
+    return RequestData("POST", "http://up/v1/chat/completions", "up", "/v1/chat/completions",
+                       (("content-type", "application/json"),), body)
+
+
+def _answer(text: str) -> ResponseData:
+    doc = {"choices": [{"message": {"role": "assistant", "content": f"answer to {text} " * 10}}]}
+    return ResponseData(200, (("content-type", "application/json"),), json.dumps(doc).encode())
+
+
+def _record_overlapping(path: Path, ahead: bool) -> list[tuple[bytes, bytes]]:
+    """One session's requests begun before the previous one finished (its chain link changes
+    between the body's compression ahead and its write), and some that do not overlap."""
+    with Store.open(path, write=True, create=True) as s:
+        if not ahead:
+            s.ahead = lambda *a: None  # type: ignore[method-assign]
+        rec = Recorder(s, Rules())
+        texts = [f"question {i}" for i in range(12)]
+        waiting = []
+        for i, text in enumerate(texts):
+            waiting.append((rec.begin(_chat(text), Labels("a" if i % 3 else "b")), text))
+            if i % 2:  # two at a time: the second was compressed ahead against a link the first replaces
+                for p, t in waiting:
+                    rec.finish(p, _answer(t))
+                waiting = []
+        with s._env.begin(db=s._bodies) as txn:
+            return list(txn.cursor())
+
+
+def test_a_body_compressed_ahead_is_stored_as_the_write_would_have_stored_it(tmp_path):
+    assert _record_overlapping(tmp_path / "ahead.lmdb", True) == _record_overlapping(tmp_path / "plain.lmdb", False)
+
+
+def test_remembered_header_erasure_still_erases_each_requests_own_secret():
+    """The same header text is erased for the secrets of the request it came with, not those of
+    the request that first had it erased."""
+    one, two = secrets.secret_values("http://x/", [("authorization", "Bearer sk-first-key-0000000001")]), \
+        secrets.secret_values("http://x/", [("authorization", "Bearer sk-second-key-000000002")])
+    echoed = (("x-echo", "seen sk-first-key-0000000001 and sk-second-key-000000002"),)
+    first = dict(secrets.erase_header_values(echoed, one))["x-echo"]
+    assert "sk-first-key" not in first and "sk-second-key-000000002" in first
+    second = dict(secrets.erase_header_values(echoed, two))["x-echo"]
+    assert "sk-second-key" not in second and "sk-first-key-0000000001" in second
+    assert secrets.erase_header_values(echoed, secrets.secret_values("http://x/", [])) is echoed
+
+
+def test_a_cookie_the_upstream_echoes_is_erased_from_every_exchange_not_only_the_first(store, upstream, proxies):
+    """The fake upstream sets a cookie the client then sends with each request and the upstream
+    sets again with each answer: no stored exchange holds it, however many repeat it."""
+    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
+    proxies.append(rec)
+    with httpx.Client(timeout=30) as client:
+        for i in range(8):
+            r = client.post(rec.url + "/v1/chat/completions", json={"model": "gpt-4o-mini",
+                                                                    "messages": [{"role": "user", "content": f"q{i}"}]})
+            assert r.status_code == 200
+    assert rec.stop() == 0
+    with Store.open(store, write=False) as s:
+        texts = [ex.json_bytes().decode() for ex in s.exchanges()]
+    assert len(texts) == 8
+    assert sum("cookie" in t.lower() for t in texts) >= 7  # the header is there, its value is not
+    assert not [t for t in texts if "cookie-secret" in t]

@@ -82,11 +82,7 @@ _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LR
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
-<<<<<<< HEAD
-class Store(Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
-=======
-class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, MergeIO, MergeScan, Walks):
->>>>>>> main
+class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,

@@ -21,7 +21,7 @@ from noisefloor.proxy.replay_index import VERSION
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from tests import loopback
 from tests.conftest import START_TIMEOUT, nfproxy_argv, wait_until
-from tests.data.make_index_v1_store import answers, changed
+from tests.data.make_index_v1_store import answered, changed, layout
 
 DATA = Path(__file__).parent / "data"
 EXPECTED = json.loads((DATA / "store-index-v1.json").read_text())
@@ -32,16 +32,6 @@ def v1(tmp_path: Path) -> Path:
     store = tmp_path / "v1.lmdb"
     shutil.copytree(DATA / "store-index-v1", store)
     return store
-
-
-def layout(store: Path) -> tuple[str | None, int | None]:
-    with Store.open(store, write=False) as s:
-        return s.format, s.meta("replay_index")
-
-
-def answered(store: Path, queries: range | None = None) -> dict[str, object]:
-    with Store.open(store, write=False) as s:
-        return answers(s) if queries is None else answers(s, queries)
 
 
 def nfproxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:

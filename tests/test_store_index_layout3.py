@@ -22,7 +22,7 @@ from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.traffic import RequestData
 from tests.conftest import nfproxy_argv
-from tests.data.make_index_v1_store import answers, changed
+from tests.data.make_index_v1_store import answered, changed, layout
 
 DATA = Path(__file__).parent / "data"
 EXPECTED = json.loads((DATA / "store-index-v2.json").read_text())
@@ -33,16 +33,6 @@ def v2(tmp_path: Path) -> Path:
     store = tmp_path / "v2.lmdb"
     shutil.copytree(DATA / "store-index-v2", store)
     return store
-
-
-def layout(store: Path) -> tuple[str | None, int | None]:
-    with Store.open(store, write=False) as s:
-        return s.format, s.meta("replay_index")
-
-
-def answered(store: Path, queries: range | None = None) -> dict[str, object]:
-    with Store.open(store, write=False) as s:
-        return answers(s) if queries is None else answers(s, queries)
 
 
 def table_bytes(store: Path, name: str) -> int:

@@ -52,6 +52,18 @@ def answers(store: Store, queries: range = QUERIES) -> dict[str, object]:
     return out
 
 
+def answered(path: Path, queries: range | None = None) -> dict[str, object]:
+    """`answers` of the store at `path`, opened read-only (the layout tests' one way to ask)."""
+    with Store.open(path, write=False) as s:
+        return answers(s) if queries is None else answers(s, queries)
+
+
+def layout(path: Path) -> tuple[str | None, int | None]:
+    """The store's format and its replay index's layout."""
+    with Store.open(path, write=False) as s:
+        return s.format, s.meta("replay_index")
+
+
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "s"

@@ -491,12 +491,6 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
             raise StoreError(f"store {self.path}: exchange {exchange_id} is not an exchange record ({exc}); "
                              "restore the store from a copy or record it again") from None
 
-    def head_row(self, record: bytes, stored: bytes, exchange_id: int) -> store_heads.Row | None:
-        """The heads-table row of a record's JSON text stored as `stored` (`store_heads.row`, read
-        from the text), or StoreError as `checked_head`."""
-        checked = self.checked_head(record, exchange_id)
-        return None if checked is None else store_heads.row(*checked, stored)
-
     def _record_heads(self) -> Iterator[Head]:
         decode, parse, limit = self._codec.decode, exchange_record.parse_head, self.max_body  # a million times
         with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:

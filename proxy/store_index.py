@@ -59,10 +59,6 @@ class IndexLookups:
         """Whether the lookups are `lookups`' sorted duplicates (layouts 2 and 3)."""
         return self._index_v in replay_index.PACKED
 
-    def index_layout(self) -> int | None:
-        """The replay index's layout (meta "replay_index"; None: a store without one)."""
-        return self._index_v
-
     def lookup_layout(self) -> int | None:
         """The layout of this store's `lookups` rows (2 or 3), None where it has none."""
         return self._index_v if self._layout2() and self._lookups is not None else None

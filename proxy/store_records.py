@@ -97,11 +97,6 @@ def tied(r: store_heads.Row, stored: bytes) -> store_heads.Row:
     return r[0], r[1], _U32.pack(zlib.crc32(stored)) + r[2][4:]
 
 
-def is_stripped(value: bytes | memoryview) -> bool:
-    """Whether a checked /5 head's record is stored stripped (else whole, with its id)."""
-    return bool(value) and store_heads.left_out(value) != NOT_LISTED
-
-
 def _damaged_text(path: Any, exchange_id: int, text: bytes) -> None:
     """StoreError naming what is wrong with a record's text where it is not an exchange record."""
     from noisefloor.proxy.exchange_record import parse

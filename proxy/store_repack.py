@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import lmdb
 from noisefloor.proxy.store_env import StoreError
 
 _BATCH, _BATCH_BYTES = 20000, 64 << 20  # rows and bytes per write transaction: memory bounded, few commits
+_FIXED_BATCH = 1 << 20  # rows per write transaction where each is a few bytes (a fixed-size duplicate)
 _FLAGS = ("reverse_key", "dupsort", "integerkey", "integerdup", "dupfixed")
 
 
@@ -68,7 +70,7 @@ def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progres
         out = lmdb.open(str(work), map_size=max(1 << 30, 2 * used_bytes(env)), max_dbs=16, sync=False, metasync=False)
         try:
             for name, db, flags in tables(env):
-                _copy_table(env, db, out, out.open_db(name, **flags), name.decode(errors="replace"), progress)
+                _copy_table(env, db, flags, out, out.open_db(name, **flags), name.decode(errors="replace"), progress)
             # pages in key order, so a plain copy is as small as a compacting one (which LMDB
             # cannot do for tables of fixed-size duplicates: it crashes)
             out.copy(str(final))
@@ -80,21 +82,31 @@ def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progres
         shutil.rmtree(final, ignore_errors=True)
 
 
-def _copy_table(env: lmdb.Environment, db: Any, out: lmdb.Environment, out_db: Any, name: str,
+def _copy_table(env: lmdb.Environment, db: Any, flags: dict[str, bool], out: lmdb.Environment, out_db: Any, name: str,
                 progress: Callable[[str], None]) -> None:
     """One table's rows in key order (duplicates in theirs), `_BATCH` a transaction; the copy
     must hold as many rows as the source, or nothing is swapped in."""
     with env.begin(db=db, buffers=False) as txn:
         want = txn.stat(db)["entries"]
-        for chunk in _chunks(iter(txn.cursor())):
-            with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
-                cur.putmulti(chunk, append=True)
+        rows = iter(txn.cursor())
+        if flags["dupfixed"]:  # rows of a few bytes each (the replay lookups, most rows of a store):
+            # streamed cursor to cursor, no Python step per row
+            while want and (_put(out, out_db, islice(rows, _FIXED_BATCH)) == _FIXED_BATCH):
+                pass
+        for chunk in _chunks(rows):
+            _put(out, out_db, chunk)
     with out.begin(db=out_db) as txn:
         got = txn.stat(out_db)["entries"]
     if got != want:
         raise StoreError(f"refilling table {name} copied {got} of its {want} rows; the store was left as it was")
     if want > _BATCH:  # a large table: say how far it got
         progress(f"table {name}: {want} rows refilled")
+
+
+def _put(out: lmdb.Environment, out_db: Any, rows: Iterable[tuple[bytes, bytes]]) -> int:
+    """Rows appended in key order in one write transaction; how many there were."""
+    with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
+        return cur.putmulti(rows, append=True)[0]
 
 
 def _chunks(rows: Iterator[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, bytes]]]:

@@ -138,9 +138,10 @@ def test_compact_compresses_harder_than_the_record_path_and_reads_the_same(unfil
 
 
 def test_a_refill_copies_in_bounded_chunks(unfilled, tmp_path, monkeypatch):
-    """Rows are copied a bounded number (and bytes) at a time: with chunks of 7 rows or 3 kB the
-    copy holds every row all the same."""
+    """Rows are copied a bounded number (and bytes) at a time: with chunks of 7 rows or 3 kB (the
+    lookups' fixed-size rows streamed 5 at a time) the copy holds every row all the same."""
     monkeypatch.setattr(store_repack, "_BATCH", 7)
+    monkeypatch.setattr(store_repack, "_FIXED_BATCH", 5)
     monkeypatch.setattr(store_repack, "_BATCH_BYTES", 3000)
     chunks = store_repack._chunks(iter([(b"k", b"v" * 5000)] * 3 + [(b"k", b"v")] * 20))
     assert [len(c) for c in chunks] == [1, 1, 1, 7, 7, 6]  # a large row alone, small ones 7 at a time
@@ -152,6 +153,7 @@ def test_a_refill_copies_in_bounded_chunks(unfilled, tmp_path, monkeypatch):
         s.lock_for_recording()
         s.refill_pages()
     assert rows(store) == before and used(store) < used(unfilled)
+    assert len(before[b"lookups"]) > 5 * 10  # streamed in many transactions
 
 
 def test_a_merge_whose_refill_fails_is_merged_whole(shards, unfilled, tmp_path, monkeypatch):

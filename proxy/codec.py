@@ -12,6 +12,9 @@ exchanges gives every frame that shared start. The stored value says how it was 
   0x03 + n + n sha256 + frame     compressed against other stored bodies (their bytes, in order,
                                   as a raw-content dictionary): a request against the previous
                                   request and answer of its session, which it mostly repeats
+  0x04 + CRC-32 + value           a body of noisefloor-log/6: any of the above (but 0x00) behind
+                                  a CRC-32 of its bytes as stored, so `nfproxy merge` checks a
+                                  shard's bodies without decompressing them (`checked`)
   zstd frame (magic 28 b5 2f fd)  format noisefloor-log/1: every value before the tags
 
 A dictionary's key is the start of its sha256, so a value copied to another store (merge) stays
@@ -24,12 +27,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import zstandard
 
-RAW, PLAIN, DICT, REF = 0, 1, 2, 3
+RAW, PLAIN, DICT, REF, CHECKED = 0, 1, 2, 3, 4
+_CRC = 5  # bytes of a CHECKED value before the value it wraps
 LEGACY_MAGIC = b"\x28\xb5\x2f\xfd"
 KEY_SIZE = 8
 LEVEL = 3
@@ -97,6 +102,7 @@ class Codec:
     @staticmethod
     def refs_of(value: bytes) -> list[bytes]:
         """The sha256 digests of the bodies a stored value is compressed against (none for most)."""
+        value = unchecked(value)
         if value[:1] != bytes([REF]):
             return []
         n = value[1]
@@ -106,6 +112,11 @@ class Codec:
         """The stored bytes, at most `limit` of them (TooLarge beyond; zstd errors on damage).
         `resolve` gives a referenced body's bytes, verified, for values compressed against others."""
         tag = value[0] if value else None
+        if tag == CHECKED:
+            if not crc_matches(value):
+                raise ValueError("a value whose CRC-32 does not match its bytes (damaged)")
+            value = value[_CRC:]
+            tag = value[0] if value else None
         if tag == REF:
             if resolve is None:
                 raise ValueError("a value compressed against other bodies, read without them")
@@ -188,6 +199,7 @@ class Codec:
 
     def dictionary_of(self, value: bytes) -> bytes | None:
         """The key of the dictionary a stored value needs, if any (merge copies it along)."""
+        value = unchecked(value)
         return bytes(value[1:1 + KEY_SIZE]) if value[:1] == bytes([DICT]) else None
 
     def _dict(self, key: bytes) -> zstandard.ZstdCompressionDict:
@@ -213,6 +225,39 @@ class Codec:
 
 def _raw_dict(prefix: bytes) -> zstandard.ZstdCompressionDict:
     return zstandard.ZstdCompressionDict(prefix, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+
+
+def checked(value: bytes) -> bytes:
+    """A body's stored value behind a CRC-32 of its bytes (noisefloor-log/6); a raw one (tiny, or
+    incompressible: its check is its sha256 alone, no decompression) and one already checked as they are."""
+    if not value or value[0] in (RAW, CHECKED):
+        return value
+    return bytes([CHECKED]) + zlib.crc32(value).to_bytes(4, "big") + value
+
+
+def unchecked(value: bytes) -> bytes:
+    """The value a CHECKED one wraps (for a store of a format before noisefloor-log/6), else itself."""
+    return value[_CRC:] if value[:1] == bytes([CHECKED]) else value
+
+
+def crc_matches(value: bytes) -> bool:
+    """Whether a CHECKED value's CRC-32 is that of the value it wraps (not whether that value holds
+    the body its digest names: every reader checks that, `Bodies.body`)."""
+    return len(value) > _CRC and zlib.crc32(value[_CRC:]) == int.from_bytes(value[1:_CRC], "big")
+
+
+def sound_as_stored(value: bytes, limit: int) -> bool:
+    """Whether a CHECKED value's CRC matches and the value it wraps declares a size within `limit`
+    (its frame's header; a raw value its length): merge's check of a body without decompressing it
+    (what it decompresses to is still hashed and bounded on every read)."""
+    if value[:1] != bytes([CHECKED]) or not crc_matches(value):
+        return False
+    inner = value[_CRC:]
+    tag = inner[0]
+    if tag == RAW:
+        return len(inner) - 1 <= limit
+    at = 1 if tag == PLAIN else 1 + KEY_SIZE if tag == DICT else 2 + 32 * inner[1] if tag == REF and len(inner) > 1 else 0
+    return bool(at) and 0 <= _declared(inner, at) <= limit
 
 
 _reused = threading.local()  # one zstd decompression context per thread, for values compressed against others

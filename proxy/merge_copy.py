@@ -1,6 +1,6 @@
 """Merge's copy: a checked shard's sessions written into OUT in batches of whole sessions.
 
-A batch is prepared as OUT will store it (`Batch`): between noisefloor-log/5 stores each record
+A batch is prepared as OUT will store it (`Batch`): between noisefloor-log/5 and /6 stores each record
 copied as stored (its id is its key, its head's fields are in its head: nothing in its bytes
 changes; its dictionary goes with it), else given its id in OUT and encoded with OUT's record
 dictionary (a record of a /4 shard, one stored whole, a replay record whose source id changes);
@@ -26,7 +26,7 @@ from typing import Any
 
 from noisefloor.proxy import codec, replay_index, store_heads, store_records
 from noisefloor.proxy.replay_index import RecordedEntry
-from noisefloor.proxy.store import FORMAT, Store
+from noisefloor.proxy.store import JOINED, Store
 from noisefloor.proxy.store_merge import Batch
 from noisefloor.proxy.store_merge_scan import HeadTail
 
@@ -58,7 +58,7 @@ class Preparer:
         self.src = Store.open(path, write=False)
         self.bulk = bulk
         self.strip = strip  # OUT is noisefloor-log/5: records stored stripped, a /5 shard's copied as stored
-        self.as_stored = strip and self.src.format == FORMAT
+        self.as_stored = strip and self.src.format in JOINED
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
@@ -188,7 +188,7 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
-    strip = dest.format == FORMAT
+    strip = dest.format in JOINED
     with pool(jobs, _start, (str(path), record_dict, bulk, strip)) if jobs else nullcontext() as running:
         local = Preparer(path, record_dict, bulk, strip)  # for the replay records, the bodies' dictionaries, a small shard
         try:

@@ -35,7 +35,9 @@ dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2
 replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
 do not read; noisefloor-log/4 the heads table; noisefloor-log/5 the replay index's layout 3
 (smaller entries and lookup keys, `replay_index.py`) and records without their id and their
-head's fields (joined with the head when read; merge copies them as stored, `store_records`).
+head's fields (joined with the head when read; merge copies them as stored, `store_records`);
+noisefloor-log/6 each body's value behind a CRC-32 of it as stored (`codec.checked`), so that
+merge checks a shard's bodies without decompressing them (every read still hashes each body).
 Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy compact`
 rewrite a store whole in today's format.
 """
@@ -72,10 +74,12 @@ from noisefloor.proxy.store_merge_scan import MergeScan
 from noisefloor.proxy.store_records import Joins
 from noisefloor.proxy.store_walk import Walks
 
-FORMAT = "noisefloor-log/5"
-LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4")  # read as they are, written in their own layout
+FORMAT = "noisefloor-log/6"
+LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4",
+                  "noisefloor-log/5")  # read as they are, written in their own layout
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
-_HEADED = ("noisefloor-log/4", FORMAT)  # the formats with a heads table
+JOINED = ("noisefloor-log/5", FORMAT)  # the formats whose records are stored without their head's fields
+_HEADED = ("noisefloor-log/4", *JOINED)  # the formats with a heads table
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
@@ -109,6 +113,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
         self._numbering: store_heads.Sets | None = None
         self._joins = False  # noisefloor-log/5: records stored without their id and their head's fields
+        self.checks_bodies = False  # noisefloor-log/6: bodies stored behind a CRC-32 (`codec.checked`)
         self._joined_sets: dict[tuple[str, int], tuple[Any, ...]] = {}  # labels / routes joins read (`_set`)
         self._shared_text: dict[tuple[int, int, int], bytes] = {}  # their fields' text, as `joined` puts it back
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
@@ -153,7 +158,8 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
             store._adopt_format()
             if store.format in _HEADED:
                 store._open_heads()
-                store._joins = store.format == FORMAT
+                store._joins = store.format in JOINED
+            store.checks_bodies = store.format == FORMAT
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
@@ -393,7 +399,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
                 depth = link[4] + 1 if link is not None and link[4] < CHAIN_DEPTH else 0
             else:
                 value = self._codec.encode(data, body_key)
-            txn.put(digest, value, db=self._bodies)
+            txn.put(digest, codec.checked(value) if self.checks_bodies else value, db=self._bodies)
         if request is not None and recorded is not None:
             response = next((h for h in bodies if h != request), None)
             if response is not None and bodies[response]:

@@ -3,6 +3,8 @@
 tests/data/store-main-0410ae8 was made the same way with main at 0410ae8 (noisefloor-log/3, the
 format before the heads table), and tests/data/store-main-05ff371 with main at 05ff371
 (noisefloor-log/4: heads, records whole with their ids; the format before noisefloor-log/5).
+tests/data/store-main-0497a29 with main at 0497a29 (noisefloor-log/5: bodies without their CRC, the
+format before noisefloor-log/6).
 
 One session, "S": four independent questions, a two-turn conversation whose second turn carries
 the first answer, and one question asked twice (two different answers), all OpenAI chat."""

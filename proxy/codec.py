@@ -145,6 +145,8 @@ class Codec:
         why). Frames of one dictionary, each declaring a size within `limit` and `BATCH_ITEM`, are
         decompressed in one call (`multi_decompress_to_buffer`: a third of the CPU of a call each,
         for values of a few kB); the others, and the frames of a call that fails, one at a time."""
+        if not values:
+            return []
         alike = self._decode_alike(values, limit)
         if alike is not None:
             return alike

@@ -69,7 +69,8 @@ class _Shard:
 def _check_range(path: str, start: int, stop: int) -> merge_sessions.Scanned:
     """Exchanges start <= id < stop, every record and body checked (a worker's share)."""
     with Store.open(path, write=False) as s:
-        return merge_sessions.scan(s.merge_scan(start, stop))
+        plans = bytearray()  # what the copy takes of this check
+        return merge_sessions.scan(s.merge_scan(start, stop, plans=plans), plans)
 
 
 def _check_all(path: Path, last_id: int, jobs: int) -> merge_sessions.Sessions:
@@ -188,7 +189,8 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
         added["shared"] += bodies - fresh
         progress(f"{shard.path}: {added['exchanges']} exchanges merged")
 
-    merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done)
+    merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done,
+                           ss.plans_of)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:

@@ -28,7 +28,7 @@ from noisefloor.proxy import codec, replay_index, store_heads, store_records
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import JOINED, Store
 from noisefloor.proxy.store_merge import Batch
-from noisefloor.proxy.store_merge_scan import HeadTail
+from noisefloor.proxy.store_merge_scan import NO_BODY, PLAN, HeadTail
 
 LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
@@ -71,14 +71,20 @@ class Preparer:
             return stored, (tail[0], tail[1], _U32.pack(zlib.crc32(stored)) + tail[2])
         return store_records.encoded(self.codec, self.key, doc, self.src.checked_head(doc, new_id), self.strip)
 
-    def batch(self, olds: list[int], first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
+    def batch(self, olds: list[int], first: int, plans: bytes | None = None) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
         must be mapped to OUT's, which the merging process knows) is left to it: returned with its
-        place in the batch, its value empty."""
+        place in the batch, its value empty. `plans`: the check's `PLAN` bytes of each (a record
+        it found copied as stored is not decompressed again: its bodies' digests are the check's)."""
         records, heads, replays, digests = [], [], [], set()
-        for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, self.as_stored)):
-            digests.update(_BODY.findall(text))
-            if as_stored is not None and tail is not None:  # a /5 record: its bytes as they are
+        for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, self.as_stored, plans)):
+            if text is None:
+                assert plans is not None
+                at = k * PLAN
+                digests.update(d.hex().encode() for d in (plans[at + 1:at + 33], plans[at + 33:at + PLAN]) if d != NO_BODY)
+            else:
+                digests.update(_BODY.findall(text))
+            if as_stored is not None and tail is not None:  # a /5 or /6 record: its bytes as they are
                 value, head = as_stored, (tail[0], tail[1], _U32.pack(zlib.crc32(as_stored)) + tail[2])
             elif b'"replay": {' in text or b'"replay":{' in text:
                 replays.append((k, text))
@@ -107,9 +113,9 @@ def _start(path: str, record_dict: bytes | None, bulk: bool, strip: bool) -> Non
     _worker = Preparer(Path(path), record_dict, bulk, strip)
 
 
-def _prepare(olds: bytes, first: int) -> tuple[Batch, list[tuple[int, bytes]]]:
+def _prepare(olds: bytes, first: int, plans: bytes | None) -> tuple[Batch, list[tuple[int, bytes]]]:
     assert _worker is not None
-    return _worker.batch(array("Q", olds).tolist(), first)
+    return _worker.batch(array("Q", olds).tolist(), first, plans)
 
 
 def workers(jobs: int, exchanges: int) -> int:
@@ -122,12 +128,12 @@ def pool(jobs: int, *init: Any) -> multiprocessing.pool.Pool:
     return multiprocessing.get_context("fork").Pool(jobs, *init)
 
 
-def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[int],
-           jobs: int) -> Iterator[tuple[Batch, list[tuple[int, bytes]]]]:
+def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[int], jobs: int,
+           plans: Callable[[Any], bytes | None]) -> Iterator[tuple[Batch, list[tuple[int, bytes]]]]:
     """The batches prepared by the pool's workers in order, at most `jobs` ahead of the writer."""
     ahead: list[multiprocessing.pool.AsyncResult] = []
     for b, start in zip(batches, starts):
-        ahead.append(pool.apply_async(_prepare, (b.tobytes(), start)))
+        ahead.append(pool.apply_async(_prepare, (b.tobytes(), start, plans(b))))
         if len(ahead) >= jobs:
             yield ahead.pop(0).get()
     for result in ahead:
@@ -169,11 +175,12 @@ def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
 
 
 def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_ids: array,
-                moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None]) -> None:
+                moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None],
+                plans: Callable[[Any], bytes | None] = lambda olds: None) -> None:
     """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
-    bodies, new bodies)` after each batch. When both stores have lookups of one layout (2 or 3), the shard's are
+    bodies, new bodies)` after each batch; `plans(olds)` the check's `PLAN` bytes of a batch. When both stores have lookups of one layout (2 or 3), the shard's are
     copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`)."""
     key = (dest.meta("dicts") or {}).get("record")
     record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
@@ -192,8 +199,8 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
     with pool(jobs, _start, (str(path), record_dict, bulk, strip)) if jobs else nullcontext() as running:
         local = Preparer(path, record_dict, bulk, strip)  # for the replay records, the bodies' dictionaries, a small shard
         try:
-            ready = _ahead(running, batches, starts, jobs) if running is not None else (
-                local.batch(b.tolist(), start) for b, start in zip(batches, starts))
+            ready = _ahead(running, batches, starts, jobs, plans) if running is not None else (
+                local.batch(b.tolist(), start, plans(b)) for b, start in zip(batches, starts))
             for batch, replays in ready:
                 for k, text in replays:
                     packed = batch.records[k][0]

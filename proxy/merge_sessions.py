@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from noisefloor.proxy.store_merge_scan import Identity
+from noisefloor.proxy.store_merge_scan import PLAN, Identity
 
 
 def identity_hash(parts: Identity | tuple[Any, ...]) -> bytes:
@@ -38,10 +38,12 @@ class Scanned:
     ids: bytes | bytearray
     names: bytes | bytearray
     marks: bytes | bytearray
+    plans: bytes | bytearray = b""  # each exchange's `PLAN` bytes, where the check kept them
 
 
-def scan(exchanges: Iterable[tuple[int, Identity]]) -> Scanned:
-    """The arrays of one read of a store (or of a range of its ids: `join` them in order)."""
+def scan(exchanges: Iterable[tuple[int, Identity]], plans: bytearray | None = None) -> Scanned:
+    """The arrays of one read of a store (or of a range of its ids: `join` them in order); `plans`:
+    the bytearray the read appends each exchange's `PLAN` bytes to."""
     ids, names, marks = bytearray(), bytearray(), bytearray()
     known: dict[str, bytes] = {}  # the last sessions' name hashes (a session's exchanges come close together)
     for exchange_id, parts in exchanges:
@@ -53,11 +55,11 @@ def scan(exchanges: Iterable[tuple[int, Identity]]) -> Scanned:
             h = known[parts[0]] = name_hash(parts[0])
         names += h
         marks += identity_hash(parts)
-    return Scanned(ids, names, marks)  # bytearrays, not copied: numpy reads them as they are
+    return Scanned(ids, names, marks, b"" if plans is None else plans)  # bytearrays, not copied: numpy reads them as they are
 
 
 def join(parts: list[Scanned]) -> Scanned:
-    return Scanned(b"".join(p.ids for p in parts), b"".join(p.names for p in parts), b"".join(p.marks for p in parts))
+    return Scanned(*(b"".join(getattr(p, f) for p in parts) for f in ("ids", "names", "marks", "plans")))
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,11 @@ class Sessions:
     marks: np.ndarray
     order: np.ndarray
     starts: np.ndarray
+    plans: np.ndarray | None = None  # (last id + 1, PLAN) uint8: each exchange's `PLAN` bytes by id, where kept
+
+    def plans_of(self, olds: np.ndarray) -> bytes | None:
+        """The `PLAN` bytes of these exchanges, in their order (None where the check kept none)."""
+        return None if self.plans is None else self.plans[olds].tobytes()
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -98,8 +105,12 @@ def sessions(path: Path, scanned: Scanned) -> Sessions:
     sums = np.zeros((len(rank), 4), dtype=np.uint64)
     np.add.at(sums, of, marks)
     order = ids[np.argsort(of, kind="stable")]
+    plans = None
+    if len(scanned.plans) == len(ids) * PLAN:  # 65 bytes an exchange, kept until its copy
+        plans = np.zeros((int(ids.max()) + 1, PLAN), dtype=np.uint8)
+        plans[ids] = np.frombuffer(scanned.plans, dtype=np.uint8).reshape(-1, PLAN)
     return Sessions(path, keys[rank], ids[first[rank]].astype(np.int64), counts, sums, order,
-                    np.concatenate([[0], np.cumsum(counts)]))
+                    np.concatenate([[0], np.cumsum(counts)]), plans)
 
 
 @dataclass(frozen=True)

@@ -94,11 +94,12 @@ class MergeScan:
     _packed_sets: dict[tuple[str, int], bytes]
     path: Any
 
-    def merge_scan(self, start: int = 1, stop: int | None = None,
-                   bodies: bool = True) -> Iterator[tuple[int, Identity]]:
+    def merge_scan(self, start: int = 1, stop: int | None = None, bodies: bool = True,
+                   plans: bytearray | None = None) -> Iterator[tuple[int, Identity]]:
         """(id, identity) of exchanges start <= id < stop in write order, each yielded once its
         record (and, with `bodies`, every body it names) passed the checks (a StoreError naming the
-        exchange otherwise)."""
+        exchange otherwise). With `plans`, each exchange's `PLAN` bytes are appended to it: what
+        the copy takes of the check instead of decompressing the record again."""
         recent = self.recent_bodies()
         with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
             cur = txn.cursor(db=self._exchanges)
@@ -113,19 +114,22 @@ class MergeScan:
                     for name, part in (("request", found[1]), ("response", found[2])):
                         if part is not None and part[0] is not None:
                             self._check_body(txn, part[0], part[1], exchange_id, name, recent)
+                if plans is not None:
+                    plans += _plan(found)
                 yield exchange_id, found[0]
 
-    def _viewed(self, txn: Any, k: bytes, exchange_id: int,
-                raw: Any) -> tuple[Identity, tuple[str | None, int | None] | None, tuple[str | None, int | None] | None]:
-        """A record's identity and its request's and response's (body digest, size): read narrowly
-        when its head vouches for it, else from the full parse (which raises on damage)."""
+    def _viewed(self, txn: Any, k: bytes, exchange_id: int, raw: Any) -> Viewed:
+        """A record's identity, its request's and response's (body digest, size), and whether merge
+        copies it as stored (a /5 or /6 record stored stripped, its head checked, no replay: its
+        source id would change): read narrowly when its head vouches for it, else from the full
+        parse (which raises on damage)."""
         value = txn.get(k, db=self._heads) if self._heads is not None else None
         if checked_value(k, value, raw):
             try:
                 text = self._codec.decode(raw, self.max_body)
                 if self._joins and not text.startswith(b'{"id":'):  # a /5 record stored stripped: its
                     # identity is its head's, its bodies the rest's
-                    return self._rest_viewed(txn, value, text)
+                    return *self._rest_viewed(txn, value, text), not _is_replay(text)
                 v = _VIEW.decode(text)
             except (msgspec.ValidationError, msgspec.DecodeError, ValueError, LookupError):
                 v = None  # not reached for a record its head vouches for: the full parse says why
@@ -134,10 +138,10 @@ class MergeScan:
             if v is not None and v.id == exchange_id:
                 resp = v.response
                 return ((v.session, v.mode, v.key, v.occurrence, v.seq, v.time), (v.request.body, v.request.body_size),
-                        None if resp is None else (resp.body, resp.body_size))
+                        None if resp is None else (resp.body, resp.body_size), False)
         ex = self._decode_record(exchange_id, raw, value, txn)
         parts = [(p.get("body"), p.get("body_size")) if p else None for p in (ex.request, ex.response)]
-        return (ex.session, ex.mode, ex.key, ex.occurrence, ex.seq, ex.time), parts[0], parts[1]
+        return (ex.session, ex.mode, ex.key, ex.occurrence, ex.seq, ex.time), parts[0], parts[1], False
 
     def _rest_viewed(self, txn: Any, value: Any, text: bytes) -> tuple[Identity, Any, Any]:
         """`_viewed` of a /5 record stored stripped, from its checked head and the rest's text."""
@@ -148,13 +152,15 @@ class MergeScan:
         return ((labels[0], route[0], s.key.hex() if s.other_key is None else s.other_key, s.occurrence, r.seq,
                  s.time), (r.request.body, r.request.body_size), None if resp is None else (resp.body, resp.body_size))
 
-    def copied_records(self, ids: list[int], as_stored: bool = False) -> list[Copied]:
+    def copied_records(self, ids: list[int], as_stored: bool = False, plans: bytes | None = None) -> list[Copied]:
         """The records of these exchanges as JSON bytes (decoded, not parsed; whole, id first),
         each with its head as merge copies it (`HeadTail`: its labels and route as packed, the
         fields after them) where the head passes `checked_value` (None: merge reads the head from
-        the text). With `as_stored`, a /5 record stored stripped whose head passes (and that is no
-        replay: its source id changes) comes as its text left stripped, its head, and its bytes
-        as stored, which merge copies untouched."""
+        the text). With `as_stored`, a /5 or /6 record stored stripped whose head passes (and that
+        is no replay: its source id changes) comes as its text left stripped, its head, and its
+        bytes as stored, which merge copies untouched; with `plans` (the check's `PLAN` bytes of
+        each id), one the check found so comes without its text (None), not decompressed again:
+        its bytes still pass its head's CRC of them, so they are those the check read."""
         from noisefloor.proxy.store_env import StoreError
 
         out: list[Copied] = []
@@ -166,9 +172,16 @@ class MergeScan:
                 if raw is None:
                     raise StoreError(f"store {self.path}: exchange {i} is missing; restore it from a copy")
                 rows.append((k, raw, txn.get(k, db=self._heads) if self._heads is not None else None))
-            texts = self._codec.decode_many([raw for _, raw, _ in rows], self.max_body)  # one call for the batch
-            for (k, raw, value), text in zip(rows, texts, strict=True):
-                tail = self._head_tail(txn, value) if checked_value(k, value, raw) else None
+            tails = [self._head_tail(txn, value) if checked_value(k, value, raw) else None for k, raw, value in rows]
+            planned = [as_stored and self._joins and plans is not None and plans[n * PLAN] == 1 and tails[n] is not None
+                       for n in range(len(rows))]
+            texts = self._codec.decode_many([raw for (_, raw, _), p in zip(rows, planned) if not p], self.max_body)
+            left = iter(texts)  # one call for the batch
+            for (k, raw, value), tail, p in zip(rows, tails, planned, strict=True):
+                if p:
+                    out.append((None, tail, raw))
+                    continue
+                text = next(left)
                 if text is None:  # one that does not decode: read alone, to raise its error
                     text = self._codec.decode(raw, self.max_body)
                 if not self._joins:
@@ -207,8 +220,25 @@ class MergeScan:
         return got
 
 
+Part = tuple[str | None, int | None] | None  # a request's or response's (body digest, recorded size)
+Viewed = tuple[Identity, Part, Part, bool]
+PLAN = 65  # bytes an exchange: 1 if merge copies its record as stored, its request's and response's digests (or zeros)
+NO_BODY = bytes(32)
+
+
+def _is_replay(text: bytes) -> bool:
+    return b'"replay": {' in text or b'"replay":{' in text
+
+
+def _plan(found: Viewed) -> bytes:
+    """An exchange's `PLAN` bytes."""
+    req, resp = found[1], found[2]
+    return (b"\x01" if found[3] else b"\x00") + (bytes.fromhex(req[0]) if req and req[0] else NO_BODY) + (
+        bytes.fromhex(resp[0]) if resp and resp[0] else NO_BODY)
+
+
 HeadTail = tuple[bytes, bytes, bytes]  # a head's labels and route, packed, and its fields after them
-Copied = tuple[bytes, HeadTail | None, bytes | None]  # a record's text, its head, its bytes as stored (or None)
+Copied = tuple[bytes | None, HeadTail | None, bytes | None]  # a record's text (None: planned), its head, its bytes as stored
 
 
 def _int_at(buf: bytes, at: int) -> tuple[int, int]:

@@ -18,6 +18,7 @@ import struct
 import threading
 import zlib
 from array import array
+from binascii import unhexlify
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
 from dataclasses import replace
@@ -81,9 +82,9 @@ class Preparer:
             if text is None:
                 assert plans is not None
                 at = k * PLAN
-                digests.update(d.hex().encode() for d in (plans[at + 1:at + 33], plans[at + 33:at + PLAN]) if d != NO_BODY)
+                digests.update(d for d in (plans[at + 1:at + 33], plans[at + 33:at + PLAN]) if d != NO_BODY)
             else:
-                digests.update(_BODY.findall(text))
+                digests.update(map(unhexlify, _BODY.findall(text)))
             if as_stored is not None and tail is not None:  # a /5 or /6 record: its bytes as they are
                 value, head = as_stored, (tail[0], tail[1], _U32.pack(zlib.crc32(as_stored)) + tail[2])
             elif b'"replay": {' in text or b'"replay":{' in text:
@@ -93,7 +94,7 @@ class Preparer:
                 value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1), tail)
             records.append((_U64.pack(first + k), value))
             heads.append(head)
-        wanted = sorted(d.decode() for d in digests)
+        wanted = sorted(digests)
         bodies = dict(zip(wanted, self.src.raw_bodies(wanted)))
         if self.bulk:
             moved = [(_U64.pack(new_id), replay_index.moved_entry(raw, new_id))

@@ -105,10 +105,10 @@ class Bodies:
         with self._reading(), self._env.begin(db=self._bodies) as txn:
             return txn.stat(self._bodies)["entries"]
 
-    def raw_bodies(self, digests: list[str]) -> list[bytes | None]:
-        """`raw_body` of several, in one read."""
+    def raw_bodies(self, digests: list[bytes]) -> list[bytes | None]:
+        """`raw_body` of several (their 32-byte digests), in one read."""
         with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
-            return [txn.get(bytes.fromhex(d)) for d in digests]
+            return [txn.get(d) for d in digests]
 
     def raw_body(self, digest: str) -> bytes | None:
         """A body as stored (encoded): merging copies it without recompressing (with `dictionary_of`)."""

@@ -281,10 +281,10 @@ class MergeIO:
 
         return self._write(write)
 
-    def _put_bodies(self, txn: lmdb.Transaction, raw_bodies: Mapping[str, bytes | None], source: Any) -> int:
+    def _put_bodies(self, txn: lmdb.Transaction, raw_bodies: Mapping[bytes, bytes | None], source: Any) -> int:
         """The bodies this store lacks, as stored; a body compressed against others brings them too."""
         fresh = 0
-        todo = [(bytes.fromhex(h), raw) for h, raw in sorted(raw_bodies.items(), reverse=True)]
+        todo = sorted(raw_bodies.items(), reverse=True)
         while todo:
             digest, raw = todo.pop()
             if raw and not self.checks_bodies:  # a store before noisefloor-log/6 reads no CRC
@@ -293,7 +293,7 @@ class MergeIO:
                 continue
             fresh += 1
             for ref in codec.Codec.refs_of(raw):  # another session's, maybe
-                if txn.get(ref, db=self._bodies) is None and ref.hex() not in raw_bodies:
+                if ref not in raw_bodies and txn.get(ref, db=self._bodies) is None:
                     if (ref_raw := source.raw_body(ref.hex())) is None:
                         raise StoreError(f"store {source.path}: body {ref.hex()[:16]}, which another body is "
                                          "compressed against, is missing")
@@ -313,6 +313,6 @@ class Batch:
 
     records: list[tuple[bytes, bytes]]
     entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
-    bodies: dict[str, bytes | None] = field(default_factory=dict)
+    bodies: dict[bytes, bytes | None] = field(default_factory=dict)  # by 32-byte digest
     moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 or -3 entries as OUT stores them
     heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order

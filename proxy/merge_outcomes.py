@@ -1,16 +1,18 @@
 """Merge's outcome rows, streamed: each shard's graded rows checked against OUT's and the earlier
 shards' (a key graded differently in two places is refused before anything is written, as
 `outcome_rows.new_rows` refuses it), then written where OUT lacks them, the first place's row
-kept. One row at a time, looked up by key in each store: memory does not grow with the rows."""
+kept. One row at a time, looked up by key in each store (one read transaction each): memory does
+not grow with the rows."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy.store import Store, outcome_item
+from noisefloor.proxy.store import Store, outcome_item, outcome_key
 
 _CHUNK = 10000  # rows written per transaction
 
@@ -18,17 +20,18 @@ _CHUNK = 10000  # rows written per transaction
 def check(dest: Store, shards: Sequence[Path]) -> None:
     """OutcomeError naming the first row two places grade differently (OUT first, then the shards in order)."""
     with ExitStack() as opened:
-        earlier: list[tuple[Store, str]] = [(dest, "the output store")]
+        earlier: list[tuple[Callable[[bytes], Any], str]] = [(opened.enter_context(dest.outcome_rows_of()),
+                                                               "the output store")]
         for path in shards:
             store = opened.enter_context(Store.open(path, write=False))
             for _, row in store.outcome_items():
-                key = outcome_item(row)[0]
-                for other, where in earlier:
-                    first = other.outcome_row_of(key)
+                key = outcome_key(row)
+                for row_of, where in earlier:
+                    first = row_of(key)
                     if first is not None:
                         new_rows({row_key(row): (first, where)}, [row], str(path))  # raises on a clash
                         break
-            earlier.append((store, str(path)))
+            earlier.append((opened.enter_context(store.outcome_rows_of()), str(path)))
 
 
 def write(dest: Store, shards: Sequence[Path]) -> int:

@@ -641,7 +641,12 @@ _Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] |
 
 def outcome_item(row: Mapping[str, Any]) -> tuple[bytes, bytes]:
     """A graded row as the outcomes table keeps it: its key (condition, task, replicate) and itself, as JSON."""
-    return json.dumps(row_key(row)).encode(), json.dumps(dict(row)).encode()
+    return outcome_key(row), json.dumps(dict(row)).encode()
+
+
+def outcome_key(row: Mapping[str, Any]) -> bytes:
+    """`outcome_item`'s key alone (merge's check looks rows up by it)."""
+    return json.dumps(row_key(row)).encode()
 
 
 def _row(value: bytes) -> Any:

@@ -17,6 +17,7 @@ import json
 import struct
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from hashlib import sha256
 from itertools import islice
@@ -219,15 +220,21 @@ class MergeIO:
             for k, v in txn.cursor():
                 yield k, _row(v)
 
-    def outcome_row_of(self, key: bytes) -> Any:
-        """The outcome row stored under `key` (`store.outcome_item`'s), or None."""
+    @contextmanager
+    def outcome_rows_of(self) -> Iterator[Callable[[bytes], Any]]:
+        """The outcome row stored under a key (`store.outcome_item`'s), or None, looked up in one
+        read transaction for as many keys as the caller asks (merge's check: one per shard row)."""
         from noisefloor.proxy.store import _row
 
         if self._outcomes is None:
-            return None
+            yield lambda key: None
+            return
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
-            v = txn.get(key)
-        return None if v is None else _row(v)
+            def row_of(key: bytes) -> Any:
+                v = txn.get(key)
+                return None if v is None else _row(v)
+
+            yield row_of
 
     def add_outcomes(self, items: list[tuple[bytes, bytes]]) -> int:
         """Outcome rows (key, value as stored) this store does not hold yet; returns how many were new."""

@@ -3,7 +3,8 @@
 A shard is checked whole before anything of it is written: every exchange must decode as an
 exchange record and every body it names must be present, within its recorded size, with the
 sha256 it is stored under, so a shard damaged on a lost node is refused by name (store and
-exchange), never half merged. Sessions are the unit: a session's exchanges (with the bodies they
+exchange), never half merged. A noisefloor-log/6 body is checked by its CRC as stored
+(`MergeIO._check_body`); its sha256 is checked wherever it is read. Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
 index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,
@@ -17,8 +18,9 @@ Memory does not grow with bodies, records or outcome rows: a shard is checked th
 (`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
 not parsed whole), its sessions kept as numpy arrays (`merge_sessions`: per exchange 8 bytes
 once a store is read, per session about 90), its outcome rows streamed (`merge_outcomes`); the
-copy (`merge_copy`) reads each batch's records by id: between noisefloor-log/5 stores each is
-copied as stored (its id is its key: its bytes do not change), else its JSON passed through
+copy (`merge_copy`) reads each batch's records by id: between noisefloor-log/5 and /6 stores each is
+copied as stored (its id is its key: its bytes do not change; its bodies' digests are the check's,
+kept by id, so it is not decompressed again), else its JSON passed through
 without parsing it and encoded again under its new id (only a replay record, whose source id
 changes, is parsed), each head copied from the shard's. A large shard is checked, and its batches prepared, by worker processes when asked
 (`jobs`), each check as strict as a read in this process.

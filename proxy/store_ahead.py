@@ -23,7 +23,10 @@ from noisefloor.proxy import codec
 
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
 _KEPT = 256  # values computed ahead and not yet written (a request whose answer never came is dropped)
-_PREPARED = 8  # compressors made for sessions' next requests (one holds a zstd context: ~0.1-1 MB)
+# compressors made for sessions' next requests (an LRU: one holds a zstd context, ~60 kB for a
+# chat turn); with more sessions interleaved than this, one is evicted before its request comes
+_PREPARED = 32
+_PREPARED_BYTES = 256 << 10  # a link larger than this is left to the write: compressing it costs more than the set-up
 
 Link = tuple[bytes, bytes, bytes, bytes, int]  # a session's last (request sha256, request, answer sha256, answer, depth)
 
@@ -47,7 +50,7 @@ class AheadBodies:
         Never fails: it only saves the work of a write, which makes its own if none is here."""
         link = self._chains.get(session)
         got = self._prepared.pop(session, None)
-        if link is None or link[4] >= CHAIN_DEPTH or not self.writable:
+        if link is None or link[4] >= CHAIN_DEPTH or not self.writable or len(link[1]) + len(link[3]) > _PREPARED_BYTES:
             return
         if got is not None and got[0] is link:  # its last exchange set no new link: still the one
             self._prepared[session] = got

@@ -6,6 +6,7 @@ real aiohttp upstream, real LMDB stores, concurrent clients."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from noisefloor.proxy import codec, secrets, store_dicts
+from noisefloor.proxy import codec, replay_index, secrets, store_dicts
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.recorder import Recorder
@@ -190,3 +191,13 @@ def test_a_cookie_the_upstream_echoes_is_erased_from_every_exchange_not_only_the
     assert len(texts) == 8
     assert sum("cookie" in t.lower() for t in texts) >= 7  # the header is there, its value is not
     assert not [t for t in texts if "cookie-secret" in t]
+
+
+def test_bands_hashed_from_the_buckets_state_are_the_one_shot_hashes():
+    """`replay_index.bands` continues one hash of the bucket for each band (round 7): every band
+    is still blake2b-64 of bucket + band number + its two minima, as stored lookups name it."""
+    rng = random.Random(3)
+    for _ in range(50):
+        buck, sig = rng.randbytes(8), rng.randbytes(128)
+        assert replay_index.bands(buck, sig) == tuple(
+            hashlib.blake2b(buck + bytes([i]) + sig[8 * i:8 * i + 8], digest_size=8).digest() for i in range(16))

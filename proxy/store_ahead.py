@@ -23,10 +23,11 @@ from noisefloor.proxy import codec
 
 CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
 _KEPT = 256  # values computed ahead and not yet written (a request whose answer never came is dropped)
-# compressors made for sessions' next requests (an LRU: one holds a zstd context, ~60 kB for a
-# chat turn); with more sessions interleaved than this, one is evicted before its request comes
-_PREPARED = 32
-_PREPARED_BYTES = 256 << 10  # a link larger than this is left to the write: compressing it costs more than the set-up
+# compressors made for sessions' next requests (an LRU: one holds a zstd context, ~65 kB for a
+# chat turn, ~150 kB at the size bound: 10 MB at most); with more sessions interleaved than this,
+# one is evicted before its request comes
+_PREPARED = 64
+_PREPARED_BYTES = 128 << 10  # a larger link is left to the write: compressing against it costs more than the set-up
 
 Link = tuple[bytes, bytes, bytes, bytes, int]  # a session's last (request sha256, request, answer sha256, answer, depth)
 

@@ -70,15 +70,30 @@ def joined(exchange_id: int, rest: bytes, s: store_heads.Stored, common: bytes) 
     """The whole record's JSON text (the id first, as /4 stored it): `rest` (`stripped`) with its
     head's fields put back (`common`: its labels and route's, `shared_text`), those the record
     left out (its `left_out`) left out again."""
-    left = s.left_out
-    own = {"id": exchange_id, "time": s.time, "key": s.key.hex() if s.other_key is None else s.other_key,
-           "occurrence": s.occurrence, "usage": store_heads.usage_dict(s.usage), "truncated": s.truncated,
-           "error": s.error, "notes": s.notes}
-    if left & _own_mask():
+    own: Any = _own(exchange_id, s)
+    if s.left_out & _own_mask():
         bits = _bits()
-        own = {k: v for k, v in own.items() if not left & bits.get(k, 0)}
+        own = {k: getattr(own, k) for k in _OWN if not s.left_out & bits.get(k, 0)}
     head = _ENCODE(own)[:-1] + common
     return head + b"," + rest[1:] if len(rest) > 2 else head + b"}"
+
+
+class _Own(msgspec.Struct, gc=False):
+    """A record's own head fields in its order, id first (a Struct encodes as the dict would, faster)."""
+
+    id: int
+    time: Any
+    key: Any
+    occurrence: Any
+    usage: Any
+    truncated: Any
+    error: Any
+    notes: Any
+
+
+def _own(exchange_id: int, s: store_heads.Stored) -> _Own:
+    return _Own(exchange_id, s.time, s.key.hex() if s.other_key is None else s.other_key, s.occurrence,
+                store_heads.usage_dict(s.usage), s.truncated, s.error, s.notes)
 
 
 def encoded(codec: Any, key: bytes | None, doc: bytes, checked: tuple[Head, int] | None,
@@ -95,6 +110,9 @@ def encoded(codec: Any, key: bytes | None, doc: bytes, checked: tuple[Head, int]
 def tied(r: store_heads.Row, stored: bytes) -> store_heads.Row:
     """Head row `r` tied to a record's bytes as stored (its record CRC)."""
     return r[0], r[1], _U32.pack(zlib.crc32(stored)) + r[2][4:]
+
+
+_ENCODE_INTO = msgspec.json.Encoder().encode_into
 
 
 def _damaged_text(path: Any, exchange_id: int, text: bytes) -> None:
@@ -152,13 +170,34 @@ class Joins:
 
     def _join(self, txn: Any, exchange_id: int, value: Any, text: bytes) -> bytes:
         """`text` joined with its checked head `value` (as it is where the record is stored whole)."""
+        s = self._stored(exchange_id, value)
+        if s.left_out == NOT_LISTED or text.startswith(b'{"id":'):  # stored whole (a stripped one has no id)
+            return text
+        return joined(exchange_id, text, s, self._common(txn, s))
+
+    def _join_into(self, out: bytearray, txn: Any, exchange_id: int, text: bytes, s: store_heads.Stored) -> bool:
+        """`joined`'s text less its closing brace appended to `out`, for a listing that writes lines
+        straight into one buffer; False (nothing written) where `joined` must build it: a record
+        stored whole, or one that leaves out some of its head's own fields."""
+        if s.left_out == NOT_LISTED or s.left_out & _own_mask() or text.startswith(b'{"id":'):
+            return False
+        _ENCODE_INTO(_own(exchange_id, s), out, -1)
+        out[-1:] = self._common(txn, s)
+        if len(text) > 2:
+            out += b","
+            out += memoryview(text)[1:-1]
+        return True
+
+    def _stored(self, exchange_id: int, value: Any) -> store_heads.Stored:
+        """A checked head's value decoded, or StoreError naming the exchange."""
         try:
-            s = _STORED.decode(value[store_heads.HEAD_AT:])
+            return _STORED.decode(value[store_heads.HEAD_AT:])
         except (msgspec.ValidationError, msgspec.DecodeError) as exc:
             raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
                              f"{RESTORE}") from None
-        if s.left_out == NOT_LISTED or text.startswith(b'{"id":'):  # stored whole (a stripped one has no id)
-            return text
+
+    def _common(self, txn: Any, s: store_heads.Stored) -> bytes:
+        """The text of head `s`'s labels and route fields (`shared_text`), kept per set."""
         at = (s.labels, s.route, s.left_out)
         common = self._shared_text.get(at)
         if common is None:
@@ -166,7 +205,7 @@ class Joins:
             if len(self._shared_text) > 1 << 16:
                 self._shared_text.clear()
             self._shared_text[at] = common
-        return joined(exchange_id, text, s, common)
+        return common
 
     def _set(self, txn: Any, kind: str, n: int) -> tuple[Any, ...]:
         """Labels or route `n`, checked (its CRC, its shape) and kept (a set per session at most)."""

@@ -64,6 +64,8 @@ class Walks:
     _record_heads: Any
     _joins: bool
     _join: Any
+    _join_into: Any
+    _stored: Any
 
     def _paired_batches(self, what: str, size: int = BATCH) -> Iterator[Batch]:
         """(ids, heads, records as stored) in write order, up to `size` of each at a time, in one
@@ -200,47 +202,63 @@ class Walks:
 
     def listed_chunks(self) -> Iterator[bytes]:
         """`listed_records`' lines, each ended by a newline, a batch of them joined at a time: the
-        records of a batch decompressed in one call (`Codec.decode_many`). Where one cannot be
-        listed, the lines before it are yielded first, then its StoreError raised."""
+        records of a batch decompressed in one call (`Codec.decode_many`); in a /5 store each line
+        written straight from its record and its head, decoded once (`Store._join_into`). Where one
+        cannot be listed, the lines before it are yielded first, then its StoreError raised. Not in
+        a thread: measured at load 4.6, a worker decompressing the next batch while this one is
+        listed took as long in wall time, and 10% more CPU."""
         tails: dict[int, bytes] = {}  # the end of a line whose record leaves out these fields (b"": none)
-        for ids, values, raws, texts in self._decoded_batches("exchanges"):
+        decode_many, limit = self._codec.decode_many, self.max_body
+        for ids, values, raws in self._walk_batches("exchanges"):
+            texts = decode_many(raws, limit)
             out = bytearray()
             try:
-                self._chunk(ids, values, raws, texts, tails, out)
+                if self._joins:
+                    self._joined_chunk(ids, values, raws, texts, tails, out)
+                else:
+                    for line in zip(ids, values, raws, texts):
+                        self._line_into(out, tails, *line)
             except StoreError:
                 if out:
                     yield bytes(out)
                 raise
             yield bytes(out)
 
-    def _chunk(self, ids: Sequence[int], values: Sequence[Any], raws: Sequence[Any], texts: list[bytes | None],
-               tails: dict[int, bytes], out: bytearray) -> None:
-        """A batch's lines onto `out`, up to a record that cannot be listed (its StoreError)."""
-        for exchange_id, value, raw, text in zip(ids, values, raws, texts):
-            left = self._left_out(exchange_id, value) if value else exchange_record.NOT_LISTED
-            if text is None or left == exchange_record.NOT_LISTED or not text.startswith(b'{"id":%d,' % exchange_id):
-                out += self._listed(exchange_id, text, left, raw) + b"\n"
-                continue
-            tail = tails.get(left)
-            if tail is None:  # the fields added before the record's closing brace, if any
-                added = exchange_record.with_implicit(b"}", left)
-                tail = tails[left] = added + b"\n" if added != b"}" else b""
-            if tail:
-                out += memoryview(text)[:-1]
-                out += tail
-            else:
-                out += text
-                out += b"\n"
+    def _joined_chunk(self, ids: Sequence[int], values: Sequence[Any], raws: Sequence[Any],
+                      texts: list[bytes | None], tails: dict[int, bytes], out: bytearray) -> None:
+        """A /5 batch's lines onto `out`: a stripped record joined with its head as it is written; a
+        record stored whole, or one whose head does not decode, read as `listed_records` reads it."""
+        with self._env.begin() as txn:
+            for exchange_id, value, raw, text in zip(ids, values, raws, texts):
+                if text is not None and value:
+                    try:
+                        s = self._stored(exchange_id, value)
+                    except StoreError:
+                        s = None
+                    if s is not None and self._join_into(out, txn, exchange_id, text, s):
+                        out += self._tail(tails, s.left_out)
+                        continue
+                    text = self._joined((exchange_id,), (value,), [text])[0]
+                self._line_into(out, tails, exchange_id, value, raw, text)
 
-    def _decoded_batches(self, what: str) -> Iterator[tuple[Sequence[int], Sequence[Any], Sequence[Any],
-                                                            list[bytes | None]]]:
-        """`_walk_batches` with each batch's records decoded (`Codec.decode_many`, None where one
-        does not decode). Not in a thread: measured at load 4.6, a worker decompressing the next
-        batch while this one is listed took as long in wall time, and 10% more CPU."""
-        decode_many, limit = self._codec.decode_many, self.max_body
-        for ids, values, raws in self._walk_batches(what):
-            texts = decode_many(raws, limit)
-            yield ids, values, raws, self._joined(ids, values, texts) if self._joins else texts
+    @staticmethod
+    def _tail(tails: dict[int, bytes], left: int) -> bytes:
+        """What ends the line of a record that leaves out the fields `left` says: those fields' implicit
+        values, its closing brace and a newline."""
+        tail = tails.get(left)
+        if tail is None:
+            tail = tails[left] = exchange_record.with_implicit(b"}", left) + b"\n"
+        return tail
+
+    def _line_into(self, out: bytearray, tails: dict[int, bytes], exchange_id: int, value: Any, raw: Any,
+                   text: bytes | None) -> None:
+        """One record's line onto `out` (its StoreError where it cannot be listed)."""
+        left = self._left_out(exchange_id, value) if value else exchange_record.NOT_LISTED
+        if text is None or left == exchange_record.NOT_LISTED or not text.startswith(b'{"id":%d,' % exchange_id):
+            out += self._listed(exchange_id, text, left, raw) + b"\n"
+            return
+        out += memoryview(text)[:-1]
+        out += self._tail(tails, left)
 
     def _joined(self, ids: Sequence[int], values: Sequence[Any], texts: list[bytes | None]) -> list[bytes | None]:
         """A /5 batch's decoded records joined with their checked heads (`Store._join`); None where

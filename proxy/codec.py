@@ -68,6 +68,26 @@ def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
         return None
 
 
+class Against:
+    """A compressor against the bytes of stored bodies `refs` ((sha256, bytes), at most 255), made
+    before the value it compresses is known: creating it is most of the cost of compressing a
+    request against its session's last exchange (~20 of ~25 us), so a recorder makes it while idle."""
+
+    def __init__(self, refs: Sequence[tuple[bytes, bytes]]) -> None:
+        # level 1: what the references leave is short; loading them into a level-3 matcher costs more
+        self._c = zstandard.ZstdCompressor(level=1, dict_data=_raw_dict(b"".join(b for _, b in refs)))
+        self._head = bytes([REF, len(refs)]) + b"".join(d for d, _ in refs)
+
+    def encode(self, data: bytes) -> bytes:
+        return self._head + self._c.compress(data)
+
+    def warmed(self) -> Against:
+        """Itself, its first frame's set-up (the context's tables, the references loaded) done: a
+        value compressed next costs ~4 us instead of ~20 (the bytes are the same either way)."""
+        self._c.compress(b"{}")
+        return self
+
+
 class Codec:
     """Encoder and bounded decoder for one store; `load` fetches a dictionary by key (None if absent)."""
 
@@ -94,10 +114,7 @@ class Codec:
 
     def encode_against(self, data: bytes, refs: list[tuple[bytes, bytes]]) -> bytes:
         """`data` compressed against the bytes of stored bodies `refs` ((sha256, bytes), at most 255)."""
-        prefix = b"".join(b for _, b in refs)
-        # level 1: what the references leave is short; loading them into a level-3 matcher costs more
-        frame = zstandard.ZstdCompressor(level=1, dict_data=_raw_dict(prefix)).compress(data)
-        return bytes([REF, len(refs)]) + b"".join(d for d, _ in refs) + frame
+        return Against(refs).encode(data)
 
     @staticmethod
     def refs_of(value: bytes) -> list[bytes]:

@@ -129,15 +129,18 @@ class Recorder:
             near=pending.near,
         )
         exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry,
-                                        self._head(pending, record, response, identity))
+                                        self._head(pending, record, response, identity), later=True)
         self.stats.exchanges += 1
         return exchange_id
 
     def track_answers(self) -> None:
         """Register the answers `finish` left untracked, in the order they were finished (the
-        dependency marks of a request keyed afterwards are then what they would have been)."""
+        dependency marks of a request keyed afterwards are then what they would have been), and
+        the store's work that its writes left for later (`Store.catch_up`): dictionary samples, the
+        compressor each session's next request will use; done once the answer is out."""
         while self._untracked:
             self.answers.answered(*self._untracked.popleft())
+        self.store.catch_up()
 
     def _head(self, pending: Pending, record: dict[str, Any], response: ResponseData | None,
               identity: dict[str, Any] | None) -> tuple[Head, int] | None:

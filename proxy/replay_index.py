@@ -462,8 +462,16 @@ def sketch(canonical: CanonicalRequest, route: str) -> tuple[bytes, tuple[bytes,
 def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
     """The locality-sensitive bands of a sketch (`_ROWS` values each) within its bucket."""
     step = 4 * _ROWS
-    return tuple(hashlib.blake2b(buck + bytes([i]) + sig[i * step:(i + 1) * step], digest_size=8).digest()
-                 for i in range(_HASHES // _ROWS))
+    start = hashlib.blake2b(buck, digest_size=8)  # the bucket hashed once, each band continuing from it
+    out = []
+    for i in range(_HASHES // _ROWS):
+        h = start.copy()
+        h.update(_BAND_TAGS[i] + sig[i * step:(i + 1) * step])
+        out.append(h.digest())
+    return tuple(out)
+
+
+_BAND_TAGS = [bytes([i]) for i in range(_HASHES // _ROWS)]
 
 
 def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None]:

@@ -50,7 +50,7 @@ import os
 import re
 import struct
 import threading
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from itertools import islice
@@ -125,6 +125,8 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
         self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
         self._ahead: OrderedDict[str, tuple[Any, bytes | None, bytes]] = OrderedDict()  # `store_ahead`
+        self._prepared: OrderedDict[str, tuple[Any, codec.Against]] = OrderedDict()  # `store_ahead`
+        self._later: deque[tuple[str, Mapping[str, bytes], str]] = deque()  # appended, left for `catch_up`
         self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
         self._batch: list[_Item] | None = None
         self._batch_size = self._batch_base = 0
@@ -207,6 +209,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
     def close(self) -> None:
         if self._batch:
             self._flush()
+        self.catch_up()  # the last samples (a dictionary's training may start here, as it would have)
         if self._training:  # a dictionary trained on this run's traffic is kept for the next one
             try:
                 self._trained(wait=True)
@@ -279,16 +282,19 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         bodies: Mapping[str, bytes],
         recorded: RecordedEntry | None,
         head: tuple[Head, int] | None = None,
+        later: bool = False,
     ) -> int:
         """Write one exchange atomically; returns the new id.
 
         `record` is a dict or its JSON text (a non-empty object, without "id"); `bodies` maps sha256
         hex to bytes. `head`: the record's head (its id left 0) and the fields it leaves out, from a
         writer that built the record (else they are read from the text). Inside `batch()`, the
-        exchange is committed with the batch (the id is known now).
+        exchange is committed with the batch (the id is known now). `later`: what the write itself
+        does not need (its samples for the dictionaries, the compressor its session's next request
+        will use) waits for `catch_up`, which a proxy calls once the answer is released.
         """
         text = record if isinstance(record, str) else json.dumps(record)
-        self._learn(text, bodies)
+        self._learn(text, bodies, recorded.session if later and recorded is not None else None)
         if self._batch is None:
             return self._commit([(text, bodies, recorded, head)])[0]
         self._batch.append((text, bodies, recorded, head))
@@ -364,13 +370,29 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
             self._learn(text, bodies)
         self._write(lambda txn: [self._append(txn, *item) for item in texts])
 
-    def _learn(self, text: str, bodies: Mapping[str, bytes]) -> None:
+    def _learn(self, text: str, bodies: Mapping[str, bytes], later: str | None = None) -> None:
+        """Install the dictionaries trained meanwhile, sample an exchange for those still to train
+        (now, or with `later`, its session's name, in `catch_up`: samples are taken in append order
+        either way)."""
         if self._training:
             self._trained()
+        if later is not None:
+            self._later.append((text, bodies, later))
+        else:
+            self._sampled(text, bodies)
+
+    def _sampled(self, text: str, bodies: Mapping[str, bytes]) -> None:
         if len(self._keys) < 2 and self.writable:
             self._sample("record", self._as_stored(text.encode()))
             for data in bodies.values():
                 self._sample("body", data)
+
+    def catch_up(self) -> None:
+        """The work `append(later=True)` left for after the answer's release, in append order."""
+        while self._later:
+            text, bodies, session = self._later.popleft()
+            self._sampled(text, bodies)
+            self.prepare_chain(session)
 
     def _append(
         self,

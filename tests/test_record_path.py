@@ -6,14 +6,16 @@ real aiohttp upstream, real LMDB stores, concurrent clients."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import random
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 
-from noisefloor.proxy import secrets
+from noisefloor.proxy import codec, replay_index, secrets, store_dicts
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.labels import Labels
 from noisefloor.proxy.recorder import Recorder
@@ -76,12 +78,14 @@ def _answer(text: str) -> ResponseData:
     return ResponseData(200, (("content-type", "application/json"),), json.dumps(doc).encode())
 
 
-def _record_overlapping(path: Path, ahead: bool) -> list[tuple[bytes, bytes]]:
+def _record_overlapping(path: Path, ahead: bool, prepare: bool = True) -> list[tuple[bytes, bytes]]:
     """One session's requests begun before the previous one finished (its chain link changes
     between the body's compression ahead and its write), and some that do not overlap."""
     with Store.open(path, write=True, create=True) as s:
         if not ahead:
             s.ahead = lambda *a: None  # type: ignore[method-assign]
+        if not prepare:
+            s.prepare_chain = lambda *a: None  # type: ignore[method-assign]
         rec = Recorder(s, Rules())
         texts = [f"question {i}" for i in range(12)]
         waiting = []
@@ -95,8 +99,67 @@ def _record_overlapping(path: Path, ahead: bool) -> list[tuple[bytes, bytes]]:
             return list(txn.cursor())
 
 
-def test_a_body_compressed_ahead_is_stored_as_the_write_would_have_stored_it(tmp_path):
-    assert _record_overlapping(tmp_path / "ahead.lmdb", True) == _record_overlapping(tmp_path / "plain.lmdb", False)
+def test_a_body_compressed_ahead_is_stored_as_the_write_would_have_stored_it(tmp_path, monkeypatch):
+    """Compressed ahead, with the compressor made after the session's last exchange (round 7) or
+    not: the bodies table is the same byte for byte, and the prepared compressors were used."""
+    warmed: set[int] = set()
+    used: list[int] = []
+    made, encode = codec.Against.warmed, codec.Against.encode
+    monkeypatch.setattr(codec.Against, "warmed", lambda self: warmed.add(id(self)) or made(self))
+    monkeypatch.setattr(codec.Against, "encode", lambda self, data: used.append(id(self)) or encode(self, data))
+    prepared = _record_overlapping(tmp_path / "prepared.lmdb", True)
+    assert warmed and len([u for u in used if u in warmed]) >= 4
+    assert prepared == _record_overlapping(tmp_path / "ahead.lmdb", True, prepare=False)
+    assert prepared == _record_overlapping(tmp_path / "plain.lmdb", False, prepare=False)
+
+
+class _AtOnce:
+    """A thread that has run its target by the time `start` returns."""
+
+    def __init__(self, target, **_: object) -> None:
+        self.target = target
+
+    def start(self) -> None:
+        self.target()
+
+    def is_alive(self) -> bool:
+        return False
+
+    def join(self) -> None:
+        pass
+
+
+def test_work_left_for_after_the_answer_leaves_the_store_as_doing_it_in_the_write(tmp_path, monkeypatch):
+    """Dictionary samples and next-request compressors left for `catch_up` (round 7): the same
+    dictionaries are trained from the same samples, and every table holds the same bytes (the
+    training made synchronous: in a thread, which write first uses a dictionary depends on timing)."""
+    monkeypatch.setattr(store_dicts, "TRAIN_AFTER", 120)
+    monkeypatch.setattr(store_dicts.threading, "Thread", _AtOnce)
+
+    def record(path: Path, later: bool) -> tuple[object, dict[str, list[tuple[bytes, bytes]]]]:
+        with Store.open(path, write=True, create=True) as s:
+            if not later:
+                s.append = lambda *a, later=False, **k: Store.append(s, *a, **k)  # type: ignore[method-assign]
+            rec = Recorder(s, Rules())
+            for i in range(150):
+                p = rec.begin(replace(_chat(f"question {i}"), arrived=500.0 + i), Labels(f"s{i % 4}"))
+                rec.finish(p, _answer(f"question {i}"), defer_tracking=True, end=1000.0 + i)
+                rec.track_answers()
+        with Store.open(path, write=False) as s, s._env.begin() as txn:
+            return s.meta("dicts"), {t: list(txn.cursor(db=getattr(s, f"_{t}")))
+                                     for t in ("bodies", "exchanges", "heads", "lookups", "recorded")}
+
+    dicts, tables = record(tmp_path / "later.lmdb", True)
+    assert set(dicts) == {"body", "record"}  # type: ignore[arg-type]
+    assert (dicts, tables) == record(tmp_path / "now.lmdb", False)
+
+
+def test_a_warmed_compressor_writes_the_bytes_a_fresh_one_writes():
+    """Its set-up frame leaves no state behind: sizes across zstd's parameter tiers."""
+    refs = [(bytes(32), SYSTEM.encode()), (b"\x01" * 32, b'{"choices": []}' * 40)]
+    for size in (30, 700, 20_000, 300_000):
+        data = (SYSTEM + "x" * size)[:size].encode()
+        assert codec.Against(refs).warmed().encode(data) == codec.Against(refs).encode(data)
 
 
 def test_remembered_header_erasure_still_erases_each_requests_own_secret():
@@ -128,3 +191,13 @@ def test_a_cookie_the_upstream_echoes_is_erased_from_every_exchange_not_only_the
     assert len(texts) == 8
     assert sum("cookie" in t.lower() for t in texts) >= 7  # the header is there, its value is not
     assert not [t for t in texts if "cookie-secret" in t]
+
+
+def test_bands_hashed_from_the_buckets_state_are_the_one_shot_hashes():
+    """`replay_index.bands` continues one hash of the bucket for each band (round 7): every band
+    is still blake2b-64 of bucket + band number + its two minima, as stored lookups name it."""
+    rng = random.Random(3)
+    for _ in range(50):
+        buck, sig = rng.randbytes(8), rng.randbytes(128)
+        assert replay_index.bands(buck, sig) == tuple(
+            hashlib.blake2b(buck + bytes([i]) + sig[8 * i:8 * i + 8], digest_size=8).digest() for i in range(16))

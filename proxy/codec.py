@@ -275,8 +275,20 @@ def sound_as_stored(value: bytes, limit: int) -> bool:
     tag = inner[0]
     if tag == RAW:
         return len(inner) - 1 <= limit
-    at = 1 if tag == PLAIN else 1 + KEY_SIZE if tag == DICT else 2 + 32 * inner[1] if tag == REF and len(inner) > 1 else 0
-    return bool(at) and 0 <= _declared(inner, at) <= limit
+    at = _frame_at(inner)
+    return at is not None and 0 <= _declared(inner, at) <= limit
+
+
+def _frame_at(value: bytes) -> int | None:
+    """Where the zstd frame of a tagged value starts (None: not a tag with a frame)."""
+    tag = value[0]
+    if tag == PLAIN:
+        return 1
+    if tag == DICT:
+        return 1 + KEY_SIZE
+    if tag == REF and len(value) > 1:
+        return 2 + 32 * value[1]
+    return None
 
 
 _reused = threading.local()  # one zstd decompression context per thread, for values compressed against others

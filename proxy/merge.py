@@ -136,20 +136,32 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
-            for i, shard in enumerate(shards):
-                _copy_shard(dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs)
+            coming = sum(int(shard.sessions.counts[plan.brings[i]].sum()) for i, shard in enumerate(shards))
+            refill = bool(coming) and coming * _REFILL >= len(dest) + coming  # written out of key order
+            deferred = [d for i, shard in enumerate(shards) if (d := _copy_shard(
+                dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs, refill)) is not None]
             rows = merge_outcomes.write(dest, [shard.path for shard in shards])
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
                     dest.set_meta(name, value)
-            if added["exchanges"] and added["exchanges"] * _REFILL >= len(dest):  # written out of key order
-                try:
-                    before, after = dest.refill_pages(progress)
-                    progress(f"{out}: pages refilled, {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
-                except StoreError as exc:  # merged whole all the same: only larger than it could be
-                    progress(f"{exc} (merged whole; `nfproxy compact` shrinks it later)")
+            if refill:
+                _refill(dest, out, deferred, progress)
     return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], rows)
+
+
+def _refill(dest: Store, out: Path, deferred: list[merge_copy.Deferred], progress: Callable[[str], None]) -> None:
+    """OUT's pages refilled, the deferred shards' lookups written into the new file with OUT's
+    own, in key order, once; if the refill fails, they are copied into OUT as without it."""
+    lookups = (lambda: merge_copy.merged_lookups(dest, deferred)) if deferred else None
+    try:
+        before, after = dest.refill_pages(progress, lookups)
+        progress(f"{out}: pages refilled, {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")
+    except StoreError as exc:  # merged whole all the same: only larger than it could be
+        progress(f"{exc} (merged whole; `nfproxy compact` shrinks it later)")
+        for d in deferred:
+            with Store.open(d.path, write=False) as src:
+                merge_copy.copy_lookups(dest, src, d.new_ids, d.first)
 
 
 @contextmanager
@@ -164,8 +176,10 @@ def _no_gc() -> Iterator[None]:
 
 
 def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: merge_sessions.Sessions,
-                added: dict[str, int], progress: Callable[[str], None], jobs: int) -> None:
-    """The sessions this shard brings, whole sessions per transaction."""
+                added: dict[str, int], progress: Callable[[str], None], jobs: int,
+                defer: bool = False) -> merge_copy.Deferred | None:
+    """The sessions this shard brings, whole sessions per transaction; with `defer`, its lookups
+    are left for the refill (returned)."""
     import numpy as np
 
     brings, in_out = planned
@@ -191,8 +205,8 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
         added["shared"] += bodies - fresh
         progress(f"{shard.path}: {added['exchanges']} exchanges merged")
 
-    merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done,
-                           ss.plans_of)
+    return merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done,
+                                  ss.plans_of, defer)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:

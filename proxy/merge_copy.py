@@ -20,8 +20,8 @@ import zlib
 from array import array
 from binascii import unhexlify
 from collections.abc import Callable, Iterator
-from contextlib import nullcontext
-from dataclasses import replace
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +163,112 @@ def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
     dest.put_lookups([], [], append=append, last=True)
 
 
+@dataclass(frozen=True)
+class Deferred:
+    """A shard's lookups left for the refill: its path, old id -> id in OUT, the first id it took."""
+
+    path: Path
+    new_ids: Any
+    first: int
+
+
+def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[list[tuple[bytes, bytes]]]:
+    """OUT's own lookups and the deferred shards' (ids mapped, only those this merge copied), in
+    key order, ids ascending under each key, a chunk at a time: what the refill appends once, in
+    place of copying each shard's into OUT and then OUT's into the refilled file. Memory: a chunk
+    of each store at a time. The shards' rows were checked with the shards (`checked_lookups`)."""
+    import numpy as np
+
+    width = replay_index.lookup_key_bytes(dest.lookup_layout())
+    with ExitStack() as stack:
+        streams = [_chunks(dest.lookup_chunks(LOOKUP_CHUNK), width, None, 0)]
+        for d in deferred:
+            src = stack.enter_context(Store.open(d.path, write=False))
+            streams.append(_chunks(src.lookup_chunks(LOOKUP_CHUNK), width, np.frombuffer(d.new_ids, dtype=np.uint64),
+                                   d.first))
+        held = [_Held(s) for s in streams]
+        while True:
+            for h in held:
+                h.fill()
+            open_ = [h.keys[-1] for h in held if not h.done]
+            if not open_ and not any(len(h.keys) for h in held):
+                return
+            bound = min(int(k) for k in open_) if open_ else None  # rows before it are all in hand, from every store
+            taken = [h.take(bound) for h in held]
+            k, v = np.concatenate([t[0] for t in taken]), np.concatenate([t[1] for t in taken])
+            order = np.lexsort((v, k))
+            yield list(zip(_as_keys(k[order], width), v[order].astype(">u4").view("V4").tolist()))
+
+
+class _Held:
+    """One store's lookups read ahead: a buffer that, unless the store is read to its end, holds
+    rows under at least two keys (a key's rows go out together, whichever chunks they span)."""
+
+    def __init__(self, chunks: Iterator[tuple[Any, Any]]) -> None:
+        import numpy as np
+
+        self.chunks, self.done = chunks, False
+        self.keys, self.ids = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.uint32)
+
+    def fill(self) -> None:
+        import numpy as np
+
+        while not self.done and (not len(self.keys) or self.keys[0] == self.keys[-1]):
+            got = next(self.chunks, None)
+            if got is None:
+                self.done = True
+            else:
+                self.keys, self.ids = np.concatenate([self.keys, got[0]]), np.concatenate([self.ids, got[1]])
+
+    def take(self, bound: Any) -> tuple[Any, Any]:
+        """The rows under keys before `bound` (None: all), out of the buffer."""
+        import numpy as np
+
+        cut = len(self.keys) if bound is None else int(np.searchsorted(self.keys, np.uint64(bound), side="left"))
+        out = self.keys[:cut], self.ids[:cut]
+        self.keys, self.ids = self.keys[cut:], self.ids[cut:]
+        return out
+
+
+def _chunks(blobs: Iterator[tuple[bytes, bytes]], width: int, mapped: Any, first: int) -> Iterator[tuple[Any, Any]]:
+    """A store's lookup chunks as (keys as big-endian numbers: their order is the bytes' order,
+    ids as uint32): ids mapped through `mapped` and only those `first` or above kept (None: OUT's
+    own, as they are); no empty chunk."""
+    import numpy as np
+
+    for key_blob, id_blob in blobs:
+        keys = _as_numbers(key_blob, width)
+        ids = np.frombuffer(id_blob, dtype=">u4").astype(np.uint32)
+        if mapped is not None:
+            ids = mapped[ids]
+            keep = ids >= first
+            keys, ids = keys[keep], ids[keep].astype(np.uint32)
+        if len(keys):
+            yield keys, ids
+
+
+def _as_numbers(blob: bytes, width: int) -> Any:
+    """Keys of `width` <= 8 bytes as uint64 (big-endian, zero-padded in front)."""
+    import numpy as np
+
+    padded = np.zeros((len(blob) // width, 8), dtype=np.uint8)
+    padded[:, 8 - width:] = np.frombuffer(blob, dtype=np.uint8).reshape(-1, width)
+    return padded.view(">u8").ravel().astype(np.uint64)
+
+
+def _as_keys(numbers: Any, width: int) -> list[bytes]:
+    """`_as_numbers` undone: each key's bytes."""
+    import numpy as np
+
+    raw = numbers.astype(">u8").view(np.uint8).reshape(-1, 8)[:, 8 - width:]
+    return np.ascontiguousarray(raw).view(f"V{width}").ravel().tolist()
+
+
+def mergeable(layout: int | None) -> bool:
+    """Whether lookups of this layout can be merged by `merged_lookups` (keys of 8 bytes or fewer)."""
+    return layout is not None and replay_index.lookup_key_bytes(layout) <= 8
+
+
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
     """(key, 4-byte id) rows of the ids `first` or above, ids ascending under each key (keys in order)."""
     import numpy as np
@@ -177,12 +283,14 @@ def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
 
 def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_ids: array,
                 moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None],
-                plans: Callable[[Any], bytes | None] = lambda olds: None) -> None:
+                plans: Callable[[Any], bytes | None] = lambda olds: None, defer: bool = False) -> Deferred | None:
     """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
     bodies, new bodies)` after each batch; `plans(olds)` the check's `PLAN` bytes of a batch. When both stores have lookups of one layout (2 or 3), the shard's are
-    copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`)."""
+    copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`);
+    with `defer`, they are not copied but returned (`Deferred`), for the refill to write once
+    with every other shard's (`merged_lookups`), OUT marked until then."""
     key = (dest.meta("dicts") or {}).get("record")
     record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
     starts = [dest.last_id() + 1]
@@ -210,6 +318,9 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
                 fresh = dest.absorb(batch, local.src)
                 done(len(batch.records), len(batch.bodies), fresh)
             if bulk and batches:
+                if defer and mergeable(layout):
+                    return Deferred(path, new_ids, starts[0])
                 copy_lookups(dest, local.src, new_ids, starts[0])
         finally:
             local.close()
+    return None

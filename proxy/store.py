@@ -600,16 +600,21 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
             # store with layout-2 lookups is copied page for page
             self._env.copy(str(folder), compact=self._lookups is None or not self._has_rows(self._lookups))
 
-    def refill_pages(self, progress: Any = lambda s: None) -> tuple[int, int]:
+    def refill_pages(self, progress: Any = lambda s: None, lookups: Any = None) -> tuple[int, int]:
         """This store rewritten with its pages full (`store_repack`: tables in key order, values as
         stored), the data file swapped in one rename; used bytes before and after. The handle's
-        last write: it is read-only afterwards (its map is the replaced file)."""
+        last write: it is read-only afterwards (its map is the replaced file). `lookups`: a
+        callable giving every replay lookup the new file holds, in key order (merge's, written
+        once there rather than here and copied again); the copy leaves out the mark
+        (`mark_unindexed`) that said they were still to come."""
         from noisefloor.proxy import store_repack
+        from noisefloor.proxy.store_merge import UNINDEXED
 
         if self._record_lock is None:
             raise StoreError(f"store {self.path}: refilling its pages needs the recording lock")
+        replaced, dropped = ({b"lookups": lookups}, (b"meta", UNINDEXED.encode())) if lookups else (None, None)
         with self._reading("refilling pages"):
-            done = store_repack.refill(self._env, self.path, progress)
+            done = store_repack.refill(self._env, self.path, progress, replaced, dropped)
         self.writable = False
         return done
 

@@ -47,20 +47,28 @@ def used_bytes(env: lmdb.Environment) -> int:
     return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
 
 
-def refill(env: lmdb.Environment, path: Path, progress: Callable[[str], None] = lambda s: None) -> tuple[int, int]:
+Rows = Iterable[list[tuple[bytes, bytes]]]  # a table's rows in key order, a transaction's worth a list
+
+
+def refill(env: lmdb.Environment, path: Path, progress: Callable[[str], None] = lambda s: None,
+           replaced: dict[bytes, Callable[[], Rows]] | None = None,
+           dropped: tuple[bytes, bytes] | None = None) -> tuple[int, int]:
     """Rewrite the store at `path` (whose open, locked environment is `env`) with its pages full;
     returns its used bytes before and after. The caller writes nothing to `env` afterwards: the
-    file it maps has been replaced."""
+    file it maps has been replaced. `replaced`: tables whose rows come from elsewhere (merge's
+    lookups, written once here instead of into `env` and copied again); `dropped`: (table, key)
+    left out of the copy (the mark saying those lookups are still to come)."""
     before = used_bytes(env)
     work, final = path.parent / f".{path.name}.refill", path.parent / f".{path.name}.refilled"
     try:
-        _rewrite(env, path, work, final, progress)
+        _rewrite(env, path, work, final, progress, replaced or {}, dropped)
     except (lmdb.Error, OSError) as exc:  # a full disk, say: the store stays as it was
         raise StoreError(f"refilling the pages of store {path} failed ({exc}); the store is as it was") from None
     return before, (path / "data.mdb").stat().st_size
 
 
-def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progress: Callable[[str], None]) -> None:
+def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progress: Callable[[str], None],
+             replaced: dict[bytes, Callable[[], Rows]], dropped: tuple[bytes, bytes] | None) -> None:
     """The tables copied into `work`, copied to `final`, and its file renamed over the store's."""
     for p in (work, final):
         shutil.rmtree(p, ignore_errors=True)
@@ -70,7 +78,14 @@ def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progres
         out = lmdb.open(str(work), map_size=max(1 << 30, 2 * used_bytes(env)), max_dbs=16, sync=False, metasync=False)
         try:
             for name, db, flags in tables(env):
-                _copy_table(env, db, flags, out, out.open_db(name, **flags), name.decode(errors="replace"), progress)
+                out_db = out.open_db(name, **flags)
+                if name in replaced:
+                    _write_rows(out, out_db, replaced[name]())
+                else:
+                    _copy_table(env, db, flags, out, out_db, name.decode(errors="replace"), progress)
+            if dropped is not None:
+                with out.begin(write=True, db=out.open_db(dropped[0], create=False)) as w:
+                    w.delete(dropped[1])
             # pages in key order, so a plain copy is as small as a compacting one (which LMDB
             # cannot do for tables of fixed-size duplicates: it crashes)
             out.copy(str(final))
@@ -101,6 +116,16 @@ def _copy_table(env: lmdb.Environment, db: Any, flags: dict[str, bool], out: lmd
         raise StoreError(f"refilling table {name} copied {got} of its {want} rows; the store was left as it was")
     if want > _BATCH:  # a large table: say how far it got
         progress(f"table {name}: {want} rows refilled")
+
+
+def _write_rows(out: lmdb.Environment, out_db: Any, chunks: Rows) -> None:
+    """Rows from elsewhere appended in key order, a transaction a chunk; every row must land
+    (append refuses one out of order), or nothing is swapped in."""
+    for chunk in chunks:
+        with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
+            added = cur.putmulti(chunk, append=True)[1]
+        if added != len(chunk):
+            raise StoreError("refilling: rows came out of key order; the store was left as it was")
 
 
 def _put(out: lmdb.Environment, out_db: Any, rows: Iterable[tuple[bytes, bytes]]) -> int:

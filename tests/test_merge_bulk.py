@@ -119,6 +119,7 @@ def test_a_merge_stopped_before_a_shards_lookups_is_refused_by_replay_and_repair
         raise SystemExit("killed between the records and the lookups")
 
     with monkeypatch.context() as mp:
+        mp.setattr(merge_copy, "mergeable", lambda layout: False)  # each shard's lookups after its records
         mp.setattr(merge_copy, "copy_lookups", killed)
         with pytest.raises(SystemExit):
             merge(out, shards)
@@ -134,11 +135,54 @@ def test_a_merge_stopped_before_a_shards_lookups_is_refused_by_replay_and_repair
         assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
 
 
+def test_a_merge_stopped_in_its_refill_before_the_lookups_are_in_is_refused_by_replay_and_repaired_by_the_next(
+        shards, per_exchange, tmp_path, monkeypatch):
+    """Into a fresh OUT the shards' lookups are written once, by the refill: killed there, OUT holds
+    every record, is marked, and the next merge writes the lookups from the entries."""
+    out = tmp_path / "out.lmdb"
+
+    def killed(*args: object) -> None:
+        raise SystemExit("killed in the refill, before the lookups")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(merge_copy, "merged_lookups", killed)
+        with pytest.raises(SystemExit):
+            merge(out, shards)
+    with Store.open(out, write=False) as s:
+        assert len(s) == 320 and s.meta(replay_index.MERGING) == 1 and s.lookup_rows_count() == 0
+        with pytest.raises(StoreError, match="run the same nfproxy merge again"):
+            replay_index.open_index(s, Rules())
+    again = merge(out, shards)
+    assert again.sessions_present > 0 and again.exchanges_added == 0
+    assert tables(out) == tables(per_exchange)
+    with Store.open(out, write=False) as s:
+        assert s.meta(replay_index.MERGING) is None
+        assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
+
+
+def test_a_failed_refill_leaves_the_lookups_copied_into_out(shards, per_exchange, tmp_path, monkeypatch):
+    """A refill that fails (a full disk, say) leaves OUT as it was: the deferred lookups are then
+    copied into it, so it replays whole all the same."""
+    from noisefloor.proxy import store_repack
+
+    def full(*args: object) -> None:
+        raise OSError("no space left on device")
+
+    out = tmp_path / "out.lmdb"
+    with monkeypatch.context() as mp:
+        mp.setattr(store_repack, "_rewrite", full)
+        merge(out, shards)
+    assert tables(out) == tables(per_exchange)
+    with Store.open(out, write=False) as s:
+        assert s.meta(replay_index.MERGING) is None
+
+
 def test_compacting_a_store_a_merge_left_unindexed_indexes_it_first(shards, per_exchange, tmp_path, monkeypatch):
     """compact copies a store's lookups as they are: a merge's unfinished ones are finished first
     (computed from the entries, as the next merge would), so the compacted store replays whole."""
     out = tmp_path / "out.lmdb"
     with monkeypatch.context() as mp:
+        mp.setattr(merge_copy, "mergeable", lambda layout: False)  # each shard's lookups after its records
         mp.setattr(merge_copy, "copy_lookups", lambda *a: (_ for _ in ()).throw(SystemExit("killed")))
         with pytest.raises(SystemExit):
             merge(out, shards)

@@ -207,10 +207,11 @@ class IndexLookups:
         """Every layout-2 or -3 lookup in key order (ids oldest first under each key), `size` rows at a
         time as two blobs: their keys, and their 4-byte ids, concatenated (a million rows are
         read without a Python step per row)."""
+        width = replay_index.lookup_key_bytes(self.lookup_layout())
         with self._reading("replay index"), self._env.begin(db=self._lookups, buffers=False) as txn:
-            keys, ids = txn.cursor().iternext(keys=True, values=False), txn.cursor().iternext(keys=False)
-            while got := b"".join(islice(ids, size)):
-                yield b"".join(islice(keys, len(got) // 4)), got
+            keys, cur = txn.cursor().iternext_nodup(values=False), txn.cursor()
+            while batch := list(islice(keys, max(1, size // 2))):  # about `size` rows: 2 a key, most
+                yield _rows_of(cur, batch, width)
 
     def recorded_table(self) -> Iterator[tuple[bytes, bytes]]:
         """Every `recorded` entry as stored: (u64 id, value), in id order."""
@@ -305,3 +306,16 @@ def _newest_under(cur: lmdb.Cursor, prefix: bytes, newest: int) -> list[bytes]:
         found.append(k[len(prefix):])
         more = cur.prev()
     return found
+
+
+def _rows_of(cur: lmdb.Cursor, keys: list[bytes], width: int) -> tuple[bytes, bytes]:
+    """Every (key, 4-byte id) row under these keys, as the two blobs of `lookup_chunks`: read a
+    page of ids at a time (LMDB's GET_MULTIPLE), not a Python step per row. A key not `width`
+    bytes long (damage) is left for the caller's checks to find: its rows are read one by one."""
+    import numpy as np
+
+    if any(len(k) != width for k in keys):
+        pairs = [(k, v) for k in keys if cur.set_key(k) for v in cur.iternext_dup(keys=False)]
+        return b"".join(k for k, _ in pairs), b"".join(v for _, v in pairs)
+    rows = np.frombuffer(cur.getmulti(keys, True, 4, True), dtype=np.uint8).reshape(-1, width + 4)
+    return rows[:, :width].tobytes(), rows[:, width:].tobytes()

@@ -80,7 +80,7 @@ def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progres
             for name, db, flags in tables(env):
                 out_db = out.open_db(name, **flags)
                 if name in replaced:
-                    _write_rows(out, out_db, replaced[name]())
+                    _write_rows(out, out_db, replaced[name](), name.decode(errors="replace"), progress)
                 else:
                     _copy_table(env, db, flags, out, out_db, name.decode(errors="replace"), progress)
             if dropped is not None:
@@ -118,14 +118,18 @@ def _copy_table(env: lmdb.Environment, db: Any, flags: dict[str, bool], out: lmd
         progress(f"table {name}: {want} rows refilled")
 
 
-def _write_rows(out: lmdb.Environment, out_db: Any, chunks: Rows) -> None:
+def _write_rows(out: lmdb.Environment, out_db: Any, chunks: Rows, name: str, progress: Callable[[str], None]) -> None:
     """Rows from elsewhere appended in key order, a transaction a chunk; every row must land
     (append refuses one out of order), or nothing is swapped in."""
+    rows = 0
     for chunk in chunks:
         with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
             added = cur.putmulti(chunk, append=True)[1]
         if added != len(chunk):
-            raise StoreError("refilling: rows came out of key order; the store was left as it was")
+            raise StoreError(f"refilling table {name}: its rows came out of key order; the store was left as it was")
+        rows += added
+    if rows > _BATCH:
+        progress(f"table {name}: {rows} rows refilled")
 
 
 def _put(out: lmdb.Environment, out_db: Any, rows: Iterable[tuple[bytes, bytes]]) -> int:

@@ -176,7 +176,9 @@ def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[list[tuple
     """OUT's own lookups and the deferred shards' (ids mapped, only those this merge copied), in
     key order, ids ascending under each key, a chunk at a time: what the refill appends once, in
     place of copying each shard's into OUT and then OUT's into the refilled file. Memory: a chunk
-    of each store at a time. The shards' rows were checked with the shards (`checked_lookups`)."""
+    of each store at a time (a key's rows whole, 12 bytes each: one key may be under every
+    exchange), given out `LOOKUP_CHUNK` rows at a time. The shards' rows were checked with the
+    shards (`checked_lookups`)."""
     import numpy as np
 
     width = replay_index.lookup_key_bytes(dest.lookup_layout())
@@ -197,7 +199,9 @@ def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[list[tuple
             taken = [h.take(bound) for h in held]
             k, v = np.concatenate([t[0] for t in taken]), np.concatenate([t[1] for t in taken])
             order = np.lexsort((v, k))
-            yield list(zip(_as_keys(k[order], width), v[order].astype(">u4").view("V4").tolist()))
+            k, v = k[order], v[order].astype(">u4").view("V4")
+            for at in range(0, len(k), LOOKUP_CHUNK):  # a key under every exchange: in pieces
+                yield list(zip(_as_keys(k[at:at + LOOKUP_CHUNK], width), v[at:at + LOOKUP_CHUNK].tolist()))
 
 
 class _Held:

@@ -211,7 +211,9 @@ class IndexLookups:
         with self._reading("replay index"), self._env.begin(db=self._lookups, buffers=False) as txn:
             keys, cur = txn.cursor().iternext_nodup(values=False), txn.cursor()
             while batch := list(islice(keys, max(1, size // 2))):  # about `size` rows: 2 a key, most
-                yield _rows_of(cur, batch, width)
+                key_blob, id_blob = _rows_of(cur, batch, width)
+                for at in range(0, len(id_blob), 4 * size):  # a key under every exchange: in pieces
+                    yield key_blob[at // 4 * width:(at // 4 + size) * width], id_blob[at:at + 4 * size]
 
     def recorded_table(self) -> Iterator[tuple[bytes, bytes]]:
         """Every `recorded` entry as stored: (u64 id, value), in id order."""

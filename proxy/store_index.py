@@ -316,7 +316,7 @@ def _rows_of(cur: lmdb.Cursor, keys: list[bytes], width: int) -> tuple[bytes, by
     bytes long (damage) is left for the caller's checks to find: its rows are read one by one."""
     import numpy as np
 
-    if any(len(k) != width for k in keys):
+    if set(map(len, keys)) != {width}:
         pairs = [(k, v) for k in keys if cur.set_key(k) for v in cur.iternext_dup(keys=False)]
         return b"".join(k for k, _ in pairs), b"".join(v for _, v in pairs)
     rows = np.frombuffer(cur.getmulti(keys, True, 4, True), dtype=np.uint8).reshape(-1, width + 4)

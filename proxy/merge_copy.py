@@ -172,7 +172,7 @@ class Deferred:
     first: int
 
 
-def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[list[tuple[bytes, bytes]]]:
+def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[Iterator[tuple[bytes, bytes]]]:
     """OUT's own lookups and the deferred shards' (ids mapped, only those this merge copied), in
     key order, ids ascending under each key, a chunk at a time: what the refill appends once, in
     place of copying each shard's into OUT and then OUT's into the refilled file. Memory: a chunk
@@ -201,7 +201,8 @@ def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[list[tuple
             order = np.lexsort((v, k))
             k, v = k[order], v[order].astype(">u4").view("V4")
             for at in range(0, len(k), LOOKUP_CHUNK):  # a key under every exchange: in pieces
-                yield list(zip(_as_keys(k[at:at + LOOKUP_CHUNK], width), v[at:at + LOOKUP_CHUNK].tolist()))
+                # a lazy zip: putmulti takes each row as it comes, and zip reuses its tuple
+                yield zip(_as_keys(k[at:at + LOOKUP_CHUNK], width), v[at:at + LOOKUP_CHUNK].tolist())
 
 
 class _Held:

@@ -47,7 +47,7 @@ def used_bytes(env: lmdb.Environment) -> int:
     return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
 
 
-Rows = Iterable[list[tuple[bytes, bytes]]]  # a table's rows in key order, a transaction's worth a list
+Rows = Iterable[Iterable[tuple[bytes, bytes]]]  # a table's rows in key order, a transaction's worth each
 
 
 def refill(env: lmdb.Environment, path: Path, progress: Callable[[str], None] = lambda s: None,
@@ -124,8 +124,8 @@ def _write_rows(out: lmdb.Environment, out_db: Any, chunks: Rows, name: str, pro
     rows = 0
     for chunk in chunks:
         with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
-            added = cur.putmulti(chunk, append=True)[1]
-        if added != len(chunk):
+            consumed, added = cur.putmulti(chunk, append=True)
+        if added != consumed:
             raise StoreError(f"refilling table {name}: its rows came out of key order; the store was left as it was")
         rows += added
     if rows > _BATCH:

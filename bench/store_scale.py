@@ -208,7 +208,9 @@ def build(n: int, where: Path, shards: int) -> dict[str, object]:
 def hit_miss(store: Path, n: int, shards: int, queries: int = 100) -> dict[str, float]:
     """In this process: replay opened on the store (seconds, RSS after), then `queries` recorded
     requests (hits) and the same with one word of the last message changed (misses), through
-    Replayer.answer: p50 / p95 milliseconds and CPU per request."""
+    Replayer.answer: p50 / p95 milliseconds and CPU per request. These first requests also pay
+    the process's first touch of the store's pages and of the code; `miss_warm_*` are `queries`
+    other misses asked after them, what a replay that has been serving a while sees."""
     from bench.store_traffic import REQUEST_HEADERS
     from noisefloor.proxy.keys import Rules
     from noisefloor.proxy.labels import Labels
@@ -218,16 +220,16 @@ def hit_miss(store: Path, n: int, shards: int, queries: int = 100) -> dict[str, 
     picked: list[tuple[str, bytes]] = []
     for name, turns in sessions(n // shards, seed=0, prefix="run" if shards == 1 else "sh0"):
         picked += [(name, req) for req, _ in turns]
-        if len(picked) >= queries:
+        if len(picked) >= 2 * queries:
             break
     with Store.open(store, write=False) as s:
         t = time.perf_counter()
         rep = Replayer(s, Rules(), log=lambda build: None)
         out: dict[str, float] = {"replay_open_s": time.perf_counter() - t, "replay_open_rss_mb": _rss_mb()}
-        for kind in ("hit", "miss"):
+        for kind, asked in (("hit", picked[:queries]), ("miss", picked[:queries]), ("miss_warm", picked[queries:2 * queries])):
             walls, cpu = [], time.process_time()
-            for q, (name, body) in enumerate(picked[:queries]):
-                if kind == "miss":
+            for q, (name, body) in enumerate(asked):
+                if kind != "hit":
                     doc = json.loads(body)
                     doc["messages"][-1]["content"] = "Changed " + doc["messages"][-1]["content"]
                     body = json.dumps(doc).encode()
@@ -236,7 +238,7 @@ def hit_miss(store: Path, n: int, shards: int, queries: int = 100) -> dict[str, 
                 t = time.perf_counter()
                 a = rep.answer(req, Labels(f"{kind}{q}", replay_from=name))
                 walls.append(time.perf_counter() - t)
-                if (a.result == "miss") != (kind == "miss"):
+                if (a.result == "miss") != (kind != "hit"):
                     raise RuntimeError(f"a {kind} query was answered {a.result}")
             walls.sort()
             out[f"{kind}_p50_ms"] = walls[len(walls) // 2] * 1000

@@ -81,8 +81,9 @@ def main() -> None:
                 names = [f"s{n}.shard{i}.lmdb" for i in range(a.shards)] or [f"s{n}.lmdb"]
                 for label, code in ((a.baseline, base), ("this", None)):
                     stores = [(a.this_keep if code is None and a.this_keep else a.keep) / name for name in names]
-                    r = {"round": round_, "exchanges": n * len(stores), "code": label,
-                         **merge_run(stores, Path(tmp) / "out.lmdb", code, n * len(stores))}
+                    # n exchanges in all: one store of n, or --shards stores of n / shards each
+                    r = {"round": round_, "exchanges": n, "code": label,
+                         **merge_run(stores, Path(tmp) / "out.lmdb", code, n)}
                     results.append(r)
                     print(json.dumps(r), flush=True)
     if a.json:

@@ -179,7 +179,11 @@ def visit(driver, url: str, shot: str | None = None):  # type: ignore[no-untyped
 
 def settle(driver, shot: str | None = None):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 20
-    while driver.execute_script("return document.body.getAttribute('data-state')") != "ready":
+    # ready for the route now in the address bar: a click's hashchange is handled after the click
+    # returns, so until then the page still says "ready" for the route it came from
+    rendered = ("return document.body.getAttribute('data-state') === 'ready' && "
+                "document.body.getAttribute('data-rendered') === (location.hash || '#/report')")
+    while not driver.execute_script(rendered):
         state = driver.execute_script("return document.body.getAttribute('data-state')")
         assert state != "error", driver.find_element("id", "main").text
         assert time.monotonic() < deadline, f"page did not render: {state}"

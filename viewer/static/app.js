@@ -447,6 +447,7 @@ async function render() {
     else if (path === "sessions") await sessionsPage(main, params);
     else if (path === "outcomes") await outcomesPage(main, params);
     else await reportPage(main);
+    document.body.setAttribute("data-rendered", hash);  // which route is on screen: a test waits for its own
     document.body.setAttribute("data-state", "ready");
   } catch (err) {
     fail(err);

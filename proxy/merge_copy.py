@@ -168,7 +168,7 @@ class Deferred:
     """A shard's lookups left for the refill: its path, old id -> id in OUT, the first id it took."""
 
     path: Path
-    new_ids: Any
+    new_ids: array  # old id -> id in OUT (uint64), as `write_shard` was given it
     first: int
 
 

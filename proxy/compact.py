@@ -169,13 +169,17 @@ def _as_stored(text: bytes) -> bytes:
 
 
 def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
-    """The replay index in today's layout (3), whatever the source's: its entries in id order (pages
-    full) and its lookups in key order (a source of layout 1 or 2 is converted: entries with their sketches,
-    lookups gathered unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
+    """The replay index in today's layout (4), whatever the source's: its entries in id order (pages
+    full) and its lookups in key order (a source of layout 3 keeps its lookups, its entries' sketches
+    shortened; one of layout 1 or 2 is converted: entries with their sketches, lookups gathered
+    unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
     (recorded before them), and its entries are copied as they are."""
-    indexed, current = src.has_replay_index(), src.meta("replay_index") == replay_index.VERSION
-    if not indexed or current:  # entries as they are (and this layout's lookups, already sorted)
-        _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
+    indexed, layout = src.has_replay_index(), src.meta("replay_index")
+    if not indexed or layout in replay_index.ROUTED:  # entries as they are (and these lookups, already sorted)
+        entries = _verified_entries(src)
+        if indexed:
+            entries = ((k, replay_index.as_current(raw)) for k, raw in entries)
+        _append_batched(env, dbs["recorded"], entries, progress, "index entries")
         _append_batched(env, dbs["index_routes"], src.raw_table("index_routes"), progress, "index routes")
         if indexed:
             _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)

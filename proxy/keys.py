@@ -16,7 +16,7 @@ from functools import cached_property, lru_cache
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from noisefloor.errors import InputError
+from noisefloor.errors import InputError, NoisefloorError
 from noisefloor.proxy import providers, secrets
 
 RULES_VERSION = 2
@@ -53,6 +53,16 @@ class Rules:
             raise RuleError(f"unknown profile {self.profile!r}; choose one of {', '.join(providers.PROVIDERS)}")
         object.__setattr__(self, "header_allowlist", tuple(sorted({h.lower() for h in self.header_allowlist})))
         object.__setattr__(self, "ignore_fields", tuple(sorted(set(self.ignore_fields))))
+
+    @classmethod
+    def described(cls, description: Any) -> Rules | None:
+        """The rule set a stored description (`describe`) names, or None when it is not one this
+        version rebuilds (a store's own, read back: merge's comparison, an index's repair)."""
+        try:
+            return cls(tuple(description["header_allowlist"]), tuple(description["ignore_fields"]),
+                       description.get("profile"))
+        except (TypeError, KeyError, ValueError, AttributeError, NoisefloorError):
+            return None
 
     def keyed_by(self) -> dict[str, Any]:
         """Only what moves keys: the id is made of this. Providers' own keying is one version

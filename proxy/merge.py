@@ -38,7 +38,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noisefloor.errors import NoisefloorError
 from noisefloor.proxy import merge_copy, merge_outcomes, merge_sessions
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Store, StoreError
@@ -226,25 +225,17 @@ def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:
                              f"with {have[0]}: their keys do not match, so they cannot replay as one store; merge "
                              "shards recorded with the same --ignore-field flags")
         if have is None:
-            today = _today(shard.rules)
+            today = Rules.described(shard.rules)
             have = (today.id, today.describe()) if today is not None and today.id in theirs else (shard.rules_id,
                                                                                               shard.rules)
             same = theirs
     return have
 
 
-def _today(described: Any) -> Rules | None:
-    """The rule set a stored description names, or None when it is not one this version reads."""
-    try:
-        return Rules(tuple(described["header_allowlist"]), tuple(described["ignore_fields"]), described.get("profile"))
-    except (TypeError, KeyError, ValueError, AttributeError, NoisefloorError):
-        return None
-
-
 def _same_keys(rules_id: str, described: Any) -> frozenset[str]:
     """Every id of the keying a store was recorded with: today's and the earlier schemes' ids of the
     same keys (just its own when its description is not a rule set today's code rebuilds)."""
-    rules = _today(described)
+    rules = Rules.described(described)
     ids = {rules.id, *rules.legacy_ids} if rules is not None else set()
     return frozenset(ids) if rules_id in ids else frozenset({rules_id})
 

@@ -41,11 +41,12 @@ _ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
 
 def index_entries(src: Store, olds: list[int], first: int) -> list[tuple[int, RecordedEntry]]:
     """The replay-index entries of exchanges `olds` of `src` (the recorded ones), each with its
-    nearest-request entry as the shard holds it, under the id it takes in OUT (first, first + 1,
-    ...): OUT writes their lookups in its own layout (`Store._put_index`)."""
+    nearest-request entry as the shard holds it (a layout-4 one's computed again from its request:
+    `Store.near_again`), under the id it takes in OUT (first, first + 1, ...): OUT writes their
+    lookups in its own layout (`Store._put_index`)."""
     entries = {e.id: e for e in src.recorded_entries_by_id(olds)}
     recorded = [i for i in olds if i in entries]
-    near = dict(zip(recorded, replay_index.stored_near(src, recorded)))
+    near = dict(zip(recorded, src.near_again(recorded)))
     return [(new_id, replace(entries[old], near=near[old])) for new_id, old in enumerate(olds, first)
             if old in entries]
 
@@ -274,6 +275,12 @@ def mergeable(layout: int | None) -> bool:
     return layout is not None and replay_index.lookup_key_bytes(layout) <= 8
 
 
+def copies_as_stored(shard: int | None, out: int | None) -> bool:
+    """Whether a shard's entries and lookups of layout `shard` go into OUT's (layout `out`) as stored:
+    one layout, or layout-3 ones into a layout-4 store (their lookups alike; a layout-4 store reads both)."""
+    return shard is not None and (shard == out or (shard == 3 and out == replay_index.VERSION))
+
+
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
     """(key, 4-byte id) rows of the ids `first` or above, ids ascending under each key (keys in order)."""
     import numpy as np
@@ -303,8 +310,8 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
         starts.append(starts[-1] + len(b))
     with Store.open(path, write=False) as src:
         layout = dest.lookup_layout()  # shard and OUT of one layout: entries and lookups copied as stored
-        bulk = layout is not None and src.lookup_layout() == layout and (
-            layout != replay_index.VERSION or dest.adopt_index_routes(src))
+        bulk = layout is not None and copies_as_stored(src.lookup_layout(), layout) and (
+            layout not in replay_index.ROUTED or dest.adopt_index_routes(src))
     if bulk and batches:
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])

@@ -175,4 +175,4 @@ def _count(v: Any) -> bool:
 
 
 def _route(p: Prepared) -> str:
-    return f"{p.canonical.method} {p.canonical.host} {p.canonical.path}"
+    return replay_index.indexed_route(p.canonical)

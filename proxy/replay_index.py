@@ -4,7 +4,7 @@ Replay needs, for one request, the recorded answers with its key; for order note
 session's requests; for a miss, the few recorded requests most like it. None of that needs the
 whole index in memory, so start-up and memory do not grow with the store.
 
-Layout 2 (`VERSION`): each recorded exchange's entry (the `recorded` table, appended in id order,
+Layout 2: each recorded exchange's entry (the `recorded` table, appended in id order,
 so its pages fill whole) is a msgpack array that also carries its request's bucket and MinHash
 sketch; one LMDB table, `lookups`, sorted duplicates of fixed 4-byte exchange ids (big-endian, so
 oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
@@ -18,7 +18,7 @@ oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
 A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it),
 where layout 1 paid a whole row each.
 
-Layout 3 (`VERSION`, store format noisefloor-log/5): the same rows, smaller. An entry keeps no id
+Layout 3 (store formats noisefloor-log/5 and /6): the same rows, smaller. An entry keeps no id
 (its table key is the id); its route and bucket, shared by most of a store, are a 4-byte
 reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every store
 names a route alike and merge copies entries as they are; a hash already taking another route's
@@ -29,11 +29,23 @@ brings a candidate whose own sketch is then compared), never a different hit. Th
 match by chance on the other (1 in 65,536, but per stored sketch: about 2 stray candidates a miss
 at 100k, growing with the store), which changed the nearest request for 3 of 1,031 misses.
 
+Layout 4 (`VERSION`, store format noisefloor-log/7): layout 3's rows, each entry's sketch kept
+at 16 bits a minimum (64 bytes instead of 128: a quarter of an exchange's index bytes). The
+bands are still taken from the full 32-bit minima when the exchange is recorded (so a band is
+never shared by chance on a truncated value: the stray matches layout 3 measured), and the
+16-bit minima are only compared, once the bands found a candidate: two minima agree by chance 1
+time in 65,536, which moves an estimated similarity by at most 1/32 about once in 2,000
+candidates. Measured on a 1M store: the same nearest request for 400 of 400 misses. What a
+16-bit sketch cannot give back is its bands: they live only in `lookups`, so merge and compact
+copy lookup rows rather than computing them again, and a repair (a merge killed before its
+lookups were in) computes the sketch again from the exchange's stored request. A layout-4 store
+may also hold layout-3 entries (merged from a noisefloor-log/6 shard as they were stored).
+
 Layout 1 (stores recorded before; one table `rindex` of prefixed keys: k + key(32) + id,
 s + session(12) + id, b + bucket + id, n + band + id, and g + id -> sketch; JSON entries) is still
 read as it is, and written to by a recorder appending to such a store; `nfproxy migrate` (or
-`compact`) rewrites it in layout 3. All layouts answer the same: the same ids under the same
-bands, buckets, keys and sessions, the same sketches.
+`compact`) rewrites it in today's layout. All layouts answer the same: the same ids under the
+same bands, buckets, keys and sessions, the same sketches (layout 4's at 16 bits a minimum).
 
 Stores recorded before these rows existed are indexed in memory instead (`MemoryIndex`), with
 the content dependencies recomputed from their exchanges, and nothing is written to them.
@@ -58,9 +70,10 @@ if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.keys import CanonicalRequest
     from noisefloor.proxy.store import Store
 
-VERSION = 3
-READ = (1, 2, VERSION)  # the layouts this version reads
-PACKED = (2, VERSION)  # the layouts whose lookups are `lookups`' sorted duplicates
+VERSION = 4
+READ = (1, 2, 3, VERSION)  # the layouts this version reads
+PACKED = (2, 3, VERSION)  # the layouts whose lookups are `lookups`' sorted duplicates
+ROUTED = (3, VERSION)  # ... whose entries name their route by an `index_routes` row (5-byte tags)
 _U64 = struct.Struct(">Q")
 ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
 KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
@@ -125,8 +138,8 @@ class _Entry(msgspec.Struct, array_like=True):
 
 
 class _Entry3(msgspec.Struct, array_like=True):
-    """A layout-3 entry as stored: no id (the table's key is it), the route and bucket inline or
-    (an int) a reference to their `index_routes` row."""
+    """A layout-3 or -4 entry as stored: no id (the table's key is it), the route and bucket inline
+    or (an int) a reference to their `index_routes` row; layout 4's sketch `SHORT` bytes."""
 
     version: int
     key: bytes
@@ -146,13 +159,26 @@ _DECODE = msgspec.msgpack.Decoder(_Entry)
 _DECODE3 = msgspec.msgpack.Decoder(_Entry3)
 
 
+_ROUTED_TAGS = (b"\x03", b"\x04")  # the version byte of a layout-3 or -4 entry (msgpack's positive fixint)
+
+
 def _decoded(raw: bytes) -> _Entry | _Entry3:
-    """A msgpack entry of layout 2 or 3 (the array's first item is its version); ValueError if its
-    sketch is not its layout's width."""
-    e: _Entry | _Entry3 = _DECODE3.decode(raw) if raw[1:2] == b"\x03" else _DECODE.decode(raw)
-    if e.sketch is not None and len(e.sketch) != _SIG.size:
+    """A msgpack entry of layout 2, 3 or 4 (the array's first item is its version); ValueError if
+    its sketch is not its layout's width."""
+    e: _Entry | _Entry3 = _DECODE3.decode(raw) if raw[1:2] in _ROUTED_TAGS else _DECODE.decode(raw)
+    if e.sketch is not None and len(e.sketch) != sketch_width(e.version):
         raise ValueError(f"a replay-index sketch of {len(e.sketch)} bytes")
     return e
+
+
+def sketch_width(version: int) -> int:
+    """Bytes of a sketch as an entry of this layout stores it (a layout-4 one: `SHORT`)."""
+    return SHORT if version == VERSION else _SIG.size
+
+
+def short(sig: bytes) -> bytes:
+    """A 32-bit sketch as layout 4 stores it: each minimum's low 16 bits."""
+    return struct.pack(f"<{_HASHES}H", *(v & 0xFFFF for v in _SIG.unpack(sig)))
 
 
 def _text(b: bytes) -> str:
@@ -198,26 +224,39 @@ def entry(raw: bytes, exchange_id: int, route_of: RouteOf) -> RecordedEntry:
 
 
 def entry_sketch(raw: bytes, route_of: RouteOf) -> tuple[bytes, bytes] | None:
-    """(bucket, sketch) a layout-2 or -3 entry carries (None: its request had none). On every
-    miss for 64 entries: `_decoded` and `_route` written out."""
-    e = _DECODE3.decode(raw) if raw[1:2] == b"\x03" else _DECODE.decode(raw)
+    """(bucket, sketch) a layout-2, -3 or -4 entry carries (None: its request had none; a layout-4
+    sketch is `SHORT` bytes). On every miss for 64 entries: `_decoded` and `_route` written out."""
+    e = _DECODE3.decode(raw) if raw[1:2] in _ROUTED_TAGS else _DECODE.decode(raw)
     sk, route = e.sketch, e.route
     if sk is None:
         return None
-    if len(sk) != _SIG.size:
+    if len(sk) != sketch_width(e.version):
         raise ValueError(f"a replay-index sketch of {len(sk)} bytes")
     buck = e.bucket if route.__class__ is bytes else route_of(route)[1]  # type: ignore[arg-type]
     return None if buck is None else (buck, sk)
 
 
 def moved_entry(raw: bytes, exchange_id: int) -> bytes:
-    """A layout-2 or -3 entry as stored, under another id (merge): checked by decoding it as the
+    """A layout-2, -3 or -4 entry as stored, under another id (merge): checked by decoding it as the
     entry type (a value that does not decode is a msgspec.DecodeError, ValidationError or
-    ValueError); layout 3's, holding no id, is copied as it is."""
+    ValueError); layout 3's and 4's, holding no id, are copied as they are."""
     e = _decoded(raw)
     if isinstance(e, _Entry3):  # its route's row is copied with the table (`Store.adopt_index_routes`)
         return bytes(raw)
     e.id = exchange_id
+    return _ENCODE.encode(e)
+
+
+def as_current(raw: bytes) -> bytes:
+    """A layout-3 entry as layout 4 stores it (its sketch shortened: its lookups are alike); any
+    other as it is."""
+    if raw[1:2] != b"\x03":
+        return raw
+    e = _decoded(raw)
+    if not isinstance(e, _Entry3):
+        return raw
+    e.version = VERSION
+    e.sketch = None if e.sketch is None else short(e.sketch)
     return _ENCODE.encode(e)
 
 
@@ -239,8 +278,8 @@ def entry_shape(raw: bytes) -> tuple[int, int | None]:
 
 
 def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None, ref: bytes | None = None) -> bytes:
-    """The entry as a store of this index layout keeps it (layouts 2 and 3: with its sketch;
-    layout 3: its route and bucket as `ref`, their row's key, when given)."""
+    """The entry as a store of this index layout keeps it (layouts 2 to 4: with its sketch, layout
+    4's `short`; layouts 3 and 4: its route and bucket as `ref`, their row's key, when given)."""
     if version not in PACKED:
         return entry_json(exchange_id, e)
     bucket_, _, sketch_ = e.near if e.near is not None else (None, (), None)
@@ -248,7 +287,9 @@ def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None, ref: by
         return _ENCODE.encode(_Entry(2, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
                                      _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
     route: bytes | int = _utf8(e.route) if ref is None else ID.unpack(ref)[0]
-    return _ENCODE.encode(_Entry3(VERSION, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq, route,
+    if version == VERSION and sketch_ is not None and len(sketch_) == _SIG.size:
+        sketch_ = short(sketch_)
+    return _ENCODE.encode(_Entry3(version, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq, route,
                                   e.start, e.end, e.deps, None if ref is not None else bucket_, sketch_))
 
 
@@ -311,6 +352,11 @@ def lookup_rows(exchange_id: int, entry: RecordedEntry, version: int | None = VE
 # -- the nearest-request sketch ------------------------------------------------------------------
 
 
+def indexed_route(canonical: CanonicalRequest) -> str:
+    """The route a request is indexed under: "METHOD host path"."""
+    return f"{canonical.method} {canonical.host} {canonical.path}"
+
+
 def bucket(route: str, body: Any) -> bytes:
     model = body.get("model") if isinstance(body, dict) else None
     return hashlib.sha256(f"{route}|{model if isinstance(model, str) else ''}".encode()).digest()[:8]
@@ -326,7 +372,8 @@ _B = (2119253654, 1115689071, 1455360172, 1156079090, 1064680245, 1430009448, 16
       1539244850, 883014253, 1143942708, 1203318372, 632016368, 2002738074, 742244558, 782102548, 900954583,
       1604013398, 1705916142, 341563855, 1765437306, 1474081769, 1433842241, 1150346897, 1016003382, 1416561790,
       577416553, 2053460888, 552361298, 726460660, 1941780096)
-_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as stored: 32 little-endian 4-byte minima
+_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as computed (and stored by layouts 1-3): 32 little-endian 4-byte minima
+SHORT = 2 * _HASHES  # bytes of a layout-4 sketch as stored: each minimum's low 16 bits, little-endian
 # Up to this many features a signature is computed in plain Python (~32 operations a feature)
 # unless numpy is already loaded; above, with numpy, whose import (~0.2 CPU-s a process) is paid
 # only where bodies are large. The two give the same values (a test checks both).
@@ -474,24 +521,43 @@ def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
 _BAND_TAGS = [bytes([i]) for i in range(_HASHES // _ROWS)]
 
 
+class ShortSketch(ValueError):
+    """A layout-4 entry's sketch, whose bands cannot be computed again from it (they are in `lookups`)."""
+
+
 def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None]:
     """The nearest-request entries of recorded exchanges as their store holds them (None for one
     without: a body that is not JSON), to write them again elsewhere (merge, compact): the sketch
-    and its bucket, the bands computed again from both."""
+    and its bucket, the bands computed again from both. `ShortSketch` for a layout-4 entry."""
     if not store.has_replay_index():
         return [None] * len(ids)
-    return [None if got is None else (got[0], bands(got[0], got[1]), got[1]) for got in store.stored_sketches(ids)]
+    out = []
+    for got in store.stored_sketches(ids):
+        if got is not None and len(got[1]) != _SIG.size:
+            raise ShortSketch("a layout-4 sketch keeps 16 bits a minimum: its bands are only in the store's lookups")
+        out.append(None if got is None else (got[0], bands(got[0], got[1]), got[1]))
+    return out
 
 
 def agreement(a: bytes, others: list[bytes]) -> list[float]:
-    """Estimated Jaccard similarity of sketch `a` with each of `others`: the share of equal minima."""
-    if "numpy" in sys.modules and others:  # the same shares, counted at once
+    """Estimated Jaccard similarity of sketch `a` (32-bit) with each of `others`: the share of
+    equal minima, compared at each stored sketch's width (a layout-4 one's low 16 bits)."""
+    if not others:
+        return []
+    if all(len(o) == SHORT for o in others):
+        a, fmt = short(a), f"<{_HASHES}H"
+    elif all(len(o) == _SIG.size for o in others):
+        fmt = _SIG.format
+    else:  # a layout-4 store holding layout-3 entries (merged from an older shard): each at its width
+        return [agreement(a, [o])[0] for o in others]
+    if "numpy" in sys.modules:  # the same shares, counted at once
         import numpy as np
 
-        rows = np.frombuffer(b"".join(others), dtype="<u4").reshape(len(others), _HASHES)
-        return ((rows == np.frombuffer(a, dtype="<u4")).sum(axis=1) / _HASHES).tolist()
-    mine = _SIG.unpack(a)
-    return [sum(x == y for x, y in zip(mine, _SIG.unpack(o))) / _HASHES for o in others]
+        dtype = "<u2" if fmt.endswith("H") else "<u4"
+        rows = np.frombuffer(b"".join(others), dtype=dtype).reshape(len(others), _HASHES)
+        return ((rows == np.frombuffer(a, dtype=dtype)).sum(axis=1) / _HASHES).tolist()
+    mine = struct.unpack(fmt, a)
+    return [sum(x == y for x, y in zip(mine, struct.unpack(fmt, o))) / _HASHES for o in others]
 
 
 # -- the two index kinds -------------------------------------------------------------------------

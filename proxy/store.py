@@ -37,7 +37,9 @@ do not read; noisefloor-log/4 the heads table; noisefloor-log/5 the replay index
 (smaller entries and lookup keys, `replay_index.py`) and records without their id and their
 head's fields (joined with the head when read; merge copies them as stored, `store_records`);
 noisefloor-log/6 each body's value behind a CRC-32 of it as stored (`codec.checked`), so that
-merge checks a shard's bodies without decompressing them (every read still hashes each body).
+merge checks a shard's bodies without decompressing them (every read still hashes each body);
+noisefloor-log/7 the replay index's layout 4 (each entry's sketch at 16 bits a minimum: the as-built
+store a twentieth smaller; a /7 store may also hold layout-3 entries merged from a /6 shard).
 Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy compact`
 rewrite a store whole in today's format.
 """
@@ -74,11 +76,12 @@ from noisefloor.proxy.store_merge_scan import MergeScan
 from noisefloor.proxy.store_records import Joins
 from noisefloor.proxy.store_walk import Walks
 
-FORMAT = "noisefloor-log/6"
+FORMAT = "noisefloor-log/7"
 LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4",
-                  "noisefloor-log/5")  # read as they are, written in their own layout
+                  "noisefloor-log/5", "noisefloor-log/6")  # read as they are, written in their own layout
+CHECKED = ("noisefloor-log/6", FORMAT)  # the formats whose bodies are stored behind a CRC-32
 _MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
-JOINED = ("noisefloor-log/5", FORMAT)  # the formats whose records are stored without their head's fields
+JOINED = ("noisefloor-log/5", *CHECKED)  # the formats whose records are stored without their head's fields
 _HEADED = ("noisefloor-log/4", *JOINED)  # the formats with a heads table
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
@@ -161,7 +164,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
             if store.format in _HEADED:
                 store._open_heads()
                 store._joins = store.format in JOINED
-            store.checks_bodies = store.format == FORMAT
+            store.checks_bodies = store.format in CHECKED
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:

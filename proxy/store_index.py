@@ -20,11 +20,11 @@ _V1 = 1  # the layout of `rindex`
 
 def put_entry(txn: lmdb.Transaction, recorded: Any, routes: Any, new_id: int, e: RecordedEntry,
               version: int | None) -> None:
-    """An entry appended to a `recorded` table in this layout; layout 3: its route and bucket as
+    """An entry appended to a `recorded` table in this layout; layouts 3 and 4: its route and bucket as
     a reference to their `index_routes` row, put there unless it is (kept inline where the row's
     key is another route's)."""
     ref = None
-    if version == replay_index.VERSION and routes is not None and e.near is not None:
+    if version in replay_index.ROUTED and routes is not None and e.near is not None:
         key, value = replay_index.route_row(e.route, e.near[0])
         if txn.put(key, value, db=routes, overwrite=False) or bytes(txn.get(key, db=routes)) == value:
             ref = key
@@ -60,7 +60,7 @@ class IndexLookups:
         return self._index_v in replay_index.PACKED
 
     def lookup_layout(self) -> int | None:
-        """The layout of this store's `lookups` rows (2 or 3), None where it has none."""
+        """The layout of this store's `lookups` rows (2, 3 or 4), None where it has none."""
         return self._index_v if self._layout2() and self._lookups is not None else None
 
     def route_of(self, ref: int) -> tuple[str, bytes]:

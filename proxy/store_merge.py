@@ -31,6 +31,7 @@ from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_env import DAMAGE, StoreError
 
 _U64 = struct.Struct(">Q")
+Near = tuple[bytes, tuple[bytes, ...], bytes] | None  # a recorded request's (bucket, bands, sketch)
 _RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
 _RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
 UNINDEXED = replay_index.MERGING
@@ -95,6 +96,7 @@ class MergeIO:
     recorded_table: Any
     recorded_raw: Any
     recorded_entries_by_id: Any
+    exchange: Any
 
     def recent_bodies(self) -> _Recent:
         """The verified bodies a check keeps while it reads (`_check_body`)."""
@@ -190,7 +192,8 @@ class MergeIO:
     def repair_lookups(self, chunk: int = 20000) -> int:
         """After a merge killed between copying records and their lookups: each recorded exchange
         from the mark on gets its lookups again, computed from its entry (rows present are kept
-        once). Returns how many exchanges were indexed."""
+        once; a layout-4 entry's bands from its stored request, `near_again`). Returns how many
+        exchanges were indexed."""
         first = self.meta(UNINDEXED)
         if first is None:
             return 0
@@ -201,7 +204,7 @@ class MergeIO:
                          ] if cur.set_range(_U64.pack(first + done)) else []
             if not found:
                 break
-            near = replay_index.stored_near(self, found)  # type: ignore[arg-type]
+            near = self.near_again(found)
             rows = sorted(r for e, n in zip(self.recorded_entries_by_id(found), near)
                           for r in replay_index.lookup_rows(e.id, RecordedEntry(
                               e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n), self.lookup_layout()))
@@ -209,6 +212,28 @@ class MergeIO:
             done = found[-1] + 1 - first
         self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
         return done
+
+    def near_again(self, ids: list[int]) -> list[Near]:
+        """The nearest-request entries of recorded exchanges, to write their lookups again: from
+        the stored sketches, or, where one is layout 4's (16 bits a minimum: its bands cannot be
+        computed from it), from each stored request canonicalized again under this store's rules
+        (the recorder's sketch but where a secret in a body was erased before it was stored; no
+        bands where the rules are not ones this version rebuilds)."""
+        try:
+            return replay_index.stored_near(self, ids)  # type: ignore[arg-type]
+        except replay_index.ShortSketch:
+            pass
+        from noisefloor.proxy.keys import Rules
+        from noisefloor.proxy.traffic import RequestData
+
+        rules = Rules.described(self.meta("rules"))
+        out: list[Near] = []
+        for ex in map(self.exchange, ids):
+            c = None if rules is None or ex is None else RequestData.from_record(
+                ex.request, self.body(ex.request.get("body"))).canonical(rules)
+            out.append(replay_index.sketch(c, replay_index.indexed_route(c)) if c is not None and c.body_kind == "json"
+                       else None)
+        return out
 
     def outcome_items(self) -> Iterator[tuple[bytes, Any]]:
         """Every outcome row as (its key as stored, the row), one at a time (merge streams them)."""

@@ -1,7 +1,8 @@
-"""noisefloor-log/6: each body stored behind a CRC-32 of its value (`codec.checked`), so that merge
-checks a shard's bodies without decompressing them; every read still hashes and bounds each body.
-A /5 store made by main (tests/data/store-main-0497a29, `make_main_store.py`) reads as it is,
-merges into a /6 store, takes a /6 shard's bodies without their CRC, and migrates to /6.
+"""noisefloor-log/6 and later: each body stored behind a CRC-32 of its value (`codec.checked`), so
+that merge checks a shard's bodies without decompressing them; every read still hashes and bounds
+each body. A /5 store made by main (tests/data/store-main-0497a29, `make_main_store.py`) reads as
+it is, merges into a store of today's format, takes such a shard's bodies without their CRC (and its
+layout-4 entries with their sketches computed again), and migrates to today's format.
 Real LMDB files, the real recorder, `nfproxy` run as a process."""
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def test_bodies_are_stored_behind_their_crc_and_read_back_verified(tmp_path):
     assert sum(codec.unchecked(v)[0] == codec.REF for v in values.values()) == 3  # each turn against the last
     all_bodies_read_back(path, sent)
     with Store.open(path, write=False) as s:
-        assert s.format == FORMAT == "noisefloor-log/6"
+        assert s.format == FORMAT == "noisefloor-log/7"
 
 
 def _damaged(tmp_path: Path, how: str) -> tuple[Path, Path, int, str]:
@@ -120,12 +121,12 @@ def test_a_v5_store_of_main_reads_merges_takes_v6_bodies_and_migrates(tmp_path):
         main_bodies = {ex.id: (s.part_body(ex.request, ex.id), s.part_body(ex.response, ex.id)) for ex in s.exchanges()}
     assert all(v[0] != codec.CHECKED for v in body_values(old).values())
     before = printed(old)
-    # merged into a new (/6) store: records and bodies copied as stored, read the same
+    # merged into a new (/7) store: records and bodies copied as stored, read the same
     out = tmp_path / "out.lmdb"
     merge(out, [old])
     assert body_values(out) == body_values(old)
     assert printed(out)[1] == before[1]
-    # a /6 shard merged into the /5 store: its bodies go in without their CRC, which /5 does not have
+    # a /7 shard merged into the /5 store: its bodies go in without their CRC, which /5 does not have
     shard = tmp_path / "shard.lmdb"
     sent = recorded(shard, "new", 3, 5)
     into = tmp_path / "into.lmdb"
@@ -140,7 +141,7 @@ def test_a_v5_store_of_main_reads_merges_takes_v6_bodies_and_migrates(tmp_path):
         assert {s.part_body(ex.response, ex.id) for ex in s.exchanges() if ex.session == "new"} == {a for _, a in sent}
     # migrated: every body behind its CRC, every exchange and body as main's store has it
     r = run([*nfproxy_argv(), "migrate", "--store", str(old)])
-    assert r.returncode == 0 and "from noisefloor-log/5 to noisefloor-log/6" in r.stdout, r.stdout + r.stderr
+    assert r.returncode == 0 and "from noisefloor-log/5 to noisefloor-log/7" in r.stdout, r.stdout + r.stderr
     assert all(v[0] in (codec.CHECKED, codec.RAW) and (v[0] == codec.RAW or codec.crc_matches(v))
                for v in body_values(old).values())
     assert printed(old) == before

@@ -1,8 +1,9 @@
 """The replay index's layout 3 against layout 2: a store written by main in layout 2
 (tests/data/store-index-v2, made by tests/data/make_index_v2_store.py) keeps replaying as it is,
-is recorded into in its own layout, and `nfproxy migrate` / `compact` / `merge` bring it to layout
-3 (entries without ids, their route a reference, 6-byte lookup keys), answering every lookup as main's
-index did (tests/data/store-index-v2.json). Real LMDB files, the real recorder, real nfproxy
+is recorded into in its own layout, and `nfproxy migrate` / `compact` / `merge` bring it to today's
+layout (layout 3's entries without ids, their route a reference, 6-byte lookup keys; layout 4's
+sketches at 16 bits a minimum), answering every lookup as main's index did
+(tests/data/store-index-v2.json). Real LMDB files, the real recorder, real nfproxy
 processes."""
 
 from __future__ import annotations
@@ -55,30 +56,30 @@ def test_a_layout_2_store_reads_as_main_answered(v2):
 
 
 @pytest.mark.parametrize("command", ["migrate", "compact"])
-def test_migrate_and_compact_bring_it_to_layout_3_with_the_same_answers(v2, command):
+def test_migrate_and_compact_bring_it_to_todays_layout_with_the_same_answers(v2, command):
     entries = table_bytes(v2, "recorded")
     r = nfproxy(command, "--store", str(v2))
     assert r.returncode == 0, r.stderr
     assert f"from noisefloor-log/4 to {FORMAT}" in r.stdout
-    assert layout(v2) == (FORMAT, 3)
+    assert layout(v2) == (FORMAT, replay_index.VERSION)
     assert answered(v2) == EXPECTED
     with Store.open(v2, write=False) as s:
         rows = list(s.raw_table("lookups"))
         sketches = s.stored_sketches(list(range(1, 61)))
         routes = list(s.raw_table("index_routes"))
     assert len(rows) == 60 * 19 and {len(k) for k, _ in rows} == {6}
-    assert all(got is not None and len(got[1]) == 128 for got in sketches)
+    assert all(got is not None and len(got[1]) == replay_index.SHORT == 64 for got in sketches)
     assert len(routes) == 1 and routes[0][1][:8] == sketches[0][0]  # type: ignore[index]  # one route and model
     assert table_bytes(v2, "recorded") < entries
 
 
-@pytest.mark.parametrize("through", ["layout 2", "layout 3"])
-def test_merge_writes_layout_3_with_the_same_answers(v2, tmp_path, through):
-    if through == "layout 3":  # a shard of today's layout: entries and lookups copied as stored
+@pytest.mark.parametrize("through", ["layout 2", "layout 4"])
+def test_merge_writes_todays_layout_with_the_same_answers(v2, tmp_path, through):
+    if through == "layout 4":  # a shard of today's layout: entries and lookups copied as stored
         assert nfproxy("migrate", "--store", str(v2)).returncode == 0
     out = tmp_path / "merged.lmdb"
     assert merge(out, [v2]).exchanges_added == 60
-    assert layout(out) == (FORMAT, 3)
+    assert layout(out) == (FORMAT, replay_index.VERSION)
     assert answered(out) == EXPECTED
 
 

@@ -4,7 +4,7 @@ Every value is read verified (a damaged store is refused by name before anything
 dictionaries are trained again on a sample spread over the whole store, every body and record is
 encoded with them, and the result is written to a new file of exactly the pages it uses, which
 then replaces the store's data file in one rename. A store of an earlier format comes out in
-today's (its replay index in layout 3); a store of today's format comes out smaller
+today's (its replay index in layout 4); a store of today's format comes out smaller
 (dictionaries trained on all of it, pages full, no reserved map beyond its data). Killed at any
 point, the store is as it was (the rewrite happens beside it), and running it again starts over.
 Readers that had the store open keep reading the old file until they close it.
@@ -25,7 +25,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from noisefloor.proxy import codec, replay_index, store_heads, store_records, store_repack
+from noisefloor.proxy import codec, outcome_values, replay_index, store_heads, store_records, store_repack
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
 from noisefloor.proxy.store_index import put_entry
@@ -90,10 +90,10 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
                         txn.put(keys[kind], trained, db=dbs["dicts"])
             _copy_bodies(src, env, dbs["bodies"], codec.Codec(dicts.get, LEVELS["body"]), keys.get("body"), progress)
             _copy_records(src, env, dbs, codec.Codec(dicts.get, LEVELS["record"]), keys.get("record"), progress)
-            # the replay index, in layout 3 (a compacted store replays without loading it)
+            # the replay index, in layout 4 (a compacted store replays without loading it)
             indexed = _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
-                for db_name, items in (("outcomes", src.raw_table("outcomes")), ("meta", src.raw_table("meta"))):
+                for db_name, items in (("outcomes", _outcomes(src)), ("meta", src.raw_table("meta"))):
                     for k, v in items:
                         txn.put(k, v, db=dbs[db_name])
                 if indexed:
@@ -201,6 +201,22 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
         finally:
             spill.close()
     return True
+
+
+def _outcomes(src: Store) -> Iterator[tuple[bytes, bytes]]:
+    """The graded rows as today's format keeps them (`outcome_values`), each read first: one whose
+    key is not its own stops the rewrite, by name."""
+    for k, v in src.raw_table("outcomes"):
+        try:
+            row = outcome_values.row(k, v)
+            ok = outcome_values.key(row) == k
+        except DAMAGE as exc:
+            raise StoreError(f"store {src.path}: an outcome row is damaged ({exc.__class__.__name__}); restore the "
+                             "store from a copy") from None
+        if not ok:
+            raise StoreError(f"store {src.path}: an outcome row is stored under another row's key; restore the "
+                             "store from a copy")
+        yield k, outcome_values.value(row, keyed=True)
 
 
 def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:

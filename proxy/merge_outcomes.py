@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from noisefloor.outcome_rows import new_rows, row_key
-from noisefloor.proxy.store import Store, outcome_item, outcome_key
+from noisefloor.proxy import outcome_values
+from noisefloor.proxy.store import Store
 
 _CHUNK = 10000  # rows written per transaction
 
@@ -25,7 +26,7 @@ def check(dest: Store, shards: Sequence[Path]) -> None:
         for path in shards:
             store = opened.enter_context(Store.open(path, write=False))
             for _, row in store.outcome_items():
-                key = outcome_key(row)
+                key = outcome_values.key(row)
                 for row_of, where in earlier:
                     first = row_of(key)
                     if first is not None:
@@ -41,7 +42,7 @@ def write(dest: Store, shards: Sequence[Path]) -> int:
         with Store.open(path, write=False) as store:
             chunk: list[tuple[bytes, bytes]] = []
             for _, row in store.outcome_items():
-                chunk.append(outcome_item(row))
+                chunk.append((outcome_values.key(row), outcome_values.value(row, dest.keys_outcomes)))
                 if len(chunk) >= _CHUNK:
                     added, chunk = added + dest.add_outcomes(chunk), []
             added += dest.add_outcomes(chunk)

@@ -62,8 +62,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from noisefloor.outcome_rows import row_key
-from noisefloor.proxy import codec, exchange_record, replay_index, store_heads, store_records
+from noisefloor.proxy import codec, exchange_record, outcome_values, replay_index, store_heads, store_records
 from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_ahead import CHAIN_DEPTH, AheadBodies
@@ -117,6 +116,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         self._numbering: store_heads.Sets | None = None
         self._joins = False  # noisefloor-log/5: records stored without their id and their head's fields
         self.checks_bodies = False  # noisefloor-log/6: bodies stored behind a CRC-32 (`codec.checked`)
+        self.keys_outcomes = False  # noisefloor-log/7: outcome rows without their key's fields (`outcome_values`)
         self._joined_sets: dict[tuple[str, int], tuple[Any, ...]] = {}  # labels / routes joins read (`_set`)
         self._shared_text: dict[tuple[int, int, int], bytes] = {}  # their fields' text, as `joined` puts it back
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
@@ -165,6 +165,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
                 store._open_heads()
                 store._joins = store.format in JOINED
             store.checks_bodies = store.format in CHECKED
+            store.keys_outcomes = store.format == FORMAT
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
@@ -567,7 +568,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         """Graded rows, one per (condition, task, replicate); grading again replaces a row."""
         def put(txn: lmdb.Transaction) -> None:
             for r in rows:
-                txn.put(*outcome_item(r), db=self._outcomes)
+                txn.put(outcome_values.key(r), outcome_values.value(r, self.keys_outcomes), db=self._outcomes)
 
         self._write(put)
 
@@ -575,7 +576,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         if self._outcomes is None:
             return []
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
-            return [_row(v) for _, v in txn.cursor()]
+            return [outcome_values.row(k, v) for k, v in txn.cursor()]
 
     def outcome_texts(self, size: int = 10_000) -> Iterator[list[bytes]]:
         """The stored outcome rows' texts in key order (`outcome_rows`' order), `size` at a time,
@@ -583,9 +584,9 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         if self._outcomes is None:
             return
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes) as txn:
-            texts = txn.cursor().iternext(keys=False, values=True)
-            while chunk := list(islice(texts, size)):
-                yield chunk
+            items = txn.cursor().iternext()
+            while chunk := list(islice(items, size)):
+                yield [outcome_values.text(k, v) for k, v in chunk]
 
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
@@ -669,20 +670,3 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
 _Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None]  # an exchange to append
 
 
-def outcome_item(row: Mapping[str, Any]) -> tuple[bytes, bytes]:
-    """A graded row as the outcomes table keeps it: its key (condition, task, replicate) and itself, as JSON."""
-    return outcome_key(row), json.dumps(dict(row)).encode()
-
-
-def outcome_key(row: Mapping[str, Any]) -> bytes:
-    """`outcome_item`'s key alone (merge's check looks rows up by it)."""
-    return json.dumps(row_key(row)).encode()
-
-
-def _row(value: bytes) -> Any:
-    """A stored outcome row: msgspec's decoder (a study's rows number one per graded attempt), or
-    json's for what msgspec refuses and json reads (NaN, a lone surrogate)."""
-    try:
-        return msgspec.json.decode(value)
-    except msgspec.DecodeError:
-        return json.loads(value)

@@ -26,7 +26,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from noisefloor.proxy import codec, replay_index
+from noisefloor.proxy import codec, outcome_values, replay_index
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_env import DAMAGE, StoreError
 
@@ -79,6 +79,7 @@ class MergeIO:
     max_body: int
     _reading: Any
     checks_bodies: bool
+    keys_outcomes: bool
     _read_index_routes: Any
     _write: Any
     _decode_record: Any
@@ -237,27 +238,23 @@ class MergeIO:
 
     def outcome_items(self) -> Iterator[tuple[bytes, Any]]:
         """Every outcome row as (its key as stored, the row), one at a time (merge streams them)."""
-        from noisefloor.proxy.store import _row
-
         if self._outcomes is None:
             return
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
             for k, v in txn.cursor():
-                yield k, _row(v)
+                yield k, outcome_values.row(k, v)
 
     @contextmanager
     def outcome_rows_of(self) -> Iterator[Callable[[bytes], Any]]:
-        """The outcome row stored under a key (`store.outcome_item`'s), or None, looked up in one
+        """The outcome row stored under a key (`outcome_values.key`), or None, looked up in one
         read transaction for as many keys as the caller asks (merge's check: one per shard row)."""
-        from noisefloor.proxy.store import _row
-
         if self._outcomes is None:
             yield lambda key: None
             return
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
             def row_of(key: bytes) -> Any:
                 v = txn.get(key)
-                return None if v is None else _row(v)
+                return None if v is None else outcome_values.row(key, v)
 
             yield row_of
 

@@ -177,8 +177,11 @@ def sketch_width(version: int) -> int:
 
 
 def short(sig: bytes) -> bytes:
-    """A 32-bit sketch as layout 4 stores it: each minimum's low 16 bits."""
-    return struct.pack(f"<{_HASHES}H", *(v & 0xFFFF for v in _SIG.unpack(sig)))
+    """A 32-bit sketch as layout 4 stores it: each minimum's low 16 bits (its first two bytes,
+    little-endian; on the record path: slices, not 32 integers)."""
+    out = bytearray(SHORT)
+    out[0::2], out[1::2] = sig[0::4], sig[1::4]
+    return bytes(out)
 
 
 def _text(b: bytes) -> str:

@@ -182,6 +182,7 @@ def test_16_bit_minima_are_compared_at_their_width():
     same_low = struct.pack("<32I", *[(v ^ (1 << 20)) for v in full])  # only the high halves differ
     eight_off = struct.pack("<32I", *[v ^ 1 if i < 8 else v for i, v in enumerate(full)])
     assert replay_index.agreement(mine, [mine, same_low, eight_off]) == [1.0, 0.0, 0.75]
+    assert replay_index.short(mine) == struct.pack("<32H", *(v & 0xFFFF for v in full))
     shorts = [replay_index.short(x) for x in (mine, same_low, eight_off)]
     assert {len(x) for x in shorts} == {replay_index.SHORT}
     # what 16 bits give up: minima alike in their low halves agree (1 in 65,536 by chance)

@@ -30,12 +30,12 @@ match by chance on the other (1 in 65,536, but per stored sketch: about 2 stray 
 at 100k, growing with the store), which changed the nearest request for 3 of 1,031 misses.
 
 Layout 4 (`VERSION`, store format noisefloor-log/7): layout 3's rows, each entry's sketch kept
-at 16 bits a minimum (64 bytes instead of 128: a quarter of an exchange's index bytes). The
-bands are still taken from the full 32-bit minima when the exchange is recorded (so a band is
-never shared by chance on a truncated value: the stray matches layout 3 measured), and the
-16-bit minima are only compared, once the bands found a candidate: two minima agree by chance 1
-time in 65,536, which moves an estimated similarity by at most 1/32 about once in 2,000
-candidates. Measured on a 1M store: the same nearest request for 400 of 400 misses. What a
+at 16 bits a minimum (64 bytes instead of 128: each entry about 30% smaller). The bands are
+still taken from the full 32-bit minima when the exchange is recorded (so a band is never shared
+by chance on a truncated value: the stray matches layout 3 measured), and the 16-bit minima are
+only compared, once the bands found a candidate: two different minima agree by chance 1 time in
+65,536, which moves a candidate's estimated similarity by 1/32 for at most 1 candidate in 2,048.
+Measured on a 1M store: the same nearest request for 400 of 400 misses. What a
 16-bit sketch cannot give back is its bands: they live only in `lookups`, so merge and compact
 copy lookup rows rather than computing them again, and a repair (a merge killed before its
 lookups were in) computes the sketch again from the exchange's stored request. A layout-4 store

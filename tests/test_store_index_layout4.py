@@ -13,7 +13,6 @@ from __future__ import annotations
 import random
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import lmdb
@@ -26,8 +25,9 @@ from noisefloor.proxy.merge import merge
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store import FORMAT, Store
 from noisefloor.proxy.traffic import RequestData
-from tests.conftest import nfproxy_argv
 from tests.data.make_index_v1_store import answered, changed, layout
+from tests.test_store_index_layout3 import nfproxy as _nfproxy
+from tests.test_store_index_layout3 import table_bytes as _table_bytes
 
 MAIN_V6 = Path(__file__).parent / "data" / "store-main-0ba4151"
 V6 = ("noisefloor-log/6", 3)
@@ -64,20 +64,6 @@ def _changed(store: Store, exchange_id: int) -> CanonicalRequest:
     body = store.part_body(store.exchange(exchange_id).request, exchange_id, "request")
     return RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
                        "/v1/chat/completions", REQUEST_HEADERS, changed(body)).canonical(Rules())
-
-
-def _table_bytes(path: Path, name: str) -> int:
-    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=16)
-    try:
-        with env.begin() as txn:
-            st = txn.stat(env.open_db(name.encode(), txn=txn, create=False))
-            return (st["leaf_pages"] + st["branch_pages"] + st["overflow_pages"]) * st["psize"]
-    finally:
-        env.close()
-
-
-def _nfproxy(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*nfproxy_argv(), *args], capture_output=True, text=True, timeout=120)
 
 
 def test_a_v6_store_of_main_reads_and_is_recorded_into_in_its_own_layout(tmp_path):

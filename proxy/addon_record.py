@@ -1,5 +1,5 @@
-"""Record mode's hook: key each request while the upstream works on it, commit the exchange before
-the client sees the answer."""
+"""Record mode's hook: key each request while the upstream works on it, commit the exchange's
+answered row before the client sees the answer and the exchange in full after."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ CLIENT_GONE_GRACE_S = 0.5
 
 
 class Record:
-    """Keys each request while the upstream works on it, and commits the exchange before the
-    client sees the answer (so a proxy killed with SIGKILL keeps every exchange it answered).
+    """Keys each request while the upstream works on it, and commits the exchange's answered row
+    before the client sees the answer (so a proxy killed with SIGKILL keeps every exchange it
+    answered: `answered_rows`), the exchange in full right after.
 
     Once the proxy is interrupted (`stopping`), a flow that fails is the shutdown's doing (Ctrl-C
     also ended the client): it is not recorded as an error, so a rerun asks it again."""
@@ -37,6 +38,9 @@ class Record:
     def __init__(self, recorder: Recorder, stopping: Callable[[], bool] = lambda: False) -> None:
         self.recorder = recorder
         self.stopping = stopping
+        recorder.on_unwritten = lambda line: log.error(
+            "nfproxy: an answered exchange is kept in the store but could not be written in full (%s); "
+            "`nfproxy repair --store STORE` writes it", line)
         self._unkeyed: deque[http.HTTPFlow] = deque()
 
     def request(self, flow: http.HTTPFlow) -> None:
@@ -77,8 +81,9 @@ class Record:
                                  latency_ms=latency, notes=notes, defer_tracking=True)
         except Exception as exc:  # noqa: BLE001 - an answer that is not in the log must not reach the agent
             self._withhold(flow, exc)
-        # the answer's dependency marks: registered after it is released (the client does not wait
-        # for them), and before any request keyed later (`begin` registers what is left first)
+        # the exchange written in full and the answer's dependency marks registered after it is
+        # released (the client waits only for its answered row), before any request keyed later
+        # (`begin` does what is left first)
         asyncio.get_running_loop().call_soon(self.recorder.track_answers)
 
     def _record_complete(self, flow: http.HTTPFlow, pending: Pending | Exception, response: ResponseData) -> None:

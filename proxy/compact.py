@@ -25,7 +25,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from noisefloor.proxy import codec, outcome_values, replay_index, store_heads, store_records, store_repack
+from noisefloor.proxy import codec, interrupted, outcome_values, replay_index, store_heads, store_records, store_repack
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 from noisefloor.proxy.store_env import DAMAGE
 from noisefloor.proxy.store_index import put_entry
@@ -61,9 +61,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
     before = (path / "data.mdb").stat().st_size if (path / "data.mdb").exists() else 0
     with Store.open(path, write=True) as src:
         src.lock_for_recording()  # no proxy records into it while it is rewritten
-        if src.meta(replay_index.MERGING) is not None:  # a merge killed before its lookups were in:
-            progress("indexing what an interrupted merge copied")  # the rewritten store replays whole
-            src.repair_lookups()
+        interrupted.finish(src, progress)  # what a killed proxy or merge left: the rewritten store replays whole
         fmt = src.meta("migrated_from") or src.format
         n_ex, n_bodies = len(src), src.body_count()
         samples = _samples(src, n_ex, n_bodies, progress)

@@ -44,6 +44,9 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
     filters = Filters(condition=condition, task=task, session=session, status=status,
                       result="miss" if miss else result, model=model)
     with Store.open(store_path, write=False) as store:
+        if unfinished := store.unfinished():  # listed as soon as they are written: say where they are
+            click.echo(f"nfproxy log: {unfinished} answered exchanges a killed nfproxy did not finish writing are not "
+                       f"listed; `nfproxy repair --store {store_path}` writes them", err=True)
         if as_json:
             if filters.empty and limit is None:  # every record: the stored texts, checked, a batch at a time
                 _json_chunks(store.listed_chunks())

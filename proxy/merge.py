@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noisefloor.proxy import merge_copy, merge_outcomes, merge_sessions
+from noisefloor.proxy import interrupted, merge_copy, merge_outcomes, merge_sessions
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import Store, StoreError
 
@@ -98,6 +98,7 @@ def _name_of(sessions: merge_sessions.Sessions, s: int) -> str:
 def _read_shard(path: Path, jobs: int) -> _Shard:
     """Check one shard; StoreError names it (and the exchange) when anything in it is damaged."""
     with Store.open(path, write=False) as s:
+        s.refuse_unfinished("merge")
         meta = {k: s.meta(k) for k in ("upstream",)}
         rules_id, rules, last_id = s.meta("rules_id"), s.meta("rules"), s.last_id()
     try:
@@ -125,8 +126,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             shards.append(_read_shard(Path(p), jobs))
         with Store.open(out, write=True, create=True) as dest:
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
-            if dest.repair_lookups():  # an earlier merge was killed before its lookups were in
-                progress(f"{out}: the replay lookups of an interrupted merge written")
+            interrupted.finish(dest, progress)  # what a killed proxy or merge left in OUT, before any merged in
             rules = _rules(dest, shards)
             present = merge_sessions.sessions(Path(out), merge_sessions.scan(dest.merge_scan(bodies=False)))
             try:  # every refusal comes before the first write

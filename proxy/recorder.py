@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.proxy import exchange_record, providers, replay_index, secrets
+from noisefloor.proxy.answered_rows import Answered
 from noisefloor.proxy.dependencies import Tracker, body_text
 from noisefloor.proxy.exchange_record import Head
 from noisefloor.proxy.keys import Rules
@@ -18,6 +19,7 @@ from noisefloor.proxy.providers import Provider
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store
+from noisefloor.proxy.store_merge import stored_request_near
 from noisefloor.proxy.traffic import Counters, Prepared, RequestData, ResponseData, prepare
 
 
@@ -32,8 +34,93 @@ class Pending:
     notes: list[str]
     provider: Provider | None = None
     deps: tuple[int, ...] = ()  # seqs of this session's answers the request carries
-    near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # its nearest-request index entry
     route: tuple[str, str] = ("", "")  # its method and URL as recorded (the head's)
+
+
+class Writer:
+    """Writes an answered exchange in full from its `Answered` (record, bodies, head, replay
+    entry): one code path for a proxy's write after the release, a synchronous writer's, and an
+    answered row a killed proxy left (`finish_unwritten`), which needs nothing but the row."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.stats = Stats()
+        self._left_out: dict[tuple[str, ...], int] = {}  # the answer part's keys -> what the record leaves out
+        self._request_keys: frozenset[str] = frozenset()
+
+    def write(self, a: Answered, response: ResponseData | None = None, near: Any = None,
+              provider: Provider | None = None, done: int | None = None, from_row: bool = False) -> tuple[int, Any]:
+        """The exchange's id and its answer's parsed body (None where it has none). `response`,
+        `provider`: the live objects `a` was made from (else rebuilt from it); `near`: the request's
+        sketch (None: the entry has none, as for a body that is not JSON); `done`: its answered row;
+        `from_row`: `a` was read back from disk, so the store checks the record's text and takes its
+        head from it (as for an import) rather than from these values."""
+        record: dict[str, Any] = {"end": a.end, "latency_ms": a.latency_ms, "error": a.error, "notes": a.notes}
+        bodies = {a.request_digest: a.request_body}
+        identity = doc = None
+        if response is None and a.status is not None:
+            response = ResponseData(a.status, tuple(a.headers), a.body,
+                                    None if a.layout is None else tuple(a.layout), a.partial)
+        if response is not None:
+            bodies[response.digest] = response.raw_body
+            decoded, ctype = response.decoded_body, response.header("content-type")
+            doc = providers.body_doc(decoded, ctype)  # parsed once for the served fields and the dependencies
+            provider = provider or providers.PROVIDERS.get(a.provider or "generic") or providers.PROVIDERS["generic"]
+            meta = providers.served(provider, decoded, ctype, doc)
+            identity = {"model": meta.model, "fingerprint": meta.fingerprint,
+                        "usage": {"input": meta.input_tokens, "output": meta.output_tokens},
+                        "finish_reason": meta.finish_reason, "truncated": meta.truncated}
+            if response.status >= 400:
+                self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
+        record.update(exchange_record.answer_part(response, identity))
+        if a.error is not None:
+            self.stats.errors += 1
+        entry = RecordedEntry(id=0, key=a.key, session=a.session, occurrence=a.occurrence, seq=a.seq, route=a.route,
+                              start=a.started, end=a.end, deps=a.deps, near=near)
+        exchange_id = self.store.append(exchange_record.join(a.request_json, record), bodies, entry,
+                                        None if from_row else self._head(a, record, response, identity),
+                                        later=True, done=done)
+        self.stats.exchanges += 1
+        return exchange_id, doc
+
+    def finish_unwritten(self) -> int:
+        """Write the answered rows a killed recorder left (no live one holds the store); how many."""
+        if not self.store.unfinished():
+            return 0
+        rows = self.store.answered_rows()
+        rules = Rules.described(self.store.meta("rules"))
+        counted, self.stats = self.stats, Stats()  # this run's summary counts this run's exchanges
+        try:
+            for n, a in rows:
+                self.write(a, near=_near_of_row(rules, a), done=n, from_row=True)
+        finally:
+            self.stats = counted
+        self.store.catch_up()
+        return len(rows)
+
+    def _head(self, a: Answered, record: dict[str, Any], response: ResponseData | None,
+              identity: dict[str, Any] | None) -> tuple[Head, int] | None:
+        """The exchange's head and the fields its record leaves out, from the values the record was
+        built of (the store need not read them back from its text); None where the provider's
+        identity is not of the record's types, which the store then checks from the text."""
+        model = fingerprint = None
+        usage: dict[str, Any] = {}
+        truncated: Any = False
+        if identity is not None:
+            model, fingerprint, usage, truncated = (identity["model"], identity["fingerprint"], identity["usage"],
+                                                    identity["truncated"])
+            if not (_text(model) and _text(fingerprint) and _text(identity["finish_reason"])
+                    and _count(usage["input"]) and _count(usage["output"]) and type(truncated) is bool):
+                return None
+        if not self._request_keys:
+            self._request_keys = frozenset((*json.loads(a.request_json), "notes", "id"))
+        keys = tuple(record)
+        left = self._left_out.get(keys)
+        if left is None:
+            left = self._left_out[keys] = exchange_record.left_out_of(self._request_keys | set(keys))
+        return Head(0, a.started, a.key, a.occurrence, None if response is None else response.status, usage,
+                    truncated, record["error"], record["notes"], a.session, a.task, a.replicate, a.condition,
+                    "record", a.method, a.url, model, fingerprint, None), left
 
 
 class Recorder:
@@ -42,10 +129,14 @@ class Recorder:
         self.store = store
         self.answers = Tracker()
         self.rules = rules
-        self.stats = Stats()
-        self._left_out: dict[tuple[str, ...], int] = {}  # the answer part's keys -> what the record leaves out
-        self._request_keys: frozenset[str] = frozenset()
-        self._untracked: deque[tuple[Any, ...]] = deque()  # answers finish left for `track_answers`
+        self.writer = Writer(store)
+        self.stats = self.writer.stats
+        self._untracked: deque[tuple[Any, ...]] = deque()  # answers written, their marks left for `track_answers`
+        # answers released before their full write: (row, pending, its answered, the response)
+        self._unwritten: deque[tuple[int, Pending, Answered, ResponseData | None]] = deque()
+        # told, one line each, of an exchange written after its release that could not be (its row stays)
+        self.on_unwritten: Callable[[str], None] = lambda line: None
+        self.writer.finish_unwritten()  # a killed recorder's answered exchanges, before this one numbers any
         if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
             self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq)
                                                            for e in store.session_entries(name)])
@@ -58,8 +149,6 @@ class Recorder:
         self.track_answers()  # a request keyed after an answer was complete may carry it
         p = prepare(request, labels, self.rules, self.counters)
         record = exchange_record.request_part(p, "record", self.rules.id)
-        if not self._request_keys:
-            self._request_keys = frozenset((*record, "id"))
         notes = record.pop("notes")
         c = p.canonical
         provider = providers.pick(self.rules.profile, c.host, c.path)
@@ -67,11 +156,8 @@ class Recorder:
         text = body_text(request.decoded if request.decoded is not None else request.raw_body) \
             if provider.substring_deps else None
         deps = self.answers.deps(labels.session, provider, doc, text)
-        near = replay_index.sketch(c, _route(p)) if c.body_kind == "json" else None
         route = (record["request"]["method"], record["request"]["url"])
-        if request.raw_body:  # compressed now, while the upstream works, instead of in finish
-            self.store.ahead(labels.session, request.stored_digest, request.stored_body)
-        return Pending(p, json.dumps(record), notes, provider, deps, near, route)
+        return Pending(p, json.dumps(record), notes, provider, deps, route)
 
     def finish(
         self,
@@ -84,86 +170,80 @@ class Recorder:
         end: float | None = None,
         defer_tracking: bool = False,
     ) -> int:
-        """Write the exchange: a response, a connection error, or a stream that broke off (both).
-        `defer_tracking`: the answer's marks for later requests' dependencies are registered by
-        `track_answers` (or the next `begin`), not here: a proxy does that once the answer is out."""
+        """Write the exchange: a response, a connection error, or a stream that broke off (both);
+        returns its id. `defer_tracking` (a proxy, before it releases the answer): only the
+        exchange's answered row is committed here (`answered_rows`), and the exchange is written in
+        full by `track_answers` (or the next `begin`), with the answer's marks for later requests'
+        dependencies; the id is then 0."""
         p = pending.prepared
         if error is not None:  # an upstream's status line or message may carry the key it was sent
             error = secrets.erase_text(error, p.request.secret_values)
-        # the answer is complete: a request arriving after this may depend on it (an import gives the
-        # recorded time)
-        end = time.time() if end is None else end
-        record: dict[str, Any] = {"end": end, "latency_ms": latency_ms, "error": error,
-                                  "notes": pending.notes + list(notes)}
-        # a body already stored (a replicate asking the same again) is not compressed again
-        bodies = {p.request.stored_digest: p.request.stored_body}
-        identity = None
         if response is not None:
             response = response.without(p.request.secret_values)
-            bodies[response.digest] = response.raw_body
-            decoded, ctype = response.decoded_body, response.header("content-type")
-            doc = providers.body_doc(decoded, ctype)  # parsed once for the served fields and the dependencies
-            meta = providers.served(pending.provider or providers.PROVIDERS["generic"], decoded, ctype, doc)
-            identity = {"model": meta.model, "fingerprint": meta.fingerprint,
-                        "usage": {"input": meta.input_tokens, "output": meta.output_tokens},
-                        "finish_reason": meta.finish_reason, "truncated": meta.truncated}
-            if response.status >= 400:
-                self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
-            elif 200 <= response.status < 300 and pending.provider is not None and error is None:
-                self._untracked.append((p.labels.session, p.seq, pending.provider, decoded, ctype, doc))
-                if not defer_tracking:
-                    self.track_answers()
-        record.update(exchange_record.answer_part(response, identity))
-        if error is not None:
-            self.stats.errors += 1
-        entry = RecordedEntry(
-            id=0,
-            key=p.key,
-            session=p.labels.session,
-            occurrence=p.occurrence,
-            seq=p.seq,
-            route=_route(p),
-            start=p.started,
-            end=end,
-            deps=pending.deps,
-            near=pending.near,
-        )
-        exchange_id = self.store.append(exchange_record.join(pending.request_json, record), bodies, entry,
-                                        self._head(pending, record, response, identity), later=True)
-        self.stats.exchanges += 1
+        # the answer is complete: a request arriving after this may depend on it (an import gives the
+        # recorded time)
+        answered = _answered(pending, response, error, latency_ms, notes, time.time() if end is None else end)
+        if defer_tracking:
+            self._unwritten.append((self.store.keep_answered(answered), pending, answered, response))
+            return 0
+        exchange_id = self._write(pending, answered, response)
+        self.track_answers()
         return exchange_id
 
     def track_answers(self) -> None:
-        """Register the answers `finish` left untracked, in the order they were finished (the
-        dependency marks of a request keyed afterwards are then what they would have been), and
-        the store's work that its writes left for later (`Store.catch_up`): dictionary samples, the
-        compressor each session's next request will use; done once the answer is out."""
+        """After an answer's release: write in full the exchanges `finish` kept as answered rows,
+        register the answers' dependency marks in the order they were finished (those of a request
+        keyed afterwards are then what they would have been), and do the store's work its writes
+        left for later (`Store.catch_up`: dictionary samples, the compressor each session's next
+        request will use). An exchange that cannot be written is told to `on_unwritten`: its
+        answered row stays in the store for `nfproxy repair` (or the next recorder) to write."""
+        while self._unwritten:
+            row, pending, answered, response = self._unwritten.popleft()
+            try:
+                self._write(pending, answered, response, row)
+            except Exception as exc:  # noqa: BLE001 - the answer is out and kept: say so, write the next
+                self.stats.unwritten += 1
+                self.on_unwritten(secrets.erase_text(f"{exc.__class__.__name__}: {exc}",
+                                                     pending.prepared.request.secret_values))
         while self._untracked:
             self.answers.answered(*self._untracked.popleft())
         self.store.catch_up()
 
-    def _head(self, pending: Pending, record: dict[str, Any], response: ResponseData | None,
-              identity: dict[str, Any] | None) -> tuple[Head, int] | None:
-        """The exchange's head and the fields its record leaves out, from the values the record was
-        built of (the store need not read them back from its text); None where the provider's
-        identity is not of the record's types, which the store then checks from the text."""
-        p, labels = pending.prepared, pending.prepared.labels
-        model = fingerprint = None
-        usage: dict[str, Any] = {}
-        truncated: Any = False
-        if identity is not None:
-            model, fingerprint, usage, truncated = (identity["model"], identity["fingerprint"], identity["usage"],
-                                                    identity["truncated"])
-            if not (_text(model) and _text(fingerprint) and _text(identity["finish_reason"])
-                    and _count(usage["input"]) and _count(usage["output"]) and type(truncated) is bool):
-                return None
-        keys = tuple(record)
-        left = self._left_out.get(keys)
-        if left is None:
-            left = self._left_out[keys] = exchange_record.left_out_of(self._request_keys | set(keys))
-        return Head(0, p.started, p.key, p.occurrence, None if response is None else response.status, usage,
-                    truncated, record["error"], record["notes"], labels.session, labels.task, labels.replicate,
-                    labels.condition, "record", *pending.route, model, fingerprint, None), left
+    def _write(self, pending: Pending, answered: Answered, response: ResponseData | None,
+               row: int | None = None) -> int:
+        c = pending.prepared.canonical
+        near = replay_index.sketch(c, answered.route) if c.body_kind == "json" else None
+        exchange_id, doc = self.writer.write(answered, response, near, pending.provider, row)
+        if (response is not None and 200 <= response.status < 300 and pending.provider is not None
+                and answered.error is None):
+            self._untracked.append((answered.session, answered.seq, pending.provider, response.decoded_body,
+                                    response.header("content-type"), doc))
+        return exchange_id
+
+
+def _near_of_row(rules: Rules | None, a: Answered) -> Any:
+    """The sketch of a row's request, rebuilt from its stored form (None where it cannot be: the
+    store then checks the record's text, and the exchange replays by its key all the same)."""
+    try:
+        return stored_request_near(rules, json.loads(a.request_json)["request"], a.request_body)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+def _answered(pending: Pending, response: ResponseData | None, error: str | None, latency_ms: float | None,
+              notes: Sequence[str], end: float) -> Answered:
+    """What the exchange's full write is made of (every secret already erased)."""
+    p, labels = pending.prepared, pending.prepared.labels
+    return Answered(
+        pending.request_json, pending.notes + list(notes), p.request.stored_digest, p.request.stored_body,
+        None if pending.provider is None else pending.provider.name,
+        None if response is None else response.status,
+        [] if response is None else secrets.scrub_headers(response.headers),  # as the record keeps them
+        b"" if response is None else response.raw_body,
+        None if response is None or response.layout is None else list(response.layout),
+        False if response is None else response.partial, error, latency_ms, end, p.key, p.occurrence, p.seq,
+        p.started, _route(p), pending.deps, labels.session, labels.task, labels.replicate, labels.condition,
+        *pending.route)
 
 
 def _text(v: Any) -> bool:

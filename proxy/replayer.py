@@ -80,6 +80,7 @@ class Replayer:
         if order not in ORDERS:
             raise InputError(f"unknown replay order {order!r}; choose one of {', '.join(ORDERS)}")
         store.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
+        store.refuse_unfinished("replay")  # answered exchanges a killed recorder left: they would be misses
         self.store = store
         self.rules = rules
         self._log_sink = log or (lambda build: store.append(*build(), None))

@@ -16,6 +16,7 @@ class Stats:
     order_notes: int = 0  # replay: answered as recorded, asked in another order than recorded
     errors: int = 0
     unrecorded: int = 0  # record mode: exchanges the store does not hold (the recording is incomplete)
+    unwritten: int = 0  # record mode: answered exchanges kept only as their answered rows (`nfproxy repair`)
     tls_failures: int = 0
     upstream_errors: dict[int, int] = field(default_factory=dict)
 
@@ -30,6 +31,9 @@ class Stats:
         ]
         if self.unrecorded:
             parts.append(f"{self.unrecorded} exchanges NOT recorded")
+        if self.unwritten:
+            parts.append(f"{self.unwritten} answered exchanges kept but NOT written: run `nfproxy repair --store "
+                         f"{store}`")
         if mode == "replay":
             parts[1:1] = [f"{self.hits} hits", f"{self.misses} misses", f"{self.order_violations} order violations"]
             parts.append(f"{self.order_notes} order notes")

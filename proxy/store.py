@@ -63,6 +63,7 @@ import lmdb
 import msgspec
 
 from noisefloor.proxy import codec, exchange_record, outcome_values, replay_index, store_heads, store_records
+from noisefloor.proxy.answered_rows import AnsweredRows
 from noisefloor.proxy.exchange_record import Exchange, Head
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.store_ahead import CHAIN_DEPTH, AheadBodies
@@ -88,7 +89,7 @@ _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LR
 _FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
-class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
+class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
     """An open log. Use `Store.open(path, write=...)`; close it (or use `with`) when done."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
@@ -109,6 +110,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
         self._index_routes: Any = self._optional_db(b"index_routes")  # and before layout 3
+        self._answered: Any = None  # answers released before their full write (`answered_rows`): opened on use
         self._routes_known: dict[int, tuple[str, bytes]] = {}
         self._index_v: int | None = None  # the replay index's layout (meta), read on open
         self._heads: Any = None  # the heads table: opened once the format says the store has one
@@ -127,7 +129,6 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         self._chains: OrderedDict[str, tuple[bytes, bytes, bytes, bytes, int]] = OrderedDict()
         self._chain_next: tuple[str, tuple[bytes, bytes, bytes, bytes, int]] | None = None
         self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
-        self._ahead: OrderedDict[str, tuple[Any, bytes | None, bytes]] = OrderedDict()  # `store_ahead`
         self._prepared: OrderedDict[str, tuple[Any, codec.Against]] = OrderedDict()  # `store_ahead`
         self._later: deque[tuple[str, Mapping[str, bytes], str]] = deque()  # appended, left for `catch_up`
         self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
@@ -287,6 +288,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         recorded: RecordedEntry | None,
         head: tuple[Head, int] | None = None,
         later: bool = False,
+        done: int | None = None,
     ) -> int:
         """Write one exchange atomically; returns the new id.
 
@@ -295,13 +297,14 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         writer that built the record (else they are read from the text). Inside `batch()`, the
         exchange is committed with the batch (the id is known now). `later`: what the write itself
         does not need (its samples for the dictionaries, the compressor its session's next request
-        will use) waits for `catch_up`, which a proxy calls once the answer is released.
+        will use) waits for `catch_up`, which a proxy calls once the answer is released. `done`: the
+        answered row (`keep_answered`) this exchange was written from, deleted in the same transaction.
         """
         text = record if isinstance(record, str) else json.dumps(record)
         self._learn(text, bodies, recorded.session if later and recorded is not None else None)
         if self._batch is None:
-            return self._commit([(text, bodies, recorded, head)])[0]
-        self._batch.append((text, bodies, recorded, head))
+            return self._commit([(text, bodies, recorded, head, done)])[0]
+        self._batch.append((text, bodies, recorded, head, done))
         new_id = self._batch_base + len(self._batch)
         if len(self._batch) >= self._batch_size:
             self._flush()
@@ -349,9 +352,11 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
         def write(txn: lmdb.Transaction) -> list[int]:
             rollback()  # a retry after the map grew starts again
             ids = []
-            for text, bodies, recorded, head in items:
+            for text, bodies, recorded, head, done in items:
                 self._chain_next = None
                 ids.append(self._append(txn, text, bodies, recorded, chain=True, head=head))
+                if done is not None:
+                    self.drop_answered(txn, done)
                 if self._chain_next is not None:
                     session, link = self._chain_next
                     undo.append((session, self._chains.get(session)))
@@ -420,8 +425,8 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
             digest = bytes.fromhex(hexdigest)
             if txn.get(digest, db=self._bodies) is not None:  # stored once: skip compressing a known body
                 continue
-            if hexdigest == request:  # against its session's previous exchange; computed ahead if it could be
-                value = self.taken(hexdigest, link, body_key, data)
+            if hexdigest == request:  # against its session's previous exchange
+                value = self.encoded(data, link, body_key)
                 depth = link[4] + 1 if link is not None and link[4] < CHAIN_DEPTH else 0
             else:
                 value = self._codec.encode(data, body_key)
@@ -667,6 +672,7 @@ class Store(AheadBodies, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, Mer
             self._numbering.settle(committed)
 
 
-_Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None]  # an exchange to append
+# an exchange to append: its record's text, bodies, replay entry, head, and the answered row it is written from
+_Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None, int | None]
 
 

@@ -1,4 +1,4 @@
-"""`nfproxy merge`, `compact` and `migrate`: whole-store maintenance, registered on nfproxy's group."""
+"""`nfproxy merge`, `compact`, `migrate` and `repair`: whole-store maintenance, registered on nfproxy's group."""
 
 from __future__ import annotations
 
@@ -43,6 +43,21 @@ def migrate_cmd(store_path: Path) -> None:
     _rewrite(store_path, "migrated")
 
 
+@click.command("repair")
+@store_option
+def repair_cmd(store_path: Path) -> None:
+    """Finish what a killed nfproxy left: write the exchanges it had answered but not yet written in
+    full (kept as answered rows), and the replay lookups of a merge killed before them."""
+    from noisefloor.proxy import interrupted
+    from noisefloor.proxy.store import Store
+
+    with Store.open(store_path, write=True) as store:
+        store.lock_for_recording()  # not while a proxy records into it
+        written, lookups = interrupted.finish(store)
+    click.echo(f"repaired {store_path}: {written} answered exchange{'s' if written != 1 else ''} written"
+               + ("; the replay lookups of an interrupted merge written" if lookups else ""))
+
+
 def _rewrite(store_path: Path, verb: str) -> None:
     from noisefloor.proxy.compact import rewrite
     from noisefloor.proxy.store import FORMAT
@@ -54,5 +69,5 @@ def _rewrite(store_path: Path, verb: str) -> None:
 
 
 def register(group: click.Group) -> None:
-    for command in (merge_cmd, compact_cmd, migrate_cmd):
+    for command in (merge_cmd, compact_cmd, migrate_cmd, repair_cmd):
         group.add_command(command)

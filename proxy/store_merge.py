@@ -225,16 +225,10 @@ class MergeIO:
         except replay_index.ShortSketch:
             pass
         from noisefloor.proxy.keys import Rules
-        from noisefloor.proxy.traffic import RequestData
 
         rules = Rules.described(self.meta("rules"))
-        out: list[Near] = []
-        for ex in map(self.exchange, ids):
-            c = None if rules is None or ex is None else RequestData.from_record(
-                ex.request, self.body(ex.request.get("body"))).canonical(rules)
-            out.append(replay_index.sketch(c, replay_index.indexed_route(c)) if c is not None and c.body_kind == "json"
-                       else None)
-        return out
+        return [None if ex is None else stored_request_near(rules, ex.request, self.body(ex.request.get("body")))
+                for ex in map(self.exchange, ids)]
 
     def outcome_items(self) -> Iterator[tuple[bytes, Any]]:
         """Every outcome row as (its key as stored, the row), one at a time (merge streams them)."""
@@ -345,3 +339,15 @@ class Batch:
     bodies: dict[bytes, bytes | None] = field(default_factory=dict)  # by 32-byte digest
     moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 or -3 entries as OUT stores them
     heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order
+
+
+def stored_request_near(rules: Any, request: dict[str, Any], body: bytes | None) -> Near:
+    """A stored request's nearest-request sketch, canonicalized again under `rules` (None where the
+    rules are not ones this version rebuilds, or the body is not JSON): the recorder's sketch but
+    where a secret in a body was erased before it was stored."""
+    from noisefloor.proxy.traffic import RequestData
+
+    if rules is None:
+        return None
+    c = RequestData.from_record(request, body).canonical(rules)
+    return replay_index.sketch(c, replay_index.indexed_route(c)) if c.body_kind == "json" else None

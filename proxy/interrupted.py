@@ -1,0 +1,23 @@
+"""What a killed nfproxy leaves in a store, finished by the next process that holds its record
+lock (`nfproxy repair`, a recording into it, `compact`, a merge into it): a recorder's answered
+exchanges not yet written in full (`answered_rows`), a merge's replay lookups (`repair_lookups`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from noisefloor.proxy.recorder import Writer
+from noisefloor.proxy.store import Store
+
+
+def finish(store: Store, progress: Callable[[str], None] = lambda s: None) -> tuple[int, int]:
+    """How many answered exchanges were written and how many exchanges' lookups; call with the
+    store's record lock held (`Store.lock_for_recording`)."""
+    written = Writer(store).finish_unwritten()
+    if written:
+        progress(f"{store.path}: {written} answered exchange{'s' if written != 1 else ''} a killed nfproxy had not "
+                 "written in full, written")
+    indexed = store.repair_lookups()
+    if indexed:
+        progress(f"{store.path}: the replay lookups of an interrupted merge written")
+    return written, indexed

@@ -12,7 +12,10 @@ from noisefloor.proxy.options import store_option
 @click.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
-def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Worker processes that check a large shard and prepare its batches while this one writes "
+                   "(about 1.2x faster with 2 on an idle 2-core machine; on a busy one, slower).")
+def merge_cmd(out: Path, shards: tuple[Path, ...], jobs: int) -> None:
     """Combine stores recorded by different processes or machines into OUT (created if new).
 
     Bodies are deduplicated by content hash; sessions, replay order and outcome rows are kept. A
@@ -22,7 +25,7 @@ def merge_cmd(out: Path, shards: tuple[Path, ...]) -> None:
     """
     from noisefloor.proxy.merge import merge
 
-    r = merge(out, list(shards), lambda s: click.echo(f"nfproxy merge: {s}", err=True))
+    r = merge(out, list(shards), lambda s: click.echo(f"nfproxy merge: {s}", err=True), jobs)
     click.echo(f"merged {r.shards} shards into {out}: {r.sessions_added} sessions and {r.exchanges_added} exchanges "
                f"added, {r.sessions_present} sessions already there; {r.bodies_added} bodies added, "
                f"{r.bodies_shared} shared; {r.outcome_rows_added} outcome rows added")

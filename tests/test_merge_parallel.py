@@ -98,3 +98,30 @@ def test_a_body_damaged_in_a_workers_range_is_refused_before_anything_is_written
     assert r.returncode == 1 and "does not match its sha256" in r.stderr and "nothing was merged" in r.stderr
     assert f"exchange {last.id} " in r.stderr and "Traceback" not in r.stderr
     assert not (out / "data.mdb").exists()  # OUT was not even created
+
+
+CLI = """
+import sys
+from noisefloor.proxy import merge_copy
+from noisefloor.proxy.cli import main
+merge_copy.PARALLEL_FROM = 50
+started = []
+pool = merge_copy.pool
+merge_copy.pool = lambda jobs, *init: started.append(jobs) or pool(jobs, *init)
+try:
+    main(["merge", *sys.argv[1:]], standalone_mode=False)
+finally:
+    print("pools", started, file=sys.stderr)
+"""
+
+
+def test_the_command_line_takes_the_workers_and_refuses_none(shard, tmp_path):
+    """`nfproxy merge --jobs 2`: the merge runs with two workers and writes what one process writes."""
+    out = subprocess.run([sys.executable, "-c", CLI, "--jobs", "2", str(tmp_path / "two.lmdb"), str(shard)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and "pools [2, 2]" in out.stderr, out.stderr  # the check's and the copy's
+    assert run_merge(tmp_path / "one.lmdb", 1, shard).returncode == 0
+    assert contents(tmp_path / "two.lmdb") == contents(tmp_path / "one.lmdb")
+    bad = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "merge", "--jobs", "0", str(tmp_path / "x"),
+                          str(shard)], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 64 and "--jobs" in bad.stderr and not (tmp_path / "x").exists(), bad.stderr

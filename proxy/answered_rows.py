@@ -10,13 +10,15 @@ the answer, and writes the exchange in full at once after, deleting the row in t
 transaction. A row still in the store when no recorder holds it is an answered exchange a killed
 proxy did not finish: `Recorder` (or `nfproxy repair`) writes it from the row alone.
 
-The row is msgpack of `Answered` behind a CRC-32 and a version byte: a row that does not check or
-decode to these fields and types is refused by name, never half-used.
+The row is msgpack of `Answered` behind a CRC-32 and a version byte (JSON where a label or header
+holds a lone surrogate, which msgpack cannot carry and a record's JSON keeps): a row that does not
+check or decode to these fields and types is refused by name, never half-used.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import struct
 import zlib
@@ -27,7 +29,8 @@ import msgspec
 
 from noisefloor.proxy.store_env import StoreError
 
-VERSION = 1
+VERSION = 1  # msgpack
+ESCAPED = 2  # JSON (ASCII, lone surrogates escaped), bodies in base64: a row msgpack cannot carry
 TABLE = b"pending"
 LOCK = "nfproxy-record.lock"  # held by the recording proxy (`Store.lock_for_recording`)
 _U64 = struct.Struct(">Q")
@@ -68,20 +71,25 @@ _DECODER = msgspec.msgpack.Decoder(Answered)
 
 
 def encode(answered: Answered) -> bytes:
-    data = _ENCODER.encode(answered)
-    return bytes([VERSION]) + zlib.crc32(data).to_bytes(4, "big") + data
+    try:
+        version, data = VERSION, _ENCODER.encode(answered)
+    except UnicodeEncodeError:  # a lone surrogate (a label or header byte that is not UTF-8)
+        version, data = ESCAPED, json.dumps(msgspec.to_builtins(answered)).encode()
+    return bytes([version]) + zlib.crc32(data).to_bytes(4, "big") + data
 
 
 def decode(value: bytes) -> Answered:
     """The row's `Answered`, or ValueError saying what is wrong with it."""
     value = bytes(value)
-    if value[:1] != bytes([VERSION]):
-        raise ValueError(f"its version is {value[:1].hex() or 'missing'}, not {VERSION:02x}")
+    if value[:1] not in (bytes([VERSION]), bytes([ESCAPED])):
+        raise ValueError(f"its version is {value[:1].hex() or 'missing'}, not {VERSION:02x} or {ESCAPED:02x}")
     if len(value) < 5 or zlib.crc32(value[5:]) != int.from_bytes(value[1:5], "big"):
         raise ValueError("its CRC does not match its bytes")
     try:
-        return _DECODER.decode(value[5:])
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        if value[0] == VERSION:
+            return _DECODER.decode(value[5:])
+        return msgspec.convert(json.loads(value[5:]), Answered)
+    except (msgspec.ValidationError, msgspec.DecodeError, ValueError, RecursionError) as exc:
         raise ValueError(f"it does not decode as an answered exchange ({exc})") from None
 
 
@@ -120,26 +128,36 @@ class AnsweredRows:
 
         return int(self._write(put))
 
-    def drop_answered(self, txn: lmdb.Transaction, n: int) -> None:
-        """Inside the transaction that writes row `n`'s exchange in full."""
-        txn.delete(_U64.pack(n), db=self._answered_db(create=False))
+    def drop_answered(self, txn: lmdb.Transaction, row: bytes | int) -> None:
+        """Inside the transaction that writes the row's exchange in full (or drops a damaged row)."""
+        txn.delete(_U64.pack(row) if isinstance(row, int) else row, db=self._answered_db(create=False))
 
-    def answered_rows(self) -> list[tuple[int, Answered]]:
-        """Every row kept, oldest first; StoreError naming the first that is damaged."""
+    def answered_rows(self) -> list[tuple[bytes, Answered | ValueError]]:
+        """Every row kept, oldest first, as (its key, its `Answered`, or the ValueError saying why
+        it is damaged)."""
         db = self._answered_db(create=False)
         if db is None:
             return []
-        rows = []
+        rows: list[tuple[bytes, Answered | ValueError]] = []
         with self._reading("answered rows"), self._env.begin(db=db) as txn:
             for k, v in txn.cursor():
-                n = _U64.unpack(k)[0] if len(k) == 8 else -1
                 try:
-                    rows.append((n, decode(v)))
+                    if len(k) != 8:
+                        raise ValueError(f"its key is {len(k)} bytes, not a row number")
+                    rows.append((k, decode(v)))
                 except ValueError as exc:
-                    raise StoreError(f"store {self.path}: answered row {n} (an exchange a killed nfproxy did not "
-                                     f"finish writing) is damaged: {exc}; restore the store from a copy or record it "
-                                     "again") from None
+                    rows.append((k, exc))
         return rows
+
+    def drop_damaged(self, key: bytes) -> None:
+        self._write(lambda txn: self.drop_answered(txn, key))
+
+    def damaged_row(self, key: bytes, why: Exception) -> StoreError:
+        """The one line for a damaged row, with the two ways on."""
+        name = f"row {_U64.unpack(key)[0]}" if len(key) == 8 else f"the row keyed {key[:16].hex()}"
+        return StoreError(f"store {self.path}: answered {name} (an exchange a killed nfproxy did not finish writing) "
+                          f"is damaged: {why}; `nfproxy repair --store {self.path} --drop-damaged` writes the others "
+                          "and drops it (that exchange is lost), or restore the store from a copy")
 
     def unfinished(self) -> int:
         """How many answered exchanges a killed recorder left unwritten: its rows, where no live
@@ -163,11 +181,20 @@ class AnsweredRows:
             os.close(fd)
         return n
 
+    def unfinished_note(self) -> str | None:
+        """A reader's warning where a killed recorder left answered exchanges unwritten (None: none)."""
+        n = self.unfinished()
+        return None if not n else (f"{unfinished_line(n)} {'are' if n != 1 else 'is'} not included; "
+                                   f"`nfproxy repair --store {self.path}` writes {'them' if n != 1 else 'it'}")
+
     def refuse_unfinished(self, verb: str) -> None:
         """StoreError where a killed recorder left answered exchanges unwritten: `verb` (replay,
         merge, compact) would go on without them."""
         n = self.unfinished()
         if n:
-            raise StoreError(f"store {self.path} holds {n} answered exchange{'s' if n != 1 else ''} that a killed "
-                             f"nfproxy did not finish writing; run `nfproxy repair --store {self.path}` to write "
-                             f"them, then {verb} again")
+            raise StoreError(f"store {self.path} holds {unfinished_line(n)}; run `nfproxy repair --store {self.path}` "
+                             f"to write {'them' if n != 1 else 'it'}, then {verb} again")
+
+
+def unfinished_line(n: int) -> str:
+    return f"{n} answered exchange{'s' if n != 1 else ''} that a killed nfproxy did not finish writing"

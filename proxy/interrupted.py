@@ -10,14 +10,16 @@ from noisefloor.proxy.recorder import Writer
 from noisefloor.proxy.store import Store
 
 
-def finish(store: Store, progress: Callable[[str], None] = lambda s: None) -> tuple[int, int]:
-    """How many answered exchanges were written and how many exchanges' lookups; call with the
-    store's record lock held (`Store.lock_for_recording`)."""
-    written = Writer(store).finish_unwritten()
+def finish(store: Store, progress: Callable[[str], None] = lambda s: None,
+           drop_damaged: bool = False) -> tuple[int, int, int]:
+    """How many answered exchanges were written, how many damaged rows dropped (`drop_damaged`;
+    else a damaged one is a StoreError naming it) and how many exchanges' lookups written; call
+    with the store's record lock held (`Store.lock_for_recording`)."""
+    written, dropped = Writer(store).finish_unwritten(drop_damaged)
     if written:
         progress(f"{store.path}: {written} answered exchange{'s' if written != 1 else ''} a killed nfproxy had not "
                  "written in full, written")
     indexed = store.repair_lookups()
     if indexed:
         progress(f"{store.path}: the replay lookups of an interrupted merge written")
-    return written, indexed
+    return written, dropped, indexed

@@ -44,9 +44,8 @@ def log_cmd(store_path: Path, session: str | None, task: str | None, condition: 
     filters = Filters(condition=condition, task=task, session=session, status=status,
                       result="miss" if miss else result, model=model)
     with Store.open(store_path, write=False) as store:
-        if unfinished := store.unfinished():  # listed as soon as they are written: say where they are
-            click.echo(f"nfproxy log: {unfinished} answered exchanges a killed nfproxy did not finish writing are not "
-                       f"listed; `nfproxy repair --store {store_path}` writes them", err=True)
+        if note := store.unfinished_note():  # listed once they are written: say where they are
+            click.echo(f"nfproxy log: {note}", err=True)
         if as_json:
             if filters.empty and limit is None:  # every record: the stored texts, checked, a batch at a time
                 _json_chunks(store.listed_chunks())
@@ -282,7 +281,9 @@ def show_cmd(exchange_id: int, store_path: Path) -> None:
     with Store.open(store_path, write=False) as store:
         ex = store.exchange(exchange_id)
         if ex is None:
-            raise click.ClickException(f"no exchange {exchange_id} in {store_path}; list them with `nfproxy log`")
+            note = store.unfinished_note()
+            raise click.ClickException(f"no exchange {exchange_id} in {store_path}; " + (
+                f"{note}" if note else "list them with `nfproxy log`"))
         doc = ex.to_json()
         for part in ("request", "response"):
             if doc[part]:

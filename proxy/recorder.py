@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
+import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from noisefloor.proxy import exchange_record, providers, replay_index, secrets
 from noisefloor.proxy.answered_rows import Answered
@@ -21,6 +26,8 @@ from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store
 from noisefloor.proxy.store_merge import stored_request_near
 from noisefloor.proxy.traffic import Counters, Prepared, RequestData, ResponseData, prepare
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -49,12 +56,20 @@ class Writer:
         self._request_keys: frozenset[str] = frozenset()
 
     def write(self, a: Answered, response: ResponseData | None = None, near: Any = None,
-              provider: Provider | None = None, done: int | None = None, from_row: bool = False) -> tuple[int, Any]:
+              provider: Provider | None = None, done: int | bytes | None = None) -> tuple[int, Any]:
         """The exchange's id and its answer's parsed body (None where it has none). `response`,
         `provider`: the live objects `a` was made from (else rebuilt from it); `near`: the request's
-        sketch (None: the entry has none, as for a body that is not JSON); `done`: its answered row;
-        `from_row`: `a` was read back from disk, so the store checks the record's text and takes its
-        head from it (as for an import) rather than from these values."""
+        sketch (None: the entry has none, as for a body that is not JSON); `done`: its answered row."""
+        text, bodies, entry, head, doc = self._parts(a, response, near, provider)
+        exchange_id = self.store.append(text, bodies, entry, head, later=True, done=done)
+        self.stats.exchanges += 1
+        return exchange_id, doc
+
+    def _parts(self, a: Answered, response: ResponseData | None, near: Any, provider: Provider | None,
+               from_row: bool = False) -> tuple[str, dict[str, bytes], RecordedEntry, Any, Any]:
+        """The record's text, bodies, entry, head and the answer's parsed body. `from_row`: `a` was
+        read back from disk: ValueError unless its record reads back as one (then the store takes
+        the head from the text, as for an import)."""
         record: dict[str, Any] = {"end": a.end, "latency_ms": a.latency_ms, "error": a.error, "notes": a.notes}
         bodies = {a.request_digest: a.request_body}
         identity = doc = None
@@ -77,26 +92,45 @@ class Writer:
             self.stats.errors += 1
         entry = RecordedEntry(id=0, key=a.key, session=a.session, occurrence=a.occurrence, seq=a.seq, route=a.route,
                               start=a.started, end=a.end, deps=a.deps, near=near)
-        exchange_id = self.store.append(exchange_record.join(a.request_json, record), bodies, entry,
-                                        None if from_row else self._head(a, record, response, identity),
-                                        later=True, done=done)
-        self.stats.exchanges += 1
-        return exchange_id, doc
+        text = exchange_record.join(a.request_json, record)
+        if from_row:
+            _check_row(a, text)
+            return text, bodies, entry, None, doc
+        return text, bodies, entry, self._head(a, record, response, identity), doc
 
-    def finish_unwritten(self) -> int:
-        """Write the answered rows a killed recorder left (no live one holds the store); how many."""
+    def finish_unwritten(self, drop_damaged: bool = False) -> tuple[int, int]:
+        """Write the answered rows a killed recorder left (no live one holds the store): how many
+        were written and how many dropped. A damaged row is a StoreError naming it before any is
+        written, or with `drop_damaged`, deleted (its exchange is lost) while the others are written."""
         if not self.store.unfinished():
-            return 0
-        rows = self.store.answered_rows()
+            return 0, 0
         rules = Rules.described(self.store.meta("rules"))
         counted, self.stats = self.stats, Stats()  # this run's summary counts this run's exchanges
+        good, bad, written = [], [], 0
         try:
-            for n, a in rows:
-                self.write(a, near=_near_of_row(rules, a), done=n, from_row=True)
+            for key, a in self.store.answered_rows():
+                try:
+                    if isinstance(a, ValueError):
+                        raise a
+                    good.append((key, self._parts(a, None, _near_of_row(rules, a), None, from_row=True)))
+                except (ValueError, KeyError, TypeError, UnicodeError) as exc:
+                    if not drop_damaged:
+                        raise self.store.damaged_row(key, exc) from None
+                    bad.append(key)
+            for key, (text, bodies, entry, head, _) in good:
+                try:
+                    self.store.append(text, bodies, entry, head, later=True, done=key)
+                    written += 1
+                except (ValueError, KeyError, TypeError, OverflowError, struct.error) as exc:  # nothing of it kept
+                    if not drop_damaged:
+                        raise self.store.damaged_row(key, exc) from None
+                    bad.append(key)
         finally:
             self.stats = counted
+        for key in bad:
+            self.store.drop_damaged(key)
         self.store.catch_up()
-        return len(rows)
+        return written, len(bad)
 
     def _head(self, a: Answered, record: dict[str, Any], response: ResponseData | None,
               identity: dict[str, Any] | None) -> tuple[Head, int] | None:
@@ -136,7 +170,8 @@ class Recorder:
         self._unwritten: deque[tuple[int, Pending, Answered, ResponseData | None]] = deque()
         # told, one line each, of an exchange written after its release that could not be (its row stays)
         self.on_unwritten: Callable[[str], None] = lambda line: None
-        self.writer.finish_unwritten()  # a killed recorder's answered exchanges, before this one numbers any
+        # a killed recorder's answered exchanges, before this one numbers any
+        self.recovered = self.writer.finish_unwritten()[0]
         if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
             self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq)
                                                            for e in store.session_entries(name)])
@@ -219,6 +254,25 @@ class Recorder:
             self._untracked.append((answered.session, answered.seq, pending.provider, response.decoded_body,
                                     response.header("content-type"), doc))
         return exchange_id
+
+
+def _check_row(a: Answered, text: str) -> None:
+    """A row read back from disk makes a record that reads back as one, with its own request
+    body (hashing to its digest) and the key, session and order numbers the row says; ValueError
+    naming what is wrong otherwise (`Store.append` trusts what it is given)."""
+    if not _HEX64.fullmatch(a.key) or not _HEX64.fullmatch(a.request_digest):
+        raise ValueError("its key or request digest is not a sha256")
+    if hashlib.sha256(a.request_body).hexdigest() != a.request_digest:
+        raise ValueError("its request body does not hash to its digest")
+    if a.occurrence < 0 or a.seq < 0:
+        raise ValueError("its occurrence or sequence number is negative")
+    try:
+        ex = exchange_record.parse(exchange_record.with_id(text, 1).encode())
+    except (TypeError, ValueError, msgspec.DecodeError) as exc:
+        raise ValueError(f"its record does not read back as an exchange record ({exc})") from None
+    if (ex.key, ex.session, ex.occurrence, ex.seq) != (a.key, a.session, a.occurrence, a.seq) or \
+            ex.request.get("body") != (a.request_digest if a.request_body else None):
+        raise ValueError("its record names another request than the row does")
 
 
 def _near_of_row(rules: Rules | None, a: Answered) -> Any:

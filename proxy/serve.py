@@ -114,6 +114,9 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
     try:
         if mode == "record":
             engine: Any = Recorder(store, rules)
+            if engine.recovered:
+                click.echo(f"nfproxy: {engine.recovered} answered exchange{'s' if engine.recovered != 1 else ''} a "
+                           "killed nfproxy had not written in full, written first", err=True)
             if upstream:
                 store.set_meta("upstream", upstream)
         else:

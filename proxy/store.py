@@ -52,6 +52,7 @@ import os
 import re
 import struct
 import threading
+import time
 from collections import OrderedDict, deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -199,7 +200,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         replay order ambiguous. The lock lives as long as this handle (or the process)."""
         fh = open(self.path / "nfproxy-record.lock", "a+")  # noqa: SIM115 - kept open: the lock lives with it
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _locked(fh)
         except OSError:
             fh.seek(0)
             holder = fh.read().strip() or "another process"
@@ -288,7 +289,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         recorded: RecordedEntry | None,
         head: tuple[Head, int] | None = None,
         later: bool = False,
-        done: int | None = None,
+        done: int | bytes | None = None,
     ) -> int:
         """Write one exchange atomically; returns the new id.
 
@@ -672,7 +673,21 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             self._numbering.settle(committed)
 
 
+def _locked(fh: Any, tries: int = 50) -> None:
+    """The record lock taken, or OSError where another process holds it. A reader asking whether a
+    recorder is live (`AnsweredRows.unfinished`) holds it shared for a moment: tried again for up
+    to ~0.1 s, so that moment is not mistaken for a recorder."""
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except OSError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.002)
+
+
 # an exchange to append: its record's text, bodies, replay entry, head, and the answered row it is written from
-_Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None, int | None]
+_Item = tuple[str, Mapping[str, bytes], RecordedEntry | None, tuple[Head, int] | None, int | bytes | None]
 
 

@@ -103,7 +103,13 @@ def encoded(codec: Any, key: bytes | None, doc: bytes, checked: tuple[Head, int]
     the fields it leaves out; None: the text's head cannot be held, the record is kept whole)."""
     r = store_heads.row(*checked, b"") if checked is not None else None
     whole = not strip or r is None or checked is None or checked[1] == NOT_LISTED
-    stored = codec.encode(doc if whole else stripped(doc), key)
+    text = doc
+    if not whole:
+        try:
+            text = stripped(doc)
+        except msgspec.DecodeError:  # a lone surrogate (a header byte not UTF-8), which json reads: kept whole,
+            r = store_heads.row(checked[0], NOT_LISTED, b"")  # listed by the full parse, as checked_head's None
+    stored = codec.encode(text, key)
     return stored, None if r is None else tied(r, stored)
 
 

@@ -26,6 +26,8 @@ def export_cmd(store_path: Path, fmt: str, output: str, session: str | None, all
     """Write a store's exchanges as HAR or JSON Lines (secrets were never stored)."""
     write = export_har if fmt == "har" else export_jsonl
     with Store.open(store_path, write=False) as store:
+        if note := store.unfinished_note():
+            click.echo(f"nfproxy export: {note}", err=True)
         if output == "-":
             n = write(store, sys.stdout, session=session, mode=None if all_modes else "record")
         else:

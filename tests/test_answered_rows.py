@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from noisefloor.proxy import answered_rows
@@ -167,7 +168,7 @@ def test_an_exchange_that_cannot_be_written_after_its_release_keeps_its_row_and_
         assert len(told) == 1 and "disk is full" in told[0] and SECRET not in told[0]
         assert "NOT written: run `nfproxy repair" in rec.stats.summary("record", str(path))
     with Store.open(path, write=True) as s:
-        assert Writer(s).finish_unwritten() == 1 and len(s) == 3 and s.unfinished() == 0
+        assert Writer(s).finish_unwritten() == (1, 0) and len(s) == 3 and s.unfinished() == 0
 
 
 def test_a_live_recorders_rows_are_not_a_killed_ones(store, upstream, proxies):
@@ -193,3 +194,100 @@ def test_a_live_recorders_rows_are_not_a_killed_ones(store, upstream, proxies):
         for b in bodies:
             r = client.post(rep.url + "/v1/chat/completions", json=b)
             assert r.status_code == 200 and r.headers.get("x-nf-replay") == "hit", r.text
+
+
+def _forge(path: Path, rows: dict[bytes, bytes]) -> None:
+    with Store.open(path, write=True) as s, s._env.begin(write=True, db=s._answered_db(create=False)) as txn:
+        for k, v in rows.items():
+            txn.put(k, v)
+
+
+def _repair(path: Path, *more: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "repair", "--store", str(path), *more],
+                          capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("forged", ["not_an_object", "empty_object", "other_body", "digest_not_hex", "key_not_hex",
+                                    "short_key", "negative_seq"])
+def test_a_row_forged_with_a_valid_crc_is_refused_by_name_or_dropped_never_written(tmp_path, forged):
+    """What a row says is checked as a stored record is read (its record reads back as one, its
+    body hashes to its digest, its key is a row number): refused before anything is written, in
+    one line; `--drop-damaged` writes the others and drops it; the store then lists."""
+    path = tmp_path / "s.lmdb"
+    _record(path, deferred=True, n=3, drain=False)
+    with Store.open(path, write=False) as s:
+        (k, a), *_ = s.answered_rows()
+    change = {"not_an_object": {"request_json": "[1, 2]"}, "empty_object": {"request_json": "{}"},
+              "other_body": {"request_body": b"another body"}, "digest_not_hex": {"request_digest": "zz" * 32},
+              "key_not_hex": {"key": "not hex"}, "negative_seq": {"seq": -1}}.get(forged)
+    if change is None:  # a key that is not a row number, the row itself sound
+        _forge(path, {b"\x01": answered_rows.encode(a)})
+    else:
+        _forge(path, {k: answered_rows.encode(msgspec.structs.replace(a, **change))})
+    out = _repair(path)
+    assert out.returncode != 0 and "is damaged" in out.stderr and "--drop-damaged" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    with Store.open(path, write=False) as s:
+        assert len(s) == 0
+    out = _repair(path, "--drop-damaged")
+    assert out.returncode == 0 and "1 damaged answered row dropped" in out.stdout, (out.stdout, out.stderr)
+    log = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "log", "--store", str(path), "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert log.returncode == 0 and log.stderr == "", log.stderr
+    assert len(log.stdout.splitlines()) == (3 if forged == "short_key" else 2)
+
+
+def test_labels_that_are_not_utf8_are_kept_in_the_row_and_recorded_as_without_it(tmp_path):
+    """A session or task header byte that is not UTF-8 (kept as a lone surrogate, as a record's JSON
+    keeps it): the row takes the escaped form, and repair writes what the synchronous write does."""
+    def record(path: Path, deferred: bool) -> None:
+        with Store.open(path, write=True, create=True) as s:
+            rec = Recorder(s, Rules())
+            begun = [rec.begin(_chat(i), Labels(f"s\udcff{i}", task="t\udcfe")) for i in range(3)]
+            for i, p in enumerate(begun):
+                rec.finish(p, _answer(i), end=200.0 + i, defer_tracking=deferred)
+            rec._unwritten.clear()
+
+    record(tmp_path / "killed.lmdb", True)
+    record(tmp_path / "whole.lmdb", False)
+    with Store.open(tmp_path / "killed.lmdb", write=False) as s, s._env.begin(db=s._answered_db(False)) as txn:
+        assert s.unfinished() == 3
+        assert {v[:1] for _, v in txn.cursor()} == {bytes([answered_rows.ESCAPED])}
+    assert _repair(tmp_path / "killed.lmdb").returncode == 0
+    assert _tables(tmp_path / "killed.lmdb") == _tables(tmp_path / "whole.lmdb")
+
+
+def test_a_reader_asking_for_rows_does_not_keep_a_recorder_from_starting(tmp_path):
+    """`unfinished` holds the record lock shared for a moment; taking it waits that moment out."""
+    import fcntl
+    import threading
+    import time
+
+    path = tmp_path / "s.lmdb"
+    _record(path, deferred=True, n=2, drain=False)
+    fd = open(path / answered_rows.LOCK, "a+")  # noqa: SIM115 - closed below
+    fcntl.flock(fd, fcntl.LOCK_SH)  # a reader's check, held 30 ms
+    threading.Timer(0.03, fd.close).start()
+    start = time.monotonic()
+    with Store.open(path, write=True) as s:
+        s.lock_for_recording()
+        assert time.monotonic() - start < 5 and Writer(s).finish_unwritten() == (2, 0)
+
+
+def test_an_answer_header_that_is_not_utf8_is_recorded_whole_and_listed(tmp_path):
+    """A response header byte that is not UTF-8 (a lone surrogate in the record's JSON, which
+    msgspec refuses): the record is kept whole rather than the write failing after the release."""
+    for deferred in (True, False):
+        path = tmp_path / f"{deferred}.lmdb"
+        with Store.open(path, write=True, create=True) as s:
+            rec = Recorder(s, Rules())
+            p = rec.begin(_chat(0), Labels("s"))
+            odd = ResponseData(200, (("content-type", "application/json"), ("x-odd", "caf\udcff")), b'{"choices": []}')
+            rec.finish(p, odd, defer_tracking=deferred)
+            rec.track_answers()
+            assert rec.stats.unwritten == 0 and len(s) == 1 and s.unfinished() == 0
+        log = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "log", "--store", str(path), "--json"],
+                             capture_output=True, text=True, timeout=60)
+        assert log.returncode == 0 and len(log.stdout.splitlines()) == 1, log.stderr
+        with Store.open(path, write=False) as s:
+            assert ("x-odd", "caf\udcff") in map(tuple, s.exchange(1).response["headers"])

@@ -76,15 +76,26 @@ def _check_range(path: str, start: int, stop: int) -> merge_sessions.Scanned:
         return merge_sessions.scan(s.merge_scan(start, stop, plans=plans), plans)
 
 
-def _check_all(path: Path, last_id: int, jobs: int) -> merge_sessions.Sessions:
+def _check_all(path: Path, last_id: int, jobs: int, meanwhile: Callable[[], None]) -> merge_sessions.Sessions:
     """Every session of a shard, checked by `jobs` processes at once (each a range of ids) when the
-    shard is large enough to pay for starting them."""
+    shard is large enough to pay for starting them, while this process runs `meanwhile` (the
+    lookups' check); the records' damage is reported first, as when run one after the other."""
     jobs = merge_copy.workers(jobs, last_id)
     if not jobs:
-        return merge_sessions.sessions(path, _check_range(str(path), 1, last_id + 1))
+        scanned = _check_range(str(path), 1, last_id + 1)
+        meanwhile()
+        return merge_sessions.sessions(path, scanned)
     bounds = [1 + last_id * i // jobs for i in range(jobs)] + [last_id + 1]
-    with merge_copy.pool(jobs) as pool:
-        parts = pool.starmap(_check_range, [(str(path), bounds[i], bounds[i + 1]) for i in range(jobs)])
+    with merge_copy.pool(jobs) as pool:  # forked before this process opens the shard
+        running = pool.starmap_async(_check_range, [(str(path), bounds[i], bounds[i + 1]) for i in range(jobs)])
+        failed: StoreError | None = None
+        try:
+            meanwhile()
+        except StoreError as exc:
+            failed = exc
+        parts = running.get()
+        if failed is not None:
+            raise failed
     return merge_sessions.sessions(path, merge_sessions.join(parts))
 
 
@@ -101,11 +112,13 @@ def _read_shard(path: Path, jobs: int) -> _Shard:
         s.refuse_unfinished("merge")
         meta = {k: s.meta(k) for k in ("upstream",)}
         rules_id, rules, last_id = s.meta("rules_id"), s.meta("rules"), s.last_id()
-    try:
-        sessions = _check_all(path, last_id, jobs)
+    def lookups() -> None:
         with Store.open(path, write=False) as s:
             if s.copies_lookups():  # copied as they are: checked as the records are
                 s.checked_lookups()
+
+    try:
+        sessions = _check_all(path, last_id, jobs, lookups)
     except StoreError as exc:
         raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
     return _Shard(path, sessions, rules_id, rules, meta, last_id)

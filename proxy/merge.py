@@ -40,7 +40,7 @@ from typing import Any
 
 from noisefloor.proxy import interrupted, merge_copy, merge_outcomes, merge_sessions
 from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store import FORMAT, Store, StoreError
 
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
@@ -152,8 +152,13 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
             coming = sum(int(shard.sessions.counts[plan.brings[i]].sum()) for i, shard in enumerate(shards))
             refill = bool(coming) and coming * _REFILL >= len(dest) + coming  # written out of key order
+            copied = _bodies_first(dest, shards, plan, progress)
             deferred = [d for i, shard in enumerate(shards) if (d := _copy_shard(
-                dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs, refill)) is not None]
+                dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs, refill,
+                copied is not None)) is not None]
+            if copied is not None:  # the batches named their bodies; every one was written here first
+                added["shared"] += added["bodies"] - copied
+                added["bodies"] = copied
             rows = merge_outcomes.write(dest, [shard.path for shard in shards])
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
@@ -162,6 +167,26 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
                 _refill(dest, out, deferred, progress)
     return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], rows)
+
+
+def _bodies_first(dest: Store, shards: list[_Shard], plan: Any, progress: Callable[[str], None]) -> int | None:
+    """Into an OUT with no exchange or body yet, taking every session of every shard of today's
+    format: all their bodies, written once in key order before any record (`merge_copy.copy_bodies`);
+    how many (None: not this merge, whose batches bring their bodies)."""
+    if len(dest) or dest.body_count() or dest.format != FORMAT or not shards:
+        return None
+    for i, shard in enumerate(shards):
+        with Store.open(shard.path, write=False) as src:
+            if src.format != FORMAT:
+                return None
+        if (plan.in_out[i] >= 0).any() or int(shard.sessions.counts[plan.brings[i]].sum()) != shard.last_id:
+            return None  # a session already in OUT, or exchanges of the shard not coming: the old way
+    progress(f"{dest.path}: the shards' bodies, in key order")
+    try:
+        return merge_copy.copy_bodies(dest, [shard.path for shard in shards])
+    except StoreError as exc:  # a damaged body that no record names (those were checked with the shard)
+        raise StoreError(f"{exc}; no exchange was merged (OUT holds some bodies: leave the shard out, or restore "
+                         "it, and merge again)") from None
 
 
 def _refill(dest: Store, out: Path, deferred: list[merge_copy.Deferred], progress: Callable[[str], None]) -> None:
@@ -191,7 +216,7 @@ def _no_gc() -> Iterator[None]:
 
 def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: merge_sessions.Sessions,
                 added: dict[str, int], progress: Callable[[str], None], jobs: int,
-                defer: bool = False) -> merge_copy.Deferred | None:
+                defer: bool = False, bodies_copied: bool = False) -> merge_copy.Deferred | None:
     """The sessions this shard brings, whole sessions per transaction; with `defer`, its lookups
     are left for the refill (returned)."""
     import numpy as np
@@ -220,7 +245,7 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
         progress(f"{shard.path}: {added['exchanges']} exchanges merged")
 
     return merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done,
-                                  ss.plans_of, defer)
+                                  ss.plans_of, defer, bodies_copied)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:

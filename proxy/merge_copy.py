@@ -56,8 +56,10 @@ class Preparer:
     with `bulk`, the replay entries as the shard stores them under their new ids (their lookups
     are copied after the shard's records, `copy_lookups`)."""
 
-    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False, strip: bool = False) -> None:
+    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False, strip: bool = False,
+                 bodies: bool = True) -> None:
         self.src = Store.open(path, write=False)
+        self.bodies = bodies  # False: OUT has them all already (`copy_bodies`): their digests only
         self.bulk = bulk
         self.strip = strip  # OUT is noisefloor-log/5: records stored stripped, a /5 shard's copied as stored
         self.as_stored = strip and self.src.format in JOINED
@@ -96,7 +98,7 @@ class Preparer:
             records.append((_U64.pack(first + k), value))
             heads.append(head)
         wanted = sorted(digests)
-        bodies = dict(zip(wanted, self.src.raw_bodies(wanted)))
+        bodies = dict(zip(wanted, self.src.raw_bodies(wanted))) if self.bodies else dict.fromkeys(wanted)
         if self.bulk:
             moved = [(_U64.pack(new_id), replay_index.moved_entry(raw, new_id))
                      for new_id, raw in enumerate(self.src.recorded_raw(olds), first) if raw is not None]
@@ -110,9 +112,9 @@ class Preparer:
 _worker: Preparer | None = None
 
 
-def _start(path: str, record_dict: bytes | None, bulk: bool, strip: bool) -> None:
+def _start(path: str, record_dict: bytes | None, bulk: bool, strip: bool, bodies: bool) -> None:
     global _worker
-    _worker = Preparer(Path(path), record_dict, bulk, strip)
+    _worker = Preparer(Path(path), record_dict, bulk, strip, bodies)
 
 
 def _prepare(olds: bytes, first: int, plans: bytes | None) -> tuple[Batch, list[tuple[int, bytes]]]:
@@ -270,6 +272,51 @@ def _as_keys(numbers: Any, width: int) -> list[bytes]:
     return np.ascontiguousarray(raw).view(f"V{width}").ravel().tolist()
 
 
+def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
+    """A fresh OUT's bodies, every shard's, written once and in key order before any record (a
+    k-way merge of the shards' bodies tables, each in key order; a digest two shards hold taken
+    from the first), with every dictionary they may be compressed with: instead of inserting each
+    batch's bodies at random places and copying them again at the refill. Each value is checked
+    as the shard check checks a body (its CRC and declared size; else read whole, verified). A
+    merge killed here leaves bodies that no record names yet: the next merge keeps them and writes
+    the records (the old way: OUT is no longer fresh). Returns how many bodies were written."""
+    import heapq
+    from operator import itemgetter
+
+    with ExitStack() as stack:
+        srcs = [stack.enter_context(Store.open(p, write=False)) for p in paths]
+        for src in srcs:
+            rows = list(src.raw_table("dicts"))
+            dest._write(lambda txn, rows=rows: [txn.put(k, v, db=dest._dicts, overwrite=False) for k, v in rows])
+        merged = heapq.merge(*(_checked_bodies(src, dest.max_body) for src in srcs), key=itemgetter(0))
+        written, last, rows = 0, None, []
+        for k, v in merged:
+            if k == last:
+                continue
+            last = k
+            rows.append((k, v))
+            if len(rows) >= chunk:
+                written += _appended(dest, rows)
+                rows = []
+        return written + (_appended(dest, rows) if rows else 0)
+
+
+def _checked_bodies(src: Store, limit: int) -> Iterator[tuple[bytes, bytes]]:
+    for k, v in src.raw_table("bodies"):
+        if not codec.sound_as_stored(v, limit):
+            src.body(k.hex())  # a raw value, or damage: read whole, verified (StoreError naming it)
+        yield k, v
+
+
+def _appended(dest: Store, rows: list[tuple[bytes, bytes]]) -> int:
+    def put(txn: Any) -> int:
+        with txn.cursor(db=dest._bodies) as cur:
+            consumed, added = cur.putmulti(rows, append=True)
+        return int(added)
+
+    return int(dest._write(put))
+
+
 def mergeable(layout: int | None) -> bool:
     """Whether lookups of this layout can be merged by `merged_lookups` (keys of 8 bytes or fewer)."""
     return layout is not None and replay_index.lookup_key_bytes(layout) <= 8
@@ -295,14 +342,16 @@ def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
 
 def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_ids: array,
                 moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None],
-                plans: Callable[[Any], bytes | None] = lambda olds: None, defer: bool = False) -> Deferred | None:
+                plans: Callable[[Any], bytes | None] = lambda olds: None, defer: bool = False,
+                bodies_copied: bool = False) -> Deferred | None:
     """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
     bodies, new bodies)` after each batch; `plans(olds)` the check's `PLAN` bytes of a batch. When both stores have lookups of one layout (2 or 3), the shard's are
     copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`);
     with `defer`, they are not copied but returned (`Deferred`), for the refill to write once
-    with every other shard's (`merged_lookups`), OUT marked until then."""
+    with every other shard's (`merged_lookups`), OUT marked until then. `bodies_copied`: OUT holds
+    every body of the shard already (`copy_bodies`): the batches carry their digests only."""
     key = (dest.meta("dicts") or {}).get("record")
     record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
     starts = [dest.last_id() + 1]
@@ -317,8 +366,10 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
     strip = dest.format in JOINED
-    with pool(jobs, _start, (str(path), record_dict, bulk, strip)) if jobs else nullcontext() as running:
-        local = Preparer(path, record_dict, bulk, strip)  # for the replay records, the bodies' dictionaries, a small shard
+    with pool(jobs, _start, (str(path), record_dict, bulk, strip, not bodies_copied)) if jobs else nullcontext() \
+            as running:
+        # for the replay records, the bodies' dictionaries, a small shard
+        local = Preparer(path, record_dict, bulk, strip, not bodies_copied)
         try:
             ready = _ahead(running, batches, starts, jobs, plans) if running is not None else (
                 local.batch(b.tolist(), start, plans(b)) for b, start in zip(batches, starts))

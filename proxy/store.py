@@ -597,7 +597,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
         db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups, "index_routes": self._index_routes, "heads": self._heads, **self._sets}[name]
+              "lookups": self._lookups, "index_routes": self._index_routes, "heads": self._heads,
+              "bodies": self._bodies, "dicts": self._dicts, **self._sets}[name]
         if db is None:
             return
         with self._reading(name), self._env.begin(db=db, buffers=False) as txn:

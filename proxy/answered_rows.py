@@ -27,6 +27,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from noisefloor.display import counted
 from noisefloor.proxy.store_env import StoreError
 
 VERSION = 1  # msgpack
@@ -197,4 +198,4 @@ class AnsweredRows:
 
 
 def unfinished_line(n: int) -> str:
-    return f"{n} answered exchange{'s' if n != 1 else ''} that a killed nfproxy did not finish writing"
+    return f"{counted(n, 'answered exchange')} that a killed nfproxy did not finish writing"

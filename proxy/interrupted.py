@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from noisefloor.display import counted
 from noisefloor.proxy.recorder import Writer
 from noisefloor.proxy.store import Store
 
@@ -17,8 +18,8 @@ def finish(store: Store, progress: Callable[[str], None] = lambda s: None,
     with the store's record lock held (`Store.lock_for_recording`)."""
     written, dropped = Writer(store).finish_unwritten(drop_damaged)
     if written:
-        progress(f"{store.path}: {written} answered exchange{'s' if written != 1 else ''} a killed nfproxy had not "
-                 "written in full, written")
+        progress(f"{store.path}: {counted(written, 'answered exchange')} a killed nfproxy had not written in full, "
+                 "written")
     indexed = store.repair_lookups()
     if indexed:
         progress(f"{store.path}: the replay lookups of an interrupted merge written")

@@ -27,7 +27,7 @@ from typing import Any
 
 from noisefloor.proxy import codec, replay_index, store_heads, store_records
 from noisefloor.proxy.replay_index import RecordedEntry
-from noisefloor.proxy.store import JOINED, Store
+from noisefloor.proxy.store import JOINED, Store, StoreError
 from noisefloor.proxy.store_merge import Batch
 from noisefloor.proxy.store_merge_scan import NO_BODY, PLAN, HeadTail
 
@@ -312,6 +312,8 @@ def _appended(dest: Store, rows: list[tuple[bytes, bytes]]) -> int:
     def put(txn: Any) -> int:
         with txn.cursor(db=dest._bodies) as cur:
             consumed, added = cur.putmulti(rows, append=True)
+        if added != len(rows):  # append refuses a row out of key order: every one must land
+            raise StoreError(f"merging the bodies into {dest.path}: {len(rows) - added} came out of key order")
         return int(added)
 
     return int(dest._write(put))

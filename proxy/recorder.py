@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import struct
 import time
 from collections import deque
@@ -24,10 +23,9 @@ from noisefloor.proxy.providers import Provider
 from noisefloor.proxy.replay_index import RecordedEntry
 from noisefloor.proxy.stats import Stats
 from noisefloor.proxy.store import Store
+from noisefloor.proxy.store_heads import HEX_KEY
 from noisefloor.proxy.store_merge import stored_request_near
 from noisefloor.proxy.traffic import Counters, Prepared, RequestData, ResponseData, prepare
-
-_HEX64 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(frozen=True)
@@ -63,6 +61,10 @@ class Writer:
         text, bodies, entry, head, doc = self._parts(a, response, near, provider)
         exchange_id = self.store.append(text, bodies, entry, head, later=True, done=done)
         self.stats.exchanges += 1
+        if a.error is not None:
+            self.stats.errors += 1
+        if a.status is not None and a.status >= 400:
+            self.stats.upstream_errors[a.status] = self.stats.upstream_errors.get(a.status, 0) + 1
         return exchange_id, doc
 
     def _parts(self, a: Answered, response: ResponseData | None, near: Any, provider: Provider | None,
@@ -85,11 +87,7 @@ class Writer:
             identity = {"model": meta.model, "fingerprint": meta.fingerprint,
                         "usage": {"input": meta.input_tokens, "output": meta.output_tokens},
                         "finish_reason": meta.finish_reason, "truncated": meta.truncated}
-            if response.status >= 400:
-                self.stats.upstream_errors[response.status] = self.stats.upstream_errors.get(response.status, 0) + 1
         record.update(exchange_record.answer_part(response, identity))
-        if a.error is not None:
-            self.stats.errors += 1
         entry = RecordedEntry(id=0, key=a.key, session=a.session, occurrence=a.occurrence, seq=a.seq, route=a.route,
                               start=a.started, end=a.end, deps=a.deps, near=near)
         text = exchange_record.join(a.request_json, record)
@@ -105,28 +103,24 @@ class Writer:
         if not self.store.unfinished():
             return 0, 0
         rules = Rules.described(self.store.meta("rules"))
-        counted, self.stats = self.stats, Stats()  # this run's summary counts this run's exchanges
         good, bad, written = [], [], 0
-        try:
-            for key, a in self.store.answered_rows():
-                try:
-                    if isinstance(a, ValueError):
-                        raise a
-                    good.append((key, self._parts(a, None, _near_of_row(rules, a), None, from_row=True)))
-                except (ValueError, KeyError, TypeError, UnicodeError) as exc:
-                    if not drop_damaged:
-                        raise self.store.damaged_row(key, exc) from None
-                    bad.append(key)
-            for key, (text, bodies, entry, head, _) in good:
-                try:
-                    self.store.append(text, bodies, entry, head, later=True, done=key)
-                    written += 1
-                except (ValueError, KeyError, TypeError, OverflowError, struct.error) as exc:  # nothing of it kept
-                    if not drop_damaged:
-                        raise self.store.damaged_row(key, exc) from None
-                    bad.append(key)
-        finally:
-            self.stats = counted
+        for key, a in self.store.answered_rows():
+            try:
+                if isinstance(a, ValueError):
+                    raise a
+                good.append((key, self._parts(a, None, _near_of_row(rules, a), None, from_row=True)))
+            except (ValueError, KeyError, TypeError, UnicodeError) as exc:
+                if not drop_damaged:
+                    raise self.store.damaged_row(key, exc) from None
+                bad.append(key)
+        for key, (text, bodies, entry, head, _) in good:  # not counted in this run's summary: an earlier run's
+            try:
+                self.store.append(text, bodies, entry, head, later=True, done=key)
+                written += 1
+            except (ValueError, KeyError, TypeError, OverflowError, struct.error) as exc:  # nothing of it kept
+                if not drop_damaged:
+                    raise self.store.damaged_row(key, exc) from None
+                bad.append(key)
         for key in bad:
             self.store.drop_damaged(key)
         self.store.catch_up()
@@ -260,7 +254,7 @@ def _check_row(a: Answered, text: str) -> None:
     """A row read back from disk makes a record that reads back as one, with its own request
     body (hashing to its digest) and the key, session and order numbers the row says; ValueError
     naming what is wrong otherwise (`Store.append` trusts what it is given)."""
-    if not _HEX64.fullmatch(a.key) or not _HEX64.fullmatch(a.request_digest):
+    if not HEX_KEY.fullmatch(a.key) or not HEX_KEY.fullmatch(a.request_digest):
         raise ValueError("its key or request digest is not a sha256")
     if hashlib.sha256(a.request_body).hexdigest() != a.request_digest:
         raise ValueError("its request body does not hash to its digest")

@@ -19,6 +19,7 @@ from typing import Any
 
 import click
 
+from noisefloor.display import counted
 from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, NoisefloorError, StateError
 from noisefloor.proxy.launch import FINISH_SIGNAL, READY, READY_LINE_ENV
 from noisefloor.proxy.options import ServeOptions
@@ -115,8 +116,8 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
         if mode == "record":
             engine: Any = Recorder(store, rules)
             if engine.recovered:
-                click.echo(f"nfproxy: {engine.recovered} answered exchange{'s' if engine.recovered != 1 else ''} a "
-                           "killed nfproxy had not written in full, written first", err=True)
+                click.echo(f"nfproxy: {counted(engine.recovered, 'answered exchange')} a killed nfproxy had not "
+                           "written in full, written first", err=True)
             if upstream:
                 store.set_meta("upstream", upstream)
         else:

@@ -53,19 +53,16 @@ def migrate_cmd(store_path: Path) -> None:
 def repair_cmd(store_path: Path, drop_damaged: bool) -> None:
     """Finish what a killed nfproxy left: write the exchanges it had answered but not yet written in
     full (kept as answered rows), and the replay lookups of a merge killed before them."""
+    from noisefloor.display import counted
     from noisefloor.proxy import interrupted
     from noisefloor.proxy.store import Store
 
     with Store.open(store_path, write=True) as store:
         store.lock_for_recording()  # not while a proxy records into it
         written, dropped, lookups = interrupted.finish(store, drop_damaged=drop_damaged)
-    click.echo(f"repaired {store_path}: {_count(written, 'answered exchange')} written"
-               + (f", {_count(dropped, 'damaged answered row')} dropped" if dropped else "")
+    click.echo(f"repaired {store_path}: {counted(written, 'answered exchange')} written"
+               + (f", {counted(dropped, 'damaged answered row')} dropped" if dropped else "")
                + ("; the replay lookups of an interrupted merge written" if lookups else ""))
-
-
-def _count(n: int, what: str) -> str:
-    return f"{n} {what}{'s' if n != 1 else ''}"
 
 
 def _rewrite(store_path: Path, verb: str) -> None:

@@ -32,7 +32,7 @@ from noisefloor.proxy.exchange_record import NOT_LISTED, Head
 
 _U32 = struct.Struct(">I")
 HEAD_AT = 8  # after the two CRCs
-_HEX_KEY = re.compile(r"[0-9a-f]{64}")
+HEX_KEY = re.compile(r"[0-9a-f]{64}")  # a sha256 in hex: a request key, a body digest
 _ENCODE = msgspec.msgpack.Encoder().encode
 _LABELS = slice(9, 13)  # Head's labels, then its route, after its own fields
 _ROUTE = slice(13, 19)
@@ -67,7 +67,7 @@ def row(head: Head, left_out: int, stored: bytes) -> Row | None:
     """The heads-table row of `head`, whose record is stored as `stored` and leaves out the fields
     `left_out` says (NOT_LISTED: only the full parse can list it); None where msgpack cannot hold a
     string of it (a lone surrogate): its record is read instead."""
-    digest = _HEX_KEY.fullmatch(head.key) is not None
+    digest = HEX_KEY.fullmatch(head.key) is not None
     usage: Any = head.usage
     if type(usage) is dict and len(usage) == 2 and _counts(usage.get("input"), usage.get("output")):
         usage = [usage["input"], usage["output"]]
@@ -151,7 +151,7 @@ _LABELS_ID, _ROUTE_ID = attrgetter("labels"), attrgetter("route")
 def parts_of(head: Head) -> Parts:
     """A head read from its record, as the heads table's parts (its sets not numbered)."""
     fields = msgspec.structs.astuple(head)
-    digest = _HEX_KEY.fullmatch(head.key) is not None
+    digest = HEX_KEY.fullmatch(head.key) is not None
     return (Stored(0, 0, NOT_LISTED, head.time, bytes.fromhex(head.key) if digest else b"", None if digest else head.key,
                    head.occurrence, head.status, head.usage, head.truncated, head.error, head.notes),
             fields[_LABELS], fields[_ROUTE])

@@ -28,6 +28,11 @@ def _escape(m: re.Match[str]) -> str:
     return f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}"
 
 
+def counted(n: int, what: str) -> str:
+    """"1 exchange", "2 exchanges": a count and its noun, for one-line messages."""
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
 def visible(value: object) -> str:
     """`value` as text safe to print on a terminal: control characters escaped, secrets erased."""
     return _visible(value if isinstance(value, str) else str(value), secrets.environment_values())

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from noisefloor.proxy import interrupted, merge_copy, merge_outcomes, merge_sessions
+from noisefloor.proxy import interrupted, merge_copy, merge_outcomes, merge_sessions, replay_index
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.store import FORMAT, Store, StoreError
 
@@ -163,7 +163,11 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
                     dest.set_meta(name, value)
-            if refill:
+            if refill and copied is not None and len(deferred) == len(shards) and not dest.lookup_rows_count():
+                # every table went in in key order: only the lookups are left, appended, the file cut to its pages
+                merge_copy.append_merged_lookups(dest, deferred, progress)
+                dest.trim_on_close()
+            elif refill:
                 _refill(dest, out, deferred, progress)
     return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], rows)
@@ -192,7 +196,9 @@ def _bodies_first(dest: Store, shards: list[_Shard], plan: Any, progress: Callab
 def _refill(dest: Store, out: Path, deferred: list[merge_copy.Deferred], progress: Callable[[str], None]) -> None:
     """OUT's pages refilled, the deferred shards' lookups written into the new file with OUT's
     own, in key order, once; if the refill fails, they are copied into OUT as without it."""
-    lookups = (lambda: merge_copy.merged_lookups(dest, deferred)) if deferred else None
+    width = replay_index.lookup_key_bytes(dest.lookup_layout()) if deferred else 0
+    lookups = (lambda: (merge_copy.rows(c, width) for c in merge_copy.merged_lookups(dest, deferred))) if deferred \
+        else None
     try:
         before, after = dest.refill_pages(progress, lookups)
         progress(f"{out}: pages refilled, {before / 1e6:.1f} MB -> {after / 1e6:.1f} MB")

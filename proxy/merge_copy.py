@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing
 import re
+import signal
 import struct
 import threading
 import zlib
@@ -32,6 +33,7 @@ from noisefloor.proxy.store_merge import Batch
 from noisefloor.proxy.store_merge_scan import NO_BODY, PLAN, HeadTail
 
 LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
+_SAID = 1 << 20  # lookups written between two progress lines
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -175,20 +177,21 @@ class Deferred:
     first: int
 
 
-def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[Iterator[tuple[bytes, bytes]]]:
-    """OUT's own lookups and the deferred shards' (ids mapped, only those this merge copied), in
-    key order, ids ascending under each key, a chunk at a time: what the refill appends once, in
-    place of copying each shard's into OUT and then OUT's into the refilled file. Memory: a chunk
-    of each store at a time (a key's rows whole, 12 bytes each: one key may be under every
-    exchange), given out `LOOKUP_CHUNK` rows at a time. The shards' rows were checked with the
-    shards (`checked_lookups`)."""
+def merged_lookups(dest: Store | None, deferred: list[Deferred]) -> Iterator[tuple[Any, Any]]:
+    """OUT's own lookups (`dest`; None: it has none) and the deferred shards' (ids mapped, only
+    those this merge copied), in key order, ids ascending under each key, a chunk at a time as
+    arrays (keys as numbers, ids as 4-byte values: `rows` makes them rows): what the refill
+    appends once, in place of copying each shard's into OUT and then OUT's into the refilled file.
+    Memory: a chunk of each store at a time (a key's rows whole, 12 bytes each: one key may be
+    under every exchange), given out `LOOKUP_CHUNK` rows at a time. The shards' rows were checked
+    with the shards (`checked_lookups`)."""
     import numpy as np
 
-    width = replay_index.lookup_key_bytes(dest.lookup_layout())
     with ExitStack() as stack:
-        streams = [_chunks(dest.lookup_chunks(LOOKUP_CHUNK), width, None, 0)]
-        for d in deferred:
-            src = stack.enter_context(Store.open(d.path, write=False))
+        srcs = [stack.enter_context(Store.open(d.path, write=False)) for d in deferred]
+        width = replay_index.lookup_key_bytes((dest or srcs[0]).lookup_layout())
+        streams = [_chunks(dest.lookup_chunks(LOOKUP_CHUNK), width, None, 0)] if dest is not None else []
+        for d, src in zip(deferred, srcs):
             streams.append(_chunks(src.lookup_chunks(LOOKUP_CHUNK), width, np.frombuffer(d.new_ids, dtype=np.uint64),
                                    d.first))
         held = [_Held(s) for s in streams]
@@ -200,12 +203,97 @@ def merged_lookups(dest: Store, deferred: list[Deferred]) -> Iterator[Iterator[t
                 return
             bound = min(int(k) for k in open_) if open_ else None  # rows before it are all in hand, from every store
             taken = [h.take(bound) for h in held]
-            k, v = np.concatenate([t[0] for t in taken]), np.concatenate([t[1] for t in taken])
-            order = np.lexsort((v, k))
-            k, v = k[order], v[order].astype(">u4").view("V4")
+            k, v = _in_order(np.concatenate([t[0] for t in taken]), np.concatenate([t[1] for t in taken]))
+            v = v.astype(">u4").view("V4")
             for at in range(0, len(k), LOOKUP_CHUNK):  # a key under every exchange: in pieces
-                # a lazy zip: putmulti takes each row as it comes, and zip reuses its tuple
-                yield zip(_as_keys(k[at:at + LOOKUP_CHUNK], width), v[at:at + LOOKUP_CHUNK].tolist())
+                yield k[at:at + LOOKUP_CHUNK], v[at:at + LOOKUP_CHUNK]
+
+
+def _merged_ahead(deferred: list[Deferred]) -> Iterator[tuple[Any, Any]]:
+    """`merged_lookups` of the shards alone, read and merged by a forked process while this one
+    writes what it sent before (reading and merging cost more than the writes): its chunks come
+    through a pipe as bytes, a chunk or two ahead (the pipe holds the rest back). A failure there
+    is raised here as it was; the process is stopped if this one stops reading."""
+    import numpy as np
+
+    ctx = multiprocessing.get_context("fork")
+    receiving, sending = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_send_merged, args=(sending, deferred), daemon=True)
+    child.start()  # forked with OUT open: the child never touches it, and leaves by os._exit
+    sending.close()
+    try:
+        while True:
+            try:
+                head = receiving.recv_bytes()
+            except EOFError:
+                raise StoreError("merging the replay lookups: the process reading them ended without a word; "
+                                 "merge again into a new OUT") from None
+            if head == b"end":
+                return
+            if head.startswith(b"error "):
+                raise StoreError(head[6:].decode(errors="replace"))
+            yield np.frombuffer(head, dtype=np.uint64), np.frombuffer(receiving.recv_bytes(), dtype="V4")
+    finally:
+        receiving.close()
+        child.join(timeout=5)
+        if child.is_alive():
+            child.terminate()
+            child.join()
+
+
+def _send_merged(sending: Any, deferred: list[Deferred]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the merge's to handle: it stops this
+    try:
+        for k, v in merged_lookups(None, deferred):
+            sending.send_bytes(k.tobytes())
+            sending.send_bytes(v.tobytes())
+        sending.send_bytes(b"end")
+    except StoreError as exc:
+        sending.send_bytes(b"error " + str(exc).encode())
+    except (BrokenPipeError, EOFError):
+        pass  # the merge stopped reading
+
+
+def _in_order(keys: Any, ids: Any) -> tuple[Any, Any]:
+    """Rows (keys as numbers, uint32 ids) ordered by key, then id: a stable sort by key (a few
+    sorted runs, one a store: near linear), then one by (key's rank, id) packed in 64 bits (ten
+    times `np.lexsort`'s speed on these)."""
+    import numpy as np
+
+    first = np.argsort(keys, kind="stable")
+    keys, ids = keys[first], ids[first]
+    rank = np.zeros(len(keys), dtype=np.uint64)
+    np.cumsum(keys[1:] != keys[:-1], out=rank[1:])
+    second = np.argsort((rank << np.uint64(32)) | ids.astype(np.uint64), kind="stable")
+    return keys[second], ids[second]
+
+
+def rows(chunk: tuple[Any, Any], width: int) -> Iterator[tuple[bytes, bytes]]:
+    """A chunk of `merged_lookups` as (key, id) rows: a lazy zip (putmulti takes each row as it
+    comes, and zip reuses its tuple)."""
+    return zip(_as_keys(chunk[0], width), chunk[1].tolist())
+
+
+def append_merged_lookups(dest: Store, deferred: list[Deferred], progress: Callable[[str], None],
+                          per_txn: int = LOOKUP_CHUNK) -> int:
+    """Into an OUT whose every table went in in key order (a fresh OUT, `copy_bodies` first) and
+    whose lookups were all deferred: the merged lookups appended to its empty table, about
+    `per_txn` rows a transaction (held as arrays, 12 bytes a row, so a transaction retried on a
+    full map writes them again; a chunk each, so the process merging them works on the next one
+    meanwhile), its mark cleared with the last. Returns how many rows."""
+    width = replay_index.lookup_key_bytes(dest.lookup_layout())
+    held: list[tuple[Any, Any]] = []
+    written = count = 0
+    ahead = threading.active_count() == 1  # no fork in a process running threads (as `workers`)
+    for chunk in _merged_ahead(deferred) if ahead else merged_lookups(None, deferred):
+        held.append(chunk)
+        count += len(chunk[0])
+        if count >= per_txn:
+            written += dest.append_lookups(lambda held=held: (rows(c, width) for c in held), last=False)
+            if written // _SAID > (written - count) // _SAID:
+                progress(f"{dest.path}: {written} replay lookups written")
+            held, count = [], 0
+    return written + dest.append_lookups(lambda: (rows(c, width) for c in held), last=True)
 
 
 class _Held:
@@ -336,8 +424,9 @@ def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
 
     if not len(keys):
         return []
-    group = np.concatenate([[0], np.cumsum(keys[1:] != keys[:-1])])
-    order = np.lexsort((ids, group))
+    group = np.zeros(len(keys), dtype=np.uint64)
+    np.cumsum(keys[1:] != keys[:-1], out=group[1:])
+    order = np.argsort((group << np.uint64(32)) | ids.astype(np.uint64), kind="stable")  # by key, then id
     keep = order[ids[order] >= first]
     return list(zip(keys[keep].tolist(), ids[keep].astype(">u4").view("V4").tolist()))
 

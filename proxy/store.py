@@ -102,6 +102,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         self._fd = os.open(path / "data.mdb", os.O_RDONLY)
         self._needed = needed  # bytes the data file must keep: reading past its end is a SIGBUS
         self._record_lock: Any = None
+        self._trim = False  # `trim_on_close`
         self._meta = env.open_db(b"meta", create=writable)
         self._bodies = env.open_db(b"bodies", create=writable)
         self._exchanges = env.open_db(b"exchanges", create=writable)
@@ -223,10 +224,22 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
                 pass  # a store that cannot take it now is reported by the writes that follow
         if self.writable:
             self._env.sync(True)
+        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
         self._env.close()
         os.close(self._fd)
+        if self._trim:
+            _cut(self.path / "data.mdb", used)
         if self._record_lock is not None:
             self._record_lock.close()
+
+    def trim_on_close(self) -> None:
+        """On close, the data file cut to the pages in use (with writemap it holds the whole map:
+        up to an eighth more). Only under the recording lock, on a store written in key order
+        (merge into a fresh OUT: no page to refill): no other process writes into it meanwhile,
+        and a reader never reads past the last page its snapshot knows."""
+        if self._record_lock is None:
+            raise StoreError(f"store {self.path}: cutting its file to its pages needs the recording lock")
+        self._trim = True
 
     def _check_intact(self) -> None:
         size = os.fstat(self._fd).st_size
@@ -672,6 +685,17 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
     def _settle(self, committed: bool) -> None:
         if self._numbering is not None:
             self._numbering.settle(committed)
+
+
+def _cut(data: Path, used: int) -> None:
+    """A closed store's data file cut to its `used` bytes, on disk before the lock is let go."""
+    fd = os.open(data, os.O_WRONLY)
+    try:
+        if os.fstat(fd).st_size > used:
+            os.ftruncate(fd, used)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _locked(fh: Any, tries: int = 50) -> None:

@@ -185,6 +185,25 @@ class MergeIO:
 
         self._write(write)
 
+    def append_lookups(self, chunks: Callable[[], Iterator[Iterator[tuple[bytes, bytes]]]], *, last: bool) -> int:
+        """Lookups appended after every row this store holds (merge into a fresh OUT, in key
+        order), the rows of `chunks()` in one transaction (called again if it is retried); `last`:
+        the mark `mark_unindexed` set is cleared with them. Returns how many rows."""
+        def write(txn: lmdb.Transaction) -> int:
+            added = 0
+            with txn.cursor(db=self._lookups) as cur:
+                for chunk in chunks():
+                    consumed, landed = cur.putmulti(chunk, append=True)
+                    if landed != consumed:  # append refuses a row out of key order
+                        raise StoreError(f"store {self.path}: merged replay lookups came out of key order; "
+                                         "merge again into a new OUT")
+                    added += landed
+            if last:
+                txn.delete(UNINDEXED.encode(), db=self._meta)
+            return added
+
+        return int(self._write(write))
+
     def mark_unindexed(self, first: int) -> None:
         """Before records are copied without their lookups: where a later merge repairs from."""
         if self.meta(UNINDEXED) is None:

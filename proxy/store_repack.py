@@ -59,21 +59,22 @@ def refill(env: lmdb.Environment, path: Path, progress: Callable[[str], None] = 
     lookups, written once here instead of into `env` and copied again); `dropped`: (table, key)
     left out of the copy (the mark saying those lookups are still to come)."""
     before = used_bytes(env)
-    work, final = path.parent / f".{path.name}.refill", path.parent / f".{path.name}.refilled"
+    work = path.parent / f".{path.name}.refill"
     try:
-        _rewrite(env, path, work, final, progress, replaced or {}, dropped)
+        _rewrite(env, path, work, progress, replaced or {}, dropped)
     except (lmdb.Error, OSError) as exc:  # a full disk, say: the store stays as it was
         raise StoreError(f"refilling the pages of store {path} failed ({exc}); the store is as it was") from None
     return before, (path / "data.mdb").stat().st_size
 
 
-def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progress: Callable[[str], None],
+def _rewrite(env: lmdb.Environment, path: Path, work: Path, progress: Callable[[str], None],
              replaced: dict[bytes, Callable[[], Rows]], dropped: tuple[bytes, bytes] | None) -> None:
-    """The tables copied into `work`, copied to `final`, and its file renamed over the store's."""
-    for p in (work, final):
-        shutil.rmtree(p, ignore_errors=True)
+    """The tables copied into `work` and its file renamed over the store's. Written without
+    writemap, in key order, the new file is its used pages and no more: it goes in as written
+    (a copy of it, as `Environment.copy` makes, would be the same bytes written again)."""
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(path.parent / f".{path.name}.refilled", ignore_errors=True)  # an older version's leftover
     work.mkdir()
-    final.mkdir()
     try:
         out = lmdb.open(str(work), map_size=max(1 << 30, 2 * used_bytes(env)), max_dbs=16, sync=False, metasync=False)
         try:
@@ -86,15 +87,11 @@ def _rewrite(env: lmdb.Environment, path: Path, work: Path, final: Path, progres
             if dropped is not None:
                 with out.begin(write=True, db=out.open_db(dropped[0], create=False)) as w:
                     w.delete(dropped[1])
-            # pages in key order, so a plain copy is as small as a compacting one (which LMDB
-            # cannot do for tables of fixed-size duplicates: it crashes)
-            out.copy(str(final))
         finally:
             out.close()
-        swap_in(final, path)
+        swap_in(work, path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(final, ignore_errors=True)
 
 
 def _copy_table(env: lmdb.Environment, db: Any, flags: dict[str, bool], out: lmdb.Environment, out_db: Any, name: str,

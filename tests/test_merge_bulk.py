@@ -15,6 +15,7 @@ import lmdb
 import pytest
 
 from noisefloor.proxy import compact, merge_copy, replay_index
+from noisefloor.proxy import merge as merge_mod
 from noisefloor.proxy.keys import Rules
 from noisefloor.proxy.merge import merge
 from noisefloor.proxy.store import Store, StoreError
@@ -145,7 +146,7 @@ def test_a_merge_stopped_in_its_refill_before_the_lookups_are_in_is_refused_by_r
         raise SystemExit("killed in the refill, before the lookups")
 
     with monkeypatch.context() as mp:
-        mp.setattr(merge_copy, "merged_lookups", killed)
+        mp.setattr(merge_copy, "_merged_ahead", killed)  # a fresh OUT's: appended, no refill
         with pytest.raises(SystemExit):
             merge(out, shards)
     with Store.open(out, write=False) as s:
@@ -160,6 +161,35 @@ def test_a_merge_stopped_in_its_refill_before_the_lookups_are_in_is_refused_by_r
         assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
 
 
+@pytest.mark.parametrize("ending", ["dies", "refuses"])
+def test_the_process_merging_the_lookups_failing_fails_the_merge_and_the_next_one_repairs(
+        shards, per_exchange, tmp_path, monkeypatch, ending):
+    """The lookups of a fresh OUT are read and merged by a forked process: if it dies, or finds a
+    shard damaged since its check, the merge fails in one line (the damage named), OUT is marked,
+    and the next merge writes the lookups from the entries."""
+    import os
+
+    def dies(sending: object, deferred: object) -> None:
+        os._exit(3)
+
+    def refuses(deferred: object) -> None:
+        raise StoreError("store a.lmdb: a replay lookup is damaged; restore the store from a copy")
+        yield
+
+    out = tmp_path / "out.lmdb"
+    with monkeypatch.context() as mp:  # forked after the patch: the child runs it
+        if ending == "dies":
+            mp.setattr(merge_copy, "_send_merged", dies)
+        else:
+            mp.setattr(merge_copy, "merged_lookups", lambda dest, deferred: refuses(deferred))
+        with pytest.raises(StoreError, match="ended without a word" if ending == "dies" else "a.lmdb: a replay lookup"):
+            merge(out, shards)
+    with Store.open(out, write=False) as s:
+        assert len(s) == 320 and s.meta(replay_index.MERGING) == 1 and s.lookup_rows_count() == 0
+    merge(out, shards)
+    assert tables(out) == tables(per_exchange)
+
+
 def test_a_failed_refill_leaves_the_lookups_copied_into_out(shards, per_exchange, tmp_path, monkeypatch):
     """A refill that fails (a full disk, say) leaves OUT as it was: the deferred lookups are then
     copied into it, so it replays whole all the same."""
@@ -171,6 +201,7 @@ def test_a_failed_refill_leaves_the_lookups_copied_into_out(shards, per_exchange
     out = tmp_path / "out.lmdb"
     with monkeypatch.context() as mp:
         mp.setattr(store_repack, "_rewrite", full)
+        mp.setattr(merge_mod, "_bodies_first", lambda *a: None)  # a fresh OUT is not refilled: its tables went in in order
         merge(out, shards)
     assert tables(out) == tables(per_exchange)
     with Store.open(out, write=False) as s:

@@ -66,9 +66,16 @@ def log(path: Path, *flags: str) -> str:
     return done.stdout.replace(str(path), "STORE")
 
 
-def test_a_merge_refills_its_pages_and_keeps_every_row(shards, unfilled, tmp_path):
+@pytest.mark.parametrize("way", ["fresh", "refilled"])
+def test_a_merge_refills_its_pages_and_keeps_every_row(shards, unfilled, tmp_path, monkeypatch, way):
+    """Into a fresh OUT every table goes in in key order (bodies first, lookups appended last) and
+    the file is cut to its pages; otherwise the pages are refilled: the same rows either way."""
     out = tmp_path / "out.lmdb"
-    merge(out, shards)
+    said: list[str] = []
+    if way == "refilled":
+        monkeypatch.setattr(merge_mod, "_bodies_first", lambda *a: None)
+    merge(out, shards, said.append)
+    assert any("pages refilled" in s for s in said) == (way == "refilled")
     got, before = rows(out), rows(unfilled)
     assert b"lookups" in got and b"heads" in got and len(got[b"exchanges"]) == 400
     assert got == before  # every table, every row, in order: values as stored
@@ -107,12 +114,18 @@ def test_a_refill_stopped_midway_leaves_the_store_as_it_was(unfilled, tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["s.lmdb"]  # nothing left beside it
 
 
-def test_refilling_needs_the_recording_lock(unfilled, tmp_path):
+def test_refilling_or_cutting_the_file_needs_the_recording_lock(unfilled, tmp_path):
     store = tmp_path / "s.lmdb"
     store.mkdir()
     (store / "data.mdb").write_bytes((unfilled / "data.mdb").read_bytes())
     with Store.open(store, write=True) as s, pytest.raises(StoreError, match="recording lock"):
         s.refill_pages()
+    with Store.open(store, write=True) as s, pytest.raises(StoreError, match="recording lock"):
+        s.trim_on_close()
+    with Store.open(store, write=True) as s:  # a recorder's: cut to its pages on close, every row kept
+        s.lock_for_recording()
+        s.trim_on_close()
+    assert (store / "data.mdb").stat().st_size == used(store) and rows(store) == rows(unfilled)
 
 
 def test_compact_compresses_harder_than_the_record_path_and_reads_the_same(unfilled, tmp_path, monkeypatch):
@@ -162,6 +175,7 @@ def test_a_merge_whose_refill_fails_is_merged_whole(shards, unfilled, tmp_path, 
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store_repack, "_fsync", full)
+    monkeypatch.setattr(merge_mod, "_bodies_first", lambda *a: None)  # the way that refills
     said: list[str] = []
     out = tmp_path / "out.lmdb"
     merge(out, shards, said.append)

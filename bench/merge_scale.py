@@ -8,7 +8,7 @@ import path, as bench/readers_scale.py does), interleaved round by round so both
         store_scale.py --build-shard N --seed I --prefix shI --out DIR/sN.shardI.lmdb, I = 0, 1
     python bench/merge_scale.py --keep DIR --this-keep DIR5 ...   # this checkout merges DIR5's
         copies (`nfproxy migrate`d to its format), the baseline DIR's
-    python bench/merge_scale.py ... --jobs 2   # this checkout's merge with two worker processes
+    python bench/merge_scale.py ... --jobs 1   # this checkout's merge in one process (default: 2 on 2+ CPUs)
 
 Per run: wall seconds, CPU seconds (user + system, worker processes included), exchanges per
 wall second and per CPU second, and the most private memory seen (RssAnon of the merging process,
@@ -35,8 +35,10 @@ from bench.readers_scale import unpack  # noqa: E402
 from bench.store_scale import _status_kb, _tree  # noqa: E402
 
 
-def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int, jobs: int = 1) -> dict[str, float]:
-    """`nfproxy merge [--jobs N] out stores...`, its code from `code` (None: this checkout)."""
+def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int, jobs: int | None = None
+              ) -> dict[str, float]:
+    """`nfproxy merge [--jobs N] out stores...`, its code from `code` (None: this checkout); no
+    --jobs: the revision's default (one process before 2 became the default on two CPUs)."""
     shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if code is not None:
@@ -44,7 +46,7 @@ def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int, 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", "from noisefloor.proxy.cli import main; main()", "merge",
-                             *(["--jobs", str(jobs)] if jobs != 1 else []), str(out), *map(str, stores)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+                             *(["--jobs", str(jobs)] if jobs is not None else []), str(out), *map(str, stores)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     main_kb = all_kb = 0
     while proc.poll() is None:
         pids = _tree(proc.pid)
@@ -72,7 +74,8 @@ def main() -> None:
                     help="merge the K shards s{n}.shard{i}.lmdb of each size (n exchanges each) instead of s{n}.lmdb")
     ap.add_argument("--this-keep", type=Path, help="this checkout's copies of the stores, where they differ "
                     "(the shards migrated to today's format: `nfproxy migrate`); default --keep")
-    ap.add_argument("--jobs", type=int, default=1, help="this checkout's merge with --jobs N (the baseline's: one process)")
+    ap.add_argument("--jobs", type=int, help="this checkout's merge with --jobs N (default: its default; the "
+                    "baseline's always its own default)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     results: list[dict[str, object]] = []
@@ -85,7 +88,7 @@ def main() -> None:
                     stores = [(a.this_keep if code is None and a.this_keep else a.keep) / name for name in names]
                     # n exchanges in all: one store of n, or --shards stores of n / shards each
                     r = {"round": round_, "exchanges": n, "code": label,
-                         **merge_run(stores, Path(tmp) / "out.lmdb", code, n, a.jobs if code is None else 1)}
+                         **merge_run(stores, Path(tmp) / "out.lmdb", code, n, a.jobs if code is None else None)}
                     results.append(r)
                     print(json.dumps(r), flush=True)
     if a.json:

@@ -12,10 +12,10 @@ from noisefloor.proxy.options import store_option
 @click.command("merge")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.argument("shards", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="Worker processes that check a large shard and prepare its batches while this one writes "
-                   "(about 1.2x faster with 2 on an idle 2-core machine; on a busy one, slower).")
-def merge_cmd(out: Path, shards: tuple[Path, ...], jobs: int) -> None:
+                   "(default: 2 where two CPUs or more are available, else 1: one process).")
+def merge_cmd(out: Path, shards: tuple[Path, ...], jobs: int | None) -> None:
     """Combine stores recorded by different processes or machines into OUT (created if new).
 
     Bodies are deduplicated by content hash; sessions, replay order and outcome rows are kept. A

@@ -8,9 +8,10 @@ exchange), never half merged. A noisefloor-log/6 body is checked by its CRC as s
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
 index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,
-whole, ids mapped (`merge_copy.copy_lookups`); where the merge ends with a refill (most of OUT is
-new), every shard's lookups are written once, by the refill, merged in key order with OUT's own
-(`merge_copy.merged_lookups`), not copied into OUT and then again. Until they are in, OUT is
+whole, ids mapped (`merge_copy.copy_lookups`); where most of OUT is new, every shard's lookups
+are written once, merged in key order (`merge_copy.merged_lookups`): into a fresh OUT, whose every
+table went in in key order, appended last (read and merged by a second process) and the file cut
+to its pages; else by the refill, with OUT's own, not copied into OUT and then again. Until they are in, OUT is
 marked, replay refuses it, and the next merge first writes the missing lookups from OUT's own entries. A session that exists in OUT
 or in another shard with different exchanges is a clash and is refused, as are shards recorded
 under different normalization rules. Bodies are copied as stored (with the compression

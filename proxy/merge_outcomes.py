@@ -25,7 +25,7 @@ def check(dest: Store, shards: Sequence[Path]) -> None:
                                                                "the output store")]
         for path in shards:
             store = opened.enter_context(Store.open(path, write=False))
-            for _, row in store.outcome_items():
+            for _, _, row in store.outcome_items():
                 key = outcome_values.key(row)
                 for row_of, where in earlier:
                     first = row_of(key)
@@ -36,13 +36,17 @@ def check(dest: Store, shards: Sequence[Path]) -> None:
 
 
 def write(dest: Store, shards: Sequence[Path]) -> int:
-    """The shards' rows OUT does not hold, in shard order (a key twice: the first place's row). Returns how many."""
+    """The shards' rows OUT does not hold, in shard order (a key twice: the first place's row), each
+    value copied as stored where both stores keep rows alike and its key is the row's own (what
+    it reads back as is the row: checked as it was read), else encoded for OUT. Returns how many."""
     added = 0
     for path in shards:
         with Store.open(path, write=False) as store:
+            alike = store.keys_outcomes == dest.keys_outcomes
             chunk: list[tuple[bytes, bytes]] = []
-            for _, row in store.outcome_items():
-                chunk.append((outcome_values.key(row), outcome_values.value(row, dest.keys_outcomes)))
+            for stored_key, stored, row in store.outcome_items():
+                key = outcome_values.key(row)
+                chunk.append((key, stored if alike and key == stored_key else outcome_values.value(row, dest.keys_outcomes)))
                 if len(chunk) >= _CHUNK:
                     added, chunk = added + dest.add_outcomes(chunk), []
             added += dest.add_outcomes(chunk)

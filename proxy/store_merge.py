@@ -249,13 +249,14 @@ class MergeIO:
         return [None if ex is None else stored_request_near(rules, ex.request, self.body(ex.request.get("body")))
                 for ex in map(self.exchange, ids)]
 
-    def outcome_items(self) -> Iterator[tuple[bytes, Any]]:
-        """Every outcome row as (its key as stored, the row), one at a time (merge streams them)."""
+    def outcome_items(self) -> Iterator[tuple[bytes, bytes, Any]]:
+        """Every outcome row as (its key and value as stored, the row read from them), one at a
+        time (merge streams them)."""
         if self._outcomes is None:
             return
         with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
             for k, v in txn.cursor():
-                yield k, outcome_values.row(k, v)
+                yield k, v, outcome_values.row(k, v)
 
     @contextmanager
     def outcome_rows_of(self) -> Iterator[Callable[[bytes], Any]]:

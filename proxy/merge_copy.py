@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import multiprocessing
+import os
 import re
 import signal
 import struct
@@ -22,7 +23,7 @@ import zlib
 from array import array
 from binascii import unhexlify
 from collections.abc import Callable, Iterator
-from contextlib import ExitStack, nullcontext
+from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,40 @@ def workers(jobs: int, exchanges: int) -> int:
     return jobs if jobs > 1 and exchanges >= PARALLEL_FROM and threading.active_count() == 1 else 0
 
 
-def pool(jobs: int, *init: Any) -> multiprocessing.pool.Pool:
-    return multiprocessing.get_context("fork").Pool(jobs, *init)
+def pool(jobs: int, init: Callable[..., None] | None = None, args: tuple[Any, ...] = ()) -> multiprocessing.pool.Pool:
+    """Forked workers that leave an interrupt to the merge, which stops them (no traceback of
+    theirs; killed by a signal, a worker holding the pool's queue lock would hang the pool's
+    stop), and that end with the merge (`_ends_with_parent`), should an interrupt come while the
+    pool starts. `init(*args)` runs in each as it starts."""
+    with _forking() as interrupted:
+        started = multiprocessing.get_context("fork").Pool(jobs, _worker_start, (init, args))
+    if interrupted:
+        started.terminate()
+        raise KeyboardInterrupt
+    return started
+
+
+@contextmanager
+def _forking() -> Iterator[list[int]]:
+    """An interrupt held off while processes are forked (noted, and the caller raises it once
+    they are: the list is not empty), so that a child never takes one inside Python's after-fork
+    steps, with a traceback, before its start says what it does with one."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
+    try:
+        yield noted
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _worker_start(init: Callable[..., None] | None, args: tuple[Any, ...]) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _ends_with_parent()
+    if init is not None:
+        init(*args)
 
 
 def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[int], jobs: int,
@@ -213,23 +246,27 @@ def merged_lookups(dest: Store | None, deferred: list[Deferred]) -> Iterator[tup
 def _merged_ahead(deferred: list[Deferred]) -> Iterator[tuple[Any, Any]]:
     """`merged_lookups` of the shards alone, read and merged by a forked process while this one
     writes what it sent before (reading and merging cost more than the writes): its chunks come
-    through a pipe as bytes, a chunk or two ahead (the pipe holds the rest back). A failure there
-    is raised here as it was; the process is stopped if this one stops reading."""
+    through a pipe as bytes, a chunk ahead (the pipe holds the rest back). A StoreError there is
+    raised here as it was, any other end as one line saying so (its traceback, a bug's, on
+    stderr); the process is stopped if this one stops reading."""
     import numpy as np
 
     ctx = multiprocessing.get_context("fork")
     receiving, sending = ctx.Pipe(duplex=False)
     _widened(sending.fileno())
     child = ctx.Process(target=_send_merged, args=(sending, deferred), daemon=True)
-    child.start()  # forked with OUT open: the child never touches it, and leaves by os._exit
+    with _forking() as interrupted:
+        child.start()  # forked with OUT open: the child never touches it, and leaves by os._exit
     sending.close()
     try:
+        if interrupted:
+            raise KeyboardInterrupt
         while True:
             try:
                 head = receiving.recv_bytes()
             except EOFError:
                 raise StoreError("merging the replay lookups: the process reading them ended without a word; "
-                                 "merge again into a new OUT") from None
+                                 "run the same nfproxy merge again (it writes them from OUT's entries)") from None
             if head == b"end":
                 return
             if head.startswith(b"error "):
@@ -244,6 +281,21 @@ def _merged_ahead(deferred: list[Deferred]) -> Iterator[tuple[Any, Any]]:
             child.join()
 
 
+def _ends_with_parent() -> None:
+    """This forked process is sent SIGTERM when the merge that forked it ends, however it ends
+    (Linux's PR_SET_PDEATHSIG; elsewhere a worker ends when its pipe closes)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the merge ended before the request was made
+        os._exit(1)
+
+
 def _widened(fd: int) -> None:
     """A pipe that holds a whole chunk (12 bytes a row; Linux gives 64 kB): the sender is a chunk
     ahead instead of handing each over in pieces, a wake-up of both processes each."""
@@ -256,6 +308,7 @@ def _widened(fd: int) -> None:
 
 def _send_merged(sending: Any, deferred: list[Deferred]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the merge's to handle: it stops this
+    _ends_with_parent()
     try:
         for k, v in merged_lookups(None, deferred):
             sending.send_bytes(k.tobytes() + v.tobytes())

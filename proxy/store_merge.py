@@ -196,7 +196,7 @@ class MergeIO:
                     consumed, landed = cur.putmulti(chunk, append=True)
                     if landed != consumed:  # append refuses a row out of key order
                         raise StoreError(f"store {self.path}: merged replay lookups came out of key order; "
-                                         "merge again into a new OUT")
+                                         "run the same nfproxy merge again")
                     added += landed
             if last:
                 txn.delete(UNINDEXED.encode(), db=self._meta)

@@ -125,3 +125,60 @@ def test_the_command_line_takes_the_workers_and_refuses_none(shard, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "merge", "--jobs", "0", str(tmp_path / "x"),
                           str(shard)], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 64 and "--jobs" in bad.stderr and not (tmp_path / "x").exists(), bad.stderr
+
+
+INTERRUPTED = """
+import sys, time
+from noisefloor.proxy import merge, merge_copy
+from noisefloor.proxy.cli import main
+merge_copy.PARALLEL_FROM = 50
+checked = merge._check_range
+
+def slow(*args):  # the workers still checking when the interrupt comes
+    time.sleep(float(sys.argv[1]))
+    return checked(*args)
+
+merge._check_range = slow
+main(["merge", *sys.argv[2:]])
+"""
+
+
+def test_an_interrupt_stops_the_merge_and_its_workers_without_their_tracebacks(shard, tmp_path):
+    """Ctrl-C (SIGINT to the process group) while the default two workers check: the merge says
+    it was stopped, no worker prints a traceback, none is left running, OUT holds nothing."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "out.lmdb"
+    proc = subprocess.Popen([sys.executable, "-c", INTERRUPTED, "20", str(out), str(shard)], stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(_group(proc.pid)) < 3:  # the merge and its two workers
+            time.sleep(0.05)
+        assert len(_group(proc.pid)) >= 3
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode != 0 and "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    time.sleep(0.5)
+    assert _group(proc.pid) == [], "a worker outlived the merge"
+    assert not out.exists() or len(Store.open(out, write=False)) == 0
+
+
+def _group(pgid: int) -> list[int]:
+    """The live (not zombie) processes of a process group this test started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                found.append(int(entry.name))
+    return found

@@ -327,10 +327,18 @@ def _in_order(keys: Any, ids: Any) -> tuple[Any, Any]:
 
     first = np.argsort(keys, kind="stable")
     keys, ids = keys[first], ids[first]
+    second = _by_key_then_id(keys, ids)
+    return keys[second], ids[second]
+
+
+def _by_key_then_id(keys: Any, ids: Any) -> Any:
+    """The order of rows whose keys are sorted that puts each key's ids ascending: one stable sort
+    of (the key's rank, id) packed in 64 bits (ids below 2**32)."""
+    import numpy as np
+
     rank = np.zeros(len(keys), dtype=np.uint64)
     np.cumsum(keys[1:] != keys[:-1], out=rank[1:])
-    second = np.argsort((rank << np.uint64(32)) | ids.astype(np.uint64), kind="stable")
-    return keys[second], ids[second]
+    return np.argsort((rank << np.uint64(32)) | ids.astype(np.uint64), kind="stable")
 
 
 def rows(chunk: tuple[Any, Any], width: int) -> Iterator[tuple[bytes, bytes]]:
@@ -485,13 +493,10 @@ def copies_as_stored(shard: int | None, out: int | None) -> bool:
 
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
     """(key, 4-byte id) rows of the ids `first` or above, ids ascending under each key (keys in order)."""
-    import numpy as np
 
     if not len(keys):
         return []
-    group = np.zeros(len(keys), dtype=np.uint64)
-    np.cumsum(keys[1:] != keys[:-1], out=group[1:])
-    order = np.argsort((group << np.uint64(32)) | ids.astype(np.uint64), kind="stable")  # by key, then id
+    order = _by_key_then_id(keys, ids)
     keep = order[ids[order] >= first]
     return list(zip(keys[keep].tolist(), ids[keep].astype(">u4").view("V4").tolist()))
 

@@ -17,6 +17,10 @@ from noisefloor.errors import StateError
 _INITIAL_MAP = 32 << 20  # with writemap the whole map is reserved on disk
 _GROWTH = 8  # a full map grows by 1/8 (at least _MIN_STEP): the file stays close to what is used
 _MIN_STEP = 64 << 20
+# a reader's map reaches this far past the file: address space only (no page past the file's end
+# is read), so that a store a recorder grows while it is open does not outgrow the map (LMDB's
+# MDB_MAP_RESIZED, which is no damage)
+_READ_AHEAD = 64 << 30
 
 
 class StoreError(StateError):
@@ -64,12 +68,34 @@ def open_env(p: Path, write: bool) -> tuple[lmdb.Environment, int]:
     """The LMDB environment, its map's disk reserved when writing, and the bytes its data file
     must keep (a file cut shorter is refused: reading past its end would be a SIGBUS)."""
     data = p / "data.mdb"
+    size = data.stat().st_size if data.exists() else 0
+    try:
+        env = _opened(p, write, max(_INITIAL_MAP, size) if write else size + _READ_AHEAD)
+    except StoreError:
+        if write:
+            raise
+        env = _opened(p, write, max(_INITIAL_MAP, size))  # no address space to spare (a ulimit), or no store
+    if write:
+        try:
+            _reserve(data, env.info()["map_size"])
+        except StoreError:
+            env.close()
+            raise
+    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+    if data.stat().st_size < needed:
+        env.close()
+        raise StoreError(f"store {p} is damaged: {data} is truncated ({data.stat().st_size} of {needed} bytes); "
+                         "restore it from a copy or record it again")
+    return env, needed
+
+
+def _opened(p: Path, write: bool, map_size: int) -> lmdb.Environment:
     try:
         if write:
             p.mkdir(parents=True, exist_ok=True)
-        env = lmdb.open(
+        return lmdb.open(
             str(p),
-            map_size=max(_INITIAL_MAP, data.stat().st_size if data.exists() else 0),
+            map_size=map_size,
             max_dbs=16,
             subdir=True,
             readonly=not write,
@@ -84,18 +110,6 @@ def open_env(p: Path, write: bool) -> tuple[lmdb.Environment, int]:
         )
     except lmdb.Error as exc:
         raise StoreError(f"{p} is not a readable LMDB store ({exc}); point --store at an nfproxy store") from exc
-    if write:
-        try:
-            _reserve(data, env.info()["map_size"])
-        except StoreError:
-            env.close()
-            raise
-    needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
-    if data.stat().st_size < needed:
-        env.close()
-        raise StoreError(f"store {p} is damaged: {data} is truncated ({data.stat().st_size} of {needed} bytes); "
-                         "restore it from a copy or record it again")
-    return env, needed
 
 
 def grow(env: lmdb.Environment, path: Path) -> None:

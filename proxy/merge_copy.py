@@ -36,6 +36,7 @@ from noisefloor.proxy.store_merge_scan import NO_BODY, PLAN, HeadTail
 
 LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
 _SAID = 1 << 20  # lookups written between two progress lines
+_CHUNK, _END, _FAILED = b"c", b".", b"!"  # what a message from the lookups' process is (its first byte)
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
@@ -135,10 +136,10 @@ def workers(jobs: int, exchanges: int) -> int:
 def pool(jobs: int, init: Callable[..., None] | None = None, args: tuple[Any, ...] = ()) -> multiprocessing.pool.Pool:
     """Forked workers that leave an interrupt to the merge, which stops them (no traceback of
     theirs; killed by a signal, a worker holding the pool's queue lock would hang the pool's
-    stop), and that end with the merge (`_ends_with_parent`), should an interrupt come while the
+    stop), and that end with the merge (`_ends_with`), should an interrupt come while the
     pool starts. `init(*args)` runs in each as it starts."""
     with _forking() as interrupted:
-        started = multiprocessing.get_context("fork").Pool(jobs, _worker_start, (init, args))
+        started = multiprocessing.get_context("fork").Pool(jobs, _worker_start, (os.getpid(), init, args))
     if interrupted:
         started.terminate()
         raise KeyboardInterrupt
@@ -161,9 +162,9 @@ def _forking() -> Iterator[list[int]]:
         signal.signal(signal.SIGINT, previous)
 
 
-def _worker_start(init: Callable[..., None] | None, args: tuple[Any, ...]) -> None:
+def _worker_start(parent: int, init: Callable[..., None] | None, args: tuple[Any, ...]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _ends_with_parent()
+    _ends_with(parent)
     if init is not None:
         init(*args)
 
@@ -254,7 +255,7 @@ def _merged_ahead(deferred: list[Deferred]) -> Iterator[tuple[Any, Any]]:
     ctx = multiprocessing.get_context("fork")
     receiving, sending = ctx.Pipe(duplex=False)
     _widened(sending.fileno())
-    child = ctx.Process(target=_send_merged, args=(sending, deferred), daemon=True)
+    child = ctx.Process(target=_send_merged, args=(sending, deferred, os.getpid()), daemon=True)
     with _forking() as interrupted:
         child.start()  # forked with OUT open: the child never touches it, and leaves by os._exit
     sending.close()
@@ -267,12 +268,13 @@ def _merged_ahead(deferred: list[Deferred]) -> Iterator[tuple[Any, Any]]:
             except EOFError:
                 raise StoreError("merging the replay lookups: the process reading them ended without a word; "
                                  "run the same nfproxy merge again (it writes them from OUT's entries)") from None
-            if head == b"end":
+            kind, n = head[:1], (len(head) - 1) // 12  # a chunk: 8 bytes a key, then 4 an id
+            if kind == _END:
                 return
-            if head.startswith(b"error "):
-                raise StoreError(head[6:].decode(errors="replace"))
-            n = len(head) // 12  # 8 bytes a key, then 4 an id
-            yield np.frombuffer(head, dtype=np.uint64, count=n), np.frombuffer(head, dtype="V4", offset=8 * n)
+            if kind == _FAILED:
+                raise StoreError(head[1:].decode(errors="replace"))
+            yield (np.frombuffer(head, dtype=np.uint64, count=n, offset=1),
+                   np.frombuffer(head, dtype="V4", count=n, offset=1 + 8 * n))
     finally:
         receiving.close()
         child.join(timeout=5)
@@ -281,9 +283,9 @@ def _merged_ahead(deferred: list[Deferred]) -> Iterator[tuple[Any, Any]]:
             child.join()
 
 
-def _ends_with_parent() -> None:
-    """This forked process is sent SIGTERM when the merge that forked it ends, however it ends
-    (Linux's PR_SET_PDEATHSIG; elsewhere a worker ends when its pipe closes)."""
+def _ends_with(parent: int) -> None:
+    """This forked process is sent SIGTERM when the merge that forked it (`parent`) ends, however
+    it ends (Linux's PR_SET_PDEATHSIG; elsewhere a worker ends when its pipe closes)."""
     import ctypes
     import ctypes.util
 
@@ -292,7 +294,7 @@ def _ends_with_parent() -> None:
         libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() == 1:  # the merge ended before the request was made
+    if os.getppid() != parent:  # the merge ended before the request was made
         os._exit(1)
 
 
@@ -306,15 +308,15 @@ def _widened(fd: int) -> None:
         pass  # not Linux, or not allowed: the chunks go in pieces
 
 
-def _send_merged(sending: Any, deferred: list[Deferred]) -> None:
+def _send_merged(sending: Any, deferred: list[Deferred], parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is the merge's to handle: it stops this
-    _ends_with_parent()
+    _ends_with(parent)
     try:
         for k, v in merged_lookups(None, deferred):
-            sending.send_bytes(k.tobytes() + v.tobytes())
-        sending.send_bytes(b"end")
+            sending.send_bytes(_CHUNK + k.tobytes() + v.tobytes())
+        sending.send_bytes(_END)
     except StoreError as exc:
-        sending.send_bytes(b"error " + str(exc).encode())
+        sending.send_bytes(_FAILED + str(exc).encode())
     except (BrokenPipeError, EOFError):
         pass  # the merge stopped reading
 

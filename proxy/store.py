@@ -224,7 +224,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
                 pass  # a store that cannot take it now is reported by the writes that follow
         if self.writable:
             self._env.sync(True)
-        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"]
+        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"] if self._trim else 0
         self._env.close()
         os.close(self._fd)
         if self._trim:

@@ -169,7 +169,7 @@ def test_the_process_merging_the_lookups_failing_fails_the_merge_and_the_next_on
     and the next merge writes the lookups from the entries."""
     import os
 
-    def dies(sending: object, deferred: object) -> None:
+    def dies(sending: object, deferred: object, parent: int) -> None:
         os._exit(3)
 
     def refuses(deferred: object) -> None:
@@ -226,3 +226,16 @@ def test_compacting_a_store_a_merge_left_unindexed_indexes_it_first(shards, per_
         assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
     want = [(k, v) for k, v in tables(per_exchange)["lookups"] if replay_index.ID.unpack(v)[0] <= present]
     assert tables(out)["lookups"] == want
+
+
+def test_the_lookups_process_frames_its_messages_whatever_bytes_a_chunk_holds(monkeypatch):
+    """A chunk whose key bytes spell the end or failure of the stream (a forged shard's keys are
+    its own) comes through as a chunk: every message says what it is in its first byte."""
+    import numpy as np
+
+    keys = np.array([int.from_bytes(b"error x.", "little"), int.from_bytes(b".!end!!!", "little")], dtype=np.uint64)
+    ids = np.array([1, 2], dtype=">u4").view("V4")
+    monkeypatch.setattr(merge_copy, "merged_lookups", lambda dest, deferred: iter([(keys, ids), (keys[:1], ids[:1])]))
+    got = list(merge_copy._merged_ahead([]))  # forked after the patch: the child sends these
+    assert [len(k) for k, _ in got] == [2, 1]
+    assert got[0][0].tolist() == keys.tolist() and got[0][1].tobytes() == ids.tobytes()

@@ -364,11 +364,11 @@ def append_merged_lookups(dest: Store, deferred: list[Deferred], progress: Calla
         held.append(chunk)
         count += len(chunk[0])
         if count >= per_txn:
-            written += dest.append_lookups(lambda held=held: (rows(c, width) for c in held), last=False)
+            written += dest.append_rows("lookups", lambda held=held: (rows(c, width) for c in held))
             if written // _SAID > (written - count) // _SAID:
                 progress(f"{dest.path}: {written} replay lookups written")
             held, count = [], 0
-    return written + dest.append_lookups(lambda: (rows(c, width) for c in held), last=True)
+    return written + dest.append_rows("lookups", lambda: (rows(c, width) for c in held), indexed=True)
 
 
 class _Held:
@@ -459,9 +459,9 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
             last = k
             rows.append((k, v))
             if len(rows) >= chunk:
-                written += _appended(dest, rows)
+                written += dest.append_rows("bodies", lambda rows=rows: [rows])
                 rows = []
-        return written + (_appended(dest, rows) if rows else 0)
+        return written + (dest.append_rows("bodies", lambda: [rows]) if rows else 0)
 
 
 def _checked_bodies(src: Store, limit: int) -> Iterator[tuple[bytes, bytes]]:
@@ -469,17 +469,6 @@ def _checked_bodies(src: Store, limit: int) -> Iterator[tuple[bytes, bytes]]:
         if not codec.sound_as_stored(v, limit):
             src.body(k.hex())  # a raw value, or damage: read whole, verified (StoreError naming it)
         yield k, v
-
-
-def _appended(dest: Store, rows: list[tuple[bytes, bytes]]) -> int:
-    def put(txn: Any) -> int:
-        with txn.cursor(db=dest._bodies) as cur:
-            consumed, added = cur.putmulti(rows, append=True)
-        if added != len(rows):  # append refuses a row out of key order: every one must land
-            raise StoreError(f"merging the bodies into {dest.path}: {len(rows) - added} came out of key order")
-        return int(added)
-
-    return int(dest._write(put))
 
 
 def mergeable(layout: int | None) -> bool:

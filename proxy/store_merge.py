@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import struct
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from hashlib import sha256
@@ -185,20 +185,24 @@ class MergeIO:
 
         self._write(write)
 
-    def append_lookups(self, chunks: Callable[[], Iterator[Iterator[tuple[bytes, bytes]]]], *, last: bool) -> int:
-        """Lookups appended after every row this store holds (merge into a fresh OUT, in key
-        order), the rows of `chunks()` in one transaction (called again if it is retried); `last`:
-        the mark `mark_unindexed` set is cleared with them. Returns how many rows."""
+    def append_rows(self, table: str, chunks: Callable[[], Iterable[Iterable[tuple[bytes, bytes]]]], *,
+                    indexed: bool = False) -> int:
+        """Rows appended after every row of `table` ("bodies" or "lookups": a merge into a fresh
+        OUT writes them in key order), the rows of `chunks()` in one transaction (called again if
+        it is retried); `indexed`: the mark `mark_unindexed` set is cleared with them. Every row
+        must land (append refuses one out of key order). Returns how many rows."""
+        db = {"bodies": self._bodies, "lookups": self._lookups}[table]
+
         def write(txn: lmdb.Transaction) -> int:
             added = 0
-            with txn.cursor(db=self._lookups) as cur:
+            with txn.cursor(db=db) as cur:
                 for chunk in chunks():
                     consumed, landed = cur.putmulti(chunk, append=True)
-                    if landed != consumed:  # append refuses a row out of key order
-                        raise StoreError(f"store {self.path}: merged replay lookups came out of key order; "
-                                         "run the same nfproxy merge again")
+                    if landed != consumed:
+                        raise StoreError(f"store {self.path}: merged {table} came out of key order; run the same "
+                                         "nfproxy merge again")
                     added += landed
-            if last:
+            if indexed:
                 txn.delete(UNINDEXED.encode(), db=self._meta)
             return added
 

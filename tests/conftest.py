@@ -20,6 +20,7 @@ from noisefloor.proxy.launch import nfproxy_argv as nfproxy_argv  # re-exported 
 from tests.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"  # the fixtures the repository keeps (stores made by earlier mains)
 SHARED_DATA = Path(os.environ.get("NF_SHARED_DATA", ROOT.parent / "shared" / "data"))
 START_TIMEOUT = 30.0
 HAVE_EVALPLUS = (SHARED_DATA / "evalplus").is_dir()

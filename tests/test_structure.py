@@ -7,7 +7,8 @@ import ast
 import importlib.util
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT
+
 _spec = importlib.util.spec_from_file_location("structure", ROOT / "tools" / "structure.py")
 structure = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(structure)

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 from noisefloor.analyzer import inspect_logs
-from tests.conftest import nfproxy_argv
+from tests.conftest import ROOT, nfproxy_argv
 from tests.fake_upstream import FakeUpstream
 
 if importlib.util.find_spec("inspect_ai") is None:  # not imported: ~3.5 CPU-s this process never needs
     pytest.skip("inspect_ai is in the test extra", allow_module_level=True)
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = ROOT / "examples"
 INSPECT = Path(sys.executable).with_name("inspect")
 FLAVOURS = {False: "chat-completions", True: "responses-api"}  # responses_api: the name of its log folder
 BOTH = (False, True)

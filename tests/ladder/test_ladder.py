@@ -14,10 +14,8 @@ import pytest
 
 from noisefloor.ladder.provider import BuiltinProvider, TaskModel, task_models, true_w
 from noisefloor.ladder.suite import builtin_suite
-from tests.conftest import delete_exchanges, needs_data
+from tests.conftest import ROOT, delete_exchanges, needs_data
 from tests.fake_upstream import FakeUpstream
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def nfladder(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:

@@ -5,7 +5,7 @@ writes; a record damaged under an intact head, or a body, is refused by name wit
 a record rewritten after its head (valid, other bytes) is merged with the head read from it; a
 damaged head alone costs nothing. Real LMDB stores recorded through the real recorder; the
 sessions plan (which shard brings a session, which OUT holds, which clash) on its own arrays.
-A /5 shard, whose records are copied as stored, is tests/test_merge_as_stored.py's."""
+A /5 shard, whose records are copied as stored, is tests/store/test_merge_as_stored.py's."""
 
 from __future__ import annotations
 

@@ -28,9 +28,9 @@ from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store._dicts import TRAIN_AFTER
 from noisefloor.proxy.store._walk import BATCH
 from noisefloor.proxy.store.log import Store
-from tests.conftest import nfproxy_argv
+from tests.conftest import DATA, nfproxy_argv
 
-sys.path.insert(0, str(Path(__file__).parent / "data"))
+sys.path.insert(0, str(DATA))
 from make_main_store import answer, chat  # noqa: E402 - the fixture's own traffic
 
 _U64 = struct.Struct(">Q")

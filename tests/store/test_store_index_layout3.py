@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 from pathlib import Path
 
 import lmdb
@@ -22,10 +21,10 @@ from noisefloor.proxy.request.traffic import RequestData
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
-from tests.conftest import nfproxy_argv
+from tests.conftest import DATA
 from tests.data.make_index_v1_store import answered, changed, layout
+from tests.store.store_fixtures import nfproxy, table_bytes
 
-DATA = Path(__file__).parent / "data"
 EXPECTED = json.loads((DATA / "store-index-v2.json").read_text())
 
 
@@ -34,20 +33,6 @@ def v2(tmp_path: Path) -> Path:
     store = tmp_path / "v2.lmdb"
     shutil.copytree(DATA / "store-index-v2", store)
     return store
-
-
-def table_bytes(store: Path, name: str) -> int:
-    env = lmdb.open(str(store), readonly=True, lock=False, max_dbs=16)
-    try:
-        with env.begin() as txn:
-            st = txn.stat(env.open_db(name.encode(), txn=txn, create=False))
-            return (st["leaf_pages"] + st["branch_pages"] + st["overflow_pages"]) * st["psize"]
-    finally:
-        env.close()
-
-
-def nfproxy(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*nfproxy_argv(), *args], capture_output=True, text=True, timeout=120)
 
 
 def test_a_layout_2_store_reads_as_main_answered(v2):

@@ -14,9 +14,8 @@ import pytest
 
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from tests import loopback
-from tests.conftest import START_TIMEOUT, nfproxy_argv
+from tests.conftest import DATA, START_TIMEOUT, nfproxy_argv
 
-DATA = Path(__file__).parent / "data"
 # main's listing of the fixture, plus the record layout version its records leave implicit (1)
 EXPECTED = [{**json.loads(line), "version": 1} for line in (DATA / "v1_store.exchanges.jsonl").read_text().splitlines()]
 

@@ -6,7 +6,7 @@ explicitly, a rotated API key) with the upstream still listening, and must see e
 live while the upstream gets no connection at all. Plain, streamed and concurrent calls.
 
 These SDKs cannot share an environment with mitmproxy 11 (h11 <= 0.14), so they are tested on
-Python 3.12+; the 3.11 line keeps the SDKs of before (tests/test_proxy_e2e.py and the others)."""
+Python 3.12+; the 3.11 line keeps the SDKs of before (tests/proxy/test_proxy_e2e.py and the others)."""
 
 from __future__ import annotations
 

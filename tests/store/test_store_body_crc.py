@@ -19,9 +19,8 @@ from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
-from tests.conftest import nfproxy_argv
-from tests.test_store_encoding import all_bodies_read_back, conversation
-from tests.test_store_heads import DATA, printed, run
+from tests.conftest import DATA, nfproxy_argv
+from tests.store.store_fixtures import all_bodies_read_back, conversation, printed, run
 
 MAIN_V5 = DATA / "store-main-0497a29"
 

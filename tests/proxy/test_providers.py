@@ -21,10 +21,10 @@ from noisefloor.proxy.request.traffic import RequestData, ResponseData
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import Store
 from tests import loopback
-from tests.conftest import start_nfproxy
+from tests.conftest import ROOT, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "providers"
+EXAMPLES = ROOT / "examples" / "providers"
 
 JSON = (("content-type", "application/json"),)
 

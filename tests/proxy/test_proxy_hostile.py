@@ -24,7 +24,7 @@ import zstandard
 
 from noisefloor.proxy.store.log import Store
 from tests import loopback
-from tests.conftest import nfproxy_argv, start_nfproxy, wait_until
+from tests.conftest import DATA, nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream
 
 CHAT = {"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "Write add(a, b)."}]}
@@ -150,7 +150,7 @@ def _peak_rss_mb(pid: int) -> float:
 def _bomb() -> bytes:
     """809 bytes of brotli that decode to 1 GiB of zeros, kept as a file: compressing the GiB costs
     2.5 CPU-s a test. Made by `brotli.Compressor(quality=4, lgwin=24)` fed 16 x 64 MiB of zeros."""
-    return (Path(__file__).parent / "data" / "zeros-1gib.br").read_bytes()
+    return (DATA / "zeros-1gib.br").read_bytes()
 
 
 @pytest.mark.parametrize("mode", ["record", "replay"])

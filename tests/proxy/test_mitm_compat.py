@@ -10,6 +10,7 @@ import pytest
 
 from noisefloor.proxy.mitm import compat as mitm_compat
 from tests import loopback
+from tests.conftest import ROOT
 
 
 @pytest.mark.parametrize("internal", list(mitm_compat.INTERNALS))
@@ -82,9 +83,8 @@ def test_lean_master_has_exactly_the_addons_a_recording_proxy_needs():
 
 def test_no_other_module_imports_mitmproxy():
     import re
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     pattern = re.compile(r"^\s*(from|import)\s+mitmproxy\b", re.M)
     parts = [d for d in root.iterdir() if d.is_dir() and (d / "__init__.py").exists() and d.name != "tests"]
     offenders = [str(p.relative_to(root)) for part in [*parts, root / "src"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import shutil
 import struct
-import subprocess
 import sys
 import zlib
 from pathlib import Path
@@ -27,33 +26,14 @@ from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
-from tests.conftest import nfproxy_argv
+from tests.conftest import DATA, nfproxy_argv
+from tests.store.store_fixtures import listings, printed, run
 
-DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
 from make_main_store import answer, chat  # noqa: E402 - the fixture's own traffic
 
 _U64 = struct.Struct(">Q")
 NFANALYZE = [str(Path(sys.executable).with_name("nfanalyze"))]
-
-
-def run(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(argv, capture_output=True, text=True, timeout=120)
-
-
-def listings(store: Path) -> tuple[str, str]:
-    plain, as_json = run([*nfproxy_argv(), "log", "--store", str(store)]), \
-        run([*nfproxy_argv(), "log", "--json", "--store", str(store)])
-    assert plain.returncode == as_json.returncode == 0, plain.stderr + as_json.stderr
-    return plain.stdout.replace(str(store), "STORE"), as_json.stdout
-
-
-def printed(store: Path) -> tuple[str, list[object]]:
-    """`listings` with `log --json`'s lines as the objects they print (a noisefloor-log/5 record is
-    stored without its head's fields, and printed with them put back: the same object, in
-    another key order and spacing than a /4 record's text passed through)."""
-    plain, as_json = listings(store)
-    return plain, [msgspec.json.decode(line) for line in as_json.splitlines()]
 
 
 def from_records(store: Path) -> list[exchange_record.Head]:

@@ -25,11 +25,12 @@ from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import FORMAT, Store
 from noisefloor.proxy.store.merge.run import merge
 from noisefloor.proxy.store.replay_index import RecordedEntry
+from tests.conftest import DATA
 from tests.data.make_index_v1_store import answered, changed, layout
-from tests.test_store_index_layout3 import nfproxy as _nfproxy
-from tests.test_store_index_layout3 import table_bytes as _table_bytes
+from tests.store.store_fixtures import nfproxy as _nfproxy
+from tests.store.store_fixtures import table_bytes as _table_bytes
 
-MAIN_V6 = Path(__file__).parent / "data" / "store-main-0ba4151"
+MAIN_V6 = DATA / "store-main-0ba4151"
 V6 = ("noisefloor-log/6", 3)
 
 

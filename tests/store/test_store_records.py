@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -19,8 +18,8 @@ from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.request.labels import Labels
 from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store.log import FORMAT, Store
+from tests.conftest import DATA
 
-DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))
 from make_main_store import answer, chat  # noqa: E402 - the fixture's own traffic
 

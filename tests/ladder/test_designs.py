@@ -20,9 +20,8 @@ from noisefloor.ladder import designs
 from noisefloor.ladder.conditions import Condition, ConditionError, Override, Registry
 from noisefloor.ladder.judge_study import parse_verdict
 from noisefloor.ladder.pipeline import drift
-from tests.conftest import SHARED_DATA, wait_until
+from tests.conftest import ROOT, SHARED_DATA, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
 BOOT = "1000"
 
 

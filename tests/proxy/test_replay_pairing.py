@@ -14,10 +14,9 @@ import anthropic
 import openai
 import pytest
 
-from tests.conftest import ProxyProcess, start_nfproxy
+from tests.conftest import DATA, ProxyProcess, start_nfproxy
 from tests.fake_upstream import FakeUpstream
 
-ROOT = Path(__file__).resolve().parent
 QUESTIONS = [f"Independent question number {i}: what is {i} + {i}?" for i in range(4)]
 MODEL = "gpt-4o-mini"
 CONVERSATIONS = {"A": "Conversation A: tell the story of a lighthouse keeper who finds a message in a bottle.",
@@ -237,7 +236,7 @@ def test_a_store_recorded_by_main_replays_by_content_and_stays_unchanged(tmp_pat
     """tests/data/store-main-1704f55 was written by main at 1704f55 (see make_main_store.py): no
     dependencies, no lookup rows. They are recomputed in memory; nothing is written to it."""
     store = tmp_path / "old.lmdb"
-    shutil.copytree(ROOT / "data" / "store-main-1704f55", store)
+    shutil.copytree(DATA / "store-main-1704f55", store)
     before = (store / "data.mdb").read_bytes()
     rep = replay(store, proxies)
     second = user("Start a story.") + [{"role": "assistant", "content": "recorded answer 5"},

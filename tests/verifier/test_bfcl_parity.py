@@ -21,16 +21,15 @@ from __future__ import annotations
 import gzip
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
 from noisefloor.verifier import bfcl
 from noisefloor.verifier.bfcl import Call, Rules, grade, grade_response
 from noisefloor.verifier.datasets import ToolTask, load_bfcl
-from tests.conftest import needs_bfcl
+from tests.conftest import DATA, needs_bfcl
 
-CORPUS = Path(__file__).with_name("data") / "bfcl_official_verdicts.jsonl.gz"
+CORPUS = DATA / "bfcl_official_verdicts.jsonl.gz"
 
 
 @pytest.fixture(scope="module")

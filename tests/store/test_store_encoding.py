@@ -23,33 +23,7 @@ from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.compact import rewrite
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
-
-SYSTEM = "You are a careful assistant who answers with one short paragraph and a code block. " * 8
-
-
-def conversation(rec: Recorder, session: str, turns: int, seed: int) -> list[tuple[bytes, bytes]]:
-    """A multi-turn chat: each request carries every earlier turn, as chat APIs want."""
-    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"task {seed}: sum a list"}]
-    out = []
-    for t in range(turns):
-        body = json.dumps({"model": "m", "messages": messages}).encode()
-        text = f"answer {seed}.{t}: " + " ".join(f"word{(seed * 31 + t * 7 + i) % 97}" for i in range(60))
-        answer = json.dumps({"choices": [{"message": {"role": "assistant", "content": text}}]}).encode()
-        p = rec.begin(RequestData("POST", "http://up/v1/chat/completions", "up", "/v1/chat/completions", (), body),
-                      Labels(session))
-        rec.finish(p, ResponseData(200, (("content-type", "application/json"),), answer))
-        out.append((body, answer))
-        messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"now turn {t + 1}"}]
-    return out
-
-
-def all_bodies_read_back(path: Path, expected: list[tuple[bytes, bytes]]) -> None:
-    with Store.open(path, write=False) as s:
-        got = {}
-        for ex in s.exchanges():
-            got[ex.request["body"]] = s.part_body(ex.request, ex.id, "request")
-            got[ex.response["body"]] = s.part_body(ex.response, ex.id, "response")
-        assert sorted(got.values()) == sorted({b for pair in expected for b in pair})
+from tests.store.store_fixtures import SYSTEM, all_bodies_read_back, conversation
 
 
 def tags(path: Path) -> dict[int, int]:

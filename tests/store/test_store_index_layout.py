@@ -20,10 +20,9 @@ from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
 from noisefloor.proxy.store.replay_index import VERSION
 from tests import loopback
-from tests.conftest import START_TIMEOUT, nfproxy_argv, wait_until
+from tests.conftest import DATA, START_TIMEOUT, nfproxy_argv, wait_until
 from tests.data.make_index_v1_store import answered, changed, layout
 
-DATA = Path(__file__).parent / "data"
 EXPECTED = json.loads((DATA / "store-index-v1.json").read_text())
 
 

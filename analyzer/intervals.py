@@ -144,47 +144,70 @@ def fmt_ci(ci: tuple[float, float], fmt: str = ".5f") -> str:
 FEW_VARYING = 10  # below this many varying tasks the task bootstrap alone under-covers (bench/coverage.py)
 
 
+def variance_per_varying(replicates: int) -> float:
+    """The largest p(1-p) / P(a task with pass probability p varies in R replicates) over p:
+    1 / 2 at R = 2; for R >= 3 it is reached at p = 1/2, 1 / (4 (1 - 2^(1-R))). A task population
+    whose tasks vary (in R replicates) with probability q has mean p(1-p) at most this times q."""
+    if replicates < 2:
+        raise InputError(f"need at least 2 replicates, got {replicates}")
+    return 0.25 / (1 - 2.0 ** (1 - replicates))
+
+
 @dataclass(frozen=True)
 class FlipBound:
-    """An exact bound on the per-replicate minority rate of a set of 0/1 reruns.
+    """Exact upper bounds on the per-replicate variance of a set of 0/1 reruns, for two targets.
 
-    For task i with pass probability p_i, its minority probability is m_i = min(p_i, 1 - p_i), and
-    the count of minority outcomes over the N x R cells is a sum of independent Bernoulli cells
-    with mean R * sum(m_i). The observed count `minority` = sum_i min(k_i, R - k_i) is that count
-    whenever no task shows its minority outcome in more than half its replicates, which is the
-    nearly deterministic case this bound is for (tasks that vary a lot are seen anyway). The
-    one-sided Clopper-Pearson upper end of minority / cells bounds mean(m_i) (Hoeffding 1956: a
-    sum of unequal Bernoulli cells is no more spread than the binomial with their mean), and,
-    p(1-p) = m(1-m) being concave, mean(p_i (1 - p_i)) <= rate_upper (1 - rate_upper).
+    The study's own tasks: for task i with pass probability p_i, its minority probability is
+    m_i = min(p_i, 1 - p_i), and the count of minority outcomes over the N x R cells is a sum of
+    independent Bernoulli cells with mean R * sum(m_i). The observed count `minority` =
+    sum_i min(k_i, R - k_i) is that count whenever no task shows its minority outcome in more than
+    half its replicates, which is the nearly deterministic case this bound is for (tasks that vary
+    a lot are seen anyway). The one-sided Clopper-Pearson upper end of minority / cells bounds
+    mean(m_i) (Hoeffding 1956: a sum of unequal Bernoulli cells is no more spread than the binomial
+    with their mean), and, p(1-p) = m(1-m) being concave, mean(p_i (1 - p_i)) <= rate_upper (1 - rate_upper).
+
+    The task population the tasks were drawn from: the cell bound tightens as R grows whatever
+    the tasks drawn, so it cannot speak for flipping tasks the draw left out. Each drawn task
+    varies in its R replicates independently with one probability q, so the one-sided
+    Clopper-Pearson upper end of varying / N bounds q, and the population's mean p(1-p) is at most
+    `variance_per_varying(R)` x that.
     """
 
     varying: int  # tasks whose outcome changed
     tasks: int
     replicates: int
     minority: int  # sum over tasks of min(passes, fails)
-    level: float  # one-sided confidence of rate_upper
+    level: float  # one-sided confidence of rate_upper and share_upper
     rate_upper: float
+    share_upper: float = 1.0  # upper end for the population share of tasks that vary in R replicates
 
     @property
     def variance_upper(self) -> float:
-        """Upper bound on the mean within-task variance p(1-p)."""
+        """Upper bound on the mean within-task variance p(1-p) of these tasks."""
         m = min(self.rate_upper, 0.5)
         return m * (1 - m)
 
+    @property
+    def population_variance_upper(self) -> float:
+        """Upper bound on the task population's mean p(1-p): also what the draw may have missed."""
+        return max(self.variance_upper, min(0.25, variance_per_varying(self.replicates) * self.share_upper))
+
     def json_extra(self) -> dict[str, float | str]:
-        """What JSON carries beside the fields: the variance bound and the sentence."""
-        return {"variance_upper": self.variance_upper, "sentence": self.sentence()}
+        """What JSON carries beside the fields: the variance bounds and the sentence."""
+        return {"variance_upper": self.variance_upper, "population_variance_upper": self.population_variance_upper,
+                "sentence": self.sentence()}
 
     def sentence(self) -> str:
         cells = self.tasks * self.replicates
         what = (f"no task varied in {self.tasks} x {self.replicates} outcomes" if self.varying == 0 else
                 f"{self.varying} of {self.tasks} tasks varied ({self.minority} minority outcomes in "
                 f"{self.tasks} x {self.replicates})")
-        return f"{what}: per-replicate flip rate <= {self.rate_upper:.3g} of {cells} (exact, one-sided {self.level:.1%})"
+        return (f"{what}: per-replicate flip rate <= {self.rate_upper:.3g} of {cells}, share of tasks that vary "
+                f"<= {self.share_upper:.3g} (exact, one-sided {self.level:.1%})")
 
 
 def flip_bound(outcomes: np.ndarray, alpha: float = 0.05) -> FlipBound:
-    """The exact bound of `FlipBound` at one-sided level 1 - alpha/2 (the upper end of a
+    """The exact bounds of `FlipBound` at one-sided level 1 - alpha/2 (the upper end of a
     two-sided 1 - alpha interval) for an (N, R) 0/1 matrix."""
     y = runs_matrix(outcomes)
     n, r = y.shape
@@ -192,4 +215,5 @@ def flip_bound(outcomes: np.ndarray, alpha: float = 0.05) -> FlipBound:
     minority = int(np.minimum(k, r - k).sum())
     varying = int((y.min(axis=1) != y.max(axis=1)).sum())
     level = 1 - alpha / 2
-    return FlipBound(varying, n, r, minority, level, clopper_pearson_upper(minority, n * r, level))
+    return FlipBound(varying, n, r, minority, level, clopper_pearson_upper(minority, n * r, level),
+                     clopper_pearson_upper(varying, n, level))

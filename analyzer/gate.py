@@ -86,8 +86,8 @@ class CaseVerdict:
 
 def wilson_bound(rate: float, n: int, z: float, sign: int) -> float:
     """One side of the Wilson score interval for an observed rate (fractional passes allowed)."""
-    if n == 0:
-        return 0.0 if sign < 0 else 1.0
+    if n == 0 or (rate <= 0 and sign < 0) or (rate >= 1 and sign > 0):
+        return 0.0 if sign < 0 else 1.0  # exactly: the arithmetic below leaves 3e-18 or 1 - 1e-16 at the ends
     denom = 1 + z * z / n
     centre = rate + z * z / (2 * n)
     margin = z * math.sqrt(max(rate * (1 - rate), 0.0) / n + z * z / (4 * n * n))
@@ -212,7 +212,8 @@ def _floors(n: int, s: GateSettings) -> np.ndarray:
     denom = 1 + z * z / n
     centre = p + z * z / (2 * n)
     margin = z * np.sqrt(np.maximum(p * (1 - p), 0.0) / n + z * z / (4 * n * n))
-    return np.maximum(0.0, np.minimum(1.0, np.maximum(0.0, (centre - margin) / denom)) - s.slack)
+    lower = np.where(p <= 0, 0.0, np.minimum(1.0, np.maximum(0.0, (centre - margin) / denom)))
+    return np.maximum(0.0, lower - s.slack)
 
 
 def _below(n: int, floors: np.ndarray) -> np.ndarray:

@@ -282,6 +282,16 @@ def test_operating_characteristics_match_a_simulation_of_the_gate(rate, n):
     assert risk.false_regressed_escalated >= risk.false_regressed
 
 
+def test_wilson_bounds_are_exact_at_zero_and_all_passes():
+    """The score interval's arithmetic leaves 3e-18 above 0 (and 1e-16 under 1) for some n: with
+    --slack 0 a baseline at 0/n then had a positive floor and a candidate at 0/n was `regressed`."""
+    s = GateSettings(slack=0.0)
+    for n in range(1, 400):
+        assert wilson_lower(0, n) == 0.0 and wilson_upper(n, n) == 1.0
+        assert case_verdict("c", CaseCounts(0, n), CaseCounts(0, n), CaseCounts(0, n), s).verdict == "within_noise"
+    assert case_risk("c", 0.0, 9, 9, 9, s).false_regressed == 0.0
+
+
 def escalated_verdict(a: CaseCounts, b: CaseCounts, c: CaseCounts, extra_passes: int, s: GateSettings) -> str:
     """The gate design's two passes: an inconclusive candidate keeps its runs and adds escalate_at - n more."""
     v = case_verdict("c", a, b, c, s).verdict

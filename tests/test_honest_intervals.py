@@ -17,7 +17,7 @@ from noisefloor.analyzer import audit_checks, floors, floors_report
 from noisefloor.analyzer.analysis import Settings, _contrast_loo, analyze
 from noisefloor.analyzer.bootstrap import index_blocks, task_bootstrap
 from noisefloor.analyzer.floors.dependence import dependence
-from noisefloor.analyzer.floors.registry import plain
+from noisefloor.analyzer.floors.registry import number, plain
 from noisefloor.analyzer.gate import Z_ONE_SIDED_95, CaseCounts, GateSettings, case_verdict, wilson_lower, z_for
 from noisefloor.analyzer.intervals import (
     ci_json,
@@ -75,14 +75,23 @@ def test_identical_runs_have_exact_zero_sds_and_an_undefined_ratio():
     assert "undefined (0/0" in text and "no task varied in 150 x 10 outcomes" in text
 
 
-def test_groq_8b_ratio_interval_uses_only_defined_resamples():
+def test_groq_8b_ratio_interval_is_undefined_when_most_resamples_are():
     """The one flip is left out of a resample with probability (149/150)^150 = 0.3666: then the
-    ratio is 0/0 and is left out (counted), not read as 0; every other resample gives 0.948."""
+    ratio is 0/0 and is left out (counted), not read as 0; every other resample gives 0.948, a
+    point that would read as certainty: with over 10% undefined there is no interval, and the
+    report says why."""
     f = floors.rerun_floor(groq_8b(), resamples=2000, permutations=0)
-    lo, hi = f.ci["paired_to_marginal"]
-    assert lo == pytest.approx(f.paired_to_marginal, abs=1e-12) and hi == pytest.approx(f.paired_to_marginal, abs=1e-12)
-    assert round(lo, 3) == round(hi, 3) == 0.948
+    assert round(f.paired_to_marginal, 3) == 0.948 and "paired_to_marginal" not in f.ci
     assert f.resampled["paired_to_marginal"].undefined == pytest.approx((149 / 150) ** 150, abs=0.035)
+    text = number(f.paired_to_marginal, f.ci.get("paired_to_marginal"), ".3f",
+                  res=f.resampled["paired_to_marginal"])
+    assert text.startswith("0.948 (interval undefined: 3") and "[" not in text
+    # under 10% undefined the interval stays: with 3 flipping instances a resample draws none of
+    # them with probability (147/150)^150 = 0.048
+    y = groq_8b()
+    y[[3, 4], 2] = 1 - y[[3, 4], 2]
+    g = floors.rerun_floor(y, resamples=2000, permutations=0)
+    assert g.resampled["paired_to_marginal"].undefined < 0.10 and g.ci["paired_to_marginal"].covers(g.paired_to_marginal)
 
 
 def test_infinite_multiples_stay_in_and_open_the_interval():
@@ -125,7 +134,9 @@ def test_bootstrap_engine_draws_do_not_depend_on_block_size():
     assert a.shape == b.shape == (5000, 37) and (a == b).all()
     col = np.random.default_rng(0).random(37)
     d = task_bootstrap({"x": col}, 5000, seed=7)
-    assert np.allclose(d.values["x"], col[a].mean(axis=1), atol=1e-12)
+    assert np.allclose(d.values["x"], np.sort(col)[a].mean(axis=1), atol=1e-12)  # the tasks in their values' order
+    shuffled = task_bootstrap({"x": col[np.random.default_rng(1).permutation(37)]}, 5000, seed=7)
+    assert (shuffled.values["x"] == d.values["x"]).all()  # task order and names change nothing
 
 
 # -- (1) the w interval where few tasks vary -----------------------------------------------------

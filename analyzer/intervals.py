@@ -3,7 +3,8 @@ interval with an infinite end is written.
 
 - the percentile interval of bootstrap draws, with +-inf draws kept (a resample whose ratio has
   a zero denominator and a positive numerator is an infinite ratio, not a missing one: dropping
-  it would make the interval conditional on the denominator being positive);
+  it would make the interval conditional on the denominator being positive), and the same
+  interval centred on its estimate (`centred`) for statistics resampling biases;
 - the exact binomial (Clopper-Pearson) interval (scipy's `binomtest(...).proportion_ci("exact")`),
   and its one-sided upper end, used to bound what a finite set of reruns could have missed.
 

@@ -9,7 +9,7 @@
   construction, so paired / (sqrt(2) x marginal) can show a trend across run order (and, being
   signed, it depends on which run a flip fell in);
 - rerun unit paired SD: the SD of instance-level differences y_ia - y_ib over (instance, run pair).
-Intervals: a percentile instance bootstrap, exact Clopper-Pearson for the ever-flip fraction, and
+Intervals: an instance bootstrap centred on each estimate, exact Clopper-Pearson for the ever-flip fraction, and
 the SDs' upper ends raised to an exact bound where few instances flipped.
 """
 

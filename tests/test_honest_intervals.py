@@ -348,3 +348,32 @@ def test_judge_with_no_disagreement_gets_an_exact_interval():
     j = analyze(build(rows), Settings(resamples=200)).judge["judge"]
     assert j.disagreements == 0 and j.disagreement_ci_method == "clopper_pearson"
     assert j.disagreement_ci == clopper_pearson(0, 40) and j.disagreement_ci[1] == pytest.approx(1 - 0.025 ** (1 / 40))
+
+
+# -- (6) undefined stays undefined ----------------------------------------------------------------
+
+
+def test_one_task_gives_no_interval_over_tasks():
+    """A task bootstrap of one task is a point ([0.3, 0.3] for w, [11774, 11774] for the budget):
+    no interval, said in the table, null in JSON; the point estimates stay."""
+    rows = [Row("t0", "live", r, int(r % 3 == 0)) for r in range(10)] + [Row("t0", "replay", r, 1) for r in range(10)]
+    a = analyze(build(rows), Settings(resamples=200))
+    live = a.condition("live")
+    assert live.stats.w > 0 and live.w_ci is None and live.score_ci is None and live.budget_ci is None
+    (c,) = a.contrasts
+    assert c.estimate == live.stats.w and c.ci is None
+    doc = json.loads(json.dumps(a.to_json(), allow_nan=False))
+    assert doc["conditions"]["live"]["w_ci"] is None and doc["conditions"]["live"]["budget_ci"] is None
+    assert doc["contrasts"][0]["ci"] is None and doc["contrasts"][0]["ci_method"] == "undefined"
+    text = table(a)
+    assert "0.26667 [no interval: one task]" in text and "[0.26667, 0.26667]" not in text
+    (k1,) = floors.pass_k.pass_k(np.array([[1.0, 0.0, 1.0]]), ks=(1,))
+    assert k1.estimate == pytest.approx(2 / 3) and k1.ci is None
+
+
+def test_a_trimmed_condition_is_marked_where_its_numbers_are():
+    rows = [Row(f"t{i}", "live", r, (i + r) % 2) for i in range(12) for r in range(5 if i else 8)]
+    a = analyze(build(rows), Settings(resamples=200))
+    assert a.condition("live").trimmed_from == (5, 8)
+    text = table(a)
+    assert "12x5 #" in text and "# live: 12x5 keeps the first 5 replicates of each task (its tasks had 5 to 8)" in text

@@ -139,7 +139,7 @@ def w_interval(outcomes: np.ndarray, bootstrap: Interval, alpha: float = 0.05,
         flag = ""
         if b.varying < 2 * few:
             flag = (f"only {b.varying} tasks varied: the percentile task bootstrap may cover the task-population w "
-                    f"less often than {level} (0.92 at 37 x 20 with about 10 varying tasks, bench/coverage.py); "
+                    f"less often than {level} (0.93 at 37 x 20 with about 10 varying tasks, bench/coverage.py); "
                     f"for these tasks themselves it holds")
         return WInterval(boot, TASK_BOOTSTRAP, boot, b,
                          f"{level} task bootstrap ({b.varying} of {b.tasks} tasks varied)", flag)

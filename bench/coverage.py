@@ -6,8 +6,9 @@ flipper), otherwise it always passes (70%) or always fails. R replicates per tas
 - population: w = share x p (1 - p), the mean within-task variance of the task population;
 - fixed tasks: the mean p_i (1 - p_i) of the study's own N tasks (replicates random, tasks fixed).
 Methods: the joint task bootstrap alone (percentile, as seed 000 App. A.2), and noisefloor's
-interval (`ladder.w_interval`: the bootstrap, its upper end raised to the exact flip-rate bound
-when fewer than 10 tasks varied). The contrast column is A (the regime) minus B (a replay-like
+interval (`ladder.w_interval`: the bootstrap, its upper end raised, when fewer than 10 tasks
+varied, to the larger of the exact flip-rate bound over the cells and the exact bound on the
+share of tasks that vary times the largest variance per varying task). The contrast column is A (the regime) minus B (a replay-like
 condition on the same tasks that never varies), whose truth is A's w; it uses the analysis'
 rule for contrasts with a degenerate side (`analysis.contrast_bounds`). Budget intervals are budgets of the w interval's ends
 (monotone in w), so their coverage is the w column's.

@@ -77,8 +77,9 @@ def centred(draws: np.ndarray, estimate: float, alpha: float = 0.05) -> Interval
     """The percentile interval of bootstrap draws moved so that the draws' median sits on the
     estimate: scaled by estimate / median when both are positive (the bias of an SD, a ratio or a
     multiple under resampling is a factor: resampled instances with replacement inflate an SD over
-    runs by about sqrt(2)), shifted by estimate - median otherwise. Either way the estimate lies
-    inside, as the percentile interval's own median does. With half or more of the draws infinite
+    runs by about sqrt(2)), from 0 to the draws' upper end for a nonnegative statistic estimated
+    at 0, shifted by estimate - median otherwise (never below 0 when no draw is). Either way the
+    estimate lies inside, as the percentile interval's own median does. With half or more of the draws infinite
     the median is infinite: the interval is then [min(low, estimate), inf)."""
     ci = percentile(draws, alpha)
     x = np.sort(np.asarray(draws, dtype=float).ravel())
@@ -87,11 +88,16 @@ def centred(draws: np.ndarray, estimate: float, alpha: float = 0.05) -> Interval
         return ci
     if math.isinf(med):
         return Interval(min(ci.low, estimate), ci.high) if med > 0 else Interval(ci.low, max(ci.high, estimate))
+    nonnegative = x[0] >= 0 and estimate >= 0  # an SD, a ratio of SDs, a multiple: the interval stays >= 0
     if estimate > 0 and med > 0:
         f = estimate / med
         lo, hi = ci.low * f, ci.high * f
+    elif estimate == 0 and nonnegative:  # nothing to scale: the draws' upper end, from 0
+        lo, hi = 0.0, ci.high
     else:
         lo, hi = ci.low + (estimate - med), ci.high + (estimate - med)
+    if nonnegative:
+        lo = max(lo, 0.0)
     return Interval(min(lo, estimate), max(hi, estimate))  # min / max: only the last bit of the float arithmetic
 
 

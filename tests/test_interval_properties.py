@@ -131,3 +131,12 @@ def test_task_names_and_order_change_nothing(ab, rnd):
     fx = floors.rerun_floor(a, resamples=100, permutations=0)
     fy = floors.rerun_floor(a[perm], resamples=100, permutations=0)
     assert {k: tuple(v) for k, v in fx.ci.items()} == {k: tuple(v) for k, v in fy.ci.items()}
+
+
+def test_centred_closed_forms():
+    draws = np.array([2.0, 3.0, 4.0, 5.0, 6.0])
+    lo, hi = np.percentile(draws, [2.5, 97.5])
+    assert tuple(centred(draws, 2.0)) == pytest.approx((lo * 0.5, hi * 0.5))  # scaled: median 4 onto 2
+    assert tuple(centred(draws, 0.0)) == (0.0, hi)  # a nonnegative statistic at 0
+    assert tuple(centred(draws - 4.0, -1.0)) == pytest.approx((lo - 5.0, hi - 5.0))  # shifted
+    assert tuple(centred(np.array([1.0, math.inf, math.inf]), 0.5)) == (0.5, math.inf)

@@ -70,8 +70,9 @@ def index_blocks(n: int, resamples: int, seed: int | np.random.SeedSequence, cel
 def canonical_order(rows: np.ndarray) -> np.ndarray:
     """Indices that sort the rows of a (N, ...) array by their values: the same rows in any order
     come out in one order (rows that are equal are interchangeable)."""
-    flat = np.asarray(rows, dtype=float).reshape(len(rows), -1)
-    if flat.shape[1] == 0:
+    arr = np.asarray(rows, dtype=float)
+    flat = arr.reshape(len(arr), int(np.prod(arr.shape[1:])))
+    if flat.shape[0] < 2 or flat.shape[1] == 0:
         return np.arange(len(rows))
     return np.lexsort(flat.T[::-1])
 

@@ -16,13 +16,15 @@ from noisefloor.display import md, visible
 Escape = Callable[[object], str]  # how an outside label is shown: `visible` (terminal) or `md` (Markdown)
 
 
-def _ci(ci: tuple[float, float] | list[float], digits: int = 5) -> str:
+def _ci(ci: tuple[float, float] | list[float] | None, digits: int = 5) -> str:
+    if ci is None:
+        return "[no interval: one task]"
     return fmt_ci((float(ci[0]), float(ci[1])), f".{digits}f")
 
 
 def _mark(method: str) -> str:
     """A w interval not made by the task bootstrap alone is marked; its note says how."""
-    return "" if method == TASK_BOOTSTRAP else " *"  # "!" lines below the table flag known coverage shortfalls
+    return "" if method in (TASK_BOOTSTRAP, "undefined") else " *"  # "!" lines below the table flag known coverage shortfalls
 
 
 def _exact(j: object) -> str:
@@ -31,8 +33,11 @@ def _exact(j: object) -> str:
 
 def _method_lines(a: Analysis) -> list[str]:
     """How every interval not from the plain task bootstrap was made (the * in the table)."""
-    out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
-    out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method != TASK_BOOTSTRAP]
+    out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions
+           if c.w_interval.method != TASK_BOOTSTRAP and c.w_ci is not None]
+    out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method not in (TASK_BOOTSTRAP, "undefined")]
+    out += [f"# {c.name}: {c.stats.tasks}x{c.stats.replicates} keeps the first {c.stats.replicates} replicates of "
+            f"each task (its tasks had {c.trimmed_from[0]} to {c.trimmed_from[1]})" for c in a.conditions if c.trimmed_from]
     out += [f"! {c.name}: {c.w_interval.flag}" for c in a.conditions if c.w_interval.flag]
     return out
 
@@ -44,11 +49,11 @@ def _rows(a: Analysis, esc: Escape = visible) -> list[list[str]]:
         rows.append(
             [
                 esc(c.name),
-                f"{s.tasks}x{s.replicates}",
+                f"{s.tasks}x{s.replicates}" + (" #" if c.trimmed_from else ""),
                 f"{s.score:.4f}",
-                f"{s.w:.5f} {_ci(c.w_ci)}{_mark(c.w_interval.method)}",
+                f"{s.w:.5f} {_ci(c.w_ci)}{_mark(c.w_interval.method) if c.w_ci is not None else ''}",
                 f"{s.variable_tasks}/{s.tasks} {_ci(s.variable_tasks_ci, 3)}",
-                f"{s.budget} [{c.budget_ci[0]}, {c.budget_ci[1]}]",
+                f"{s.budget} " + (f"[{c.budget_ci[0]}, {c.budget_ci[1]}]" if c.budget_ci is not None else _ci(None)),
                 f"{s.mde:.4f}",
             ]
         )
@@ -111,7 +116,8 @@ def _log_lines(log: dict[str, Any], esc: Escape = visible) -> list[str]:
 def truth_line(truth: dict[str, Any]) -> str:
     """The built-in provider's known w beside the measured one (nfladder demo)."""
     return ("Known truth (built-in provider): " + ", ".join(
-        f"{visible(c)} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in truth["w"].items())
+        f"{visible(c)} w={v['true_w']:.5f} " + ({True: "inside its interval", False: "OUTSIDE its interval"}
+                                                  .get(v["covered"], "(no interval)")) for c, v in truth["w"].items())
         + f"; ladder order live > t0 > replay: {'holds' if truth['order_holds'] else 'DOES NOT HOLD'}")
 
 
@@ -125,7 +131,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     out = ["# Determinism ladder", "", head, sep, *body, ""]
     notes = _method_lines(a)
     if notes:
-        out += [f"- {line[2:]}" if line.startswith("* ") else f"- coverage warning: {line[2:]}" for line in notes] + [""]
+        out += [f"- {line[2:]}" if line[0] in "*#" else f"- coverage warning: {line[2:]}" for line in notes] + [""]
     if a.contrasts:
         out += ["## Contrasts", "", "| A - B | estimate | 95% CI |", "|---|---|---|"]
         out += [f"| {md(c.a)} - {md(c.b)} | {c.estimate:+.5f} | {_ci(c.ci)}{_mark(c.method)} |" for c in a.contrasts]
@@ -171,11 +177,11 @@ def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
 
     names = [visible(c.name).replace("$", r"\$") for c in a.conditions]  # no mathtext from a label
     w = [c.stats.w for c in a.conditions]
-    lo = [c.stats.w - c.w_ci[0] for c in a.conditions]
-    hi = [c.w_ci[1] - c.stats.w for c in a.conditions]
+    lo = [c.stats.w - c.w_ci[0] if c.w_ci is not None else 0.0 for c in a.conditions]
+    hi = [c.w_ci[1] - c.stats.w if c.w_ci is not None else 0.0 for c in a.conditions]
     budgets = [c.stats.budget for c in a.conditions]
-    b_lo = [c.stats.budget - c.budget_ci[0] for c in a.conditions]
-    b_hi = [c.budget_ci[1] - c.stats.budget for c in a.conditions]
+    b_lo = [c.stats.budget - c.budget_ci[0] if c.budget_ci is not None else 0 for c in a.conditions]
+    b_hi = [c.budget_ci[1] - c.stats.budget if c.budget_ci is not None else 0 for c in a.conditions]
     colors = plt.cm.viridis([i / max(1, len(names) - 1) * 0.85 for i in range(len(names))])
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(names) + 4), 4.2))

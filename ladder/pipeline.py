@@ -167,8 +167,9 @@ def _ladder_truth(builtin: Any, result: Any, cfg: Config) -> dict[str, Any]:
             continue
         temp = true_temperature(cfg, c.name)
         w = 0.0 if temp is None else true_w(builtin.models, temp, ids)
-        out["w"][c.name] = {"true_w": w, "measured_w": c.stats.w, "w_ci": list(c.w_ci),
-                            "covered": c.w_ci[0] - 1e-12 <= w <= c.w_ci[1] + 1e-12}
+        ci = c.w_ci
+        out["w"][c.name] = {"true_w": w, "measured_w": c.stats.w, "w_ci": None if ci is None else list(ci),
+                            "covered": None if ci is None else ci[0] - 1e-12 <= w <= ci[1] + 1e-12}
     # the ladder's order: more imposed determinism, less variance (by the true values' order)
     ws = {c.name: c.stats.w for c in result.conditions}
     truth_order = sorted(out["w"], key=lambda n: -out["w"][n]["true_w"])

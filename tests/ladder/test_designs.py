@@ -20,6 +20,7 @@ from noisefloor.ladder import designs
 from noisefloor.ladder.conditions import Condition, ConditionError, Override, Registry
 from noisefloor.ladder.judge_study import parse_verdict
 from noisefloor.ladder.pipeline import drift
+from tests import report_walk
 from tests.conftest import ROOT, SHARED_DATA, wait_until
 
 BOOT = "1000"
@@ -35,6 +36,13 @@ def alone(out: Path) -> dict:
     r = tool("nfanalyze", str(out / "log.lmdb"), "--json", "-", "--bootstrap", BOOT, "--seed", "0", "--allow-drift")
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def ladder_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ladder") / "out"
+    r = tool("nfladder", "demo", "--design", "ladder", "--out", str(out), "-j", "2", "--bootstrap", BOOT)
+    return r, out
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +122,35 @@ def test_audit_demo_perturbation_multiple_above_one_as_the_truth_says(audit_demo
     assert all(r["temperature"] == 0.0 and r["model"] == "nf-builtin-1" for r in rows)
     again = alone(out)
     assert again["floors"] == doc["floors"] and again["conditions"] == doc["conditions"]
+
+
+# the pairs each demo's JSON must hold at least (so the walk cannot pass by finding nothing)
+MIN_PAIRS = {"ladder_demo": 18, "judge_demo": 11, "gate_demo": 15, "audit_demo": 30}
+
+
+@pytest.mark.parametrize("demo", list(MIN_PAIRS))
+def test_no_estimate_lies_outside_its_interval_in_any_design_report(demo, request):
+    """Every (estimate, interval) pair in the report's JSON, its Markdown and its terminal text
+    (tests/report_walk.py says how they are found): the estimate inside, up to printed rounding."""
+    r, out = request.getfixturevalue(demo)
+    assert r.returncode in (0, exit_codes.REGRESSED), r.stderr[-3000:]
+    pairs = list(report_walk.json_pairs(json.loads((out / "report.json").read_text())))
+    assert len(pairs) >= MIN_PAIRS[demo], [p.where for p in pairs]
+    texts = [(out / "report.md").read_text(), r.stdout]
+    printed = [p for t in texts for p in report_walk.text_pairs(t)]
+    assert len(printed) >= len(texts)
+    assert [p for p in pairs + printed if not p.inside] == []
+
+
+def test_the_report_walk_finds_an_estimate_outside_its_interval():
+    doc = {"floors": {"e": {"perturbation": {"median_aggregate_sd": 0.0268, "ci": {"median_aggregate_sd": [0.03, 0.0955]}}}},
+           "conditions": {"c": {"tasks": 38, "variable_tasks": 2, "variable_tasks_ci": [0.006, 0.177], "w": 0.3,
+                                "w_ci": [0.3, "Infinity"]}}}
+    found = {p.where: p.inside for p in report_walk.json_pairs(doc)}
+    assert found == {"/floors/e/perturbation/ci/median_aggregate_sd": False, "/conditions/c/variable_tasks_ci": True,
+                     "/conditions/c/w_ci": True}
+    text = "SD 0.0268 [0.0300, 0.0955]; 7.75 [2.42, 7.68]x; 20.0% [0.000, 0.500]; 2/38 [0.006, 0.177]; 0.1 [0.10, inf)"
+    assert [p.inside for p in report_walk.text_pairs(text)] == [False, False, True, True, True]
 
 
 def test_judge_design_against_an_openai_compatible_url_and_a_study_file(tmp_path):

@@ -125,7 +125,7 @@ def test_judge_design_against_an_openai_compatible_url_and_a_study_file(tmp_path
     provider = BuiltinProvider(builtin_suite(), seed=4).start()
     study = tmp_path / "judge.toml"
     study.write_text(f'design = "judge"\nprovider = "{provider.url}"\ntasks = 4\njudge-repeats = 3\n'
-                     f'judge-temperatures = [0.7, 0]\nbootstrap = 200\njobs = 2\nout = "out"\n')
+                     f'judge-temperatures = [0.7, 0]\nbootstrap = 200\njobs = 2\nout = "{{study_dir}}/out"\n')
     try:
         r = tool("nfladder", "run", str(study))
     finally:
@@ -243,6 +243,35 @@ def test_a_study_file_with_an_unknown_key_is_refused_in_one_line(tmp_path):
     study.write_text('design = "judge"\n[[condition]]\nname = "x"\n')
     r = tool("nfladder", "run", str(study), "--out", str(tmp_path / "o"))
     assert r.returncode == exit_codes.INPUT and "declare a ladder's conditions" in r.stderr
+
+
+def _merged_out(study: Path, cwd: Path, monkeypatch) -> Path:
+    from noisefloor.ladder import cli, study_file
+
+    monkeypatch.chdir(cwd)
+    ctx = cli.run_cmd.make_context("run", [str(study)])
+    return Path(study_file.merge(study, ctx.params, ctx)["out"]).resolve()
+
+
+def test_a_study_writes_its_outputs_relative_to_the_current_folder(tmp_path, monkeypatch):
+    """A study kept in a repository writes nothing into the repository unless it says `{study_dir}`;
+    the files it reads stay relative to the study itself."""
+    repo, here = tmp_path / "repo" / "studies", tmp_path / "work"
+    repo.mkdir(parents=True)
+    here.mkdir()
+    study = repo / "s.toml"
+    study.write_text('design = "ladder"\nout = "nf-s"\nperturb-file = "v.json"\n')
+    assert _merged_out(study, here, monkeypatch) == (here / "nf-s").resolve()
+    from noisefloor.ladder import cli, study_file
+
+    ctx = cli.run_cmd.make_context("run", [str(study)])
+    assert Path(study_file.merge(study, ctx.params, ctx)["perturb_file"]).resolve() == (repo / "v.json").resolve()
+    study.write_text('design = "ladder"\nout = "{study_dir}/nf-s"\n')
+    assert _merged_out(study, here, monkeypatch) == (repo / "nf-s").resolve()
+    study.write_text('design = "ladder"\nout = "x/{study_dir}"\n')
+    r = tool("nfladder", "run", str(study))
+    assert r.returncode == exit_codes.INPUT and "{study_dir} may only start the path" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
 
 
 TWO_MODEL_AGENT = '''

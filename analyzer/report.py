@@ -84,7 +84,7 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
     if carriers:
         out += ["", "Largest single-task share of w (w without it):", *(f"  {line}" for line in carriers)]
     for name, j in a.judge.items():
-        conf = f", mean confidence {j.mean_confidence:.1f}" if j.mean_confidence is not None else ""
+        conf = f", mean confidence {j.mean_confidence:.3f}" if j.mean_confidence is not None else ""
         out += [
             "",
             f"Judge {visible(name)}: majority disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
@@ -116,13 +116,14 @@ def truth_line(truth: dict[str, Any]) -> str:
 
 
 def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] | None = None,
-             truth: dict[str, Any] | None = None) -> str:
+             truth: dict[str, Any] | None = None, heading: str = "# Determinism ladder") -> str:
     """The terminal's report as Markdown. `floors`: the floors section as Markdown lines
-    (`floors_report.markdown`), when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder)."""
+    (`floors_report.markdown`), when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder);
+    `heading`: the ladder's heading (a design's report puts the ladder below its own section)."""
     head = "| " + " | ".join(HEADER) + " |"
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a, md)]
-    out = ["# Determinism ladder", "", head, sep, *body, ""]
+    out = [heading, "", head, sep, *body, ""]
     notes = _method_lines(a)
     if notes:
         out += [f"- {line[2:]}" if line.startswith("* ") else f"- coverage warning: {line[2:]}" for line in notes] + [""]

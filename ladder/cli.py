@@ -52,9 +52,9 @@ def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None,
     from noisefloor.analyzer import report
 
     r = pipeline.run(cfg, design, kind, builtin, _say)
+    for section in r.sections:  # a design's own result first; the ladder of its conditions below it
+        click.echo(section + "\n")
     click.echo(report.table(r.analysis, r.doc["log"]))
-    for section in r.sections:
-        click.echo("\n" + section)
     if "truth" in r.doc and "w" in r.doc["truth"]:
         click.echo("\n" + report.truth_line(r.doc["truth"]))
     click.echo("\n" + provenance.text(r.doc["provenance"]))

@@ -63,6 +63,13 @@ def audit_demo(tmp_path_factory):
     return r, out
 
 
+def opens_with_its_own_section(r: subprocess.CompletedProcess[str], out: Path, title: str) -> None:
+    """A design's printed and written report opens with its own result; the ladder of its conditions follows."""
+    assert r.stdout.index("Determinism ladder: ") > 0 and not r.stdout.startswith("Determinism ladder"), r.stdout[:300]
+    md = (out / "report.md").read_text()
+    assert md.startswith(f"# {title}\n") and md.index("## Determinism ladder of the study's conditions") > len(title)
+
+
 def test_judge_demo_t0_has_no_verdict_variance_and_the_disagreement_interval_holds_the_truth(judge_demo):
     r, out = judge_demo
     assert r.returncode == 0, r.stderr[-3000:]
@@ -78,6 +85,9 @@ def test_judge_demo_t0_has_no_verdict_variance_and_the_disagreement_interval_hol
     rows = [json.loads(line) for line in (out / "outcomes.jsonl").read_text().splitlines()]
     assert all(r["reference"] in (0, 1) and r["grader_version"] == designs.JUDGE_VERSION for r in rows)
     assert "known truth" in r.stdout and "Provenance" in r.stdout
+    opens_with_its_own_section(r, out, "Judge study")
+    for cond, j in doc["judge"].items():  # printed as the JSON has it, at the printed precision
+        assert f"mean confidence {j['mean_confidence']:.3f}" in r.stdout, (cond, j)
     again = alone(out)
     assert again["judge"] == doc["judge"] and again["conditions"] == doc["conditions"]
     assert again["provenance"] == doc["provenance"] and again["judge_parse"] == doc["judge_parse"]
@@ -95,6 +105,7 @@ def test_gate_demo_reruns_inconclusive_cases_to_16_and_exits_1_on_the_known_regr
     truth = doc["truth"]
     assert truth["caught"] and not truth["false_blocks"]
     assert "true base -> candidate" in r.stdout
+    opens_with_its_own_section(r, out, "Regression gate")
     again = alone(out)
     assert again["gate"] == gate
     # the collections are stamped alike: nfanalyze gate compares them as they are (exit 1: regressed)
@@ -113,6 +124,7 @@ def test_audit_demo_perturbation_multiple_above_one_as_the_truth_says(audit_demo
     rows = [json.loads(line) for line in (out / "outcomes.jsonl").read_text().splitlines()]
     assert {r["variant"] for r in rows} == {"main", *designs.PERTURBATIONS}
     assert all(r["temperature"] == 0.0 and r["model"] == "nf-builtin-1" for r in rows)
+    opens_with_its_own_section(r, out, "Tool-calling audit")
     again = alone(out)
     assert again["floors"] == doc["floors"] and again["conditions"] == doc["conditions"]
 

@@ -104,8 +104,15 @@ def _carrier_lines(a: Analysis, esc: Escape = visible) -> list[str]:
 
 def _log_lines(log: dict[str, Any], esc: Escape = visible) -> list[str]:
     return [f"{esc(cond)}: {s['exchanges']} calls, {s['misses']} misses, {s['order_violations']} order violations, "
-            f"{s['errors']} errors, {s['truncated']} truncated, tokens in/out {s['input_tokens']}/{s['output_tokens']}, "
+            f"{s['errors']} errors, {s['truncated']} truncated, {_tokens(s)}, "
             f"models {', '.join(map(esc, s['models'])) or '-'}" for cond, s in log["conditions"].items()]
+
+
+def _tokens(s: dict[str, Any]) -> str:
+    """Token counts as the answers reported them; answers that reported none are not 0 tokens."""
+    if s["exchanges"] and not s["input_tokens"] and not s["output_tokens"]:
+        return "tokens not reported by the answers"
+    return f"tokens in/out {s['input_tokens']}/{s['output_tokens']}"
 
 
 def truth_line(truth: dict[str, Any]) -> str:

@@ -125,6 +125,9 @@ def test_audit_demo_perturbation_multiple_above_one_as_the_truth_says(audit_demo
     assert {r["variant"] for r in rows} == {"main", *designs.PERTURBATIONS}
     assert all(r["temperature"] == 0.0 and r["model"] == "nf-builtin-1" for r in rows)
     opens_with_its_own_section(r, out, "Tool-calling audit")
+    for cond, counted in doc["log"]["conditions"].items():  # tool-call answers report their usage too
+        assert counted["input_tokens"] > 0 and counted["output_tokens"] > 0, (cond, counted)
+        assert f"tokens in/out {counted['input_tokens']}/{counted['output_tokens']}" in r.stdout
     again = alone(out)
     assert again["floors"] == doc["floors"] and again["conditions"] == doc["conditions"]
 

@@ -194,10 +194,15 @@ def test_drift_is_per_requested_model():
     assert drift({("live", "gpt-x"): {"gpt-x-2024", "gpt-x-2025"}}) == {"live / gpt-x": ["gpt-x-2024", "gpt-x-2025"]}
 
 
-def test_readme_exit_code_table_is_the_modules():
-    readme = (ROOT / "README.md").read_text()
-    assert exit_codes.markdown_table() in readme
+def test_the_exit_code_page_and_every_help_list_the_modules_table():
+    page = (ROOT / "docs" / "exit-codes.md").read_text()
+    assert exit_codes.markdown_table() in page
     assert len({c for c, _ in exit_codes.TABLE}) == len(exit_codes.TABLE)
+    for command in ("nfproxy", "nfverify", "nfanalyze", "nfladder", "nfview"):
+        shown = " ".join(tool(command, "--help").stdout.split())  # the help's wrapping undone
+        assert all(f"{code} {' '.join(meaning.split())}" in shown for code, meaning in exit_codes.TABLE), command
+    shown = " ".join(tool("nfladder", "run", "--help").stdout.split())
+    assert f"{exit_codes.REGRESSED} {dict(exit_codes.TABLE)[exit_codes.REGRESSED]}" in shown
 
 
 def test_sigterm_exits_143_and_stops_the_proxy(tmp_path):

@@ -50,3 +50,15 @@ def test_readme_layout_names_every_module():
     unnamed = [str(f.relative_to(ROOT)) for d in PACKAGE_DIRS for f in sorted((ROOT / d).glob("*.py"))
                if f.name != "__init__.py" and f"`{f.name}`" not in layout]
     assert not unnamed, f"README's layout paragraph does not name: {unnamed}"
+
+
+INSTALLERS = ("pip install", "uv tool install", "pipx install", "uv pip install")
+
+
+def test_every_install_line_in_readme_and_docs_carries_the_constraints():
+    """An install line without constraints.txt lets pip backtrack (through 21 boto3 versions once);
+    with it every line resolves at once (measured: BENCHMARKS.md, "Install lines")."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    bare = [f"{p.name}: {line.strip()}" for p in pages for line in p.read_text().splitlines()
+            if any(i in line for i in INSTALLERS) and "constraints.txt" not in line]
+    assert not bare, "install lines without -c constraints.txt:\n  " + "\n  ".join(bare)

@@ -142,3 +142,14 @@ def test_gate_outputs_keep_hostile_case_ids_inert():
     for live in ("](", "**", "`code`", "<img", "&lt;b", "&#60;", "](javascript"):
         assert live not in md
     assert "\\[link\\]\\(javascript\\:alert\\(1\\)\\)" in md and "a&amp;lt;b&amp;\\#60;c" in md
+
+
+def test_open_store_opens_a_store_read_only_by_path(tmp_path):
+    from noisefloor.proxy.store.log import Store
+
+    with Store.open(tmp_path / "s.lmdb", write=True, create=True):
+        pass
+    with noisefloor.open_store(tmp_path / "s.lmdb") as store:
+        assert len(store) == 0 and not store.writable
+    with pytest.raises(noisefloor.StoreError, match="no nfproxy store"):
+        noisefloor.open_store(str(tmp_path / "missing.lmdb"))

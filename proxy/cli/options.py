@@ -70,9 +70,39 @@ _D = ServeOptions()
 
 
 def store_option(f: Any) -> Any:
-    """`--store`, as every nfproxy command that reads or writes a store declares it."""
+    """`nfproxy run`'s `--store` (its positional words are the command to wrap, after `--`)."""
     return click.option("--store", "store_path", default=_D.store_path, show_default=True,
                         type=click.Path(path_type=Path))(f)
+
+
+def store_words(metavar: str) -> Any:
+    """The store as a command's first positional word (`nfproxy log STORE`, as `nfanalyze STORE`
+    and `nfview STORE`), `--store STORE` kept as the same: the words, and the alias, declared once.
+    `split_store` reads them."""
+    return options(
+        click.argument("words", nargs=-1, metavar=metavar),
+        click.option("--store", "store_opt", type=click.Path(path_type=Path), metavar="STORE",
+                     help="The same as the STORE argument."))
+
+
+def split_store(words: tuple[str, ...], store_opt: Path | None, after: tuple[int, int | None],
+                default: bool = True) -> tuple[Path, list[str]]:
+    """(the store, the words after it): the store from `--store` or the first word, else the default
+    (`recordings/log.lmdb`) where `default`; `after` bounds how many words may follow (min, max)."""
+    words_list = list(words)
+    if store_opt is not None:
+        store = store_opt
+    elif len(words_list) > after[0] or (words_list and not default):
+        store = Path(words_list.pop(0))
+    elif default:
+        store = _D.store_path
+    else:
+        raise click.UsageError("give the store: STORE (or --store STORE)")
+    lo, hi = after
+    if len(words_list) < lo or (hi is not None and len(words_list) > hi):
+        raise click.UsageError(f"unexpected arguments {' '.join(words_list)!r}" if hi is not None and
+                               len(words_list) > hi else "missing arguments after the store")
+    return store, words_list
 
 
 def listen_option(f: Any) -> Any:

@@ -106,8 +106,15 @@ def split_store(words: tuple[str, ...], store_opt: Path | None, after: tuple[int
 
 
 def listen_option(f: Any) -> Any:
-    return click.option("--listen", default=f"{_D.host}:{_D.port}", show_default=True,
-                        help="HOST:PORT to listen on (port 0: any free).")(f)
+    return click.option("--listen", metavar="HOST:PORT",
+                        help=f"Where to listen (default {_D.host}:{_D.port}; with a command to wrap, a free port, "
+                             "which the command is told; port 0: any free).")(f)
+
+
+def listen_of(listen: str | None, wrapping: bool) -> str:
+    """--listen as given, else the default: a fixed port for a proxy others connect to, a free one
+    for a wrapped command (it is given the address, so nothing else needs to know it)."""
+    return listen if listen is not None else f"{_D.host}:{0 if wrapping else _D.port}"
 
 
 serve_options = options(
@@ -168,13 +175,13 @@ serve_options = options(
 )
 
 
-def from_cli(*, listen: str, session: str | None, task: str | None, replicate: str | None, condition: str | None,
+def from_cli(*, listen: str | None, session: str | None, task: str | None, replicate: str | None, condition: str | None,
              ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], perturbation: str | None,
              perturb_file: Path | None, replay_timing: str, replay_log: Path | None, replay_log_in_store: bool,
              max_body_mb: int, upstream: str | None, command: tuple[str, ...] = (), **same: Any) -> ServeOptions:
     """ServeOptions from `serve_options`' parameters; a value no run could use is a usage error
     naming its option, raised before any work."""
-    host, port = parse_listen(listen)
+    host, port = parse_listen(listen_of(listen, bool(command)))
     check_upstream(upstream)
     try:
         rules = Rules(ignore_fields=ignore_fields, profile=profile)

@@ -99,7 +99,8 @@ def import_cmd(words: tuple[str, ...], store_opt: Path | None, fmt: str, session
     for f, items in batches:
         r = import_into(store_path, items, session or f"import-{f.stem}", rules)
         click.echo(f"nfproxy import: {r.exchanges} exchanges from {f} into {store_path} "
-                   f"({len(r.sessions)} sessions)", err=True)
+                   f"({len(r.sessions)} sessions)" + (f"; replay answers for {r.upstream} (remembered as a "
+                   "recording's --upstream is)" if r.upstream else ""), err=True)
 
 
 def register(group: click.Group) -> None:

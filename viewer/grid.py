@@ -12,6 +12,9 @@ from collections.abc import Iterable
 from typing import Any
 
 PASS, FAIL, RUN_FAILED, MISSING = "P", "F", "E", "."  # a cell: graded pass / fail, a run that failed, no row
+# the failures that mean the run left no answer to grade (nfladder's rows for them); every other
+# `failure` is a grader's category (`pass`, `wrong_output`, ...) beside a graded outcome
+RUN_FAILURES = frozenset({"agent_error", "agent_timeout"})
 MAX_REPLICATES = 1000  # replicate numbers past this are not a study's (a hostile row): such rows are skipped
 
 
@@ -21,7 +24,7 @@ def _natural(task: str) -> list[Any]:
 
 
 def _cell(row: dict[str, Any]) -> str:
-    if row.get("failure"):
+    if row.get("failure") in RUN_FAILURES:
         return RUN_FAILED
     outcome = row.get("outcome")
     if isinstance(outcome, bool) or not isinstance(outcome, (int, float)):

@@ -475,8 +475,8 @@ def test_the_grid_codes_each_run_and_puts_flipping_tasks_first():
             {"task_id": "t/2", "condition": "c", "replicate": 0, "outcome": 0, "session": "s0"},
             {"task_id": "t/2", "condition": "c", "replicate": 1, "outcome": 1, "session": "s1"},
             {"task_id": "t/9", "condition": "c", "replicate": 1, "outcome": 0, "failure": "agent_error"},
-            {"task_id": "t/3", "condition": "c", "replicate": 0, "outcome": 1},
-            {"task_id": "t/3", "condition": "c", "replicate": 1, "outcome": 0},
+            {"task_id": "t/3", "condition": "c", "replicate": 0, "outcome": 1, "failure": "pass"},  # a grader's word
+            {"task_id": "t/3", "condition": "c", "replicate": 1, "outcome": 0, "failure": "wrong_output"},
             # hostile rows are skipped, never a huge grid or a traceback
             {"task_id": "t/1", "condition": "c", "replicate": 10**9, "outcome": 1},
             {"task_id": "t/1", "condition": "c", "replicate": True, "outcome": 1},

@@ -222,9 +222,11 @@ function gridTable(c, i) {
   return el("div", {class: "grid-block"}, kids);
 }
 
-async function gridSection() {
+async function gridSection(order) {
   const g = await api("/api/grid");
   if (!g.conditions.length) return [];
+  const rank = name => { const i = order.indexOf(name); return i < 0 ? order.length : i; };
+  g.conditions.sort((a, b) => rank(a.name) - rank(b.name));  // the report's order (live, t0, replay), else as found
   const key = el("p", {class: "note grid-key"}, el("span", {class: "cell cell-P"}), " pass ",
     el("span", {class: "cell cell-F"}), " fail ", el("span", {class: "cell cell-E"}), " run failed ",
     el("span", {class: "cell cell-none"}), " no outcome · ◆ the task's outcome flips across replicates (listed first) · " +
@@ -241,7 +243,7 @@ async function reportPage(main) {
   const parts = [el("h1", {}, r && DESIGN_TITLES[r.design] ? DESIGN_TITLES[r.design] : "Report")];
   if (!r) parts.push(el("p", {class: "note"}, s.source.store ? "No report.json here: this is a store. Its sessions and " +
     "exchanges are under the tabs above." : "No report.json here: the outcome rows alone."));
-  parts.push(...await gridSection());
+  parts.push(...await gridSection(r && r.conditions ? Object.keys(r.conditions) : []));
   // a design's own result before the ladder of its conditions
   if (r && r.judge && Object.keys(r.judge).length) parts.push(el("h2", {}, "Judge"), el("div", {id: "judge"}, tree(r.judge)));
   if (r && r.floors) parts.push(el("h2", {}, "Floors"), el("div", {id: "floors"}, tree(r.floors)));

@@ -1,4 +1,4 @@
-"""The Python surface as a new user meets it: README's example, run as written; names that take
+"""The Python surface as a new user meets it: docs/python-api.md's example, run as written; names that take
 files take str and path-like; the gate makes the CLI's stamp checks; results have to_json()."""
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from tests.conftest import ROOT
 
 
 def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### From Python"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(readme_example(), "README.md (From Python)", "exec"), scope)
+    exec(compile(readme_example(), "docs/python-api.md", "exec"), scope)
     analysis, result = scope["analysis"], scope["result"]
     live, t0 = analysis.condition("live"), analysis.condition("t0")
     # live: each task passes 2 of 6 (variance 4/15 by ddof=1); t0: no variation at all

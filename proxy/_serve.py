@@ -11,6 +11,7 @@ import asyncio
 import errno
 import gc
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -269,7 +270,7 @@ class _Serve:
                 proc.terminate()
                 self.returncode = _status(await proc.wait())
             elif self.returncode:
-                click.echo(failed_line(self.command[0], self.returncode), err=True)
+                click.echo(failed_line(self.command, self.returncode), err=True)
             master.shutdown()
 
 
@@ -285,12 +286,14 @@ def _quiet_cancellations(handler: Any) -> Any:
     return handle
 
 
-def failed_line(command: str, status: int) -> str:
+def failed_line(command: tuple[str, ...], status: int) -> str:
     """The one line that says a wrapped command failed, with its own status, and what nfproxy exits with."""
     how = f"was killed by signal {status - EXIT_INTERRUPTED_BASE}" if status > EXIT_INTERRUPTED_BASE else \
         f"exited {status}"
-    return (f"nfproxy: the wrapped command {visible(command)!r} {how}; nfproxy exits {WRAPPED_FAILED} (a failed "
-            "wrapped command; its own status is the one above)")
+    shown = visible(shlex.join(command))
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return (f"nfproxy: the wrapped command `{shown}` {how}; nfproxy exits {WRAPPED_FAILED} (a failed wrapped "
+            "command; its own status is the one above)")
 
 
 def _status(code: int) -> int:

@@ -278,7 +278,7 @@ class _Stamps:
 @store_words("[STORE] ID")
 def show_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
     """Print exchange ID of STORE: its record and both bodies, decompressed (secrets were never stored)."""
-    store_path, (given,) = split_store(words, store_opt, (1, 1))
+    store_path, (given,) = split_store(words, store_opt, (1, 1), wanted="exchange ID")
     exchange_id = click.INT.convert(given, None, None)
     with Store.open(store_path, write=False) as store:
         ex = store.exchange(exchange_id)

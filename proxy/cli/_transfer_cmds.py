@@ -86,7 +86,7 @@ def import_cmd(words: tuple[str, ...], store_opt: Path | None, fmt: str, session
                ignore_fields: tuple[str, ...]) -> None:
     """Import HAR or mitmproxy flow files into STORE (created if new), keyed as recorded traffic is,
     with secrets erased on the way in."""
-    store_path, given = split_store(words, store_opt, (1, None), default=False)
+    store_path, given = split_store(words, store_opt, (1, None), default=False, wanted="HAR or flow files to import")
     files = [click.Path(exists=True, dir_okay=False, path_type=Path).convert(f, None, None) for f in given]
     try:
         rules = Rules(ignore_fields=ignore_fields)

@@ -86,9 +86,10 @@ def store_words(metavar: str) -> Any:
 
 
 def split_store(words: tuple[str, ...], store_opt: Path | None, after: tuple[int, int | None],
-                default: bool = True) -> tuple[Path, list[str]]:
+                default: bool = True, wanted: str = "arguments") -> tuple[Path, list[str]]:
     """(the store, the words after it): the store from `--store` or the first word, else the default
-    (`recordings/log.lmdb`) where `default`; `after` bounds how many words may follow (min, max)."""
+    (`recordings/log.lmdb`) where `default`; `after` bounds how many words may follow (min, max),
+    `wanted` names them in the usage error."""
     words_list = list(words)
     if store_opt is not None:
         store = store_opt
@@ -101,7 +102,7 @@ def split_store(words: tuple[str, ...], store_opt: Path | None, after: tuple[int
     lo, hi = after
     if len(words_list) < lo or (hi is not None and len(words_list) > hi):
         raise click.UsageError(f"unexpected arguments {' '.join(words_list)!r}" if hi is not None and
-                               len(words_list) > hi else "missing arguments after the store")
+                               len(words_list) > hi else f"give the {wanted} after the store")
     return store, words_list
 
 

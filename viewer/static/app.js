@@ -209,6 +209,7 @@ function plural(n, word) {
 
 function gridTable(c, i) {
   const body = el("div", {id: "grid-" + i, class: "grid", "data-condition": c.name});
+  body.style.columnWidth = (11 * c.replicates + 130) + "px";  // the cells and room for a task id, whatever R is
   const show = n => body.replaceChildren(...c.tasks.slice(0, n).map(t => gridRow(c.name, t, 0)));
   show(GRID_SHOWN);
   const kids = [el("h3", {}, String(c.name)),

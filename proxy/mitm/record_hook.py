@@ -40,7 +40,7 @@ class Record:
         self.stopping = stopping
         recorder.on_unwritten = lambda line: log.error(
             "nfproxy: an answered exchange is kept in the store but could not be written in full (%s); "
-            "`nfproxy repair --store STORE` writes it", line)
+            "`nfproxy repair STORE` writes it", line)
         self._unkeyed: deque[http.HTTPFlow] = deque()
 
     def request(self, flow: http.HTTPFlow) -> None:

@@ -29,11 +29,11 @@ def _exact(j: object) -> str:
     return " exact binomial: the bootstrap is degenerate" if getattr(j, "disagreement_ci_method", "") == "clopper_pearson" else ""
 
 
-def _method_lines(a: Analysis) -> list[str]:
+def _method_lines(a: Analysis, esc: Escape = visible) -> list[str]:
     """How every interval not from the plain task bootstrap was made (the * in the table)."""
-    out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
-    out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method != TASK_BOOTSTRAP]
-    out += [f"! {c.name}: {c.w_interval.flag}" for c in a.conditions if c.w_interval.flag]
+    out = [f"* {esc(c.name)}: {esc(c.w_interval.note)}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
+    out += [f"* {esc(c.a)} - {esc(c.b)}: {esc(c.note)}" for c in a.contrasts if c.method != TASK_BOOTSTRAP]
+    out += [f"! {esc(c.name)}: {esc(c.w_interval.flag)}" for c in a.conditions if c.w_interval.flag]
     return out
 
 
@@ -108,10 +108,10 @@ def _log_lines(log: dict[str, Any], esc: Escape = visible) -> list[str]:
             f"models {', '.join(map(esc, s['models'])) or '-'}" for cond, s in log["conditions"].items()]
 
 
-def truth_line(truth: dict[str, Any]) -> str:
+def truth_line(truth: dict[str, Any], esc: Escape = visible) -> str:
     """The built-in provider's known w beside the measured one (nfladder demo)."""
     return ("Known truth (built-in provider): " + ", ".join(
-        f"{visible(c)} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in truth["w"].items())
+        f"{esc(c)} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in truth["w"].items())
         + f"; ladder order live > t0 > replay: {'holds' if truth['order_holds'] else 'DOES NOT HOLD'}")
 
 
@@ -123,7 +123,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a, md)]
     out = ["# Determinism ladder", "", head, sep, *body, ""]
-    notes = _method_lines(a)
+    notes = _method_lines(a, md)
     if notes:
         out += [f"- {line[2:]}" if line.startswith("* ") else f"- coverage warning: {line[2:]}" for line in notes] + [""]
     if a.contrasts:
@@ -131,7 +131,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
         out += [f"| {md(c.a)} - {md(c.b)} | {c.estimate:+.5f} | {_ci(c.ci)}{_mark(c.method)} |" for c in a.contrasts]
         out.append("")
     if truth:
-        out += ["## Known truth", "", truth_line(truth), ""]
+        out += ["## Known truth", "", truth_line(truth, md), ""]
     carriers = _carrier_lines(a, md)
     if carriers:
         out += ["## Largest single-task share of w", "", *(f"- {line}" for line in carriers), ""]

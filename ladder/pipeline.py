@@ -16,6 +16,7 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.logstats import STUDY_META, from_store
 from noisefloor.analyzer.outcomes import build
 from noisefloor.analyzer.report_doc import Parts
+from noisefloor.display import md_block
 from noisefloor.errors import EXIT_REPLAY_FAILED
 from noisefloor.ladder import provenance
 from noisefloor.ladder.designs import Design
@@ -114,7 +115,7 @@ def write_reports(cfg: Config, result: Analysis, parts: Parts, rows: Sequence[Ou
     outputs.write_text(cfg.out / "report.json", json.dumps(doc, indent=2))  # atomic: never half a report
     truth = doc.get("truth") if "w" in doc.get("truth", {}) else None  # the ladder's truth; designs print their own
     md = report.markdown(result, doc["log"], truth=truth)
-    extra = list(md_sections if md_sections is not None else sections)
+    extra = list(md_sections if md_sections is not None else map(md_block, sections))
     md += "".join(f"\n{s}\n" for s in extra) + "\n" + provenance.markdown(doc["provenance"]) + "\n"
     outputs.write_text(cfg.out / "report.md", md)
     if plot:

@@ -8,21 +8,23 @@ import sys
 
 import click
 
-from noisefloor._cli import VERSION, Command
+from noisefloor._cli import VERSION, Command, OneLineUsage
+from noisefloor.display import visible
 
 
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit():
-        raise click.BadParameter(f"{text!r} is not HOST:PORT (e.g. 127.0.0.1:8765)", param_hint="--listen")
+    if not sep or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise OneLineUsage(f"--listen {visible(text)!r} is not HOST:PORT with a port from 0 to 65535 (e.g. "
+                           "127.0.0.1:8765)")
     host = host.strip("[]") or "127.0.0.1"
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
         loopback = host == "localhost"
     if not loopback:
-        raise click.BadParameter(f"{host} is not a loopback address: nfview shows recorded traffic, so it listens "
-                                 "on 127.0.0.1 (or ::1) only", param_hint="--listen")
+        raise OneLineUsage(f"--listen {visible(host)} is not a loopback address: nfview shows recorded traffic, so "
+                           "it listens on 127.0.0.1 (or ::1) only")
     return host, int(port)
 
 

@@ -165,7 +165,7 @@ def recorded_shards(where: Path, exchanges: int, fmt: str | None = None) -> list
     format of the heads table (noisefloor-log/4 or today's) that the stores are marked with before
     the first exchange, which a store keeps writing in."""
     from bench.store_traffic import record
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     paths = [where / "a.lmdb", where / "b.lmdb"]
     for seed, path in enumerate(paths):

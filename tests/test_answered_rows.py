@@ -1,5 +1,5 @@
 """Answered rows: a recording proxy commits each answer's row before releasing it and writes the
-exchange in full right after (`proxy/answered_rows.py`). The full write must store what a
+exchange in full right after (`proxy/record/answered_rows.py`). The full write must store what a
 synchronous one stores; a row a killed proxy left must be written by `nfproxy repair` (or the next
 recorder, compact, or merge into it) and refused, by name, where it would be missed or is damaged."""
 
@@ -15,12 +15,12 @@ import httpx
 import msgspec
 import pytest
 
-from noisefloor.proxy import answered_rows
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder, Writer
-from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.record import answered_rows
+from noisefloor.proxy.record.recorder import Recorder, Writer
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store.log import Store, StoreError
 from tests.conftest import start_nfproxy
 
 SECRET = "sk-answeredrowsecret0123456789abcdef"

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from noisefloor.ladder.suite import builtin_suite
-from noisefloor.proxy import perturb
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.request import perturb
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import SHARED_DATA, start_nfproxy
 from tests.tool_provider import ToolProvider

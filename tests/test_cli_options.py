@@ -14,7 +14,7 @@ from noisefloor.analyzer.analyze_options import AnalyzeOptions
 from noisefloor.analyzer.analyze_options import from_cli as analyze_from_cli
 from noisefloor.analyzer.cli import analyze_cmd
 from noisefloor.proxy import cli as proxy_cli
-from noisefloor.proxy.options import DEFAULT_STORE, ServeOptions, default_confdir, from_cli
+from noisefloor.proxy.cli.options import DEFAULT_STORE, ServeOptions, default_confdir, from_cli
 
 
 def _params(command: click.Command, args: list[str]) -> dict:
@@ -23,20 +23,20 @@ def _params(command: click.Command, args: list[str]) -> dict:
 
 
 def test_nfproxy_run_parses_to_the_dataclass_defaults_and_one_ca_rule(tmp_path, monkeypatch):
-    o = from_cli(**_params(proxy_cli.run, []))
+    o = from_cli(**_params(proxy_cli.main.commands["run"], []))
     assert o.labels.session.startswith("run-")  # generated per run
     assert replace(o, labels=ServeOptions().labels) == ServeOptions()
     assert o.ca_dir == (DEFAULT_STORE.parent / "mitmproxy-ca").absolute()
     monkeypatch.chdir(tmp_path)
-    o = from_cli(**_params(proxy_cli.run, ["--store", "rel/s.lmdb", "--max-body-mb", "2", "--replay-timing", "recorded",
+    o = from_cli(**_params(proxy_cli.main.commands["run"], ["--store", "rel/s.lmdb", "--max-body-mb", "2", "--replay-timing", "recorded",
                                            "--replay-log-in-store", "--listen", "[::1]:0", "--", "echo", "hi"]))
     assert o.ca_dir == tmp_path / "rel" / "mitmproxy-ca" and o.ca_dir.is_absolute()  # a command may change directory
     assert (o.max_body, o.replay_timed, o.replay_log, o.host, o.port, o.command) == (
         2 << 20, True, Path("rel/s.lmdb"), "::1", 0, ("echo", "hi"))
-    ca = next(p for p in proxy_cli.ca_cmd.params if p.name == "confdir")
+    ca = next(p for p in proxy_cli.main.commands["ca"].params if p.name == "confdir")
     assert ca.default == default_confdir(DEFAULT_STORE)  # `nfproxy ca` looks where `nfproxy run` keeps it
     with pytest.raises(click.BadParameter, match="POINTER=VALUE"):
-        from_cli(**_params(proxy_cli.run, ["--set", "temperature"]))
+        from_cli(**_params(proxy_cli.main.commands["run"], ["--set", "temperature"]))
 
 
 def test_nfanalyze_parses_to_the_analysis_defaults():

@@ -10,7 +10,7 @@ import json
 import pytest
 import zstandard
 
-from noisefloor.proxy import codec
+from noisefloor.proxy.store import _codec as codec
 
 
 def _chain() -> tuple[codec.Codec, dict[bytes, bytes], list[tuple[bytes, bytes]]]:

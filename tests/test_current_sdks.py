@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests.conftest import nfproxy_argv, start_nfproxy
 
 AGENTS = Path(__file__).resolve().parent / "current_sdk_agents.py"

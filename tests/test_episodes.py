@@ -1,12 +1,12 @@
-"""new_episodes' front (proxy/episodes.py) between a real strict replay and a real recorder: what
+"""new_episodes' front (proxy/record/episodes.py) between a real strict replay and a real recorder: what
 the recording holds is answered from it, streams included, and only what is new goes upstream."""
 
 from __future__ import annotations
 
 import shutil
 
-from noisefloor.proxy.episodes import Episodes
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.record.episodes import Episodes
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import start_nfproxy
 

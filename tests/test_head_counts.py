@@ -20,9 +20,9 @@ import msgspec
 import pytest
 
 from noisefloor.analyzer import head_counts, logstats
-from noisefloor.proxy import exchange_record
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.store import exchange as exchange_record
+from noisefloor.proxy.store.log import Store, StoreError
 
 _U64 = struct.Struct(">Q")
 ODD_USAGE: dict[int, Any] = {300: {"input": None, "output": 3}, 610: {"input": 2 ** 40, "output": 1},

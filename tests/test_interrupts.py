@@ -18,7 +18,7 @@ import pytest
 
 from noisefloor import exit_codes
 from noisefloor.proxy.launch import FINISH_SIGNAL
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import start_nfproxy
 

@@ -10,10 +10,10 @@ import brotli
 import pytest
 import zstandard
 
-from noisefloor.proxy import secrets
-from noisefloor.proxy.decoding import decode_body
-from noisefloor.proxy.keys import RuleError, Rules, drop_pointer, parse_pointer
-from noisefloor.proxy.traffic import RequestData
+from noisefloor.proxy.request import secrets
+from noisefloor.proxy.request.decoding import decode_body
+from noisefloor.proxy.request.keys import RuleError, Rules, drop_pointer, parse_pointer
+from noisefloor.proxy.request.traffic import RequestData
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"request_id": "r1"}}
 

@@ -141,7 +141,7 @@ def test_a_replay_that_cannot_answer_fails_the_ladder_even_without_a_miss(tmp_pa
               "-j", "2", "--bootstrap", "200", "--no-plot"]
     r = nfladder("run", *common, "--conditions", "t0", cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(out / "log.lmdb", write=False) as s:  # the recordings replay will serve
         source = [ex.id for ex in s.exchanges() if ex.condition == "t0" and ex.replicate == "0"]
@@ -229,7 +229,7 @@ def test_a_proxy_that_cannot_record_stops_the_ladder_and_a_resume_reruns_the_los
     assert "the live proxy exited 5: it could not record every exchange" in r.stderr
     assert not (out / "outcomes.jsonl").exists()  # nothing graded as an agent error
     from noisefloor.ladder.runner import Config, Ladder
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(out / "log.lmdb", write=False) as st:
         logged = {ex.session for ex in st.exchanges()}
@@ -272,7 +272,7 @@ def test_base_model_agent_completes_the_prompt_on_the_completions_endpoint(tmp_p
     assert {row["task_id"] for row in rows} == {"NF/2", "NF/5", "NF/7"} and len(rows) == 27
     assert not any(row["failure"].startswith(("agent_", "no_code", "syntax")) for row in rows), rows
     assert any(row["outcome"] == 1 for row in rows)  # bare bodies are graded as the prompt completed
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(tmp_path / "c" / "log.lmdb", write=False) as s:
         exs = [ex for ex in s.exchanges() if ex.mode == "record"]

@@ -14,9 +14,9 @@ import msgspec
 import pytest
 
 from noisefloor.display import Visible, json_line, json_text, visible
-from noisefloor.proxy import exchange_record
-from noisefloor.proxy.listing_cli import _encoded, _Line, _summary
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.cli._listing_cmds import _encoded, _Line, _summary
+from noisefloor.proxy.store import exchange as exchange_record
+from noisefloor.proxy.store.log import Store
 from tests.conftest import nfproxy_argv
 
 SECRET = "sk-listing-secret-0123456789"

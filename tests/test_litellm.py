@@ -98,7 +98,7 @@ def test_litellm_records_and_strictly_replays_plain_streamed_and_concurrent_call
         assert agent.ask(rep.url, "sk-litellm-rotated-987654321") == recorded
     assert rep.stop() == 0
     assert "6 hits, 0 misses, 0 order violations" in rep.output
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(store, write=False) as s:
         assert not any(b"sk-litellm" in body for body in s.bodies())

@@ -15,9 +15,9 @@ import lmdb
 import pytest
 
 from noisefloor.errors import NoisefloorError
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.replay_index import RecordedEntry
-from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store.log import Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.replay_index import RecordedEntry
 from tests import loopback
 from tests.conftest import ProxyProcess, start_nfproxy
 from tests.fake_upstream import FakeUpstream
@@ -202,7 +202,7 @@ def test_a_row_graded_differently_in_two_shards_is_refused_by_merge_and_by_nfana
 def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
     """(session, seq) -> that exchange's replay-index rows (lookup keys; its bucket and sketch), its
     id taken out (ids differ after merge)."""
-    from noisefloor.proxy import replay_index
+    from noisefloor.proxy.store import replay_index
 
     with Store.open(path, write=False) as s:
         where = {e.id: (e.session, e.seq) for e in s.recorded_entries()}
@@ -216,10 +216,10 @@ def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
 
 
 def test_merge_carries_the_miss_index_and_accepts_the_earlier_rules_id(tmp_path):
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.labels import Labels
-    from noisefloor.proxy.recorder import Recorder
-    from noisefloor.proxy.traffic import RequestData, ResponseData
+    from noisefloor.proxy.record.recorder import Recorder
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
 
     legacy = Rules().legacy_ids
     assert legacy, "these rules have an earlier id scheme"

@@ -18,9 +18,11 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy import codec, compact, store_merge_scan
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import FORMAT, Store
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store import compact
+from noisefloor.proxy.store.log import FORMAT, Store
+from noisefloor.proxy.store.merge import scan as store_merge_scan
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import recorded_shards
 
 NFPROXY = str(Path(sys.executable).with_name("nfproxy"))

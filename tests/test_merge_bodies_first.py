@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy import codec, merge_copy
-from noisefloor.proxy import merge as merge_mod
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store.log import Store, StoreError
+from noisefloor.proxy.store.merge import _copying as merge_copy
+from noisefloor.proxy.store.merge import run as merge_mod
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import recorded_shards
 
 TABLES = ("bodies", "exchanges", "heads", "lookups", "recorded", "meta", "outcomes", "dicts", "index_routes")

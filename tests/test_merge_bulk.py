@@ -14,11 +14,12 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy import compact, merge_copy, replay_index
-from noisefloor.proxy import merge as merge_mod
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.store import compact, replay_index
+from noisefloor.proxy.store.log import Store, StoreError
+from noisefloor.proxy.store.merge import _copying as merge_copy
+from noisefloor.proxy.store.merge import run as merge_mod
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import recorded_shards
 from tests.data.make_index_v1_store import answers
 
@@ -193,7 +194,7 @@ def test_the_process_merging_the_lookups_failing_fails_the_merge_and_the_next_on
 def test_a_failed_refill_leaves_the_lookups_copied_into_out(shards, per_exchange, tmp_path, monkeypatch):
     """A refill that fails (a full disk, say) leaves OUT as it was: the deferred lookups are then
     copied into it, so it replays whole all the same."""
-    from noisefloor.proxy import store_repack
+    from noisefloor.proxy.store import _repack as store_repack
 
     def full(*args: object) -> None:
         raise OSError("no space left on device")

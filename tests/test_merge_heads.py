@@ -19,9 +19,10 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy import codec, store_merge_scan
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.store.merge import scan as store_merge_scan
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import recorded_shards
 
 NFPROXY = str(Path(sys.executable).with_name("nfproxy"))
@@ -135,14 +136,14 @@ def test_a_damaged_head_alone_costs_nothing(shards, parsed, tmp_path):
 
 def _sessions_of(path: str, exchanges: list[tuple[int, str, int]]):
     """A store's sessions from (id, session, seq) triples, through the same arrays a merge builds."""
-    from noisefloor.proxy import merge_sessions
+    from noisefloor.proxy.store.merge import _sessions as merge_sessions
 
     scanned = merge_sessions.scan((i, (name, "record", f"k{seq}", 0, seq, 1.5)) for i, name, seq in exchanges)
     return merge_sessions.sessions(Path(path), scanned)
 
 
 def test_sessions_plan_brings_each_session_once_keeps_outs_and_refuses_a_clash():
-    from noisefloor.proxy import merge_sessions
+    from noisefloor.proxy.store.merge import _sessions as merge_sessions
 
     out = _sessions_of("OUT", [(1, "a", 0), (2, "a", 1)])
     one = _sessions_of("one", [(1, "b", 0), (2, "a", 0), (3, "b", 1), (4, "a", 1)])

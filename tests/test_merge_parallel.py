@@ -11,19 +11,19 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store.log import Store
 
 # merge in a fresh process (pytest's may run threads, where merge uses no workers), with workers
 # from 50 exchanges on
 MERGE = """
 import json, sys
-from noisefloor.proxy import merge_copy
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import StoreError
+from noisefloor.proxy.store.merge import _copying as merge_copy
+from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.log import StoreError
 merge_copy.PARALLEL_FROM = 50
 try:
     r = merge(sys.argv[1], sys.argv[3:], jobs=int(sys.argv[2]))
@@ -102,7 +102,7 @@ def test_a_body_damaged_in_a_workers_range_is_refused_before_anything_is_written
 
 CLI = """
 import sys
-from noisefloor.proxy import merge_copy
+from noisefloor.proxy.store.merge import _copying as merge_copy
 from noisefloor.proxy.cli import main
 merge_copy.PARALLEL_FROM = 50
 started = []
@@ -129,7 +129,8 @@ def test_the_command_line_takes_the_workers_and_refuses_none(shard, tmp_path):
 
 INTERRUPTED = """
 import sys, time
-from noisefloor.proxy import merge, merge_copy
+from noisefloor.proxy.store.merge import _copying as merge_copy
+from noisefloor.proxy.store.merge import run as merge
 from noisefloor.proxy.cli import main
 merge_copy.PARALLEL_FROM = 50
 checked = merge._check_range

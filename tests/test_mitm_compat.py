@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from noisefloor.proxy import mitm_compat
+from noisefloor.proxy.mitm import compat as mitm_compat
 from tests import loopback
 
 
@@ -17,7 +17,7 @@ def test_internal_is_where_nfproxy_expects_it(internal):
     try:
         mitm_compat.INTERNALS[internal]()
     except Exception as exc:  # noqa: BLE001 - the report is the point
-        pytest.fail(f"mitmproxy {mitm_compat.VERSION} moved {internal}: {exc}; adapt proxy/mitm_compat.py")
+        pytest.fail(f"mitmproxy {mitm_compat.VERSION} moved {internal}: {exc}; adapt proxy/mitm/compat.py")
 
 
 def test_probe_reports_a_moved_internal_by_name(monkeypatch):
@@ -88,8 +88,8 @@ def test_no_other_module_imports_mitmproxy():
     pattern = re.compile(r"^\s*(from|import)\s+mitmproxy\b", re.M)
     parts = [d for d in root.iterdir() if d.is_dir() and (d / "__init__.py").exists() and d.name != "tests"]
     offenders = [str(p.relative_to(root)) for part in [*parts, root / "src"]
-                 for p in part.rglob("*.py") if p.name != "mitm_compat.py" and pattern.search(p.read_text())]
-    assert offenders == [], f"import mitmproxy only through proxy/mitm_compat.py: {offenders}"
+                 for p in part.rglob("*.py") if p.relative_to(root).as_posix() != "proxy/mitm/compat.py" and pattern.search(p.read_text())]
+    assert offenders == [], f"import mitmproxy only through proxy/mitm/compat.py: {offenders}"
 
 
 def test_a_reverse_proxy_reads_its_ca_only_when_a_client_speaks_tls(tmp_path, upstream, proxies):

@@ -13,10 +13,10 @@ import sys
 import lmdb
 import pytest
 
-from noisefloor.proxy import outcome_values
-from noisefloor.proxy.compact import rewrite
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import FORMAT, Store, StoreError
+from noisefloor.proxy.store import _outcome_values as outcome_values
+from noisefloor.proxy.store.compact import rewrite
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
 
 ROWS = [
     {"task_id": "t1", "condition": "live", "replicate": 0, "outcome": 1},

@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from noisefloor.proxy import providers, replay_index
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.replayer import Replayer
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy import providers
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.replay.replayer import Replayer
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import start_nfproxy
 from tests.fake_upstream import FakeUpstream

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from noisefloor import exit_codes
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy, wait_until
 

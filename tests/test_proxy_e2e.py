@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from noisefloor import exit_codes
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import ProxyProcess, delete_exchanges, have_curl, nfproxy_argv, start_nfproxy
 from tests.fake_upstream import FakeUpstream

@@ -22,7 +22,7 @@ import brotli
 import pytest
 import zstandard
 
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream

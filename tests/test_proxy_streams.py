@@ -16,7 +16,7 @@ import httpx
 import openai
 import pytest
 
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy, wait_until
 from tests.fake_upstream import FakeUpstream

@@ -148,7 +148,7 @@ def test_a_node_killed_mid_run_loses_only_runs_that_run_again(tmp_path, cluster)
     assert -1 < err.find("was lost") < err.find("[replay] "), err
     rows = [json.loads(x) for x in (out / "outcomes.jsonl").read_text().splitlines()]
     assert len(rows) == 2 * RUNS and not any(r["failure"].startswith("agent_") for r in rows)
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(out / "log.lmdb", write=False) as s:
         sessions = {ex.session for ex in s.exchanges()}

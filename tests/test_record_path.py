@@ -15,12 +15,15 @@ from pathlib import Path
 
 import httpx
 
-from noisefloor.proxy import codec, replay_index, secrets, store_dicts
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder, Writer
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.record.recorder import Recorder, Writer
+from noisefloor.proxy.request import secrets
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store import _dicts as store_dicts
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.log import Store
 from tests.conftest import start_nfproxy
 
 SYSTEM = "You are a careful assistant. " * 20

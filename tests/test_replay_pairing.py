@@ -318,7 +318,7 @@ async def _ask_once(proxy: ProxyProcess, messages: list[dict[str, str]]) -> Repl
 
 
 def test_the_text_tie_break_ranks_the_closest_text_first_and_leaves_true_ties_to_recorded_order():
-    from noisefloor.proxy.diagnosis import _closeness
+    from noisefloor.proxy.replay.diagnosis import _closeness
 
     def body(text: str) -> dict:
         return {"body": {"messages": [{"role": "user", "content": text}], "model": MODEL}}
@@ -337,9 +337,9 @@ def test_a_session_replayed_alone_gets_the_candidates_every_exchange_of_its_key_
     whose keys repeat across sessions, both give the same entries in the same order."""
     from collections import Counter
 
-    from noisefloor.proxy import replay_index
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.store import replay_index
+    from noisefloor.proxy.store.log import Store
     from tests.conftest import recorded_shards
 
     with Store.open(recorded_shards(tmp_path, 160)[0], write=False) as s:

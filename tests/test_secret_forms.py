@@ -20,8 +20,8 @@ import lmdb
 import pytest
 import zstandard
 
-from noisefloor.proxy import erasure, secrets
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.request import erasure, secrets
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy
 

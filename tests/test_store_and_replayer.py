@@ -11,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy import store_env
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.replay_log import DeferredLog
-from noisefloor.proxy.replayer import Replayer
-from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.replay.log import DeferredLog
+from noisefloor.proxy.replay.replayer import Replayer
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store import env as store_env
+from noisefloor.proxy.store.log import Store, StoreError
 from tests.conftest import nfproxy_argv
 
 
@@ -273,7 +273,7 @@ def test_deferred_log_survives_one_bad_record_and_reports_a_broken_store(tmp_pat
 def test_the_minhash_pairs_are_the_seeded_draw_every_stored_sketch_was_made_with():
     import numpy as np
 
-    from noisefloor.proxy import replay_index as ri
+    from noisefloor.proxy.store import replay_index as ri
 
     rng = np.random.default_rng(20261201)
     assert ri._A == tuple(rng.integers(1, ri._PRIME, ri._HASHES, dtype=np.uint64).tolist())
@@ -287,7 +287,7 @@ def test_a_signature_is_the_minhash_in_python_for_few_features_and_in_numpy_for_
 
     import numpy as np
 
-    from noisefloor.proxy import replay_index as ri
+    from noisefloor.proxy.store import replay_index as ri
 
     feats = random.Random(n).sample(range(1 << 32), n)
     a, b, x = (np.array(v, dtype=np.uint64) for v in (ri._A, ri._B, feats))

@@ -14,11 +14,11 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy import codec
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import FORMAT, Store, StoreError
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import nfproxy_argv
 from tests.test_store_encoding import all_bodies_read_back, conversation
 from tests.test_store_heads import DATA, printed, run

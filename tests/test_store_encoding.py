@@ -11,15 +11,18 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy import codec, replay_index, store_dicts, store_env
-from noisefloor.proxy import store as store_mod
-from noisefloor.proxy.compact import rewrite
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import Store, StoreError
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store import _dicts as store_dicts
+from noisefloor.proxy.store import env as store_env
+from noisefloor.proxy.store import log as store_mod
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.compact import rewrite
+from noisefloor.proxy.store.log import Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
 
 SYSTEM = "You are a careful assistant who answers with one short paragraph and a code block. " * 8
 

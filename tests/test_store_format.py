@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy.store import FORMAT, Store, StoreError
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from tests import loopback
 from tests.conftest import START_TIMEOUT, nfproxy_argv
 

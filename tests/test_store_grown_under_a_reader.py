@@ -7,11 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 
 GROW = """
 import sys
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 with Store.open(sys.argv[1], write=True) as s:
     s.set_meta("big", "x" * (80 << 20))  # past the first map (32 MB) and its first steps
 """
@@ -36,7 +36,7 @@ def test_a_reader_without_address_space_to_spare_maps_the_file(tmp_path: Path) -
         s.set_meta("small", 1)
     code = ("import resource, sys\n"
             "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
-            "from noisefloor.proxy.store import Store\n"
+            "from noisefloor.proxy.store.log import Store\n"
             "with Store.open(sys.argv[1], write=False) as s:\n"
             "    print(s.meta('small'), s.usage()['map'] < 4 << 30)\n")
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)

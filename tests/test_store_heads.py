@@ -19,12 +19,14 @@ import msgspec
 import pytest
 
 from noisefloor.analyzer import logstats
-from noisefloor.proxy import codec, exchange_record, store_heads
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import FORMAT, Store, StoreError
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store import exchange as exchange_record
+from noisefloor.proxy.store import heads as store_heads
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import nfproxy_argv
 
 DATA = Path(__file__).parent / "data"
@@ -296,7 +298,7 @@ def test_a_listing_from_the_tables_parts_prints_what_one_from_heads_prints(tmp_p
     answer, a connection error, a replay miss, a key that is not a digest and a label msgpack
     cannot hold (listed from its record)."""
     from noisefloor.display import Visible
-    from noisefloor.proxy.listing_cli import _Line
+    from noisefloor.proxy.cli._listing_cmds import _Line
 
     store = tmp_path / "s.lmdb"
     with Store.open(store, write=True, create=True) as s:

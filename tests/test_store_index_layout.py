@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from bench.store_traffic import REQUEST_HEADERS, record
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.replay_index import VERSION
-from noisefloor.proxy.store import FORMAT, Store, StoreError
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.replay_index import VERSION
 from tests import loopback
 from tests.conftest import START_TIMEOUT, nfproxy_argv, wait_until
 from tests.data.make_index_v1_store import answered, changed, layout

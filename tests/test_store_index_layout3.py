@@ -17,11 +17,11 @@ import lmdb
 import pytest
 
 from bench.store_traffic import REQUEST_HEADERS, record
-from noisefloor.proxy import replay_index
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import FORMAT, Store, StoreError
-from noisefloor.proxy.traffic import RequestData
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.traffic import RequestData
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import nfproxy_argv
 from tests.data.make_index_v1_store import answered, changed, layout
 

@@ -19,12 +19,12 @@ import lmdb
 import pytest
 
 from bench.store_traffic import REQUEST_HEADERS, record
-from noisefloor.proxy import replay_index
-from noisefloor.proxy.keys import CanonicalRequest, Rules
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.replay_index import RecordedEntry
-from noisefloor.proxy.store import FORMAT, Store
-from noisefloor.proxy.traffic import RequestData
+from noisefloor.proxy.request.keys import CanonicalRequest, Rules
+from noisefloor.proxy.request.traffic import RequestData
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.log import FORMAT, Store
+from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.replay_index import RecordedEntry
 from tests.data.make_index_v1_store import answered, changed, layout
 from tests.test_store_index_layout3 import nfproxy as _nfproxy
 from tests.test_store_index_layout3 import table_bytes as _table_bytes

@@ -1,4 +1,4 @@
-"""noisefloor-log/5 records (`proxy/store_records.py`): stored without their id and their head's
+"""noisefloor-log/5 records (`proxy/store/_records.py`): stored without their id and their head's
 fields, read back joined with their head. Checked against the text each writer gave, captured
 as it was appended (not read back through the heads, which would be circular): the recorder's
 records, whose heads the recorder builds itself, and appended records of every odd shape a head
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy import exchange_record
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import FORMAT, Store
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.store import exchange as exchange_record
+from noisefloor.proxy.store.log import FORMAT, Store
 
 DATA = Path(__file__).parent / "data"
 sys.path.insert(0, str(DATA))

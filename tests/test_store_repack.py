@@ -15,10 +15,10 @@ import lmdb
 import pytest
 
 from bench.store_traffic import record
-from noisefloor.proxy import merge as merge_mod
-from noisefloor.proxy import store_repack
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import Store, StoreError
+from noisefloor.proxy.store import _repack as store_repack
+from noisefloor.proxy.store.log import Store, StoreError
+from noisefloor.proxy.store.merge import run as merge_mod
+from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import recorded_shards
 from tests.data.make_index_v1_store import answers
 
@@ -131,7 +131,8 @@ def test_refilling_or_cutting_the_file_needs_the_recording_lock(unfilled, tmp_pa
 def test_compact_compresses_harder_than_the_record_path_and_reads_the_same(unfilled, tmp_path, monkeypatch):
     """compact's levels (`compact.LEVELS`) against the record path's (level 3) on the same store:
     fewer bytes for bodies and records, every listing and replay answer the same."""
-    from noisefloor.proxy import codec, compact
+    from noisefloor.proxy.store import _codec as codec
+    from noisefloor.proxy.store import compact
 
     copies = {}
     for name, levels in (("record-path", {"body": codec.LEVEL, "record": codec.LEVEL}), ("compact", compact.LEVELS)):

@@ -18,7 +18,7 @@ import lmdb
 import pytest
 import zstandard
 
-from noisefloor.proxy import codec
+from noisefloor.proxy.store import _codec as codec
 from tests import loopback
 from tests.conftest import SHARED_DATA, START_TIMEOUT, nfproxy_argv
 from tests.fake_upstream import FakeUpstream
@@ -157,14 +157,14 @@ def test_every_other_command_says_it_in_one_line_naming_store_and_exchange(recor
 
 
 def _count(store: Path) -> int:
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(store, write=False) as s:
         return len(s)
 
 
 def test_a_body_is_verified_and_bounded_in_the_library_too(recorded, tmp_path):
-    from noisefloor.proxy.store import Store, StoreError
+    from noisefloor.proxy.store.log import Store, StoreError
 
     store = _copy(recorded, tmp_path, "bomb")
     with Store.open(store, write=False) as s:

@@ -21,13 +21,13 @@ import msgspec
 import pytest
 import zstandard
 
-from noisefloor.proxy import codec
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.store_dicts import TRAIN_AFTER
-from noisefloor.proxy.store_walk import BATCH
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store._dicts import TRAIN_AFTER
+from noisefloor.proxy.store._walk import BATCH
+from noisefloor.proxy.store.log import Store
 from tests.conftest import nfproxy_argv
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))

@@ -22,7 +22,7 @@ from noisefloor.analyzer import bootstrap, logstats, stored_rows
 from noisefloor.analyzer.analysis import Settings, analyze
 from noisefloor.analyzer.outcomes import build, build_columns
 from noisefloor.outcome_rows import _PARSERS, VERSION_KEY, OutcomeRow, parse_rows
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 
 
 def nfanalyze(*args: str) -> subprocess.CompletedProcess[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import ProxyProcess, start_nfproxy
 
@@ -117,8 +117,8 @@ def test_import_erases_secrets_and_keys_like_a_recording(tmp_path):
         assert ("Authorization", "[redacted]") in [tuple(h) for h in ex.request["headers"]]
         assert not any(k.lower() == "content-encoding" for k, _ in ex.response["headers"])  # the body was decoded
         assert b"bad key" in s.body(ex.response["body"])
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.traffic import RequestData
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.traffic import RequestData
 
     body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": "one"}]}).encode()
     expected = RequestData("POST", "https://api.example.com/v1/chat/completions", "api.example.com",
@@ -203,7 +203,7 @@ HOSTILE_ENTRIES = {
 def test_hostile_har_entries_import_nothing_and_say_why(tmp_path):
     """Each malformed entry, placed after a good one: a TransferError naming the entry, and the
     store exactly as it was (the good entry before it not imported either)."""
-    from noisefloor.proxy.transfer import TransferError, har_items, import_into
+    from noisefloor.proxy.transfer.formats import TransferError, har_items, import_into
 
     store = tmp_path / "kept.lmdb"
     good = tmp_path / "good.har"
@@ -228,7 +228,7 @@ def test_hostile_har_entries_import_nothing_and_say_why(tmp_path):
 def test_every_secret_field_of_a_har_is_erased_on_import(tmp_path):
     """Authorization, Cookie (header and cookies list), a key in the query, secret form params,
     Set-Cookie in the answer: none reaches the store, though the answer echoes them all."""
-    from noisefloor.proxy.transfer import har_items, import_into
+    from noisefloor.proxy.transfer.formats import har_items, import_into
 
     s = {k: f"{k}-SECRET-0123456789" for k in ("auth", "cookie", "other", "query", "form", "setcookie")}
     entry = {"startedDateTime": "2026-01-02T03:04:05Z", "time": 5,

@@ -220,11 +220,11 @@ def test_sigterm_ends_with_143_and_keeps_the_rows(tmp_path):
 def _log_of_slow_answers(store_path: Path, n: int) -> None:
     """A store written through the real recorder: n sessions of task T/0, each answered with a
     correct but slow program, labelled as an agent run is."""
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.labels import Labels
-    from noisefloor.proxy.recorder import Recorder
-    from noisefloor.proxy.store import Store
-    from noisefloor.proxy.traffic import RequestData, ResponseData
+    from noisefloor.proxy.record.recorder import Recorder
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
+    from noisefloor.proxy.store.log import Store
 
     answer = "```python\nimport time\ndef add(a, b):\n    time.sleep(0.3)\n    return a + b\n```"
     with Store.open(store_path, write=True, create=True) as store:
@@ -241,7 +241,7 @@ def _log_of_slow_answers(store_path: Path, n: int) -> None:
 
 
 def test_ctrl_c_while_grading_a_log_keeps_the_rows_there_too_and_a_rerun_grades_the_rest(tmp_path):
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     dataset = _dataset(tmp_path / "tiny.jsonl")
     log = tmp_path / "log.lmdb"

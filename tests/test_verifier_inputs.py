@@ -16,7 +16,7 @@ import pytest
 
 from noisefloor import bounded, exit_codes
 from noisefloor.errors import InputError
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from noisefloor.verifier.datasets import DatasetError, load_bfcl
 from tests import loopback
 

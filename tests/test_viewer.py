@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from noisefloor.viewer import pages
 from tests import loopback
 from tests.conftest import ROOT, start_nfproxy
@@ -378,7 +378,7 @@ def test_nfproxy_log_filters_by_status_miss_model_and_limit(folder):
     ~0.5 CPU-s for the same code); the refused filter through a real process, its exit and one line."""
     from click.testing import CliRunner
 
-    from noisefloor.proxy.listing_cli import log_cmd
+    from noisefloor.proxy.cli._listing_cmds import log_cmd
 
     exe = Path(sys.executable).with_name("nfproxy")
 

@@ -18,8 +18,8 @@ from aiohttp import web
 
 from noisefloor.display import visible
 from noisefloor.errors import NoisefloorError, StateError
-from noisefloor.proxy.listing import FilterError
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.cli.listing import FilterError
+from noisefloor.proxy.store.log import Store
 from noisefloor.viewer import pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
 

@@ -185,7 +185,7 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             run.record = start("--mode", "record", "--upstream", str(upstream), "--store", str(work / "record.lmdb"),
                                "--confdir", str(ca), *extra)
         if run.replay is not None and run.record is not None:
-            from noisefloor.proxy.episodes import Episodes
+            from noisefloor.proxy.record.episodes import Episodes
 
             run.front = Episodes(run.replay.url, run.record.url)
             url = run.front.start()
@@ -235,7 +235,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def _misses(store_path: Path) -> list[str]:
     """Each miss (and call-order violation) of a replay: the request, the nearest recorded one, the diff."""
-    from noisefloor.proxy.store import Store, StoreError
+    from noisefloor.proxy.store.log import Store, StoreError
 
     out: list[str] = []
     try:
@@ -297,7 +297,7 @@ def _save(run: _Run) -> None:
     run, replace it), holding the lock of its folder: written whole beside the old one (compact,
     only used pages) and renamed into place."""
     from noisefloor.file_lock import held
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     recorded = run.work / "record.lmdb"
     with Store.open(recorded, write=True) as store:
@@ -322,8 +322,8 @@ def _save(run: _Run) -> None:
 def _write(run: _Run, recorded: Path, pristine: Path | None) -> None:
     """The recording made from `recorded` (merged after `pristine`, a copy of the recording as it
     is, when given), written beside it and swapped in. Called holding the lock of its folder."""
-    from noisefloor.proxy.merge import merge
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
+    from noisefloor.proxy.store.merge.run import merge
 
     source = recorded
     if pristine is not None:

@@ -170,7 +170,7 @@ def test_episode(n):
 
 
 def _exchanges(path: Path) -> int:
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(path, write=False) as store:
         return len(store)

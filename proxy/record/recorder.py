@@ -211,7 +211,7 @@ class Recorder:
         if error is not None:  # an upstream's status line or message may carry the key it was sent
             error = secrets.erase_text(error, p.request.secret_values)
         if response is not None:
-            response = response.without(p.request.secret_values)
+            response = response.without(p.request.secret_values, pending.provider)
         # the answer is complete: a request arriving after this may depend on it (an import gives the
         # recorded time)
         answered = _answered(pending, response, error, latency_ms, notes, time.time() if end is None else end)

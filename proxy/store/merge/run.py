@@ -2,9 +2,11 @@
 
 A shard is checked whole before anything of it is written: every exchange must decode as an
 exchange record and every body it names must be present, within its recorded size, with the
-sha256 it is stored under, so a shard damaged on a lost node is refused by name (store and
-exchange), never half merged. A noisefloor-log/6 body is checked by its CRC as stored
-(`MergeIO._check_body`); its sha256 is checked wherever it is read. Sessions are the unit: a session's exchanges (with the bodies they
+sha256 it is stored under (decompressed and hashed, `MergeIO._check_body`: a CRC alone passes a
+body forged to other content under a good digest), so a shard damaged on a lost node or forged
+is refused by name (store and exchange), never half merged, whatever the order of the shards; a
+fresh OUT's bodies, the ones no exchange names too, are all hashed before the first is written
+(`merge_copy.copy_bodies`). Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
 index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,

@@ -19,7 +19,7 @@ from aiohttp import web
 from noisefloor.display import visible
 from noisefloor.errors import NoisefloorError, StateError
 from noisefloor.proxy.cli.listing import FilterError
-from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
 from noisefloor.viewer import pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
 
@@ -184,8 +184,9 @@ def make_app(source: Source, store: Store | None, hosts: set[str] | None = None)
     return app
 
 
-def open_store(source: Source) -> Store | None:
-    return None if source.store is None else Store.open(source.store, write=False)
+def open_store(source: Source, max_body: int = DEFAULT_MAX_BODY) -> Store | None:
+    """The source's store, read-only, its bodies read up to `max_body` bytes (--max-body-mb)."""
+    return None if source.store is None else Store.open(source.store, write=False, max_body=max_body)
 
 
 class _OneLine(logging.Formatter):
@@ -209,7 +210,8 @@ def server_logger() -> logging.Logger:
     return log
 
 
-def serve_path(path: str | Path, host: str, port: int, ready: Callable[[str], None]) -> None:
+def serve_path(path: str | Path, host: str, port: int, ready: Callable[[str], None],
+               max_body: int = DEFAULT_MAX_BODY) -> None:
     """Serve until interrupted; `ready` gets the URL once the port is bound. A port that cannot be
     bound (taken, not allowed) is one line (`StateError`)."""
     import asyncio
@@ -217,7 +219,7 @@ def serve_path(path: str | Path, host: str, port: int, ready: Callable[[str], No
     from noisefloor.viewer.source import locate
 
     source = locate(path)
-    store = open_store(source)
+    store = open_store(source, max_body)
 
     async def main() -> None:
         runner = web.AppRunner(make_app(source, store), access_log=None, logger=server_logger())

@@ -10,6 +10,7 @@ import click
 
 from noisefloor._cli import VERSION, Command, OneLineUsage
 from noisefloor.display import visible
+from noisefloor.proxy.cli.options import max_body_option
 
 
 def _listen(text: str) -> tuple[str, int]:
@@ -35,8 +36,9 @@ def _interrupt(*_: object) -> None:
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("path", type=click.Path(exists=True))
 @click.option("--listen", default="127.0.0.1:8765", show_default=True, help="HOST:PORT, loopback only (port 0: any).")
+@max_body_option
 @click.version_option(**VERSION)
-def main(path: str, listen: str) -> None:
+def main(path: str, listen: str, max_body_mb: int) -> None:
     """Show PATH, a store or an nfladder / nfanalyze output folder, as a local read-only web app:
     the report, sessions and exchanges with filters, one exchange decoded, misses beside their
     nearest recorded request."""
@@ -49,7 +51,7 @@ def main(path: str, listen: str) -> None:
         click.echo(f"nfview: {url} (Ctrl-C to stop)")
         sys.stdout.flush()
 
-    serve_path(path, host, port, ready)
+    serve_path(path, host, port, ready, max_body_mb << 20)
 
 
 if __name__ == "__main__":

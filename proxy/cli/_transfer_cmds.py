@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from noisefloor import outputs
+from noisefloor.proxy.cli.options import max_body_option
 from noisefloor.proxy.request.keys import RuleError, Rules
 from noisefloor.proxy.store.log import Store
 from noisefloor.proxy.transfer.formats import (
@@ -30,16 +32,19 @@ from noisefloor.proxy.transfer.formats import (
 @click.option("-o", "--output", default="-", show_default=True, help="File to write ('-': stdout).")
 @click.option("--session", help="Only this session's exchanges.")
 @click.option("--all-modes", is_flag=True, help="Replay and passthrough exchanges too (default: recorded ones).")
-def export_cmd(store_path: Path, fmt: str, output: str, session: str | None, all_modes: bool) -> None:
-    """Write a store's exchanges as HAR or JSON Lines (secrets were never stored)."""
+@max_body_option
+def export_cmd(store_path: Path, fmt: str, output: str, session: str | None, all_modes: bool, max_body_mb: int) -> None:
+    """Write a store's exchanges as HAR or JSON Lines (secrets were never stored). A file is
+    written whole or not at all: a failed export leaves no partial -o file."""
     write = export_har if fmt == "har" else export_jsonl
-    with Store.open(store_path, write=False) as store:
+    outputs.check_writable(None if output == "-" else output, "-o")
+    with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         if note := store.unfinished_note():
             click.echo(f"nfproxy export: {note}", err=True)
         if output == "-":
             n = write(store, sys.stdout, session=session, mode=None if all_modes else "record")
         else:
-            with open(output, "w", encoding="utf-8") as fh:
+            with outputs.atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as fh:
                 n = write(store, fh, session=session, mode=None if all_modes else "record")
     click.echo(f"nfproxy export: {n} exchanges from {store_path} as {fmt}", err=True)
 

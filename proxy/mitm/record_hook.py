@@ -41,6 +41,7 @@ class Record:
         recorder.on_unwritten = lambda line: log.error(
             "nfproxy: an answered exchange is kept in the store but could not be written in full (%s); "
             "`nfproxy repair --store STORE` writes it", line)
+        recorder.on_refused = lambda line: log.warning("nfproxy: %s", line)
         self._unkeyed: deque[http.HTTPFlow] = deque()
 
     def request(self, flow: http.HTTPFlow) -> None:

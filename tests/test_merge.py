@@ -309,3 +309,23 @@ def test_a_body_forged_under_a_good_digest_is_refused_in_either_order(tmp_path, 
     assert r.returncode == 5 and f"{orphan}" in r.stderr and "does not match its sha256" in r.stderr, r.stderr
     with Store.open(out, write=False) as s:  # refused before a single body went in
         assert len(s) == 0 and s.body_count() == 0
+
+
+def test_a_dictionary_forged_under_another_ones_key_is_refused_before_writing(tmp_path, shards):
+    """A shard's compression dictionary whose bytes do not hash to its key (it would win that key
+    in a fresh OUT, and another shard's bodies compressed with the real one would not decode)."""
+    from noisefloor.proxy.store._codec import dict_key
+
+    forged = tmp_path / "forged.lmdb"
+    shutil.copytree(shards[1], forged)
+    env = lmdb.open(str(forged), max_dbs=16)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(dict_key(b"the real dictionary"), b"another dictionary", db=env.open_db(b"dicts", txn=txn))
+    finally:
+        env.close()
+    out = tmp_path / "fresh.lmdb"
+    r = _merge(out, forged, shards[0])
+    assert r.returncode == 5 and f"{forged}" in r.stderr and "dictionary" in r.stderr, r.stderr
+    with Store.open(out, write=False) as s:
+        assert len(s) == 0 and s.body_count() == 0 and not list(s.raw_table("dicts"))

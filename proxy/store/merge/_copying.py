@@ -455,6 +455,10 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
         for src in srcs:
             for k, _ in src.raw_table("bodies"):
                 src.body(k.hex())  # verified: StoreError naming the store and the body
+            for k, v in src.raw_table("dicts"):  # content-addressed too: a forged one would win the key in OUT
+                if codec.dict_key(v) != k:
+                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} does not match its hash "
+                                     "(tampered or damaged); restore the store from a copy")
         for src in srcs:
             rows = list(src.raw_table("dicts"))
             dest._write(lambda txn, rows=rows: [txn.put(k, v, db=dest._dicts, overwrite=False) for k, v in rows])

@@ -280,3 +280,15 @@ def test_each_spelling_is_erased(name):
         assert text == "[redacted]"
     else:
         assert stored == expected
+
+
+def test_a_key_split_across_plain_text_events_is_erased():
+    """Server-sent events whose data is text, not JSON (an API nfproxy has no module for): the
+    generic provider assembles the text events' data, so a key spread over them is found."""
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}")])
+    text = f"the key {BEARER} ends here"
+    body = "".join(f"event: token\r\ndata: {text[i:i + 4]}\r\n\r\n" for i in range(0, len(text), 4)).encode()
+    erased = secrets.erase_events(body, values, None, "text/event-stream")
+    assert erased is not None and BEARER[:8].encode() not in erased
+    data = [line[6:].rstrip("\r") for line in erased.decode().split("\n") if line.startswith("data: ")]
+    assert "".join(data) == "the key [redacted] ends here"

@@ -25,8 +25,8 @@ _MAX_EVENTS = 1 << 20  # a stream of more events than this is not read as events
 
 @dataclass
 class Events:
-    """The parsed events of one streamed body (None where an event is not JSON), and how to write
-    them back."""
+    """The parsed events of one streamed body (an SSE event whose data is not JSON is its text;
+    None where another event cannot be read), and how to write them back."""
 
     kind: str  # "sse", "json" (an array) or "aws"
     docs: list[Any]
@@ -49,7 +49,12 @@ class Events:
         blocks: list[list[int]] = self._parts[1]
         for i in self.changed:
             first, *rest = blocks[i]
-            lines[first] = b"data: " + _dumps(self.docs[i]) + (b"\r" if lines[first].endswith(b"\r") else b"")
+            end = b"\r" if lines[first].endswith(b"\r") else b""
+            if i in self._parts[2]:  # a text event: a data line per line of its text
+                text = self.docs[i].encode("utf-8", "surrogateescape")
+                lines[first] = b"\n".join(b"data: " + part + end for part in text.split(b"\n"))
+            else:
+                lines[first] = b"data: " + _dumps(self.docs[i]) + end
             for n in rest:
                 lines[n] = None  # type: ignore[call-overload]
         return b"\n".join(line for line in lines if line is not None)
@@ -76,21 +81,26 @@ def _sse(body: bytes) -> Events | None:
     docs: list[Any] = []
     blocks: list[list[int]] = []
     current: list[int] = []
+    raw: set[int] = set()  # events whose data is not JSON: written back as text
     for n, line in enumerate([*lines, b""]):
         if line.rstrip(b"\r") == b"":
             if current:
                 data = b"\n".join(_data(lines[k]) for k in current)
                 try:
-                    docs.append(json.loads(data))
+                    doc = json.loads(data)
                 except (ValueError, RecursionError):
-                    docs.append(None)
+                    doc = None
+                if not isinstance(doc, (dict, list, str)):  # a text event (`4567` is text too): a string of its own
+                    raw.add(len(docs))
+                    doc = data.decode("utf-8", "surrogateescape")
+                docs.append(doc)
                 blocks.append(current)
                 current = []
                 if len(blocks) > _MAX_EVENTS:
                     return None
         elif line.startswith(b"data:"):
             current.append(n)
-    return Events("sse", docs, [lines, blocks]) if blocks else None
+    return Events("sse", docs, [lines, blocks, raw]) if blocks else None
 
 
 def _data(line: bytes) -> bytes:

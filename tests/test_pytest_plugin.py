@@ -212,3 +212,27 @@ def test_xdist_workers_sharing_one_recording_lose_nothing(pytester: pytest.Pytes
     # nothing beside the recordings: no lock file, no half-written or moved-aside copy
     assert sorted(p.name for p in pytester.path.iterdir() if "lmdb" in p.name or "lock" in p.name) == [
         "pair-0.lmdb", "pair-1.lmdb", "shared.lmdb"]
+
+
+def test_a_save_stopped_between_its_renames_is_put_back_and_a_held_folder_times_out(tmp_path):
+    """A save killed after moving the recording aside and before moving the new one in: the next
+    record-mode use puts the recording back before reading it. A folder another process holds
+    locked past the wait is one error naming it, not a hang."""
+    import fcntl
+    import os
+
+    from noisefloor.file_lock import LockTimeout, held
+    from noisefloor.pytest_plugin import _copy_for_replay
+
+    recording = tmp_path / "r.lmdb"
+    (tmp_path / "r.lmdb.old").mkdir()
+    (tmp_path / "r.lmdb.old" / "data.mdb").write_bytes(b"recorded")
+    assert _copy_for_replay(recording, tmp_path / "copy", locked=True)
+    assert (recording / "data.mdb").read_bytes() == b"recorded" and (tmp_path / "copy" / "data.mdb").exists()
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process's save, in effect (flock is per open file)
+        with pytest.raises(LockTimeout, match=f"{tmp_path} stayed locked"), held(tmp_path, timeout=0.2):
+            pass
+    finally:
+        os.close(fd)

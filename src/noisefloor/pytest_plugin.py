@@ -160,8 +160,12 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 or request.config.getini("nf_upstream") or None)
     work = tmp_path_factory.mktemp("nfproxy")
     replay_copy = work / "replay.lmdb"
-    # `all` replays nothing: it records every request again
-    have = mode != "all" and _copy_for_replay(recording, replay_copy, locked=mode != "none")
+    from noisefloor.errors import NoisefloorError
+
+    try:  # `all` replays nothing: it records every request again
+        have = mode != "all" and _copy_for_replay(recording, replay_copy, locked=mode != "none")
+    except NoisefloorError as exc:  # another worker's save never let go of the folder: one line
+        pytest.fail(str(exc), pytrace=False)
     # one CA per pytest process (each xdist worker has its own base folder): made by the first
     # proxy, only read by the rest, so no test pays for generating a key again
     ca = tmp_path_factory.getbasetemp() / "nfproxy-ca"

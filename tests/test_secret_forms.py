@@ -292,3 +292,29 @@ def test_a_key_split_across_plain_text_events_is_erased():
     assert erased is not None and BEARER[:8].encode() not in erased
     data = [line[6:].rstrip("\r") for line in erased.decode().split("\n") if line.startswith("data: ")]
     assert "".join(data) == "the key [redacted] ends here"
+
+
+def test_aws_frames_with_a_text_payload_or_unreadable_keep_no_key():
+    """Bedrock's event-stream frames: a payload that is not JSON is erased as text and framed
+    again; frames that cannot be read at all lose the key all the same (their framing second)."""
+    import struct
+    import zlib
+
+    from noisefloor.proxy.providers import PROVIDERS
+    from noisefloor.proxy.request.traffic import ResponseData
+
+    def frame(payload: bytes) -> bytes:
+        prelude = struct.pack(">II", 16 + len(payload), 0)
+        prelude += struct.pack(">I", zlib.crc32(prelude))
+        return prelude + payload + struct.pack(">I", zlib.crc32(prelude + payload))
+
+    values = secrets.secret_values("https://h/p", [("x-amz-security-token", BEARER)])
+    kind = (("content-type", "application/vnd.amazon.eventstream"),)
+    body = frame(f"plain text {BEARER} echoed".encode()) + frame(b'{"delta": {"text": "ok"}}')
+    stored = ResponseData(200, kind, body, ((0.0, len(body)),)).without(values, PROVIDERS["bedrock"]).raw_body
+    total = struct.unpack_from(">I", stored)[0]
+    assert stored[12:total - 4] == b"plain text [redacted] echoed"
+    assert zlib.crc32(stored[:total - 4]) == struct.unpack_from(">I", stored, total - 4)[0]
+    broken = body[:-3]  # the last frame cut short: no frame is read
+    stored = ResponseData(200, kind, broken, ((0.0, len(broken)),)).without(values, PROVIDERS["bedrock"]).raw_body
+    assert BEARER[:20].encode() not in stored and b"[redacted]" in stored

@@ -54,6 +54,8 @@ def response(resp: ResponseData, values: list[str], provider: Provider | None = 
     body = secrets.erase(decoded, values) if whole else decoded
     if resp.layout is not None or framed:
         body = secrets.erase_events(body, values, provider, content_type) or body
+    if framed and secrets.contains(body, values):  # frames it could not read (or a frame's header): the secret first
+        body = secrets.erase(body, values)
     if body is decoded:
         return unchanged
     headers = tuple(headers_mod.without(headers, "content-encoding", "content-length"))

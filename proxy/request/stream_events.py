@@ -132,11 +132,12 @@ def _aws(body: bytes) -> Events | None:
     return Events("aws", docs, parts) if parts else None
 
 
-def _aws_doc(payload: bytes) -> tuple[Any, bool]:
+def _aws_doc(payload: bytes) -> tuple[Any, bool | None]:
+    """A frame's payload as an event, and whether it wraps one in base64 (None: not JSON, its text)."""
     try:
         doc = json.loads(payload)
     except (ValueError, RecursionError):
-        return None, False
+        return payload.decode("utf-8", "surrogateescape"), None
     inner = doc.get("bytes") if isinstance(doc, dict) else None
     if isinstance(inner, str):
         try:
@@ -146,7 +147,9 @@ def _aws_doc(payload: bytes) -> tuple[Any, bool]:
     return doc, False
 
 
-def _aws_payload(doc: Any, wrapped: bool, raw: bytes) -> bytes:
+def _aws_payload(doc: Any, wrapped: bool | None, raw: bytes) -> bytes:
+    if wrapped is None:  # a text payload
+        return doc.encode("utf-8", "surrogateescape")
     if wrapped:
         doc = {**doc, "bytes": base64.b64encode(json.dumps(doc["bytes"], separators=(",", ":")).encode()).decode()}
     return json.dumps(doc, separators=(",", ":")).encode() if doc is not None else raw

@@ -318,3 +318,16 @@ def test_aws_frames_with_a_text_payload_or_unreadable_keep_no_key():
     broken = body[:-3]  # the last frame cut short: no frame is read
     stored = ResponseData(200, kind, broken, ((0.0, len(broken)),)).without(values, PROVIDERS["bedrock"]).raw_body
     assert BEARER[:20].encode() not in stored and b"[redacted]" in stored
+
+
+def test_a_key_written_as_a_header_name_is_erased_in_both_directions():
+    """A header's name is written by the client (request) or the upstream (response) as freely
+    as its value."""
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
+
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}")])
+    request = RequestData("POST", "https://h/p", "h", "/p", (("authorization", f"Bearer {BEARER}"),
+                                                              (f"x-{BEARER}", "1")), b"")
+    assert BEARER[:20] not in json.dumps(request.record())
+    response = ResponseData(200, ((f"x-echo-{BEARER}", "1"), ("content-type", "text/plain")), b"ok").without(values)
+    assert BEARER[:20] not in json.dumps(response.record()) and "[redacted]" in json.dumps(response.record())

@@ -70,13 +70,14 @@ def scrub_headers(headers: Iterable[tuple[str, str]], values: Sequence[str] = ()
 
 
 def erase_header_values(headers: Sequence[tuple[str, str]], values: Sequence[str]) -> Sequence[tuple[str, str]]:
-    """`headers` with the secret `values` erased from each value (the same object when none holds one)."""
+    """`headers` with the secret `values` erased from each name and value (the same object when
+    none holds one): a client or an upstream can write a key into a header's name too."""
     if not values:
         return headers
     vals = tuple(values)
-    texts = [_text(v) for _, v in headers]
-    erased = [_erased(t, vals) for t in texts]
-    return tuple(zip((k for k, _ in headers), erased)) if erased != texts else headers
+    texts = [(_text(k), _text(v)) for k, v in headers]
+    erased = [(_erased(k, vals), _erased(v, vals)) for k, v in texts]
+    return tuple(erased) if erased != texts else headers
 
 
 _CACHED = 1024  # longer values are searched every time (a cache of them could hold megabytes)

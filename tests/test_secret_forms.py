@@ -331,3 +331,15 @@ def test_a_key_written_as_a_header_name_is_erased_in_both_directions():
     assert BEARER[:20] not in json.dumps(request.record())
     response = ResponseData(200, ((f"x-echo-{BEARER}", "1"), ("content-type", "text/plain")), b"ok").without(values)
     assert BEARER[:20] not in json.dumps(response.record()) and "[redacted]" in json.dumps(response.record())
+
+
+def test_a_stream_with_odd_event_fields_is_still_searched():
+    """A hostile upstream's events whose choice index is a list (unhashable): the texts are found
+    by path instead, and the key erased; the recorder never fails on them."""
+    from noisefloor.proxy.providers import PROVIDERS
+
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}")])
+    body = "".join(f'data: {json.dumps({"choices": [{"index": [1], "delta": {"content": BEARER[i:i + 5]}}]})}\n\n'
+                   for i in range(0, len(BEARER), 5)).encode()
+    erased = secrets.erase_events(body, values, PROVIDERS["openai"], "text/event-stream")
+    assert erased is not None and b"[redacted]" in erased and BEARER[:10].encode() not in erased

@@ -27,7 +27,7 @@ from functools import lru_cache
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
 from noisefloor.proxy import providers
-from noisefloor.proxy.providers.base import Provider, strings
+from noisefloor.proxy.providers.base import Provider, strings, texts_by_path
 from noisefloor.proxy.request import erasure, stream_events
 from noisefloor.proxy.request.erasure import REDACTED as REDACTED
 from noisefloor.proxy.request.erasure import RUN as RUN
@@ -269,7 +269,11 @@ def erase_events(body: bytes, values: Iterable[str], provider: Provider | None =
                 new = erasure.erase(s, vals)
                 if new != s:
                     events.set(i, path, new)
-    for thread in (provider or providers.PROVIDERS["generic"]).stream_texts(events.docs):
+    try:
+        threads = (provider or providers.PROVIDERS["generic"]).stream_texts(events.docs)
+    except (TypeError, ValueError, AttributeError, KeyError):  # an upstream's odd event (an unhashable index)
+        threads = texts_by_path(events.docs)
+    for thread in threads:
         leaves = [(i, path, stream_events.get(events.docs[i], path)) for i, path in thread]
         found = erasure.spans("".join(s for _, _, s in leaves), vals)
         pos = 0

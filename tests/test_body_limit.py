@@ -122,3 +122,32 @@ def _viewer(store: Path, limit: str) -> tuple[dict, list[int]]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.slow
+def test_a_streamed_answer_over_the_limit_is_forwarded_whole_and_not_held(tmp_path):
+    """A 48 MiB stream past --max-body-mb 1: the client gets every chunk, the recorder keeps none
+    of them and does not hold them in memory either (the proxy's peak RSS stays far below the
+    stream's size), and records the refusal, one warning line."""
+    huge = "0123456789abcdef" * (3 << 20)
+    server = FakeUpstream(responder=lambda doc, n: huge).start()
+    store = tmp_path / "stream.lmdb"
+    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", server.url, "--max-body-mb", "1")
+    try:
+        body = {"model": "m", "stream": True, "x_events": 200, "x_pause_ms": 0,
+                "messages": [{"role": "user", "content": "big please"}]}
+        got = loopback.post(rec.url + "/v1/chat/completions", json=body, timeout=300)
+        deltas = [json.loads(line[6:])["choices"][0]["delta"].get("content", "")
+                  for line in got.text.splitlines() if line.startswith("data: {")]
+        assert got.status_code == 200 and "".join(deltas) == huge  # every chunk forwarded
+        peak = next(int(line.split()[1]) for line in Path(f"/proc/{rec.proc.pid}/status").read_text().splitlines()
+                    if line.startswith("VmHWM"))
+        assert peak < 110 << 10, f"peak RSS {peak >> 10} MiB"  # ~60 MiB; holding the stream made it ~160
+    finally:
+        code = rec.stop()
+        server.stop()
+    assert code == 0, rec.output
+    assert [line for line in rec.output.splitlines() if "over --max-body-mb 1" in line], rec.output
+    with Store.open(store, write=False) as s:
+        ex = s.exchange(1)
+        assert ex.response is None and "over --max-body-mb 1: not recorded" in ex.error

@@ -442,23 +442,15 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
     """A fresh OUT's bodies, every shard's, written once and in key order before any record (a
     k-way merge of the shards' bodies tables, each in key order; a digest two shards hold taken
     from the first), with every dictionary they may be compressed with: instead of inserting each
-    batch's bodies at random places and copying them again at the refill. Every value is first
-    read whole and hashed (`Store.body`), the ones no exchange names too, before anything is
-    written: a forged one is refused by name with OUT unchanged. A merge killed while writing
-    leaves bodies that no record names yet: the next merge keeps them and writes the records (the
-    old way: OUT is no longer fresh). Returns how many bodies were written."""
+    batch's bodies at random places and copying them again at the refill. Every value was read
+    whole and hashed before OUT was made (`verify_bodies`, which `merge` runs first for a fresh OUT).
+    A merge killed while writing leaves bodies that no record names yet: the next merge keeps them
+    and writes the records (the old way: OUT is no longer fresh). Returns how many bodies were written."""
     import heapq
     from operator import itemgetter
 
     with ExitStack() as stack:
         srcs = [stack.enter_context(Store.open(p, write=False)) for p in paths]
-        for src in srcs:
-            for k, _ in src.raw_table("bodies"):
-                src.body(k.hex())  # verified: StoreError naming the store and the body
-            for k, v in src.raw_table("dicts"):  # content-addressed too: a forged one would win the key in OUT
-                if codec.dict_key(v) != k:
-                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} does not match its hash "
-                                     "(tampered or damaged); restore the store from a copy")
         for src in srcs:
             rows = list(src.raw_table("dicts"))
             dest._write(lambda txn, rows=rows: [txn.put(k, v, db=dest._dicts, overwrite=False) for k, v in rows])
@@ -473,6 +465,21 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
                 written += dest.append_rows("bodies", lambda rows=rows: [rows])
                 rows = []
         return written + (dest.append_rows("bodies", lambda: [rows]) if rows else 0)
+
+
+def verify_bodies(paths: list[Path]) -> None:
+    """Every body of every shard read whole and hashed (`Store.body`), the ones no exchange names
+    too, and every compression dictionary against its key: a forged one would win its digest in a
+    fresh OUT (the first shard's copy is taken) and the other shard's exchanges would read another
+    content. StoreError naming the store and the body or dictionary."""
+    for p in paths:
+        with Store.open(p, write=False) as src:
+            for k, _ in src.raw_table("bodies"):
+                src.body(k.hex())
+            for k, v in src.raw_table("dicts"):
+                if codec.dict_key(v) != k:
+                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} does not match its hash "
+                                     "(tampered or damaged); restore the store from a copy")
 
 
 def mergeable(layout: int | None) -> bool:

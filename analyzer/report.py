@@ -31,14 +31,15 @@ def _exact(j: object) -> str:
     return " exact binomial: the bootstrap is degenerate" if getattr(j, "disagreement_ci_method", "") == "clopper_pearson" else ""
 
 
-def _method_lines(a: Analysis) -> list[str]:
+def _method_lines(a: Analysis, esc: Escape = visible) -> list[str]:
     """How every interval not from the plain task bootstrap was made (the * in the table)."""
-    out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions
+    out = [f"* {esc(c.name)}: {esc(c.w_interval.note)}" for c in a.conditions
            if c.w_interval.method != TASK_BOOTSTRAP and c.w_ci is not None]
-    out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method not in (TASK_BOOTSTRAP, "undefined")]
-    out += [f"# {c.name}: {c.stats.tasks}x{c.stats.replicates} keeps the first {c.stats.replicates} replicates of "
+    out += [f"* {esc(c.a)} - {esc(c.b)}: {esc(c.note)}" for c in a.contrasts
+            if c.method not in (TASK_BOOTSTRAP, "undefined")]
+    out += [f"# {esc(c.name)}: {c.stats.tasks}x{c.stats.replicates} keeps the first {c.stats.replicates} replicates of "
             f"each task (its tasks had {c.trimmed_from[0]} to {c.trimmed_from[1]})" for c in a.conditions if c.trimmed_from]
-    out += [f"! {c.name}: {c.w_interval.flag}" for c in a.conditions if c.w_interval.flag]
+    out += [f"! {esc(c.name)}: {esc(c.w_interval.flag)}" for c in a.conditions if c.w_interval.flag]
     return out
 
 
@@ -120,11 +121,11 @@ def _tokens(s: dict[str, Any]) -> str:
     return f"tokens in/out {s['input_tokens']}/{s['output_tokens']}"
 
 
-def truth_line(truth: dict[str, Any]) -> str:
+def truth_line(truth: dict[str, Any], esc: Escape = visible) -> str:
     """The built-in provider's known w beside the measured one (nfladder demo)."""
     return ("Known truth (built-in provider): " + ", ".join(
-        f"{visible(c)} w={v['true_w']:.5f} " + ({True: "inside its interval", False: "OUTSIDE its interval"}
-                                                  .get(v["covered"], "(no interval)")) for c, v in truth["w"].items())
+        f"{esc(c)} w={v['true_w']:.5f} " + ({True: "inside its interval", False: "OUTSIDE its interval"}
+                                              .get(v["covered"], "(no interval)")) for c, v in truth["w"].items())
         + f"; ladder order live > t0 > replay: {'holds' if truth['order_holds'] else 'DOES NOT HOLD'}")
 
 
@@ -137,7 +138,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a, md)]
     out = [heading, "", head, sep, *body, ""]
-    notes = _method_lines(a)
+    notes = _method_lines(a, md)
     if notes:
         out += [f"- {line[2:]}" if line[0] in "*#" else f"- coverage warning: {line[2:]}" for line in notes] + [""]
     if a.contrasts:
@@ -145,7 +146,7 @@ def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] |
         out += [f"| {md(c.a)} - {md(c.b)} | {c.estimate:+.5f} | {_ci(c.ci)}{_mark(c.method)} |" for c in a.contrasts]
         out.append("")
     if truth:
-        out += ["## Known truth", "", truth_line(truth), ""]
+        out += ["## Known truth", "", truth_line(truth, md), ""]
     carriers = _carrier_lines(a, md)
     if carriers:
         out += ["## Largest single-task share of w", "", *(f"- {line}" for line in carriers), ""]

@@ -12,6 +12,7 @@ import click
 
 from noisefloor import outputs
 from noisefloor._cli import VERSION, Group, exit_on_sigterm
+from noisefloor.display import visible_lines
 from noisefloor.errors import EXIT_DRIFT, EXIT_REGRESSED, EXIT_REPLAY_FAILED, EXIT_STAMPS, InputError
 from noisefloor.ladder import designs, pipeline, provenance, study_file, task_choice
 from noisefloor.ladder.conditions import LADDER_DEFAULT, LADDER_NAMES
@@ -53,7 +54,7 @@ def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None,
 
     r = pipeline.run(cfg, design, kind, builtin, _say)
     for section in r.sections:  # a design's own result first; the ladder of its conditions below it
-        click.echo(section + "\n")
+        click.echo(visible_lines(section) + "\n")
     click.echo(report.table(r.analysis, r.doc["log"]))
     if "truth" in r.doc and "w" in r.doc["truth"]:
         click.echo("\n" + report.truth_line(r.doc["truth"]))

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from noisefloor import outputs
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
@@ -99,7 +100,7 @@ def run_judge(cfg: Config, design: Design, kind: str, builtin: Any | None, execu
     verdicts = executor.grade(kind, cfg.dataset, cfg.grading,
                               [(t.task_id, f"```python\n{programs[t.task_id]}\n```") for t in tasks])
     reference = {t.task_id: v.outcome for t, v in zip(tasks, verdicts)}
-    (cfg.out / "candidates.jsonl").write_text("".join(
+    outputs.write_text(cfg.out / "candidates.jsonl", "".join(
         json.dumps({"task_id": t.task_id, "solution": programs[t.task_id], "reference": reference[t.task_id]}) + "\n"
         for t in tasks))
     prompts = {t.task_id: judge_prompt(t.prompt, programs[t.task_id], _examples(t)) for t in tasks}

@@ -16,6 +16,7 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.logstats import STUDY_META, from_store
 from noisefloor.analyzer.outcomes import build
 from noisefloor.analyzer.report_doc import Parts
+from noisefloor.display import md_block
 from noisefloor.errors import EXIT_REPLAY_FAILED
 from noisefloor.ladder import provenance
 from noisefloor.ladder.designs import Design
@@ -113,7 +114,7 @@ def write_reports(cfg: Config, result: Analysis, parts: Parts, rows: Sequence[Ou
         store.set_meta(STUDY_META, parts.kept_meta())
     outputs.write_text(cfg.out / "report.json", json.dumps(doc, indent=2))  # atomic: never half a report
     truth = doc.get("truth") if "w" in doc.get("truth", {}) else None  # the ladder's truth; designs print their own
-    own = [*md_sections] if md_sections is not None else [fenced(s) for s in sections]
+    own = [*md_sections] if md_sections is not None else [md_block(s) for s in sections]
     if own:  # a design's report opens with its own section; the ladder of its conditions follows
         md = f"# {TITLES.get(cfg.design, cfg.design)}\n\n" + "".join(f"{s}\n\n" for s in own)
         md += report.markdown(result, doc["log"], truth=truth, heading=f"## {LADDER_OF_CONDITIONS}")
@@ -128,15 +129,6 @@ def write_reports(cfg: Config, result: Analysis, parts: Parts, rows: Sequence[Ou
 
 TITLES = {"judge": "Judge study", "audit": "Tool-calling audit", "gate": "Regression gate"}
 LADDER_OF_CONDITIONS = "Determinism ladder of the study's conditions"
-
-
-def fenced(text: str) -> str:
-    """A design's plain-text section in report.md, shown as printed (a fence longer than any run of
-    backticks inside, so no label can close it)."""
-    fence = "```"
-    while fence in text:
-        fence += "`"
-    return f"{fence}text\n{text}\n{fence}"
 
 
 # -- the ladder --------------------------------------------------------------------------------

@@ -232,7 +232,7 @@ class _Serve:
                              BodyRewrites(list(o.overrides), o.variant), TlsFailures(stats)]
         streams = None
         if self.mode == "record":
-            addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True)]
+            addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True, limit=o.max_body)]
         elif self.mode == "replay":
             streams = StreamServer()  # listens from the first replayed stream on
             addons.append(Replay(engine, streams, o.replay_timed, o.order_wait))

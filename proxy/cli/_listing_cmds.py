@@ -18,7 +18,7 @@ import click
 
 from noisefloor.display import Visible, json_line, json_text
 from noisefloor.proxy.cli.listing import Filters
-from noisefloor.proxy.cli.options import split_store, store_words
+from noisefloor.proxy.cli.options import max_body_option, split_store, store_words
 from noisefloor.proxy.store.exchange import Head
 from noisefloor.proxy.store.heads import Parts
 from noisefloor.proxy.store.log import Exchange, Store
@@ -37,14 +37,15 @@ from noisefloor.proxy.store.log import Exchange, Store
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many exchanges.")
 @click.option("--sessions-only", is_flag=True, help="List sessions, not exchanges.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per exchange (JSON Lines), for scripts.")
-def log_cmd(words: tuple[str, ...], store_opt: Path | None, session: str | None, task: str | None, condition: str | None, status: str | None,
-            result: str | None, miss: bool, model: str | None, limit: int | None, sessions_only: bool,
-            as_json: bool) -> None:
+@max_body_option
+def log_cmd(words: tuple[str, ...], store_opt: Path | None, session: str | None, task: str | None,
+            condition: str | None, status: str | None, result: str | None, miss: bool, model: str | None,
+            limit: int | None, sessions_only: bool, as_json: bool, max_body_mb: int) -> None:
     """List STORE's sessions and exchanges, a line each (STORE: recordings/log.lmdb by default)."""
     store_path, _ = split_store(words, store_opt, (0, 0))
     filters = Filters(condition=condition, task=task, session=session, status=status,
                       result="miss" if miss else result, model=model)
-    with Store.open(store_path, write=False) as store:
+    with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         if note := store.unfinished_note():  # listed once they are written: say where they are
             click.echo(f"nfproxy log: {note}", err=True)
         if as_json:
@@ -276,11 +277,12 @@ class _Stamps:
 
 @click.command("show")
 @store_words("[STORE] ID")
-def show_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
+@max_body_option
+def show_cmd(words: tuple[str, ...], store_opt: Path | None, max_body_mb: int) -> None:
     """Print exchange ID of STORE: its record and both bodies, decompressed (secrets were never stored)."""
     store_path, (given,) = split_store(words, store_opt, (1, 1), wanted="exchange ID")
     exchange_id = click.INT.convert(given, None, None)
-    with Store.open(store_path, write=False) as store:
+    with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         ex = store.exchange(exchange_id)
         if ex is None:
             note = store.unfinished_note()

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import click
 
-from noisefloor.proxy.cli.options import split_store, store_words
+from noisefloor import outputs
+from noisefloor.proxy.cli.options import max_body_option, split_store, store_words
 from noisefloor.proxy.request.keys import RuleError, Rules
 from noisefloor.proxy.store.log import Store
 from noisefloor.proxy.transfer.formats import (
@@ -31,18 +32,21 @@ from noisefloor.proxy.transfer.formats import (
 @click.option("-o", "--output", default="-", show_default=True, help="File to write ('-': stdout).")
 @click.option("--session", help="Only this session's exchanges.")
 @click.option("--all-modes", is_flag=True, help="Replay and passthrough exchanges too (default: recorded ones).")
+@max_body_option
 def export_cmd(words: tuple[str, ...], store_opt: Path | None, fmt: str, output: str, session: str | None,
-               all_modes: bool) -> None:
-    """Write STORE's exchanges as HAR or JSON Lines (secrets were never stored)."""
+               all_modes: bool, max_body_mb: int) -> None:
+    """Write STORE's exchanges as HAR or JSON Lines (secrets were never stored). A file is written
+    whole or not at all: a failed export leaves no partial -o file."""
     store_path, _ = split_store(words, store_opt, (0, 0), default=False)
     write = export_har if fmt == "har" else export_jsonl
-    with Store.open(store_path, write=False) as store:
+    outputs.check_writable(None if output == "-" else output, "-o")
+    with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         if note := store.unfinished_note():
             click.echo(f"nfproxy export: {note}", err=True)
         if output == "-":
             n = write(store, sys.stdout, session=session, mode=None if all_modes else "record")
         else:
-            with open(output, "w", encoding="utf-8") as fh:
+            with outputs.atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as fh:
                 n = write(store, fh, session=session, mode=None if all_modes else "record")
     click.echo(f"nfproxy export: {n} exchanges from {store_path} as {fmt}", err=True)
 

@@ -32,6 +32,11 @@ def default_confdir(store_path: Path) -> Path:
     return store_path.parent / CA_FOLDER
 
 
+MAX_BODY_HELP = ("Largest body, in MiB: a request body after undoing Content-Encoding (a larger one gets 413 and "
+                 "is not forwarded), an answer the recorder keeps (a larger one is recorded as an error, its body "
+                 "not kept) and a stored body a reader takes: the one limit from record to every reader.")
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     mode: str = "record"  # record, replay or passthrough
@@ -106,6 +111,12 @@ def split_store(words: tuple[str, ...], store_opt: Path | None, after: tuple[int
     return store, words_list
 
 
+def max_body_option(f: Any) -> Any:
+    """`--max-body-mb` for a command that reads stored bodies (show, log, export, nfview)."""
+    return click.option("--max-body-mb", "max_body_mb", default=_D.max_body >> 20, show_default=True,
+                        type=click.IntRange(min=1), help=MAX_BODY_HELP)(f)
+
+
 def listen_option(f: Any) -> Any:
     return click.option("--listen", metavar="HOST:PORT",
                         help=f"Where to listen (default {_D.host}:{_D.port}; with a command to wrap, a free port, "
@@ -170,8 +181,7 @@ serve_options = options(
     click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False),
                  help="Extra CA bundle (PEM) to trust for upstream TLS, e.g. a self-signed local server."),
     click.option("--max-body-mb", default=_D.max_body >> 20, show_default=True, type=click.IntRange(min=1),
-                 help="Largest request body, after undoing Content-Encoding; a larger one gets 413 and is not "
-                      "forwarded."),
+                 help=MAX_BODY_HELP),
     click.option("-q", "--quiet", is_flag=True, help="No ready line and no summary."),
 )
 

@@ -16,6 +16,7 @@ from noisefloor.proxy.providers.base import (
     Marks,
     Provider,
     Served,
+    Thread,
     add,
     answered_from,
     dicts,
@@ -23,6 +24,7 @@ from noisefloor.proxy.providers.base import (
     opt_int,
     opt_str,
     text_mark,
+    thread_add,
 )
 
 
@@ -75,6 +77,25 @@ def served(doc: Any) -> Served:
     return generic.served(doc)
 
 
+def stream_texts(events: list[Any]) -> list[Thread]:
+    """ConverseStream: each content block's text, reasoning and tool input deltas. InvokeModel's
+    stream: the Anthropic events its chunks wrap (`bytes`, read by `stream_events`)."""
+    threads: dict[Any, Thread] = {}
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            continue
+        delta = ev.get("delta")
+        if isinstance(delta, dict):
+            index = ev.get("contentBlockIndex", 0)
+            thread_add(threads, (index, "text"), i, ("delta", "text"), delta.get("text"))
+            for name, inner in (("toolUse", "input"), ("reasoningContent", "text")):
+                if isinstance(delta.get(name), dict):
+                    thread_add(threads, (index, name), i, ("delta", name, inner), delta[name].get(inner))
+    wrapped = [ev.get("bytes") if isinstance(ev, dict) else None for ev in events]
+    inner = [[(i, ("bytes", *path)) for i, path in t] for t in anthropic.stream_texts(wrapped)]
+    return list(threads.values()) + inner
+
+
 def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {"message": message, "__type": kind, **extra}
 
@@ -90,4 +111,5 @@ PROVIDER = Provider(
     served_doc=served,
     served_event=generic.served_event,
     rewrite_user=generic.rewrite_user,
+    stream_texts=stream_texts,
 )

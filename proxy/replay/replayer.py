@@ -243,7 +243,7 @@ class Replayer:
     def _recorded_response(self, rec: dict[str, Any] | None, error: str | None) -> ResponseData:
         if rec is None:  # the recording holds a connection failure: replay it as one
             return replies.recorded_failure(error)
-        return ResponseData.from_record(rec, self.store.body(rec.get("body")))
+        return ResponseData.from_record(rec, self.store.part_body(rec))  # within its recorded size
 
     def refuse_websocket(self, request: RequestData, labels: Labels) -> ResponseData:
         """A WebSocket upgrade cannot be replayed: refused, logged and counted as a miss."""

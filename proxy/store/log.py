@@ -72,6 +72,7 @@ from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store._ahead import CHAIN_DEPTH, AheadBodies
 from noisefloor.proxy.store._bodies import Bodies
+from noisefloor.proxy.store._bodies import BodyOverLimit as BodyOverLimit
 from noisefloor.proxy.store._dicts import Dictionaries
 from noisefloor.proxy.store._index import IndexLookups
 from noisefloor.proxy.store._records import Joins

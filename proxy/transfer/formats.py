@@ -64,7 +64,7 @@ def _har_headers(headers: Iterable[Any]) -> list[dict[str, str]]:
 def har_entry(store: Store, ex: Exchange) -> dict[str, Any]:
     """One exchange as a HAR entry; bodies are the stored bytes (as on the wire)."""
     req = ex.request
-    body = store.body(req.get("body")) or b""
+    body = store.part_body(req, ex.id, "request") or b""
     text, enc = _text_or_base64(body, bool(header(req["headers"], "content-encoding")))
     request: dict[str, Any] = {
         "method": req["method"], "url": req["url"], "httpVersion": "HTTP/1.1", "cookies": [],
@@ -88,7 +88,7 @@ def har_entry(store: Store, ex: Exchange) -> dict[str, Any]:
                              "content": {"size": 0, "mimeType": ""}, "redirectURL": "", "headersSize": -1,
                              "bodySize": -1, "_error": ex.error}
         return entry
-    rbody = store.body(resp.get("body")) or b""
+    rbody = store.part_body(resp, ex.id, "response") or b""
     rtext, renc = _text_or_base64(rbody, bool(header(resp["headers"], "content-encoding")))
     content: dict[str, Any] = {"size": len(rbody), "mimeType": header(resp["headers"], "content-type") or ""}
     if rbody:

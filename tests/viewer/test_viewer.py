@@ -129,15 +129,10 @@ def before(folder: Path) -> dict[str, str]:
     return _digest(folder)
 
 
-@pytest.fixture(scope="module")
-def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
-    yield from serve(folder)
-
-
-def serve(folder: Path) -> Iterator[str]:
-    """A real nfview process on `folder`: its base URL until the generator is closed."""
-    proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(folder), "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start_viewer(folder: Path, *args: str) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """A real nfview on `folder` (port 0): the process, its URL and its output lines so far (growing)."""
+    proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(folder), "--listen", "127.0.0.1:0",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     ready = threading.Event()
 
@@ -151,8 +146,13 @@ def serve(folder: Path) -> Iterator[str]:
 
     threading.Thread(target=pump, daemon=True).start()
     assert ready.wait(30) and proc.poll() is None, "".join(lines)
-    url = lines[-1].split()[1]
-    yield url.rstrip("/")
+    return proc, lines[-1].split()[1].rstrip("/"), lines
+
+
+@pytest.fixture(scope="module")
+def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
+    proc, url, lines = start_viewer(folder)
+    yield url
     proc.terminate()
     assert proc.wait(10) == 0, "".join(lines)
 
@@ -255,7 +255,10 @@ def big_viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             for r in range(5):
                 fh.write(json.dumps({"task_id": f"task/{t}", "condition": "live", "replicate": r,
                                      "outcome": int(t % 10 == 0 and r % 2 == 0 or t % 10 != 0), "session": f"s{t}-{r}"}) + "\n")
-    yield from serve(out)
+    proc, url, lines = start_viewer(out)
+    yield url
+    proc.terminate()
+    assert proc.wait(10) == 0, "".join(lines)
 
 
 @needs_browser
@@ -488,3 +491,59 @@ def test_the_grid_codes_each_run_and_puts_flipping_tasks_first():
     assert c["tasks"][0]["sessions"] == ["s0", "s1", None] and c["tasks"][1]["sessions"] is None
     assert (c["replicates"], c["flipping"], c["runs"]) == (3, 2, 7)
     assert d["tasks"] == [{"task": "t/4", "flips": False, "cells": ".", "sessions": None}]
+
+
+def test_links_out_of_the_folder_nan_outcomes_and_bad_requests(tmp_path):
+    """A folder whose ladder.png and report.json are links to files outside it, whose outcome rows
+    hold NaN, and a client that sends no Host: nothing outside is served, the API answers 200, and
+    nfview's output has one line per bad request, no traceback."""
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "id_rsa").write_text("PRIVATE KEY")
+    (private / "report.json").write_text(json.dumps({"conditions": {"secret": {}}}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ladder.png").symlink_to(private / "id_rsa")
+    (out / "report.json").symlink_to(private / "report.json")
+    (out / "inside.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (out / "also.png").symlink_to("inside.png")  # a link within the folder is fine
+    rows = [{"task_id": "t", "condition": "c", "replicate": 0, "outcome": float("nan")},
+            {"task_id": "t", "condition": "c", "replicate": 1, "outcome": float("inf"), "confidence": float("-inf")}]
+    (out / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc, url, lines = start_viewer(out)
+    try:
+        summary = loopback.get(url + "/api/summary").json()
+        assert summary["source"]["plots"] == ["also.png", "inside.png"] and summary["report"] is None
+        assert loopback.get(url + "/plot/ladder.png").status_code == 404
+        assert loopback.get(url + "/plot/also.png").content == b"\x89PNG\r\n\x1a\n"
+        (out / "inside.png").unlink()
+        (out / "inside.png").symlink_to(private / "id_rsa")  # swapped for a link after the start
+        assert loopback.get(url + "/plot/inside.png").status_code == 404
+        assert b"PRIVATE" not in loopback.get(url + "/plot/also.png").content
+        got = loopback.get(url + "/api/outcomes")
+        assert got.status_code == 200, got.text
+        assert [(r["outcome"], r.get("confidence")) for r in got.json()["items"]] == [("nan", None), ("inf", "-inf")]
+        assert _raw(url, "/api/summary", None) == 400
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+    text = "".join(lines)
+    assert "Traceback" not in text and "PRIVATE" not in text, text
+    (bad,) = [line for line in lines if "Host" in line]
+    assert bad.startswith("nfview: ") and bad.count("\n") == 1, text
+
+
+def test_a_port_out_of_range_or_taken_is_one_line(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps({"conditions": {}}))
+    proc, url, lines = start_viewer(tmp_path)
+    try:
+        for listen, status, words in (("127.0.0.1:99999", 64, "port from 0 to 65535"),
+                                      (url.removeprefix("http://"), 5, "cannot listen on 127.0.0.1:")):
+            r = subprocess.run([sys.executable, "-m", "noisefloor.viewer.cli", str(tmp_path), "--listen", listen],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == status and words in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

@@ -13,9 +13,9 @@ provider=""
 while IFS= read -r cmd; do
   case "$cmd" in
     *pytest*) echo "(skipped: the test suite) $cmd";;
-    *"nfladder provider"*) bash -c "$cmd" > provider.log 2>&1 & provider=$!; sleep 4; cat provider.log;;
-    *nfview*) timeout 10 bash -c "$cmd"; echo "= nfview: $? (124: it was serving when stopped)";;
-    *) echo "+ $cmd"; start=$SECONDS; bash -c "$cmd"; echo "= exit $?, $((SECONDS - start)) s";;
+    *"nfladder provider"*) bash -c "$cmd" < /dev/null > provider.log 2>&1 & provider=$!; sleep 4; cat provider.log;;
+    *nfview*) timeout 10 bash -c "$cmd" < /dev/null; echo "= nfview: $? (124: it was serving when stopped)";;
+    *) echo "+ $cmd"; start=$SECONDS; bash -c "$cmd" < /dev/null; echo "= exit $?, $((SECONDS - start)) s";;
   esac
 done < walk-commands.txt
 [ -n "$provider" ] && kill "$provider"

@@ -39,6 +39,8 @@ from typing import Any
 
 import pytest
 
+from noisefloor.errors import NoisefloorError
+
 MODES = ("none", "once", "new_episodes", "all")
 MARKER = "nfproxy"
 _STASH: pytest.StashKey[Any] = pytest.StashKey()
@@ -160,8 +162,6 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 or request.config.getini("nf_upstream") or None)
     work = tmp_path_factory.mktemp("nfproxy")
     replay_copy = work / "replay.lmdb"
-    from noisefloor.errors import NoisefloorError
-
     try:  # `all` replays nothing: it records every request again
         have = mode != "all" and _copy_for_replay(recording, replay_copy, locked=mode != "none")
     except NoisefloorError as exc:  # another worker's save never let go of the folder: one line

@@ -23,11 +23,12 @@ import json
 import os
 import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pluggy
 import pytest
 
 MODES = ("none", "once", "new_episodes", "all")
@@ -193,7 +194,8 @@ def _nfproxy_marked(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     outcome = yield
     run = item.stash.get(_STASH, None)
     if run is None or call.when != "call":

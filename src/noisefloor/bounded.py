@@ -35,10 +35,10 @@ def loads(data: bytes | str, where: str, error: type[NoisefloorError] = InputErr
     if len(data) > MAX_JSON_BYTES:
         raise error(f"{where}: JSON document larger than {MAX_JSON_BYTES >> 20} MiB; refused as damaged or hostile")
     if isinstance(data, bytes):
-        marks = sum(data.count(m) for m in (b",", b"[", b"{"))
+        count = sum(data.count(m) for m in (b",", b"[", b"{"))
     else:
-        marks = sum(data.count(m) for m in (",", "[", "{"))
-    if marks > MAX_JSON_VALUES:
+        count = sum(data.count(m) for m in (",", "[", "{"))
+    if count > MAX_JSON_VALUES:
         raise error(f"{where}: JSON holding more than {MAX_JSON_VALUES:,} values; refused as damaged or hostile")
     try:
         return json.loads(data)

@@ -79,7 +79,9 @@ def main() -> int:
         return run.returncode or 2
     errors = [msg for msg in messages if msg["severity"] == "error"]
     files = {msg["file"] for msg in errors}
-    print(f"typecheck: {len(errors)} errors in {len(files)} files" if errors else "typecheck: no type errors")
+    plural = {1: ""}
+    print(f"typecheck: {len(errors)} error{plural.get(len(errors), 's')} in {len(files)} "
+          f"file{plural.get(len(files), 's')}" if errors else "typecheck: no type errors")
     return run.returncode
 
 

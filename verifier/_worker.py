@@ -27,10 +27,15 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _jail  # noqa: E402
-from values import decode, encode_output  # noqa: E402
+if TYPE_CHECKING:  # the same two files, as the type checker finds them: in the installed package
+    from noisefloor.verifier import _jail
+    from noisefloor.verifier.values import decode, encode_output
+else:
+    import _jail
+    from values import decode, encode_output
 
 sys.path.pop(0)  # the candidate must not import the verifier's own modules
 

@@ -32,11 +32,12 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pluggy
 import pytest
 
 from noisefloor.errors import NoisefloorError
@@ -218,7 +219,8 @@ def _nfproxy_marked(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     outcome = yield
     run = item.stash.get(_STASH, None)
     if run is None or call.when != "call":

@@ -33,6 +33,8 @@ from typing import Any
 
 import zstandard
 
+from noisefloor.errors import InputError, NoisefloorError
+
 RAW, PLAIN, DICT, REF, CHECKED = 0, 1, 2, 3, 4
 _CRC = 5  # bytes of a CHECKED value before the value it wraps
 LEGACY_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -44,11 +46,11 @@ BATCH_ITEM = 1 << 20  # `decode_many` decompresses frames declaring up to this t
 BATCH_BYTES = 32 << 20  # and at most about this much in one batch (memory stays bounded)
 
 
-class TooLarge(ValueError):
+class TooLarge(InputError):
     """A stored value that would decompress to more than its bound."""
 
 
-class UnknownDictionary(KeyError):
+class UnknownDictionary(NoisefloorError, KeyError):
     """A value names a dictionary the store does not hold."""
 
 

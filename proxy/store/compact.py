@@ -195,7 +195,10 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
             entries = src.recorded_entries()
             while batch := list(islice(entries, _BATCH)):
                 with env.begin(write=True) as txn, spill.begin(write=True, db=unsorted) as spilled:
-                    for e, near in zip(batch, replay_index.stored_near(src, [e.id for e in batch])):
+                    nears = replay_index.stored_near(src, [e.id for e in batch])
+                    if nears is None:
+                        raise StoreError(f"{src.path}: its index sketches cannot be converted; nothing was written")
+                    for e, near in zip(batch, nears):
                         e = replace(e, near=near)
                         put_entry(txn, dbs["recorded"], dbs["index_routes"], e.id, e, replay_index.VERSION)
                         spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e, replay_index.VERSION))

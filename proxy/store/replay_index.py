@@ -524,20 +524,17 @@ def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
 _BAND_TAGS = [bytes([i]) for i in range(_HASHES // _ROWS)]
 
 
-class ShortSketch(ValueError):
-    """A layout-4 entry's sketch, whose bands cannot be computed again from it (they are in `lookups`)."""
-
-
-def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None]:
+def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None] | None:
     """The nearest-request entries of recorded exchanges as their store holds them (None for one
     without: a body that is not JSON), to write them again elsewhere (merge, compact): the sketch
-    and its bucket, the bands computed again from both. `ShortSketch` for a layout-4 entry."""
+    and its bucket, the bands computed again from both. None as a whole where a sketch keeps 16
+    bits a minimum (its bands are only in the store's lookups, not computable from it)."""
     if not store.has_replay_index():
         return [None] * len(ids)
     out = []
     for got in store.stored_sketches(ids):
         if got is not None and len(got[1]) != _SIG.size:
-            raise ShortSketch("a layout-4 sketch keeps 16 bits a minimum: its bands are only in the store's lookups")
+            return None
         out.append(None if got is None else (got[0], bands(got[0], got[1]), got[1]))
     return out
 

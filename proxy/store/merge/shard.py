@@ -245,10 +245,9 @@ class MergeIO:
         computed from it), from each stored request canonicalized again under this store's rules
         (the recorder's sketch but where a secret in a body was erased before it was stored; no
         bands where the rules are not ones this version rebuilds)."""
-        try:
-            return replay_index.stored_near(self, ids)  # type: ignore[arg-type]
-        except replay_index.ShortSketch:
-            pass
+        stored = replay_index.stored_near(self, ids)  # type: ignore[arg-type]
+        if stored is not None:
+            return stored
         from noisefloor.proxy.request.keys import Rules
 
         rules = Rules.described(self.meta("rules"))

@@ -58,6 +58,15 @@ def test_the_checker_finds_a_second_exception_root(tmp_path):
     assert structure.exception_roots(tmp_path) == ["pkg/m.py Bad"]
 
 
+FORMAT_HOMES = {"proxy/store/env.py", "proxy/store/migrate.py"}  # the format's declaration, its migration
+
+
+def test_store_formats_are_named_by_their_declaration_and_migration_only():
+    """The runtime knows one store format; only its declaration and the migration name any."""
+    naming = {str(p.relative_to(ROOT)) for p in structure.sources(ROOT) if "noisefloor-log/" in p.read_text()}
+    assert naming <= FORMAT_HOMES, f"store formats named outside their two homes: {sorted(naming - FORMAT_HOMES)}"
+
+
 PROXY_TOP_LIMIT = 12
 SUBPACKAGE_LIMIT = 15
 

@@ -12,10 +12,10 @@ exchanges gives every frame that shared start. The stored value says how it was 
   0x03 + n + n sha256 + frame     compressed against other stored bodies (their bytes, in order,
                                   as a raw-content dictionary): a request against the previous
                                   request and answer of its session, which it mostly repeats
-  0x04 + CRC-32 + value           a body of noisefloor-log/6: any of the above (but 0x00) behind
+  0x04 + CRC-32 + value           a body: any of the above (but 0x00) behind
                                   a CRC-32 of its bytes as stored, so `nfproxy merge` checks a
                                   shard's bodies without decompressing them (`checked`)
-  zstd frame (magic 28 b5 2f fd)  format noisefloor-log/1: every value before the tags
+  zstd frame (magic 28 b5 2f fd)  an untagged value, as the earliest stores kept (read for `migrate`)
 
 A dictionary's key is the start of its sha256, so a value copied to another store (merge) stays
 readable once its dictionary is copied with it. Decoding refuses a frame that declares, or turns
@@ -249,7 +249,7 @@ def _raw_dict(prefix: bytes) -> zstandard.ZstdCompressionDict:
 
 
 def checked(value: bytes) -> bytes:
-    """A body's stored value behind a CRC-32 of its bytes (noisefloor-log/6); a raw one (tiny, or
+    """A body's stored value behind a CRC-32 of its bytes; a raw one (tiny, or
     incompressible: its check is its sha256 alone, no decompression) and one already checked as they are."""
     if not value or value[0] in (RAW, CHECKED):
         return value
@@ -257,7 +257,7 @@ def checked(value: bytes) -> bytes:
 
 
 def unchecked(value: bytes) -> bytes:
-    """The value a CHECKED one wraps (for a store of a format before noisefloor-log/6), else itself."""
+    """The value a CHECKED one wraps (for a store whose bodies carry none), else itself."""
     return value[_CRC:] if value[:1] == bytes([CHECKED]) else value
 
 

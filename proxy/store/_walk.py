@@ -1,4 +1,4 @@
-"""Walking the heads table and the records together (noisefloor-log/4), a batch at a time.
+"""Walking the heads table and the records together, a batch at a time.
 
 A listing of a million exchanges is a million steps of Python; a step per exchange per layer
 (cursor, check, decode, format) was most of its cost. So the walk takes `BATCH` entries from
@@ -105,7 +105,7 @@ class Walks:
     @property
     def _fix(self) -> str:
         """What a damaged head's message advises: rewrite the heads from the records, unless the
-        head is the one copy of its fields (noisefloor-log/5)."""
+        head is the one copy of its fields."""
         return RESTORE if self._joins else _COMPACT
 
     def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:

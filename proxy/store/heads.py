@@ -1,4 +1,4 @@
-"""The heads table (noisefloor-log/4): each exchange's head (`exchange_record.Head`, what listings
+"""The heads table: each exchange's head (`exchange_record.Head`, what listings
 and nfanalyze read) kept beside its record, so that a listing never decompresses records.
 
 A value is small and fixed in shape, so that a million of them cost little beside the records:

@@ -1,9 +1,9 @@
 """Merge's copy: a checked shard's sessions written into OUT in batches of whole sessions.
 
-A batch is prepared as OUT will store it (`Batch`): between noisefloor-log/5 and /6 stores each record
-copied as stored (its id is its key, its head's fields are in its head: nothing in its bytes
-changes; its dictionary goes with it), else given its id in OUT and encoded with OUT's record
-dictionary (a record of a /4 shard, one stored whole, a replay record whose source id changes);
+A batch is prepared as OUT will store it (`Batch`): each record copied as stored (its id is its
+key, its head's fields are in its head: nothing in its bytes changes; its dictionary goes with
+it), else given its id in OUT and encoded with OUT's record dictionary (one stored whole, a
+replay record whose source id changes);
 the replay entries (with their nearest-request entries) under the
 new ids, the bodies taken as the shard stores them. Preparing is most of the work, so for a large shard it is
 done by worker processes, a few batches ahead, while the merging process writes the batches in
@@ -32,7 +32,7 @@ from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
-from noisefloor.proxy.store.log import JOINED, Store, StoreError
+from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge.scan import NO_BODY, PLAN, HeadTail
 from noisefloor.proxy.store.merge.shard import Batch
 from noisefloor.proxy.store.replay_index import RecordedEntry
@@ -69,8 +69,8 @@ class Preparer:
         self.src = Store.open(path, write=False)
         self.bodies = bodies  # False: OUT has them all already (`copy_bodies`): their digests only
         self.bulk = bulk
-        self.strip = strip  # OUT is noisefloor-log/5: records stored stripped, a /5 shard's copied as stored
-        self.as_stored = strip and self.src.format in JOINED
+        self.strip = strip  # OUT stores records stripped: a shard's that are so are copied as stored
+        self.as_stored = strip and self.src.joins
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
@@ -520,7 +520,7 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
-    strip = dest.format in JOINED
+    strip = dest.joins
     with pool(jobs, _start, (str(path), record_dict, bulk, strip, not bodies_copied)) if jobs else nullcontext() \
             as running:
         # for the replay records, the bodies' dictionaries, a small shard

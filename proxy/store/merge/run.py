@@ -3,7 +3,7 @@
 A shard is checked whole before anything of it is written: every exchange must decode as an
 exchange record and every body it names must be present, within its recorded size, with the
 sha256 it is stored under, so a shard damaged on a lost node is refused by name (store and
-exchange), never half merged. A noisefloor-log/6 body is checked by its CRC as stored
+exchange), never half merged. A body is checked by its CRC as stored
 (`MergeIO._check_body`); its sha256 is checked wherever it is read. Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
@@ -21,8 +21,7 @@ Memory does not grow with bodies, records or outcome rows: a shard is checked th
 (`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
 not parsed whole), its sessions kept as numpy arrays (`merge_sessions`: per exchange 8 bytes
 once a store is read, per session about 90), its outcome rows streamed (`merge_outcomes`); the
-copy (`merge_copy`) reads each batch's records by id: between noisefloor-log/5 and /6 stores each is
-copied as stored (its id is its key: its bytes do not change; its bodies' digests are the check's,
+copy (`merge_copy`) reads each batch's records by id: each is copied as stored (its id is its key: its bytes do not change; its bodies' digests are the check's,
 kept by id, so it is not decompressed again), else its JSON passed through
 without parsing it and encoded again under its new id (only a replay record, whose source id
 changes, is parsed), each head copied from the shard's. A large shard is checked, and its batches prepared, by worker processes when asked
@@ -43,7 +42,7 @@ from typing import Any
 from noisefloor.proxy.record import interrupted
 from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import replay_index
-from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _copying as merge_copy
 from noisefloor.proxy.store.merge import _outcomes as merge_outcomes
 from noisefloor.proxy.store.merge import _sessions as merge_sessions
@@ -51,7 +50,7 @@ from noisefloor.proxy.store.merge import _sessions as merge_sessions
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
 _REFILL = 4  # a merge that brought at least 1/4 of OUT's exchanges ends with OUT's pages refilled
-# (`store_repack`): its bodies went in by hash, in random order, leaving pages a third empty
+# (`compact.refill`): its bodies went in by hash, in random order, leaving pages a third empty
 
 
 @dataclass(frozen=True)
@@ -182,12 +181,9 @@ def _bodies_first(dest: Store, shards: list[_Shard], plan: Any, progress: Callab
     """Into an OUT with no exchange or body yet, taking every session of every shard of today's
     format: all their bodies, written once in key order before any record (`merge_copy.copy_bodies`);
     how many (None: not this merge, whose batches bring their bodies)."""
-    if len(dest) or dest.body_count() or dest.format != FORMAT or not shards:
+    if len(dest) or dest.body_count() or not shards:
         return None
     for i, shard in enumerate(shards):
-        with Store.open(shard.path, write=False) as src:
-            if src.format != FORMAT:
-                return None
         if (plan.in_out[i] >= 0).any() or int(shard.sessions.counts[plan.brings[i]].sum()) != shard.last_id:
             return None  # a session already in OUT, or exchanges of the shard not coming: the old way
     progress(f"{dest.path}: the shards' bodies, in key order")

@@ -109,7 +109,7 @@ class MergeIO:
     def _check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
                     recent: _Recent) -> None:
         """One body checked as `body` checks it; on any failure `body` itself reads it again, to
-        raise its one-line error. A noisefloor-log/6 body is checked as stored: its CRC-32 and its
+        raise its one-line error. A body is checked as stored: its CRC-32 and its
         frame's declared size within the recorded one (a damaged byte fails the CRC), not
         decompressed: what it decompresses to is hashed and bounded on every read of it
         (`Bodies.body`: show, export, replay, verify), so a body forged with a matching CRC is copied
@@ -335,7 +335,7 @@ class MergeIO:
         todo = sorted(raw_bodies.items(), reverse=True)
         while todo:
             digest, raw = todo.pop()
-            if raw and not self.checks_bodies:  # a store before noisefloor-log/6 reads no CRC
+            if raw and not self.checks_bodies:  # a store whose bodies carry no CRC
                 raw = codec.unchecked(raw)
             if not raw or not txn.put(digest, raw, db=self._bodies, overwrite=False):  # False: held already
                 continue

@@ -1,7 +1,7 @@
-"""The versioned store format: a store written by main before it (tests/data/v1_store.lmdb, format
-noisefloor-log/1, made by tests/data/make_v1_store.py at commit 1704f55) is read as it is, replays
-strictly through a real nfproxy, and `nfproxy migrate` / `nfproxy compact` rewrite it in today's
-format with every exchange, body and outcome row intact."""
+"""One store format at run time: a store of an earlier one (tests/data/v1_store.lmdb, made by
+tests/data/make_v1_store.py at commit 1704f55) is refused by every command with one line naming
+`nfproxy migrate`, changing nothing; `nfproxy migrate` rewrites it in today's format with every
+exchange, body and outcome row intact, and it then replays strictly through a real nfproxy."""
 
 from __future__ import annotations
 
@@ -34,8 +34,18 @@ def listed(store: Path) -> list[dict]:
 
 
 def fmt(store: Path) -> str:
-    with Store.open(store, write=False) as s:
-        return s.format
+    import lmdb
+
+    env = lmdb.open(str(store), max_dbs=16, readonly=True, lock=False)
+    try:
+        with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+            return json.loads(txn.get(b"format"))
+    finally:
+        env.close()
+
+
+def files(store: Path) -> dict[str, bytes]:
+    return {f.name: f.read_bytes() for f in store.iterdir() if f.name != "lock.mdb"}
 
 
 def chat(content: str, stream: bool = False) -> dict:
@@ -55,35 +65,37 @@ def replay(store: Path, proxies, *extra: str) -> None:
     assert rep.stop() == 0, rep.output[-800:]
 
 
-def test_an_old_store_is_read_as_it_is(v1):
-    assert listed(v1) == EXPECTED
-    assert fmt(v1) == "noisefloor-log/1"  # reading changes nothing
-    with Store.open(v1, write=False) as s:
-        assert len(list(s.bodies())) == 10  # verified against their hashes
-        assert s.outcome_rows() == [{"task_id": "t1", "condition": "live", "replicate": "0", "outcome": 1}]
+@pytest.mark.parametrize("write", [False, True])
+def test_an_old_store_is_refused_by_name_and_left_as_it_was(v1, write):
+    before = files(v1)
+    with pytest.raises(StoreError, match=r"format noisefloor-log/1, older than .*run `nfproxy migrate --store "):
+        Store.open(v1, write=write)
+    assert files(v1) == before and fmt(v1) == "noisefloor-log/1"
 
 
-def test_an_old_store_replays_strictly_and_is_marked_when_written(v1, proxies):
-    before = {f.name: f.read_bytes() for f in v1.iterdir() if f.name != "lock.mdb"}
-    replay(v1, proxies)  # replay opens the recording read-only: an old fixture stays as it was
-    assert fmt(v1) == "noisefloor-log/1"
-    assert {f.name: f.read_bytes() for f in v1.iterdir() if f.name != "lock.mdb"} == before
-    replay(v1, proxies, "--replay-log-in-store")  # asked to write into it: marked as the format it now is
-    assert fmt(v1) == "noisefloor-log/2"  # tagged values, written in the replay index layout it has
-    assert listed(v1)[: len(EXPECTED)] == EXPECTED and len(listed(v1)) == len(EXPECTED) + 2  # replay's own records
+@pytest.mark.parametrize("command", [["log", "--json"], ["compact"], ["repair"]])
+def test_every_command_on_an_old_store_says_one_line_naming_migrate(v1, command):
+    before = files(v1)
+    r = subprocess.run([*nfproxy_argv(), *command, "--store", str(v1)], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"nfproxy migrate --store {v1}" in r.stderr and "Traceback" not in r.stderr
+    assert files(v1) == before
 
 
-@pytest.mark.parametrize("command", ["migrate", "compact"])
-def test_migrate_rewrites_an_old_store_in_todays_format_with_nothing_lost(v1, proxies, command):
-    r = subprocess.run([*nfproxy_argv(), command, "--store", str(v1)], capture_output=True, text=True, timeout=60)
+def test_migrate_rewrites_an_old_store_in_todays_format_with_nothing_lost(v1, proxies):
+    r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(v1)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert "from noisefloor-log/1 to " + FORMAT in r.stdout
     assert fmt(v1) == FORMAT and listed(v1) == EXPECTED
     assert (v1 / "data.mdb").stat().st_size <= 72 * 1024  # cut to its pages, no reserved map
     with Store.open(v1, write=False) as s:
-        assert len(list(s.bodies())) == 10
-        assert s.outcome_rows()[0]["task_id"] == "t1" and s.meta("migrated_from") == "noisefloor-log/1"
+        assert len(list(s.bodies())) == 10  # verified against their hashes
+        assert s.outcome_rows() == [{"task_id": "t1", "condition": "live", "replicate": "0", "outcome": 1}]
+        assert s.meta("migrated_from") == "noisefloor-log/1"
     replay(v1, proxies)
+    again = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(v1)], capture_output=True, text=True,
+                           timeout=60)  # a store in today's format: compacted, still whole
+    assert again.returncode == 0 and listed(v1) == EXPECTED, again.stderr
 
 
 def test_a_newer_format_is_refused_by_name(v1):

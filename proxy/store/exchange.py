@@ -188,6 +188,28 @@ class _ResponseHead(_Part):
     status: int
 
 
+class _BodyRef(msgspec.Struct):
+    body: str | None = None
+
+
+class _RequestBodyOf(msgspec.Struct):
+    """The field the store's compression chain reads of a record: its request's body digest."""
+
+    request: _BodyRef
+
+
+_REQUEST_BODY = msgspec.json.Decoder(_RequestBodyOf)
+
+
+def request_body(text: str) -> str | None:
+    """The sha256 hex a record's request names as its body (None: none, or a text msgspec does
+    not read, such as one with a lone surrogate: the body is then compressed on its own)."""
+    try:
+        return _REQUEST_BODY.decode(text).request.body
+    except msgspec.MsgspecError:
+        return None
+
+
 class _HeadText(msgspec.Struct):
     """What a head is read from in a stored record's JSON (stores without a heads table)."""
 

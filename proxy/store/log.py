@@ -38,7 +38,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import struct
 import threading
 import time
@@ -74,7 +73,6 @@ from noisefloor.proxy.store.replay_index import RecordedEntry
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
-_FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
 class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
@@ -424,8 +422,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         body_key = self._keys.get("body") or None
         request = None
         if chain and recorded is not None and bodies:
-            m = _FIRST_BODY.search(record if isinstance(record, str) else json.dumps(record))
-            request = m.group(1) if m else None
+            request = exchange_record.request_body(record if isinstance(record, str) else json.dumps(record))
+            request = request if request in bodies else None  # chained only against a body written here
         link = self._chains.get(recorded.session) if request is not None and recorded is not None else None
         depth = -1  # the request's depth in its chain; -1: already stored, depth unknown
         for hexdigest, data in bodies.items():

@@ -21,7 +21,6 @@ import struct
 import threading
 import zlib
 from array import array
-from binascii import unhexlify
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -30,6 +29,7 @@ from typing import Any
 
 from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _records as store_records
+from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import Store, StoreError
@@ -43,7 +43,6 @@ _CHUNK, _END, _FAILED = b"c", b".", b"!"  # what a message from the lookups' pro
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
-_BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
 _ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
 
 
@@ -92,13 +91,14 @@ class Preparer:
         for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, self.as_stored, plans)):
             if text is None:
                 assert plans is not None
-                at = k * PLAN
+                at, replay = k * PLAN, False
                 digests.update(d for d in (plans[at + 1:at + 33], plans[at + 33:at + PLAN]) if d != NO_BODY)
             else:
-                digests.update(map(unhexlify, _BODY.findall(text)))
-            if as_stored is not None and tail is not None:  # a /5 or /6 record: its bytes as they are
+                named, replay = exchange_record.body_refs(text)
+                digests.update(named)
+            if as_stored is not None and tail is not None:  # a record stored stripped: its bytes as they are
                 value, head = as_stored, (tail[0], tail[1], _U32.pack(zlib.crc32(as_stored)) + tail[2])
-            elif b'"replay": {' in text or b'"replay":{' in text:
+            elif replay:
                 replays.append((k, text))
                 value, head = b"", None
             else:

@@ -73,7 +73,7 @@ def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
 class Against:
     """A compressor against the bytes of stored bodies `refs` ((sha256, bytes), at most 255), made
     before the value it compresses is known: creating it is most of the cost of compressing a
-    request against its session's last exchange (~20 of ~25 us), so a recorder makes it while idle."""
+    request against its session's last exchange, so a recorder makes it while idle."""
 
     def __init__(self, refs: Sequence[tuple[bytes, bytes]]) -> None:
         # level 1: what the references leave is short; loading them into a level-3 matcher costs more
@@ -85,7 +85,7 @@ class Against:
 
     def warmed(self) -> Against:
         """Itself, its first frame's set-up (the context's tables, the references loaded) done: a
-        value compressed next costs ~4 us instead of ~20 (the bytes are the same either way)."""
+        value compressed next costs a fraction of the first (the bytes are the same either way)."""
         self._c.compress(b"{}")
         return self
 
@@ -299,8 +299,8 @@ _reused = threading.local()  # one zstd decompression context per thread, for va
 def _against_prefix(frame: bytes, prefix: bytes, limit: int) -> bytes | None:
     """`frame` decompressed with `prefix` as its raw-content dictionary in a context reused across
     calls (zstandard's cffi backend; None where it is absent or the frame declares no size: the
-    caller builds a decompressor, whose context alone costs ~20 us, most of a request body's read
-    and of merge's check). Bounded as `_bounded` is: the declared size is checked first."""
+    caller builds a decompressor, whose context alone costs most of a request body's read and of
+    merge's check). Bounded as `_bounded` is: the declared size is checked first."""
     lib = _cffi()
     if lib is None:
         return None

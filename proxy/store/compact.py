@@ -45,10 +45,8 @@ _SAMPLES = 4000  # values of each kind sampled for training
 _BATCH = 5000  # values per write transaction
 # Offline, so compact spends CPU the record path cannot: higher zstd levels (decoding is as fast)
 # and dictionaries of up to 256 kB, at most about 1/500 of the kind's bytes (a larger one costs
-# more than it saves on a small store). Per kind, on a 100k store's values with a 256 kB dictionary
-# (bytes / raw, compression CPU per value): bodies 0.183 at level 3 (5 us), 0.175 at 12 (68 us),
-# 0.159 at 16 (225 us), 0.157 at 19 (524 us); records 0.189 at 3, 0.183 at 12 (39 us), 0.181 at 16
-# (97 us), 0.174 at 19 (664 us). Each kind at the level past which it gains little.
+# more than it saves on a small store). Each kind at the level past which it gains little
+# (BENCHMARKS.md, "compact's zstd levels").
 LEVELS = {"body": 16, "record": 12}
 _DICT_MAX, _DICT_SHARE = 4 * codec.DICT_SIZE, 500
 _U64 = struct.Struct(">Q")

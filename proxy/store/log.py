@@ -92,7 +92,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         self._bodies = env.open_db(b"bodies", create=writable)
         self._exchanges = env.open_db(b"exchanges", create=writable)
         self._recorded = env.open_db(b"recorded", create=writable)
-        self._outcomes: Any = self._optional_db(b"outcomes")  # stores written before outcome rows were kept
+        self._outcomes: Any = self._optional_db(b"outcomes")  # created by the first outcome row
         self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2

@@ -211,10 +211,9 @@ def _refill(dest: Store, out: Path, deferred: list[merge_copy.Deferred], progres
 
 
 def default_jobs() -> int:
-    """Two worker processes where this process may run on two CPUs or more, else none: at 1M
-    exchanges on a 2-core machine two took the merge from 52 s to 38 s, and still gained with one
-    core kept busy by another job (2 x 100k: 10.0-10.3 s against 10.9-12.1 s). More are not
-    taken by default: each adds its private memory, and more CPUs were not measured here."""
+    """Two worker processes where this process may run on two CPUs or more, else none: on two
+    cores they shorten a merge, even with one core kept busy by another job (BENCHMARKS.md, merge
+    round 9). More are not taken by default: each adds its private memory."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -1,7 +1,8 @@
 """One store format at run time: a store of an earlier one (tests/data/v1_store.lmdb, made by
 tests/data/make_v1_store.py at commit 1704f55) is refused by every command with one line naming
 `nfproxy migrate`, changing nothing; `nfproxy migrate` rewrites it in today's format with every
-exchange, body and outcome row intact, and it then replays strictly through a real nfproxy."""
+exchange, body and outcome row intact, and it then replays strictly through a real nfproxy; every
+store an earlier main made (tests/data) migrates and replays every recorded request byte-identical."""
 
 from __future__ import annotations
 
@@ -96,6 +97,50 @@ def test_migrate_rewrites_an_old_store_in_todays_format_with_nothing_lost(v1, pr
     again = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(v1)], capture_output=True, text=True,
                            timeout=60)  # a store in today's format: compacted, still whole
     assert again.returncode == 0 and listed(v1) == EXPECTED, again.stderr
+
+
+FIXTURES = ["v1_store.lmdb", "store-index-v1", "store-index-v2", "store-main-0410ae8", "store-main-0497a29",
+            "store-main-05ff371", "store-main-0ba4151", "store-main-1704f55"]  # stores made by earlier mains
+_HOP = {"host", "content-length", "transfer-encoding", "connection"}
+
+
+def recorded(store: Path) -> list[tuple[dict, bytes, int, bytes]]:
+    """(request, its body, the answer's status and body) of every recorded exchange, in id order,
+    as the migration's reader reads the store before it is migrated."""
+    from noisefloor.proxy.store.migrate import OLDER
+
+    with Store.open(store, write=False, older=OLDER) as s:
+        return [(ex.request, s.part_body(ex.request, ex.id, "request"), ex.response["status"],
+                 s.part_body(ex.response, ex.id, "response"))
+                for ex in s.exchanges() if ex.mode == "record" and ex.response is not None]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", FIXTURES)
+def test_a_store_of_an_earlier_main_migrates_and_replays_every_request_byte_identical(tmp_path, proxies, name):
+    from urllib.parse import urlsplit
+
+    from noisefloor.proxy.launch import start
+
+    store = tmp_path / "old.lmdb"
+    shutil.copytree(DATA / name, store, ignore=shutil.ignore_patterns("lock.mdb"))
+    asked = recorded(store)
+    assert len(asked) >= 6
+    r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"to {FORMAT}" in r.stdout, r.stderr
+    where = urlsplit(asked[0][0]["url"])
+    rep = start("--mode", "replay", "--strict", "--store", str(store), "--upstream", f"{where.scheme}://{where.netloc}",
+                timeout=START_TIMEOUT)  # strict: a request it cannot answer from the store is an error, never sent
+    proxies.append(rep)
+    with loopback.client(timeout=20) as c:
+        for request, body, status, answer in asked:
+            url = urlsplit(request["url"])
+            headers = [(k, v) for k, v in request["headers"] if k.lower() not in _HOP]
+            got = c.request(request["method"], rep.url + url.path + (f"?{url.query}" if url.query else ""),
+                            content=body, headers=headers)
+            assert (got.status_code, got.content) == (status, answer), (name, got.text[:300])
+    assert rep.stop() == 0, rep.output[-800:]
+    assert len(recorded(store)) == len(asked)  # replay opened it read-only: nothing written
 
 
 def test_a_newer_format_is_refused_by_name(v1):

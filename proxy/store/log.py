@@ -144,7 +144,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         p = Path(path)
         check_path(p, write, create)
         if write and (p / "data.mdb").exists():  # a store of another format is refused before anything is written
-            cls.open(p, write=False, max_body=max_body, older=older).close()
+            _refuse_other_format(p, older or {})
         env, needed = open_env(p, write)
         try:
             store = cls(env, p, write, needed, max_body)
@@ -678,6 +678,26 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
     def _settle(self, committed: bool) -> None:
         if self._numbering is not None:
             self._numbering.settle(committed)
+
+
+def _refuse_other_format(p: Path, older: Mapping[str, Holds]) -> None:
+    """A StoreError where the store at `p` is marked with a format this runtime does not write
+    (read before a writer touches it; a store not marked yet is a writer's to mark)."""
+    env, _ = open_env(p, False)
+    try:
+        try:
+            with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+                raw = txn.get(b"format")
+        except lmdb.NotFoundError:
+            return
+        fmt = None if raw is None else json.loads(raw)
+    except (lmdb.Error, ValueError) as exc:
+        raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from None
+    finally:
+        env.close()
+    why = None if fmt is None or (isinstance(fmt, str) and fmt in older) else refusal(p, fmt)
+    if why is not None:
+        raise StoreError(why)
 
 
 def _cut(data: Path, used: int) -> None:

@@ -143,6 +143,18 @@ def test_a_store_of_an_earlier_main_migrates_and_replays_every_request_byte_iden
     assert len(recorded(store)) == len(asked)  # replay opened it read-only: nothing written
 
 
+def test_a_store_killed_before_its_format_was_marked_is_marked_by_its_next_writer(tmp_path):
+    import lmdb
+
+    store = tmp_path / "s.lmdb"
+    lmdb.open(str(store), max_dbs=16).close()  # the environment made, nothing written yet
+    with pytest.raises(StoreError, match="not an nfproxy store"):
+        Store.open(store, write=False)
+    with Store.open(store, write=True) as s:
+        assert s.format == FORMAT
+    assert fmt(store) == FORMAT
+
+
 def test_a_newer_format_is_refused_by_name(v1):
     import lmdb
 

@@ -480,9 +480,8 @@ def mergeable(layout: int | None) -> bool:
 
 
 def copies_as_stored(shard: int | None, out: int | None) -> bool:
-    """Whether a shard's entries and lookups of layout `shard` go into OUT's (layout `out`) as stored:
-    one layout, or layout-3 ones into a layout-4 store (their lookups alike; a layout-4 store reads both)."""
-    return shard is not None and (shard == out or (shard == 3 and out == replay_index.VERSION))
+    """Whether a shard's entries and lookups of layout `shard` go into OUT's (layout `out`) as stored."""
+    return shard is not None and shard == out
 
 
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:

@@ -335,8 +335,6 @@ class MergeIO:
         todo = sorted(raw_bodies.items(), reverse=True)
         while todo:
             digest, raw = todo.pop()
-            if raw and not self.checks_bodies:  # a store whose bodies carry no CRC
-                raw = codec.unchecked(raw)
             if not raw or not txn.put(digest, raw, db=self._bodies, overwrite=False):  # False: held already
                 continue
             fresh += 1

@@ -171,7 +171,7 @@ def recorded_shards(where: Path, exchanges: int, fmt: str | None = None) -> list
 
     paths = [where / "a.lmdb", where / "b.lmdb"]
     for seed, path in enumerate(paths):
-        with Store.open(path, write=True, create=True, older=OLDER) as s:
+        with Store.open(path, write=True, create=True) as s:
             if fmt is not None:
                 s.set_meta("format", fmt)
         with Store.open(path, write=True, older=OLDER) as s:

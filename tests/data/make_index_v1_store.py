@@ -68,7 +68,7 @@ def layout(path: Path) -> tuple[str | None, int | None]:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "s"
-        with Store.open(path, write=True, create=True, older=OLDER) as s:
+        with Store.open(path, write=True, create=True) as s:
             record(s, 60, seed=3, prefix="v1")
         with Store.open(path, write=False, older=OLDER) as s:
             assert s.meta("replay_index") == 1

@@ -59,7 +59,7 @@ def _values(path):
 
 
 def _v6(path, rows=ROWS):
-    with Store.open(path, write=True, create=True, older=OLDER) as s:
+    with Store.open(path, write=True, create=True) as s:
         s.set_meta("format", "noisefloor-log/6")
         s.set_meta("replay_index", 3)
     with Store.open(path, write=True, older=OLDER) as s:
@@ -91,7 +91,7 @@ def test_nfanalyze_reads_migrated_rows_as_it_reads_rows_written_keyed(tmp_path):
         if name == "v6":
             migrate(_v6(path, rows))
         else:
-            with Store.open(path, write=True, create=True, older=OLDER) as s:
+            with Store.open(path, write=True, create=True) as s:
                 s.put_outcomes(rows)
             assert all(v[:1] == outcome_values.KEYED for v in _values(path).values())
         r = subprocess.run([sys.executable, "-m", "noisefloor.analyzer.cli", str(path), "--json", "-",
@@ -104,7 +104,7 @@ def test_nfanalyze_reads_migrated_rows_as_it_reads_rows_written_keyed(tmp_path):
 
 def test_a_keyed_row_under_a_damaged_key_is_refused_by_name(tmp_path):
     path = tmp_path / "s.lmdb"
-    with Store.open(path, write=True, create=True, older=OLDER) as s:
+    with Store.open(path, write=True, create=True) as s:
         s.put_outcomes(ROWS[:2])
     env = lmdb.open(str(path), max_dbs=16)
     with env.begin(write=True) as txn:

@@ -44,7 +44,7 @@ def put_body(path: Path, digest: bytes, value: bytes) -> None:
 
 
 def recorded(path: Path, session: str = "A", turns: int = 4, seed: int = 1) -> list[tuple[bytes, bytes]]:
-    with Store.open(path, write=True, create=True, older=OLDER) as s:
+    with Store.open(path, write=True, create=True) as s:
         return conversation(Recorder(s, Rules()), session, turns, seed)
 
 

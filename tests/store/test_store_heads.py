@@ -115,7 +115,7 @@ def test_every_writer_fills_the_heads_table(stores, tmp_path):
     shutil.copytree(stores["new"], new)
     record_more(new, 5, "recorded")  # the recorder (and import, which records through it)
     shard = tmp_path / "shard.lmdb"
-    with Store.open(shard, write=True, create=True, older=OLDER) as s:
+    with Store.open(shard, write=True, create=True) as s:
         s.append({"time": 1.7e9, "mode": "replay", "session": "replayed", "key": "ab" * 32, "occurrence": 0,
                   "seq": 1, "rules_id": Rules().id, "request": {"method": "POST", "url": "http://up/v1", "headers": []},
                   "response": {"status": 412, "headers": []}, "replay": {"result": "miss"}}, {}, None)
@@ -222,7 +222,7 @@ def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
     text): the head, and what the record leaves out, are what reading the stored text gives, for an
     answer, an answer without a response (a connection error) and a label msgpack cannot hold."""
     store = tmp_path / "s.lmdb"
-    with Store.open(store, write=True, create=True, older=OLDER) as s:
+    with Store.open(store, write=True, create=True) as s:
         rec = Recorder(s, Rules())
         rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("a", task="t", condition="c")),
                    answer("hello", 0))
@@ -258,7 +258,7 @@ def test_a_listing_from_the_tables_parts_prints_what_one_from_heads_prints(tmp_p
     from noisefloor.proxy.cli._listing_cmds import _Line
 
     store = tmp_path / "s.lmdb"
-    with Store.open(store, write=True, create=True, older=OLDER) as s:
+    with Store.open(store, write=True, create=True) as s:
         rec = Recorder(s, Rules())
         rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("a", condition="c")), answer("x", 0))
         rec.finish(rec.begin(chat([{"role": "user", "content": "no"}]), Labels("a", condition="c")), None,
@@ -279,13 +279,13 @@ def test_a_transaction_undone_by_an_error_takes_its_label_numbers_with_it(tmp_pa
     nothing, its first exchange's new label and route sets included: the writer must not reuse
     their numbers, or the next exchange of that session would name sets the store does not hold."""
     source = tmp_path / "a.lmdb"
-    with Store.open(source, write=True, create=True, older=OLDER) as s:
+    with Store.open(source, write=True, create=True) as s:
         rec = Recorder(s, Rules())
         rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("fresh", condition="c")), answer("x", 0))
         (text,) = dict(s.record_texts()).values()
     record = '{' + text.decode().split(",", 1)[1]  # the record without its id, as a writer appends it
     store = tmp_path / "b.lmdb"
-    with Store.open(store, write=True, create=True, older=OLDER) as s:
+    with Store.open(store, write=True, create=True) as s:
         with pytest.raises(StoreError, match="is not an exchange record"):
             s.append_many([(record, {}, None), ('{"x": 1}', {}, None)])
         assert s.last_id() == 0 and list(s.raw_table("labels")) == []

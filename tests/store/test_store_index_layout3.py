@@ -120,7 +120,7 @@ def test_a_damaged_route_row_is_refused_by_name(v2, tmp_path):
 
 def test_a_route_whose_row_key_is_taken_is_kept_inline(tmp_path):
     store = tmp_path / "s.lmdb"
-    with Store.open(store, write=True, create=True, older=OLDER) as s:
+    with Store.open(store, write=True, create=True) as s:
         record(s, 3, seed=1, prefix="a")
         (bucket, _), route = s.stored_sketches([1])[0], s.recorded_entry(1).route  # type: ignore[misc, union-attr]
         key, _ = replay_index.route_row(route, bucket)

@@ -101,7 +101,7 @@ def test_the_same_traffic_in_layout_3_and_4_finds_the_same_nearest_requests(tmp_
     stores = []
     for fmt, version in (("noisefloor-log/6", 3), (FORMAT, replay_index.VERSION)):
         path = tmp_path / f"{version}.lmdb"
-        with Store.open(path, write=True, create=True, older=OLDER) as s:
+        with Store.open(path, write=True, create=True) as s:
             s.set_meta("format", fmt)
             s.set_meta("replay_index", version)
         with Store.open(path, write=True, older=OLDER) as s:

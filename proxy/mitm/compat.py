@@ -21,6 +21,8 @@ from mitmproxy import ctx, http
 from mitmproxy.net.http import status_codes
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
 
+from noisefloor.errors import InputError
+
 # the public names addons are written against, re-exported so nothing else imports mitmproxy
 HTTPFlow = http.HTTPFlow
 Response = http.Response
@@ -80,7 +82,7 @@ def close_server_connection(flow: http.HTTPFlow, reason: str) -> bool:
     return False
 
 
-class FlowFileError(Exception):
+class FlowFileError(InputError):
     """A file that is not a readable mitmproxy flow file (`mitmdump -w`)."""
 
 

@@ -100,7 +100,7 @@ analyze_options = options(
 def from_cli(*, contrasts: tuple[str, ...], compare_batches: tuple[str, str] | None, **same: Any) -> AnalyzeOptions:
     """AnalyzeOptions from `analyze_options`' parameters; a malformed value is a usage error."""
     o = AnalyzeOptions(contrasts=tuple(_pair(c) for c in contrasts),
-                       compare_batches=tuple(compare_batches) if compare_batches else None, **same)
+                       compare_batches=compare_batches or None, **same)
     if not o.has_input:
         raise click.UsageError("give --outcomes FILE (or a LOG, --inspect-logs PATH, or --example)")
     return o

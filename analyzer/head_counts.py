@@ -162,10 +162,9 @@ class HeadCounts:
                 g[2] += 1
             usage = s.usage
             if usage:
-                if type(usage) is not list:
-                    usage = (usage.get("input"), usage.get("output"))
-                g[3] += usage[0] or 0
-                g[4] += usage[1] or 0
+                pair = usage if isinstance(usage, list) else (usage.get("input"), usage.get("output"))
+                g[3] += pair[0] or 0
+                g[4] += pair[1] or 0
         self._seen = pos
 
     def end_store(self, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]) -> None:

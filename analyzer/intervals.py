@@ -162,7 +162,7 @@ def fmt_num(x: float, fmt: str) -> str:
     return ("inf" if x > 0 else "-inf") if math.isinf(x) else f"{x:{fmt}}"
 
 
-def fmt_ci(ci: tuple[float, float], fmt: str = ".5f") -> str:
+def fmt_ci(ci: Interval | tuple[float, float], fmt: str = ".5f") -> str:
     """`[lo, hi]`, with an infinite end shown open: `[15.1, inf)`."""
     lo, hi = ci
     left = "(" if math.isinf(lo) else "["

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -63,7 +63,8 @@ def build_columns(cols: RowColumns, *, missing_tasks: str = "intersect", unbalan
     names = cols.tasks
     warnings: list[str] = []
     all_tasks = sorted(range(len(names)), key=lambda i: _natural(names[i]))
-    in_all = present[np.array([code[c] for c in order], dtype=np.intp)].all(axis=0)
+    # a 2-D array's all(axis=0) is 1-D; numpy's stubs type it as maybe a scalar (a 1-D array's)
+    in_all = cast("np.ndarray", present[np.array([code[c] for c in order], dtype=np.intp)].all(axis=0))
     common = [i for i in all_tasks if in_all[i]]
     dropped = {c: tuple(names[i] for i in all_tasks if not present[code[c], i]) for c in order}
     dropped = {c: ts for c, ts in dropped.items() if ts}

@@ -9,14 +9,14 @@ from typing import Any
 
 from noisefloor import outputs
 from noisefloor.analyzer.analysis import Analysis
-from noisefloor.analyzer.intervals import fmt_ci
+from noisefloor.analyzer.intervals import Interval, fmt_ci
 from noisefloor.analyzer.ladder import TASK_BOOTSTRAP
 from noisefloor.display import md, visible
 
 Escape = Callable[[object], str]  # how an outside label is shown: `visible` (terminal) or `md` (Markdown)
 
 
-def _ci(ci: tuple[float, float] | list[float] | None, digits: int = 5) -> str:
+def _ci(ci: Interval | tuple[float, float] | list[float] | None, digits: int = 5) -> str:
     if ci is None:
         return "[no interval: one task]"
     return fmt_ci((float(ci[0]), float(ci[1])), f".{digits}f")

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from contextlib import closing
 from pathlib import Path
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -46,7 +47,7 @@ _Stored = _stored_type()
 _DECODER = msgspec.json.Decoder(_Stored)
 
 
-def decoded(texts: list[bytes]) -> list[_Stored] | None:
+def decoded(texts: list[bytes]) -> list[Any] | None:  # _Stored rows: a type built at import, so Any
     """The rows of `texts`, one each, decoded in one call; None when any is not a `_Stored`. A text
     holding a line break could be read as two lines: those are left to the full parse."""
     joined = b"\n".join(texts)
@@ -66,7 +67,7 @@ class _Reader:
         self.conds, self.tasks, self.fails = Numbering(), Numbering(), Numbering()
         self.parts: list[tuple[np.ndarray, ...]] = []
 
-    def add(self, rows: list[_Stored]) -> bool:
+    def add(self, rows: list[Any]) -> bool:  # _Stored rows
         """Keep `rows`' columns; False when some value is not one the full parse keeps as given."""
         if ({r.row_version for r in rows} != {1} or not {r.outcome for r in rows} <= {0, 1}
                 or not {r.reference for r in rows} <= {None, 0, 1}
@@ -113,7 +114,10 @@ def read(paths: Sequence[Path]) -> RowColumns | None:
     None when the full parse is needed (see the module's docstring)."""
     reader = _Reader()
     for p in paths:
-        with Store.open(p, write=False) as store, closing(store.outcome_texts(CHUNK)) as chunks:  # read done before close
+        # the chunks' read is closed before the store is; outcome_texts is a generator, though the
+        # store annotates it as an Iterator
+        with (Store.open(p, write=False) as store,
+              closing(cast("Generator[list[bytes], None, None]", store.outcome_texts(CHUNK))) as chunks):
             for texts in chunks:  # CHUNK rows at a time
                 rows = decoded(texts)
                 if rows is None or not reader.add(rows):

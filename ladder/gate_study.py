@@ -5,7 +5,7 @@ as the run file `nfanalyze gate A B C` reads (OUT/gate/NAME.jsonl)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from noisefloor.analyzer import gate as g
@@ -43,7 +43,7 @@ def truth(builtin: Any, cfg: Config, out: gate_run.GateSection) -> dict[str, Any
             "false_blocks": sorted(c for c, v in called.items() if v == "regressed" and c not in real)}
 
 
-def table(out: gate_run.GateSection, truth_doc: dict[str, Any] | None = None) -> str:
+def table(out: gate_run.GateSection, truth_doc: Mapping[str, Any] | None = None) -> str:
     if out.refused:
         return f"Gate: REFUSED ({out.refused})"
     cases = (truth_doc or {}).get("cases", {})

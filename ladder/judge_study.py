@@ -14,7 +14,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -206,7 +206,7 @@ def truth(builtin: Any, cfg: Config, tasks: Sequence[Any], programs: dict[str, s
     return out
 
 
-def table(result: Any, parse: dict[str, dict[str, int]], truth_doc: dict[str, Any] | None, source: str) -> str:
+def table(result: Any, parse: Mapping[str, Mapping[str, int]], truth_doc: Mapping[str, Any] | None, source: str) -> str:
     lines = [f"Judge study: candidates frozen from {source}; reference = executed outcome"]
     truths = (truth_doc or {}).get("judge", {})
     for c in result.conditions:

@@ -204,7 +204,7 @@ class RayExecutor:
         ready: dict[str, tuple[int, str]] = {}
         for node, ref in refs.items():
             try:
-                ready[node] = tuple(ray.get(ref, timeout=FINISH_TIMEOUT))  # type: ignore[assignment]
+                ready[node] = tuple(ray.get(ref, timeout=FINISH_TIMEOUT))
             except ray.exceptions.RayError:  # GetTimeoutError is one
                 continue
             self._nodes.add(node)

@@ -175,7 +175,7 @@ class Ladder:
 
         cond = self.c.conditions[att.condition]
         stamp = self.c.conditions.stamp(cond)
-        ident = {"task_id": att.task_id, "condition": att.condition, "replicate": att.replicate, "session": session}
+        ident: dict[str, Any] = {"task_id": att.task_id, "condition": att.condition, "replicate": att.replicate, "session": session}
         row = candidate_row(cand, **ident) if cand is not None else OutcomeRow(**ident, outcome=0)
         return replace(row, model=row.model or stamp.model,
                        temperature=stamp.temperature if row.temperature is None else row.temperature,

@@ -182,13 +182,14 @@ def recorded_shards(where: Path, exchanges: int, fmt: str | None = None) -> list
     the first exchange, which a store keeps writing in."""
     from bench.store_traffic import record
     from noisefloor.proxy.store.log import Store
+    from noisefloor.proxy.store.migrate import OLDER
 
     paths = [where / "a.lmdb", where / "b.lmdb"]
     for seed, path in enumerate(paths):
         with Store.open(path, write=True, create=True) as s:
             if fmt is not None:
                 s.set_meta("format", fmt)
-        with Store.open(path, write=True) as s:
+        with Store.open(path, write=True, older=OLDER) as s:
             assert s.format == (fmt or s.format)
             record(s, exchanges, seed=seed, prefix=f"sh{seed}")
     return paths

@@ -42,6 +42,32 @@ def test_the_checker_finds_a_long_function_and_a_long_cli(tmp_path):
     assert structure.offender("pkg/cli.py (265 lines)") == "pkg/cli.py"
 
 
+def test_every_error_a_user_sees_derives_from_the_one_root():
+    """One `except NoisefloorError` catches whatever a command can say went wrong; an exception
+    deriving straight from a built-in is control flow private to its module (`_`-named)."""
+    roots = structure.exception_roots(ROOT)
+    assert not roots, f"derive these from noisefloor.errors (or name them _private): {roots}"
+
+
+def test_the_checker_finds_a_second_exception_root(tmp_path):
+    import subprocess
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "m.py").write_text("class Bad(ValueError):\n    pass\n\n\nclass _Flow(Exception):\n"
+                                           "    pass\n\n\nclass Good(InputError, KeyError):\n    pass\n")
+    assert structure.exception_roots(tmp_path) == ["pkg/m.py Bad"]
+
+
+FORMAT_HOMES = {"proxy/store/env.py", "proxy/store/migrate.py"}  # the format's declaration, its migration
+
+
+def test_store_formats_are_named_by_their_declaration_and_migration_only():
+    """The runtime knows one store format; only its declaration and the migration name any."""
+    naming = {str(p.relative_to(ROOT)) for p in structure.sources(ROOT) if "noisefloor-log/" in p.read_text()}
+    assert naming <= FORMAT_HOMES, f"store formats named outside their two homes: {sorted(naming - FORMAT_HOMES)}"
+
+
 PROXY_TOP_LIMIT = 12
 SUBPACKAGE_LIMIT = 15
 

@@ -5,6 +5,7 @@ tests/test_structure.py fails on any."""
 from __future__ import annotations
 
 import ast
+import builtins
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,22 @@ def long_clis(root: Path) -> list[str]:
             if n > MAX_CLI_LINES:
                 out.append(f"{path.relative_to(root)} ({n} lines)")
     return out
+
+
+_BUILTIN_ERRORS = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
+ROOT_ERROR = "src/noisefloor/errors.py NoisefloorError"
+
+
+def exception_roots(root: Path) -> list[str]:
+    """'path name' for every public exception class whose bases are all built-in exceptions: a
+    root of its own beside `NoisefloorError` (a class private to its module is control flow)."""
+    out = []
+    for path in sources(root):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.ClassDef) and not node.name.startswith("_") and node.bases:
+                if all(isinstance(b, ast.Name) and b.id in _BUILTIN_ERRORS for b in node.bases):
+                    out.append(f"{path.relative_to(root)} {node.name}")
+    return [o for o in out if o != ROOT_ERROR]
 
 
 def offender(text: str) -> str:

@@ -70,8 +70,8 @@ def plan() -> dict[str, list]:
         real = os.path.realpath(prefix)
         if os.path.isdir(real) and not _under(real, dirs):
             dirs.append(real)
-    files = [os.path.realpath(f) if f == "/etc/localtime" else f for f in _SYSTEM_FILES]
-    files = [(f, dst) for f, dst in zip(files, _SYSTEM_FILES) if os.path.isfile(f)]
+    sources = [os.path.realpath(f) if f == "/etc/localtime" else f for f in _SYSTEM_FILES]
+    files = [(f, dst) for f, dst in zip(sources, _SYSTEM_FILES) if os.path.isfile(f)]
     return {"links": links, "dirs": dirs, "files": files, "devices": [d for d in _DEVICES if os.path.exists(d)]}
 
 

@@ -27,10 +27,15 @@ import signal
 import socket
 import sys
 import time
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _jail  # noqa: E402
-from values import decode, encode_output  # noqa: E402
+if TYPE_CHECKING:  # the same two files, as the type checker finds them: in the installed package
+    from noisefloor.verifier import _jail
+    from noisefloor.verifier.values import decode, encode_output
+else:
+    import _jail
+    from values import decode, encode_output
 
 sys.path.pop(0)  # the candidate must not import the verifier's own modules
 
@@ -49,7 +54,7 @@ PRELOAD = (
 )
 
 
-class SandboxStepFailed(Exception):
+class _SandboxStepFailed(Exception):
     """An isolation step failed: the candidate must not run."""
 
 
@@ -75,7 +80,7 @@ def _limit(lim: dict) -> None:
         try:
             resource.setrlimit(res, (soft, hard))
         except (ValueError, OSError) as exc:
-            raise SandboxStepFailed(f"setrlimit({res}) failed: {exc}") from exc
+            raise _SandboxStepFailed(f"setrlimit({res}) failed: {exc}") from exc
 
 
 def _no_sockets() -> None:
@@ -104,7 +109,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _isolate(job: dict, out_fd: int, ctl_fd: int, view: dict | None) -> None:
-    """Every containment step, in order; raises SandboxStepFailed if one cannot be taken."""
+    """Every containment step, in order; raises _SandboxStepFailed if one cannot be taken."""
     os.setsid()
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -120,11 +125,11 @@ def _isolate(job: dict, out_fd: int, ctl_fd: int, view: dict | None) -> None:
             os.setgid(uid)
             os.setuid(uid)
             if os.getuid() != uid or os.geteuid() != uid:
-                raise SandboxStepFailed("the uid drop did not hold")
+                raise _SandboxStepFailed("the uid drop did not hold")
         else:
             os.chdir(job["workdir"])
     except OSError as exc:
-        raise SandboxStepFailed(str(exc)) from exc
+        raise _SandboxStepFailed(str(exc)) from exc
     _limit(job["limits"])
     if job.get("ban_sockets"):
         _no_sockets()
@@ -164,7 +169,7 @@ def _child(job: dict, out_fd: int, ctl_fd: int, view: dict | None) -> None:
     runs: the candidate holds no descriptor on which a word of it would be believed."""
     try:
         _isolate(job, out_fd, ctl_fd, view)
-    except SandboxStepFailed as exc:
+    except _SandboxStepFailed as exc:
         _emit(ctl_fd, {"isolated": False, "exc": str(exc)[:500]})
         return
     _emit(ctl_fd, {"isolated": True})

@@ -162,7 +162,7 @@ def _answer_type(allowed: Sequence[Any]) -> type | None:
     return next((type(a) for a in allowed if a != ""), None)
 
 
-def _typed(value: Any, allowed: Sequence[Any], expected: type, inner: type | None) -> tuple[bool, bool]:
+def _typed(value: Any, allowed: Sequence[Any], expected: type[Any], inner: type | None) -> tuple[bool, bool]:
     """(type accepted, value is a "variable": compared by equality) for one argument."""
     atype = _answer_type(allowed)
     variable = atype is not None and atype is not expected

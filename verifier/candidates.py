@@ -97,6 +97,7 @@ def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
                 blocks[i]["input"] = text  # left unparsed: the grader calls it malformed
         message["content"] = [blocks[i] for i in sorted(blocks)]
         return message
+    tools: dict[int, dict[str, Any]]
     content, finish, tools = "", None, {}
     for e in events:
         for ch in e.get("choices") or []:

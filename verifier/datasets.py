@@ -117,7 +117,7 @@ def _jsonl(path: Path, what: str) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line, object) of a JSON Lines file, plain or gzipped, read within the bounds of `bounded`."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as fh:  # type: ignore[operator]
+        with opener(path, "rb") as fh:
             yield from bounded.json_lines(fh, str(path), DatasetError, what=what)
     except (OSError, EOFError, zlib.error) as exc:
         raise DatasetError(f"cannot read {path}: {exc}; check the file (a damaged download?) or pass another "

@@ -91,7 +91,7 @@ def matches(task: CodeTask, args: Sequence[Any], out: Any, exp: Any) -> bool:
         elif ep in mbpp.SET_EQUAL:
             exact = _safe(lambda: set(out) == set(exp))
     if task.kind == "humaneval" and ep == "find_zero":
-        return _safe(lambda: abs(_poly(*args, out)) <= task.atol)
+        return _safe(lambda: len(args) == 1 and abs(_poly(args[0], out)) <= task.atol)
     atol = task.atol if task.atol or not is_floats(exp) else 1e-6
     if not exact and atol != 0:
         if type(out) is not type(exp):

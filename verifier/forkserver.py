@@ -42,7 +42,7 @@ class ForkServer:
                                "run as root on Linux, or choose isolation='process' (weaker)") from exc
         self._buf = bytearray()
         tag, ready = self.frame(time.monotonic() + START_TIMEOUT_S)
-        if tag != b"R":
+        if tag != b"R" or ready is None:
             self.close()
             raise SandboxError("the sandbox worker did not start (it printed no ready line)")
         info = json.loads(ready)

@@ -118,6 +118,7 @@ class Sandbox:
                 self._stop(job, pid)
                 deadline = time.monotonic() + 10  # the server reports the end once the pipe closes
                 continue
+            assert payload is not None  # frame() gives both or neither
             if tag == b"S":
                 pid = json.loads(payload)["pid"]
             elif tag == b"I":

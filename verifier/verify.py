@@ -116,8 +116,8 @@ def code_rows(suite: str, diff: Any, logs: Sequence[Path], samples: Path | None,
     refs = matching(refs, diff.tasks, suite)
     keys = [_key(OutcomeRow(str(ref.task_id), ref.condition, ref.replicate, 0, session=ref.session)) for _, ref in refs]
     left = [r for r, k in zip(refs, keys) if k not in progress.done]
-    todo = (Pending(candidate_row(c), response_text(c.body)) for c in log_candidates(left))
-    grade_code(diff, todo, len(left), progress, programs=False)
+    logged = (Pending(candidate_row(c), response_text(c.body)) for c in log_candidates(left))
+    grade_code(diff, logged, len(left), progress, programs=False)
     return [progress.done[k] for k in keys]
 
 
@@ -133,6 +133,7 @@ def bfcl_rows(logs: Sequence[Path], dataset: Path | None, progress: Progress, ru
         row = candidate_row(c, endpoint=c.condition, variant=c.exchange.perturbation if c.exchange else None)
         keys.append(_key(row))
         if keys[-1] not in progress.done:
+            assert c.task_id is not None  # matching() kept only the sessions of a task
             progress.add(with_verdict(row, grade_response(tasks[c.task_id], c.body, rules)))
     return [progress.done[k] for k in keys]
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -36,14 +38,18 @@ def merge_cmd(out: Path, shards: tuple[Path, ...], jobs: int | None) -> None:
 def compact_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
     """Rewrite a store in place: every value verified, compression dictionaries trained on all of it,
     the data file cut to the pages it uses. Run it on a finished recording (not while a proxy records)."""
-    _rewrite(split_store(words, store_opt, (0, 0))[0], "compacted")
+    from noisefloor.proxy.store.compact import rewrite
+
+    _rewrite(split_store(words, store_opt, (0, 0))[0], "compacted", rewrite)
 
 
 @click.command("migrate")
 @store_words("[STORE]")
 def migrate_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
-    """Rewrite a store made by an older nfproxy in today's format (older stores are also read as they are)."""
-    _rewrite(split_store(words, store_opt, (0, 0))[0], "migrated")
+    """Rewrite a store made by an older nfproxy in today's format (nothing else reads an older one)."""
+    from noisefloor.proxy.store.migrate import migrate
+
+    _rewrite(split_store(words, store_opt, (0, 0))[0], "migrated", migrate)
 
 
 @click.command("repair")
@@ -66,9 +72,8 @@ def repair_cmd(words: tuple[str, ...], store_opt: Path | None, drop_damaged: boo
                + ("; the replay lookups of an interrupted merge written" if lookups else ""))
 
 
-def _rewrite(store_path: Path, verb: str) -> None:
-    from noisefloor.proxy.store.compact import rewrite
-    from noisefloor.proxy.store.log import FORMAT
+def _rewrite(store_path: Path, verb: str, rewrite: Callable[..., Any]) -> None:
+    from noisefloor.proxy.store.env import FORMAT
 
     r = rewrite(store_path, lambda s: click.echo(f"nfproxy: {s}", err=True))
     was = f" from {r.from_format}" if r.from_format and r.from_format != FORMAT else ""

@@ -14,12 +14,14 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO
 
 import mitmproxy.version
 from mitmproxy import ctx, http
 from mitmproxy.net.http import status_codes
 from mitmproxy.proxy.server_hooks import ServerConnectionHookData
+
+from noisefloor.errors import InputError
 
 # the public names addons are written against, re-exported so nothing else imports mitmproxy
 HTTPFlow = http.HTTPFlow
@@ -80,11 +82,11 @@ def close_server_connection(flow: http.HTTPFlow, reason: str) -> bool:
     return False
 
 
-class FlowFileError(Exception):
+class FlowFileError(InputError):
     """A file that is not a readable mitmproxy flow file (`mitmdump -w`)."""
 
 
-def read_http_flows(fh: IO[bytes]) -> Iterator[http.HTTPFlow]:
+def read_http_flows(fh: BinaryIO) -> Iterator[http.HTTPFlow]:
     """The HTTP flows of a mitmproxy flow file, in order (other flow types skipped)."""
     from mitmproxy import io
     from mitmproxy.exceptions import FlowReadException
@@ -125,9 +127,10 @@ def _addons_package_alone() -> None:
         loader.exec_module(package)  # the real __init__, into this module
         return package.__dict__[name]
 
-    package.__getattr__ = whole  # type: ignore[attr-defined]
+    # typeshed declares ModuleType.__getattr__ as a method; a module's __getattr__ is set like this (PEP 562)
+    package.__getattr__ = whole  # type: ignore[method-assign]
     sys.modules["mitmproxy.addons"] = package
-    mitmproxy.addons = package  # type: ignore[attr-defined]
+    mitmproxy.addons = package
 
 
 def lean_master(log_to: IO[str] | None = None, *, lazy_ca: bool = False) -> Any:
@@ -186,7 +189,7 @@ def _tls_config(tlsconfig: Any, lazy: bool) -> Any:
     if not lazy:
         return tlsconfig.TlsConfig()
 
-    class LazyCa(tlsconfig.TlsConfig):  # type: ignore[misc,name-defined]
+    class LazyCa(tlsconfig.TlsConfig):
         due: frozenset[str] = frozenset({"confdir"})  # the CA options to apply when the store is loaded
 
         def configure(self, updated: Any) -> None:

@@ -53,7 +53,7 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     pieces: dict[int, list[str]] = {}
     for chunk in (events if events is not None else [doc] if isinstance(doc, dict) else []):
         for i, cand in enumerate(dicts(chunk.get("candidates"))):
-            content = cand.get("content") if isinstance(cand.get("content"), dict) else {}
+            content = obj(cand, "content")
             pieces.setdefault(cand.get("index", i), []).append(_parts(content.get("parts"), marks))
     return answered_from(["".join(p) for _, p in sorted(pieces.items())], marks)
 
@@ -80,7 +80,7 @@ def served(doc: Any) -> Served:
 
 
 def _turn_text(turn: dict[str, Any], rewrite: Rewrite) -> bool:
-    for part in reversed(turn.get("parts") if isinstance(turn.get("parts"), list) else []):
+    for part in reversed(parts if isinstance(parts := turn.get("parts"), list) else []):
         if isinstance(part, dict) and isinstance(part.get("text"), str):
             part["text"] = rewrite(part["text"])
             return True

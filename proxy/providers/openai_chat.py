@@ -57,7 +57,7 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
         pieces: dict[int, list[str]] = {}
         for ev in events:
             for ch in dicts(ev.get("choices")):
-                delta = ch.get("delta") if isinstance(ch.get("delta"), dict) else {}
+                delta = obj(ch, "delta")
                 if isinstance(delta.get("content"), str):
                     pieces.setdefault(ch.get("index", 0), []).append(delta["content"])
                 for call in dicts(delta.get("tool_calls")):
@@ -65,7 +65,7 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
         texts = ["".join(p) for _, p in sorted(pieces.items())]
     elif isinstance(doc, dict):
         for ch in dicts(doc.get("choices")):
-            msg = ch.get("message") if isinstance(ch.get("message"), dict) else {}
+            msg = obj(ch, "message")
             texts.append(message_text(msg.get("content")) or ch.get("text") or "")
             for call in dicts(msg.get("tool_calls")):
                 add(marks, id_mark("c", call.get("id")))

@@ -124,7 +124,7 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
     asked = p.canonical.as_dict()
     exact = len(pool) > 1 or best.score is None  # else the sketch alone has chosen: nothing to compare
     mine = replay_index.features(p.canonical, route) if exact else set()
-    ranked = []
+    ranked: list[tuple[tuple[float, ...], int, Any, CanonicalRequest]] = []
     for n in pool:
         canon = recorded_request(store, rules, n.id)
         if canon is None:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from noisefloor.proxy.store.log import Store, StoreError
+from noisefloor.proxy.store.replay_index import RecordedEntry
 
 
 class DeferredLog:
@@ -57,7 +58,7 @@ class DeferredLog:
         batch, self._pending = self._pending, []
         if not batch or self._failure is not None:
             return
-        items = []
+        items: list[tuple[dict[str, Any], Mapping[str, bytes], RecordedEntry | None]] = []
         for build in batch:
             try:
                 items.append((*build(), None))

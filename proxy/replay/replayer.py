@@ -86,7 +86,10 @@ class Replayer:
         store.refuse_unfinished("replay")  # answered exchanges a killed recorder left: they would be misses
         self.store = store
         self.rules = rules
-        self._log_sink = log or (lambda build: store.append(*build(), None))
+        def write_now(build: LogEntry) -> None:  # a typed def: mypy checks an untyped lambda's *build() as *Any
+            store.append(*build(), None)
+
+        self._log_sink = log or write_now
         self._say = say
         self.strict = strict
         self.allow_reuse = allow_reuse
@@ -120,9 +123,9 @@ class Replayer:
         candidates = self._candidates(p.key, labels)
         if self.order == "recorded":
             if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
-                entry = candidates[min(p.occurrence, len(candidates) - 1)]
-                self._order.ask(labels.session, entry)
-                return Matched(p, entry, labels.session)
+                picked = candidates[min(p.occurrence, len(candidates) - 1)]
+                self._order.ask(labels.session, picked)
+                return Matched(p, picked, labels.session)
             return self._miss(p, candidates)
         used = self._used.setdefault(labels.session, set())
         fresh = [e for e in candidates if e.id not in used]
@@ -222,7 +225,7 @@ class Replayer:
 
     def _miss(self, p: Prepared, candidates: list[RecordedEntry]) -> Answer:
         near = None if candidates else diagnosis.nearest(self.store, self.rules, self.index, p)
-        affected = ()
+        affected: tuple[int, ...] = ()
         if near and near.get("session"):
             affected = self._order.affected(near["session"], near["exchange_id"], self._session(near["session"])[1])
             self._stands_in(p.labels.session, near["session"], near["exchange_id"])

@@ -10,5 +10,6 @@ __all__ = [
     "overrides",
     "perturb",
     "secrets",
+    "stream_events",
     "traffic",
 ]

@@ -42,7 +42,7 @@ def response(resp: ResponseData, values: list[str], provider: Provider | None = 
     if not values:
         return resp
     headers = secrets.erase_header_values(resp.headers, values)
-    unchanged = resp if headers is resp.headers else replace(resp, headers=headers)
+    unchanged = resp if headers is resp.headers else replace(resp, headers=tuple(headers))
     if not resp.raw_body:
         return unchanged
     decoded = resp.decoded_body

@@ -19,7 +19,7 @@ from bisect import bisect_right
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import AnyStr
+from typing import Any, AnyStr, Generic
 
 REDACTED = "[redacted]"
 RUN = 20  # a run of this many characters of a secret is erased as if it were the secret
@@ -28,7 +28,7 @@ _SEPARATORS = frozenset(" \t;,=")  # a value holding these is a composite (a hea
 
 
 @dataclass(frozen=True)
-class _Plan:
+class _Plan(Generic[AnyStr]):  # of str for text, of bytes for bytes
     whole: tuple[AnyStr, ...]  # values searched whole (those no run search finds), longest first
     runs: tuple[AnyStr, ...]  # values long enough to have runs, searched block by block
     escapes: re.Pattern[AnyStr]
@@ -44,7 +44,7 @@ _ESC_ANY = r"[\\%](?:(?<=\\)u[0-9a-fA-F]{4}|(?<=\\)[/\"\\]|(?<=%)[0-9a-fA-F]{2})
 
 
 @lru_cache(maxsize=512)
-def _plan(values: tuple[str, ...], as_bytes: bool) -> _Plan:
+def _plan(values: tuple[str, ...], as_bytes: bool) -> _Plan[Any]:
     vals = sorted(set(values), key=len, reverse=True)
     pattern = _ESC_STR if all(v.isascii() for v in vals) else _ESC_ANY
     runs = [v for v in vals if len(v) >= RUN and not _SEPARATORS.intersection(v)]
@@ -62,7 +62,7 @@ def _plan(values: tuple[str, ...], as_bytes: bool) -> _Plan:
     return _Plan(tuple(vals), tuple(runs), re.compile(pattern))
 
 
-def _whole(data: AnyStr, plan: _Plan, first: bool) -> list[tuple[int, int]]:
+def _whole(data: AnyStr, plan: _Plan[AnyStr], first: bool) -> list[tuple[int, int]]:
     found: list[tuple[int, int]] = []
     for v in plan.whole:
         i = data.find(v)
@@ -77,11 +77,11 @@ def _whole(data: AnyStr, plan: _Plan, first: bool) -> list[tuple[int, int]]:
 _STRETCH = b"\1" * RUN
 
 
-def _windows(data: AnyStr, plan: _Plan) -> list[tuple[int, int]]:
+def _windows(data: AnyStr, plan: _Plan[AnyStr]) -> list[tuple[int, int]]:
     """Stretches of `data` that can hold a run: made only of bytes a run's spellings are written with.
     One C-speed translate (those bytes to 1, all others to 0) and a search for RUN ones in a row:
     most text has no such stretch, and the search skips RUN bytes at every 0."""
-    if plan.mask is None or not plan.runs:
+    if plan.mask is None or not plan.runs or isinstance(data, str):  # a text plan has no mask
         return [(0, len(data))] if plan.runs else []
     marked = data.translate(plan.mask)
     out: list[tuple[int, int]] = []
@@ -108,7 +108,7 @@ def _extend(data: AnyStr, s: AnyStr, p: int, off: int, width: int, w0: int, w1: 
     return lo, hi
 
 
-def _runs(data: AnyStr, plan: _Plan, w0: int, w1: int, first: bool) -> list[tuple[int, int]]:
+def _runs(data: AnyStr, plan: _Plan[AnyStr], w0: int, w1: int, first: bool) -> list[tuple[int, int]]:
     """Runs of RUN or more characters of a secret within data[w0:w1]."""
     found: list[tuple[int, int]] = []
     for s in plan.runs:
@@ -131,7 +131,7 @@ _LONG = 4096  # a stretch this long (a base64 image) is searched by 8-byte grams
 _GRAM = 8
 
 
-def _runs_long(data: bytes, plan: _Plan, w0: int, w1: int, first: bool) -> list[tuple[int, int]]:
+def _runs_long(data: bytes, plan: _Plan[bytes], w0: int, w1: int, first: bool) -> list[tuple[int, int]]:
     """`_runs` for a long stretch: every run of RUN holds an 8-byte block aligned to the stretch
     (a multiple of 8 lies within any 13 consecutive offsets), so the stretch is read as 8-byte
     integers, those equal to some 8-gram of a secret are found at once (numpy), and only they are
@@ -164,7 +164,7 @@ def _grams(runs: tuple[bytes, ...]) -> dict[int, list[tuple[bytes, int]]]:
     return out
 
 
-def _unescape(data: AnyStr, plan: _Plan) -> tuple[AnyStr, list[int], list[int], list[int]] | None:
+def _unescape(data: AnyStr, plan: _Plan[AnyStr]) -> tuple[AnyStr, list[int], list[int], list[int]] | None:
     """`data` with its escapes undone, and for each piece (a literal stretch or one escape) where it
     starts in the result and in `data`, and its length in `data` (-1 for a literal)."""
     if isinstance(data, bytes):

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import overload
 
 Pairs = Iterable[tuple[str, str]]
 # fields about one connection, never stored or replayed as part of an answer
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade", "te"})
 
 
+@overload
+def header(headers: Pairs, name: str, default: str) -> str: ...
+@overload
+def header(headers: Pairs, name: str, default: None = None) -> str | None: ...
 def header(headers: Pairs, name: str, default: str | None = None) -> str | None:
     """The first value of `name`, case-insensitively (a plain loop: several times an exchange,
     about half a generator's cost)."""

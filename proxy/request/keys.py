@@ -173,6 +173,7 @@ def drop_pointer(doc: Any, tokens: Sequence[str]) -> Any:
                 del out[name]
         return out
     if isinstance(doc, list):
+        idx: Sequence[int]
         if head == "*":
             idx = range(len(doc))
         elif head.isdigit() and int(head) < len(doc):

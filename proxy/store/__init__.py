@@ -6,6 +6,7 @@ __all__ = [
     "exchange",
     "heads",
     "log",
+    "migrate",
     "replay_index",
     "merge",
 ]

@@ -12,10 +12,10 @@ exchanges gives every frame that shared start. The stored value says how it was 
   0x03 + n + n sha256 + frame     compressed against other stored bodies (their bytes, in order,
                                   as a raw-content dictionary): a request against the previous
                                   request and answer of its session, which it mostly repeats
-  0x04 + CRC-32 + value           a body of noisefloor-log/6: any of the above (but 0x00) behind
+  0x04 + CRC-32 + value           a body: any of the above (but 0x00) behind
                                   a CRC-32 of its bytes as stored, so `nfproxy merge` checks a
                                   shard's bodies without decompressing them (`checked`)
-  zstd frame (magic 28 b5 2f fd)  format noisefloor-log/1: every value before the tags
+  zstd frame (magic 28 b5 2f fd)  an untagged value, as the earliest stores kept (read for `migrate`)
 
 A dictionary's key is the start of its sha256, so a value copied to another store (merge) stays
 readable once its dictionary is copied with it. Decoding refuses a frame that declares, or turns
@@ -33,6 +33,8 @@ from typing import Any
 
 import zstandard
 
+from noisefloor.errors import InputError, NoisefloorError
+
 RAW, PLAIN, DICT, REF, CHECKED = 0, 1, 2, 3, 4
 _CRC = 5  # bytes of a CHECKED value before the value it wraps
 LEGACY_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -44,7 +46,7 @@ BATCH_ITEM = 1 << 20  # `decode_many` decompresses frames declaring up to this t
 BATCH_BYTES = 32 << 20  # and at most about this much in one batch (memory stays bounded)
 
 
-class TooLarge(ValueError):
+class TooLarge(InputError):
     """A stored value that would decompress to more than its bound (`declared`: the size its frame
     declares, when it declares one)."""
 
@@ -53,7 +55,7 @@ class TooLarge(ValueError):
         self.declared = declared
 
 
-class UnknownDictionary(KeyError):
+class UnknownDictionary(NoisefloorError, KeyError):
     """A value names a dictionary the store does not hold."""
 
 
@@ -76,7 +78,7 @@ def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
 class Against:
     """A compressor against the bytes of stored bodies `refs` ((sha256, bytes), at most 255), made
     before the value it compresses is known: creating it is most of the cost of compressing a
-    request against its session's last exchange (~20 of ~25 us), so a recorder makes it while idle."""
+    request against its session's last exchange, so a recorder makes it while idle."""
 
     def __init__(self, refs: Sequence[tuple[bytes, bytes]]) -> None:
         # level 1: what the references leave is short; loading them into a level-3 matcher costs more
@@ -88,7 +90,7 @@ class Against:
 
     def warmed(self) -> Against:
         """Itself, its first frame's set-up (the context's tables, the references loaded) done: a
-        value compressed next costs ~4 us instead of ~20 (the bytes are the same either way)."""
+        value compressed next costs a fraction of the first (the bytes are the same either way)."""
         self._c.compress(b"{}")
         return self
 
@@ -252,7 +254,7 @@ def _raw_dict(prefix: bytes) -> zstandard.ZstdCompressionDict:
 
 
 def checked(value: bytes) -> bytes:
-    """A body's stored value behind a CRC-32 of its bytes (noisefloor-log/6); a raw one (tiny, or
+    """A body's stored value behind a CRC-32 of its bytes; a raw one (tiny, or
     incompressible: its check is its sha256 alone, no decompression) and one already checked as they are."""
     if not value or value[0] in (RAW, CHECKED):
         return value
@@ -260,7 +262,7 @@ def checked(value: bytes) -> bytes:
 
 
 def unchecked(value: bytes) -> bytes:
-    """The value a CHECKED one wraps (for a store of a format before noisefloor-log/6), else itself."""
+    """The value a CHECKED one wraps (for a store whose bodies carry none), else itself."""
     return value[_CRC:] if value[:1] == bytes([CHECKED]) else value
 
 
@@ -302,8 +304,8 @@ _reused = threading.local()  # one zstd decompression context per thread, for va
 def _against_prefix(frame: bytes, prefix: bytes, limit: int) -> bytes | None:
     """`frame` decompressed with `prefix` as its raw-content dictionary in a context reused across
     calls (zstandard's cffi backend; None where it is absent or the frame declares no size: the
-    caller builds a decompressor, whose context alone costs ~20 us, most of a request body's read
-    and of merge's check). Bounded as `_bounded` is: the declared size is checked first."""
+    caller builds a decompressor, whose context alone costs most of a request body's read and of
+    merge's check). Bounded as `_bounded` is: the declared size is checked first."""
     lib = _cffi()
     if lib is None:
         return None

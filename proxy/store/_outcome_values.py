@@ -1,6 +1,5 @@
 """How the outcomes table keeps a graded row: under its key, the JSON of (condition, task,
-replicate), and as its value the row's JSON, or, in noisefloor-log/7, the row without the three
-fields its key already holds.
+replicate), and as its value the row without the three fields its key already holds.
 
 A row whose first three fields are task_id, condition and replicate, in that order (every row
 nfverify and nfladder write), is kept as `KEYED` and the JSON of its other fields (a study's row

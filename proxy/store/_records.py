@@ -1,13 +1,11 @@
-"""Records of noisefloor-log/5: stored without their id (the exchanges table's key is the id) and
-without the fields their head carries, joined with their head when read (a part of Store).
+"""Records stored without their id (the exchanges table's key is the id) and without the fields
+their head carries, joined with their head when read (a part of Store).
 
-In /4 a record repeated what its head holds (key, time, usage, labels, route, ...: 23% of a
-compressed record) and held its own id inside the compressed bytes, so `nfproxy merge` had to
-decompress and re-encode every record under its new id. A /5 record whose head was written from
-a record checked against the record type (its `left_out` is not NOT_LISTED) keeps only the rest
-(`stripped`), and merge copies it as stored. A record no head can stand for (a string msgpack
-cannot hold: no head; keys this version does not know or another layout: NOT_LISTED) is stored
-whole, id included, as in /4; its head says which. Reading joins the two (`joined`) after both
+So a record is not stored twice over with its head, and `nfproxy merge` copies it as stored
+under a new id without decompressing it. A record whose head was written from a record checked
+against the record type (its `left_out` is not NOT_LISTED) keeps only the rest (`stripped`). A
+record no head can stand for (a string msgpack cannot hold: no head; keys this version does not
+know or another layout: NOT_LISTED) is stored whole, id included; its head says which. Reading joins the two (`joined`) after both
 are verified: the head's CRC over its exchange's key, its CRC of the record as stored, the
 record's own decoding; a record without its head is a StoreError naming the exchange.
 """
@@ -35,7 +33,7 @@ _DROP = frozenset(HEAD_FIELDS)
 _FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
 _ENCODE = msgspec.json.Encoder().encode
 _STORED = msgspec.msgpack.Decoder(store_heads.Stored)
-RESTORE = "restore the store from a copy (a noisefloor-log/5 head holds fields its record does not)"
+RESTORE = "restore the store from a copy (a head holds fields its record does not)"
 
 
 def stripped(doc: bytes) -> bytes:

@@ -1,4 +1,4 @@
-"""Walking the heads table and the records together (noisefloor-log/4), a batch at a time.
+"""Walking the heads table and the records together, a batch at a time.
 
 A listing of a million exchanges is a million steps of Python; a step per exchange per layer
 (cursor, check, decode, format) was most of its cost. So the walk takes `BATCH` entries from
@@ -105,7 +105,7 @@ class Walks:
     @property
     def _fix(self) -> str:
         """What a damaged head's message advises: rewrite the heads from the records, unless the
-        head is the one copy of its fields (noisefloor-log/5)."""
+        head is the one copy of its fields."""
         return RESTORE if self._joins else _COMPACT
 
     def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:
@@ -203,11 +203,11 @@ class Walks:
 
     def listed_chunks(self) -> Iterator[bytes]:
         """`listed_records`' lines, each ended by a newline, a batch of them joined at a time: the
-        records of a batch decompressed in one call (`Codec.decode_many`); in a /5 store each line
-        written straight from its record and its head, decoded once (`Store._join_into`). Where one
+        records of a batch decompressed in one call (`Codec.decode_many`); each line written
+        straight from its record and its head, decoded once (`Store._join_into`). Where one
         cannot be listed, the lines before it are yielded first, then its StoreError raised. Not in
-        a thread: measured at load 4.6, a worker decompressing the next batch while this one is
-        listed took as long in wall time, and 10% more CPU."""
+        a thread: a worker decompressing the next batch while this one is listed saves no wall
+        time on a loaded machine and costs CPU."""
         tails: dict[int, bytes] = {}  # the end of a line whose record leaves out these fields (b"": none)
         decode_many, limit = self._codec.decode_many, self.max_body
         for ids, values, raws in self._walk_batches("exchanges"):

@@ -1,4 +1,4 @@
-"""`nfproxy compact` and `nfproxy migrate`: rewrite a store whole, in today's format and encoding.
+"""`nfproxy compact`: rewrite a store whole in today's format and encoding; and refill its pages.
 
 Every value is read verified (a damaged store is refused by name before anything is replaced),
 dictionaries are trained again on a sample spread over the whole store, every body and record is
@@ -8,15 +8,21 @@ today's (its replay index in layout 4); a store of today's format comes out smal
 (dictionaries trained on all of it, pages full, no reserved map beyond its data). Killed at any
 point, the store is as it was (the rewrite happens beside it), and running it again starts over.
 Readers that had the store open keep reading the old file until they close it.
+
+Refilling a store's pages (`refill`, after a merge) copies every table in key order into a new
+file, values as stored: bodies are keyed by their sha256, so whoever writes them puts them in
+random key order and LMDB leaves pages partly empty; copied in key order, LMDB fills each page
+whole. Nothing is decoded or encoded again, and the copy is swapped in with one rename.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
@@ -29,21 +35,18 @@ from noisefloor.proxy.record import interrupted
 from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import _records as store_records
-from noisefloor.proxy.store import _repack as store_repack
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store._index import put_entry
-from noisefloor.proxy.store.env import DAMAGE
-from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.env import DAMAGE, FORMAT, Holds
+from noisefloor.proxy.store.log import Store, StoreError
 
 _SAMPLES = 4000  # values of each kind sampled for training
 _BATCH = 5000  # values per write transaction
 # Offline, so compact spends CPU the record path cannot: higher zstd levels (decoding is as fast)
 # and dictionaries of up to 256 kB, at most about 1/500 of the kind's bytes (a larger one costs
-# more than it saves on a small store). Per kind, on a 100k store's values with a 256 kB dictionary
-# (bytes / raw, compression CPU per value): bodies 0.183 at level 3 (5 us), 0.175 at 12 (68 us),
-# 0.159 at 16 (225 us), 0.157 at 19 (524 us); records 0.189 at 3, 0.183 at 12 (39 us), 0.181 at 16
-# (97 us), 0.174 at 19 (664 us). Each kind at the level past which it gains little.
+# more than it saves on a small store). Each kind at the level past which it gains little
+# (BENCHMARKS.md, "compact's zstd levels").
 LEVELS = {"body": 16, "record": 12}
 _DICT_MAX, _DICT_SHARE = 4 * codec.DICT_SIZE, 500
 _U64 = struct.Struct(">Q")
@@ -62,10 +65,13 @@ def _every(n: int, want: int) -> int:
     return max(1, n // want)
 
 
-def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rewritten:
+def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
+            older: Mapping[str, Holds] | None = None) -> Rewritten:
+    """The store at `path` rewritten whole in today's format (`older`: the earlier formats it may
+    be of, from the migration; else one of those is refused by name)."""
     path = Path(path)
     before = (path / "data.mdb").stat().st_size if (path / "data.mdb").exists() else 0
-    with Store.open(path, write=True) as src:
+    with Store.open(path, write=True, older=older) as src:
         src.lock_for_recording()  # no proxy records into it while it is rewritten
         interrupted.finish(src, progress)  # what a killed proxy or merge left: the rewritten store replays whole
         fmt = src.meta("migrated_from") or src.format
@@ -113,7 +119,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
         finally:
             env.close()
             shutil.rmtree(work, ignore_errors=True)
-        store_repack.swap_in(final, path)
+        swap_in(final, path)
         shutil.rmtree(final, ignore_errors=True)
     with Store.open(path, write=False) as check:  # the result reads back whole
         if len(check) != n_ex:
@@ -124,7 +130,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
 def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
                  progress: Callable[[str], None]) -> None:
     # compressed against other bodies: kept as it is (they are all copied); else encoded again;
-    # either behind its CRC (noisefloor-log/6)
+    # either behind its CRC
     items = ((digest, codec.checked(codec.unchecked(stored) if codec.Codec.refs_of(stored) else out.encode(data, key)))
              for digest, data, stored in src.stored_bodies(encoded=True))
     _append_batched(env, db, items, progress, "bodies")  # in digest order, appended: pages filled whole
@@ -133,7 +139,7 @@ def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec
 def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out: codec.Codec, key: bytes | None,
                   progress: Callable[[str], None]) -> None:
     """The records encoded again, each with its head (written from the record, tied to its new
-    bytes), stripped of the head's fields where the head can stand for them (noisefloor-log/5)."""
+    bytes), stripped of the head's fields where the head can stand for them."""
     def items() -> Iterator[tuple[bytes, Any]]:
         # parsed: a record that is not an exchange record stops the rewrite, by name
         for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
@@ -195,7 +201,10 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progr
             entries = src.recorded_entries()
             while batch := list(islice(entries, _BATCH)):
                 with env.begin(write=True) as txn, spill.begin(write=True, db=unsorted) as spilled:
-                    for e, near in zip(batch, replay_index.stored_near(src, [e.id for e in batch])):
+                    nears = replay_index.stored_near(src, [e.id for e in batch])
+                    if nears is None:
+                        raise StoreError(f"{src.path}: its index sketches cannot be converted; nothing was written")
+                    for e, near in zip(batch, nears):
                         e = replace(e, near=near)
                         put_entry(txn, dbs["recorded"], dbs["index_routes"], e.id, e, replay_index.VERSION)
                         spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e, replay_index.VERSION))
@@ -262,3 +271,145 @@ def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[byt
         if n < _BATCH:
             return
         progress(f"{done} {what} rewritten")
+
+
+_REFILL_BATCH, _REFILL_BYTES = 20000, 64 << 20  # rows and bytes per write transaction: memory bounded, few commits
+_FIXED_BATCH = 1 << 20  # rows per write transaction where each is a few bytes (a fixed-size duplicate)
+_FLAGS = ("reverse_key", "dupsort", "integerkey", "integerdup", "dupfixed")
+
+
+def tables(env: lmdb.Environment) -> list[tuple[bytes, Any, dict[str, bool]]]:
+    """Every named table of `env`: its name, handle and the flags it was created with."""
+    with env.begin() as txn:
+        names = list(txn.cursor().iternext(values=False))
+    out = []
+    for name in names:
+        try:
+            db = env.open_db(name, create=False)
+        except lmdb.Error as exc:  # a main-table key that is not a table: not a store this wrote
+            raise StoreError(f"{name!r} in the store's main table is not a table ({exc})") from None
+        with env.begin() as txn:
+            flags = db.flags(txn)
+        out.append((name, db, {f: bool(flags.get(f)) for f in _FLAGS}))
+    return out
+
+
+def used_bytes(env: lmdb.Environment) -> int:
+    return (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+
+
+Rows = Iterable[Iterable[tuple[bytes, bytes]]]  # a table's rows in key order, a transaction's worth each
+
+
+def refill(env: lmdb.Environment, path: Path, progress: Callable[[str], None] = lambda s: None,
+           replaced: dict[bytes, Callable[[], Rows]] | None = None,
+           dropped: tuple[bytes, bytes] | None = None) -> tuple[int, int]:
+    """Rewrite the store at `path` (whose open, locked environment is `env`) with its pages full;
+    returns its used bytes before and after. The caller writes nothing to `env` afterwards: the
+    file it maps has been replaced. `replaced`: tables whose rows come from elsewhere (merge's
+    lookups, written once here instead of into `env` and copied again); `dropped`: (table, key)
+    left out of the copy (the mark saying those lookups are still to come)."""
+    before = used_bytes(env)
+    work = path.parent / f".{path.name}.refill"
+    try:
+        _refilled(env, path, work, progress, replaced or {}, dropped)
+    except (lmdb.Error, OSError) as exc:  # a full disk, say: the store stays as it was
+        raise StoreError(f"refilling the pages of store {path} failed ({exc}); the store is as it was") from None
+    return before, (path / "data.mdb").stat().st_size
+
+
+def _refilled(env: lmdb.Environment, path: Path, work: Path, progress: Callable[[str], None],
+             replaced: dict[bytes, Callable[[], Rows]], dropped: tuple[bytes, bytes] | None) -> None:
+    """The tables copied into `work` and its file renamed over the store's. Written without
+    writemap, in key order, the new file is its used pages and no more: it goes in as written
+    (a copy of it, as `Environment.copy` makes, would be the same bytes written again)."""
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.rmtree(path.parent / f".{path.name}.refilled", ignore_errors=True)  # an older version's leftover
+    work.mkdir()
+    try:
+        out = lmdb.open(str(work), map_size=max(1 << 30, 2 * used_bytes(env)), max_dbs=16, sync=False, metasync=False)
+        try:
+            for name, db, flags in tables(env):
+                out_db = out.open_db(name, **flags)
+                if name in replaced:
+                    _write_rows(out, out_db, replaced[name](), name.decode(errors="replace"), progress)
+                else:
+                    _copy_table(env, db, flags, out, out_db, name.decode(errors="replace"), progress)
+            if dropped is not None:
+                with out.begin(write=True, db=out.open_db(dropped[0], create=False)) as w:
+                    w.delete(dropped[1])
+        finally:
+            out.close()
+        swap_in(work, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _copy_table(env: lmdb.Environment, db: Any, flags: dict[str, bool], out: lmdb.Environment, out_db: Any, name: str,
+                progress: Callable[[str], None]) -> None:
+    """One table's rows in key order (duplicates in theirs), `_REFILL_BATCH` a transaction; the copy
+    must hold as many rows as the source, or nothing is swapped in."""
+    with env.begin(db=db, buffers=False) as txn:
+        want = txn.stat(db)["entries"]
+        rows = iter(txn.cursor())
+        if flags["dupfixed"]:  # rows of a few bytes each (the replay lookups, most rows of a store):
+            # streamed cursor to cursor, no Python step per row
+            while want and (_put(out, out_db, islice(rows, _FIXED_BATCH)) == _FIXED_BATCH):
+                pass
+        for chunk in _chunks(rows):
+            _put(out, out_db, chunk)
+    with out.begin(db=out_db) as txn:
+        got = txn.stat(out_db)["entries"]
+    if got != want:
+        raise StoreError(f"refilling table {name} copied {got} of its {want} rows; the store was left as it was")
+    if want > _REFILL_BATCH:  # a large table: say how far it got
+        progress(f"table {name}: {want} rows refilled")
+
+
+def _write_rows(out: lmdb.Environment, out_db: Any, chunks: Rows, name: str, progress: Callable[[str], None]) -> None:
+    """Rows from elsewhere appended in key order, a transaction a chunk; every row must land
+    (append refuses one out of order), or nothing is swapped in."""
+    rows = 0
+    for chunk in chunks:
+        with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
+            consumed, added = cur.putmulti(chunk, append=True)
+        if added != consumed:
+            raise StoreError(f"refilling table {name}: its rows came out of key order; the store was left as it was")
+        rows += added
+    if rows > _REFILL_BATCH:
+        progress(f"table {name}: {rows} rows refilled")
+
+
+def _put(out: lmdb.Environment, out_db: Any, rows: Iterable[tuple[bytes, bytes]]) -> int:
+    """Rows appended in key order in one write transaction; how many there were."""
+    with out.begin(write=True, db=out_db) as w, w.cursor() as cur:
+        return cur.putmulti(rows, append=True)[0]
+
+
+def _chunks(rows: Iterator[tuple[bytes, bytes]]) -> Iterator[list[tuple[bytes, bytes]]]:
+    """`rows` in lists of at most `_REFILL_BATCH` rows and about `_REFILL_BYTES` (large bodies: few a list)."""
+    chunk: list[tuple[bytes, bytes]] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += len(row[0]) + len(row[1])
+        if len(chunk) >= _REFILL_BATCH or size >= _REFILL_BYTES:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def swap_in(folder: Path, path: Path) -> None:
+    """The data file written in `folder` becomes the store at `path`: on disk first, then one
+    rename (the old file or the new, never half), also after a power loss (compact, refill)."""
+    _fsync(folder / "data.mdb")
+    os.replace(folder / "data.mdb", path / "data.mdb")
+
+
+def _fsync(file: Path) -> None:
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

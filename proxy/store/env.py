@@ -1,11 +1,14 @@
 """The store's LMDB environment: opening it (with every check that comes before LMDB reads a
-byte), reserving its map's disk blocks, and growing the map in steps when it fills."""
+byte), its format (the one layout the runtime reads and writes: a store of another is refused by
+one line naming what to run; `migrate` converts the earlier ones), reserving its map's disk
+blocks, and growing the map in steps when it fills."""
 
 from __future__ import annotations
 
 import os
 import stat
 import struct
+from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
@@ -25,6 +28,37 @@ _READ_AHEAD = 64 << 30
 
 class StoreError(StateError):
     """A store that cannot be used as asked; the message says what to do."""
+
+
+FORMAT = "noisefloor-log/7"
+INDEX_LAYOUT = 4  # meta "replay_index" of a store in FORMAT (`replay_index.VERSION`)
+_PREFIX = "noisefloor-log/"
+
+
+@dataclass(frozen=True)
+class Holds:
+    """What the tables of a store of some format hold, as its reader needs to know."""
+
+    heads: bool  # a heads table (else each head is read from its record)
+    joins: bool  # records stored without their id and their head's fields (joined with the head on read)
+    checks_bodies: bool  # each body's value behind a CRC-32 of it as stored (`codec.checked`)
+    keys_outcomes: bool  # outcome rows stored without the fields their key holds (`outcome_values`)
+
+
+CURRENT = Holds(heads=True, joins=True, checks_bodies=True, keys_outcomes=True)
+
+
+def refusal(path: Path, fmt: object) -> str | None:
+    """Why a store marked `fmt` cannot be opened by this runtime (None: it can): an older format
+    names `nfproxy migrate`, a newer one an upgrade, anything else a store made by nfproxy."""
+    if fmt == FORMAT:
+        return None
+    number = fmt.removeprefix(_PREFIX) if isinstance(fmt, str) and fmt.startswith(_PREFIX) else ""
+    if not (number.isascii() and number.isdigit() and len(number) < 5):
+        return f"{path} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy"
+    if int(number) > int(FORMAT.removeprefix(_PREFIX)):
+        return f"{path} is a store of format {fmt}, newer than this nfproxy reads ({FORMAT}); upgrade noisefloor"
+    return f"{path} is a store of format {fmt}, older than {FORMAT}; run `nfproxy migrate {path}` first"
 
 
 def _read_only(path: Path) -> bool:

@@ -188,6 +188,53 @@ class _ResponseHead(_Part):
     status: int
 
 
+class _BodyRef(msgspec.Struct):
+    body: str | None = None
+
+
+class _RequestBodyOf(msgspec.Struct):
+    """The field the store's compression chain reads of a record: its request's body digest."""
+
+    request: _BodyRef
+
+
+_REQUEST_BODY = msgspec.json.Decoder(_RequestBodyOf)
+
+
+class _Refs(msgspec.Struct):
+    """What merge reads of a record it copies whole: the bodies it names, whether it is a replay's."""
+
+    request: _BodyRef
+    response: _BodyRef | None = None
+    replay: Any = None
+
+
+_REFS = msgspec.json.Decoder(_Refs)
+
+
+def body_refs(text: bytes) -> tuple[list[bytes], bool]:
+    """The sha256 digests of the bodies a record's JSON names, and whether it is a replay record
+    (its `replay` an object); ValueError for a text that is not a record."""
+    try:
+        r = _REFS.decode(text)
+        named, replay = (r.request.body, r.response.body if r.response else None), r.replay
+    except msgspec.MsgspecError:  # JSON msgspec refuses and json reads (a lone surrogate)
+        doc = json.loads(text)
+        named = tuple((doc.get(p) or {}).get("body") for p in ("request", "response"))
+        replay = doc.get("replay")
+    digests = [bytes.fromhex(d) for d in named if isinstance(d, str) and len(d) == 64]
+    return [d for d in digests if len(d) == 32], isinstance(replay, dict)
+
+
+def request_body(text: str) -> str | None:
+    """The sha256 hex a record's request names as its body (None: none, or a text msgspec does
+    not read, such as one with a lone surrogate: the body is then compressed on its own)."""
+    try:
+        return _REQUEST_BODY.decode(text).request.body
+    except msgspec.MsgspecError:
+        return None
+
+
 class _HeadText(msgspec.Struct):
     """What a head is read from in a stored record's JSON (stores without a heads table)."""
 

@@ -1,4 +1,4 @@
-"""The heads table (noisefloor-log/4): each exchange's head (`exchange_record.Head`, what listings
+"""The heads table: each exchange's head (`exchange_record.Head`, what listings
 and nfanalyze read) kept beside its record, so that a listing never decompresses records.
 
 A value is small and fixed in shape, so that a million of them cost little beside the records:
@@ -34,8 +34,9 @@ _U32 = struct.Struct(">I")
 HEAD_AT = 8  # after the two CRCs
 HEX_KEY = re.compile(r"[0-9a-f]{64}")  # a sha256 in hex: a request key, a body digest
 _ENCODE = msgspec.msgpack.Encoder().encode
-_LABELS = slice(9, 13)  # Head's labels, then its route, after its own fields
-_ROUTE = slice(13, 19)
+# the fields a head shares with other exchanges, each set stored once: its labels, then its route
+_LABELS = attrgetter("session", "task", "replicate", "condition")
+_ROUTE = attrgetter("mode", "method", "url", "model", "fingerprint", "replay_result")
 Row = tuple[bytes, bytes, bytes]  # a head before its sets are numbered: (labels, route, the value less CRC and ids)
 
 
@@ -72,8 +73,7 @@ def row(head: Head, left_out: int, stored: bytes) -> Row | None:
     if type(usage) is dict and len(usage) == 2 and _counts(usage.get("input"), usage.get("output")):
         usage = [usage["input"], usage["output"]]
     try:
-        fields = msgspec.structs.astuple(head)
-        labels, route = _ENCODE(fields[_LABELS]), _ENCODE(fields[_ROUTE])
+        labels, route = _ENCODE(_LABELS(head)), _ENCODE(_ROUTE(head))
         rest = _ENCODE((left_out, head.time, bytes.fromhex(head.key) if digest else b"", None if digest else head.key,
                         head.occurrence, head.status, usage, head.truncated, head.error, head.notes))
     except UnicodeEncodeError:
@@ -150,11 +150,10 @@ _LABELS_ID, _ROUTE_ID = attrgetter("labels"), attrgetter("route")
 
 def parts_of(head: Head) -> Parts:
     """A head read from its record, as the heads table's parts (its sets not numbered)."""
-    fields = msgspec.structs.astuple(head)
     digest = HEX_KEY.fullmatch(head.key) is not None
     return (Stored(0, 0, NOT_LISTED, head.time, bytes.fromhex(head.key) if digest else b"", None if digest else head.key,
                    head.occurrence, head.status, head.usage, head.truncated, head.error, head.notes),
-            fields[_LABELS], fields[_ROUTE])
+            _LABELS(head), _ROUTE(head))
 
 
 def head(exchange_id: int, p: Parts) -> Head:

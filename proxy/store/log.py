@@ -3,21 +3,20 @@
 Layout (named databases; values encoded as `codec` says: tagged, zstd with a trained dictionary):
   meta      name -> JSON           format version, normalization rules and their id, dictionaries
   bodies    sha256 -> value        every request/response body, stored once
-  exchanges u64 id -> value(JSON)  one record per request the proxy saw, in write order (noisefloor-log/5:
-                                   without its id and the fields its head holds, `store_records`)
+  exchanges u64 id -> value(JSON)  one record per request the proxy saw, in write order, without
+                                   its id and the fields its head holds (`_records`)
   dicts     key -> bytes           zstd dictionaries trained on this store's bodies and records
   recorded  u64 id -> entry        the compact replay index of record-mode exchanges
   outcomes  condition, task, replicate -> JSON   graded outcome rows (nfverify, nfladder), so
                                    that the log is the one artifact a user keeps
   lookups   key -> sorted 4-byte ids: the replay index's lookups (see `replay_index.py`), so
                                    that replay reads what a request needs instead of loading the
-                                   whole index (`rindex`: layout 1's; stores made before have none)
-  index_routes u32 -> bucket + route  layout 3's routes and models, each once, that its entries
-                                   name by a 4-byte hash instead of carrying them (noisefloor-log/5)
+                                   whole index
+  index_routes u32 -> bucket + route  the routes and models, each once, that index entries
+                                   name by a 4-byte hash instead of carrying them
   heads     u64 id -> head         each exchange's head (`exchange_record.Head`: labels, route,
                                    status, identity; CRC-checked), written in the record's
                                    transaction, so that listings never decompress records
-                                   (noisefloor-log/4; older stores' heads are read from the records)
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it (bulk writers may put a batch in
@@ -30,18 +29,8 @@ writes (`store_merge`, its check `store_merge_scan`), the walk of heads and reco
 stored under and decompress within its recorded size (and the --max-body-mb bound), a record must
 parse as the exchange record; anything else is a StoreError naming the store and the exchange.
 
-Format versions: noisefloor-log/1 (main before the versioned format: plain zstd values, no
-dictionaries) is read as it is; opening it for writing marks it noisefloor-log/2 (tagged values,
-replay index layout 1). noisefloor-log/3 adds the replay index's layout 2, which earlier versions
-do not read; noisefloor-log/4 the heads table; noisefloor-log/5 the replay index's layout 3
-(smaller entries and lookup keys, `replay_index.py`) and records without their id and their
-head's fields (joined with the head when read; merge copies them as stored, `store_records`);
-noisefloor-log/6 each body's value behind a CRC-32 of it as stored (`codec.checked`), so that
-merge checks a shard's bodies without decompressing them (every read still hashes each body);
-noisefloor-log/7 the replay index's layout 4 (each entry's sketch at 16 bits a minimum: the as-built
-store a twentieth smaller; a /7 store may also hold layout-3 entries merged from a /6 shard).
-Each is read as it is and written in its own layout; `nfproxy migrate` / `nfproxy compact`
-rewrite a store whole in today's format.
+The store is of one format (`format.FORMAT`); one of an earlier format is refused by one line
+naming `nfproxy migrate`, which alone reads it (`migrate`).
 """
 
 from __future__ import annotations
@@ -49,7 +38,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import re
 import struct
 import threading
 import time
@@ -77,23 +65,15 @@ from noisefloor.proxy.store._dicts import Dictionaries
 from noisefloor.proxy.store._index import IndexLookups
 from noisefloor.proxy.store._records import Joins
 from noisefloor.proxy.store._walk import Walks
-from noisefloor.proxy.store.env import DAMAGE, StoreError, check_path, grow, open_env
+from noisefloor.proxy.store.env import CURRENT, DAMAGE, FORMAT, Holds, StoreError, check_path, grow, open_env, refusal
 from noisefloor.proxy.store.exchange import Exchange, Head
 from noisefloor.proxy.store.merge.scan import MergeScan
 from noisefloor.proxy.store.merge.shard import MergeIO
 from noisefloor.proxy.store.replay_index import RecordedEntry
 
-FORMAT = "noisefloor-log/7"
-LEGACY_FORMATS = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4",
-                  "noisefloor-log/5", "noisefloor-log/6")  # read as they are, written in their own layout
-CHECKED = ("noisefloor-log/6", FORMAT)  # the formats whose bodies are stored behind a CRC-32
-_MARKED = {"noisefloor-log/1": "noisefloor-log/2"}  # what opening one for writing marks it
-JOINED = ("noisefloor-log/5", *CHECKED)  # the formats whose records are stored without their head's fields
-_HEADED = ("noisefloor-log/4", *JOINED)  # the formats with a heads table
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
-_FIRST_BODY = re.compile(r'"body": (?:null|"([0-9a-f]{64})")')  # the first is the request's (request_part)
 
 
 class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins, MergeIO, MergeScan, Walks):
@@ -113,7 +93,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         self._bodies = env.open_db(b"bodies", create=writable)
         self._exchanges = env.open_db(b"exchanges", create=writable)
         self._recorded = env.open_db(b"recorded", create=writable)
-        self._outcomes: Any = self._optional_db(b"outcomes")  # stores written before outcome rows were kept
+        self._outcomes: Any = self._optional_db(b"outcomes")  # created by the first outcome row
         self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
         self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
         self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
@@ -124,9 +104,9 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         self._heads: Any = None  # the heads table: opened once the format says the store has one
         self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
         self._numbering: store_heads.Sets | None = None
-        self._joins = False  # noisefloor-log/5: records stored without their id and their head's fields
-        self.checks_bodies = False  # noisefloor-log/6: bodies stored behind a CRC-32 (`codec.checked`)
-        self.keys_outcomes = False  # noisefloor-log/7: outcome rows without their key's fields (`outcome_values`)
+        self._joins = False  # records stored without their id and their head's fields (`env.Holds`)
+        self.checks_bodies = False  # bodies stored behind a CRC-32 (`codec.checked`)
+        self.keys_outcomes = False  # outcome rows without their key's fields (`outcome_values`)
         self._joined_sets: dict[tuple[str, int], tuple[Any, ...]] = {}  # labels / routes joins read (`_set`)
         self._shared_text: dict[tuple[int, int, int], bytes] = {}  # their fields' text, as `joined` puts it back
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
@@ -159,11 +139,14 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False,
-             max_body: int = DEFAULT_MAX_BODY) -> Store:
+             max_body: int = DEFAULT_MAX_BODY, older: Mapping[str, Holds] | None = None) -> Store:
         """The store at `path`, read-only or for writing (`create`: a new one where there is none);
-        how a store is opened (`noisefloor.open_store` for a Python user). Close it, or use `with`."""
+        how a store is opened (`noisefloor.open_store` for a Python user). Close it, or use `with`.
+        `older`: for the migration only, what the tables of an earlier format hold."""
         p = Path(path)
         check_path(p, write, create)
+        if write and (p / "data.mdb").exists():  # a store of another format is refused before anything is written
+            _refuse_other_format(p, older or {})
         env, needed = open_env(p, write)
         try:
             store = cls(env, p, write, needed, max_body)
@@ -171,12 +154,12 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             env.close()
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
-            store._adopt_format()
-            if store.format in _HEADED:
+            holds = store._adopt_format(older or {})
+            if holds.heads:
                 store._open_heads()
-                store._joins = store.format in JOINED
-            store.checks_bodies = store.format in CHECKED
-            store.keys_outcomes = store.format == FORMAT
+                store._joins = holds.joins
+            store.checks_bodies = holds.checks_bodies
+            store.keys_outcomes = holds.keys_outcomes
             store._index_v = store.meta("replay_index")
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
@@ -184,25 +167,29 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             raise
         return store
 
-    def _adopt_format(self) -> None:
-        """Mark a new store with today's format, and a store of an older one opened for writing
-        (its values stay readable as they are: only the mark changes); refuse any other."""
+    def _adopt_format(self, older: Mapping[str, Holds]) -> Holds:
+        """What this store's tables hold: a new store marked with today's format; one of another
+        format refused by one line, unless `older` (the migration's) says what it holds."""
         fmt = self.meta("format")
         if fmt is None and self.writable:
             self.set_meta("format", FORMAT)
             self.set_meta("replay_index", replay_index.VERSION)  # complete from the first exchange on
-        elif fmt in _MARKED and self.writable:
-            self.set_meta("format", _MARKED[fmt])
-            self.set_meta("migrated_from", fmt)
-        elif fmt != FORMAT and fmt not in LEGACY_FORMATS:
-            newer = isinstance(fmt, str) and fmt.startswith("noisefloor-log/")
-            raise StoreError(f"{self.path} is not an nfproxy store (format {fmt!r}); point --store at one made by "
-                             "nfproxy" if not newer else f"{self.path} is a store of format {fmt}, newer than this "
-                             f"nfproxy reads ({FORMAT}); upgrade noisefloor")
+            return CURRENT
+        if isinstance(fmt, str) and fmt in older:
+            return older[fmt]
+        why = refusal(self.path, fmt)
+        if why is not None:
+            raise StoreError(why)
+        return CURRENT
 
     @property
     def format(self) -> str | None:
         return self.meta("format")
+
+    @property
+    def joins(self) -> bool:
+        """Whether records are stored without their id and their head's fields (`_records`)."""
+        return self._joins
 
     def lock_for_recording(self) -> None:
         """One recording proxy per store: two would number the same sessions twice and make the
@@ -437,8 +424,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         body_key = self._keys.get("body") or None
         request = None
         if chain and recorded is not None and bodies:
-            m = _FIRST_BODY.search(record if isinstance(record, str) else json.dumps(record))
-            request = m.group(1) if m else None
+            request = exchange_record.request_body(record if isinstance(record, str) else json.dumps(record))
+            request = request if request in bodies else None  # chained only against a body written here
         link = self._chains.get(recorded.session) if request is not None and recorded is not None else None
         depth = -1  # the request's depth in its chain; -1: already stored, depth unknown
         for hexdigest, data in bodies.items():
@@ -633,20 +620,20 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             self._env.copy(str(folder), compact=self._lookups is None or not self._has_rows(self._lookups))
 
     def refill_pages(self, progress: Any = lambda s: None, lookups: Any = None) -> tuple[int, int]:
-        """This store rewritten with its pages full (`store_repack`: tables in key order, values as
+        """This store rewritten with its pages full (`compact.refill`: tables in key order, values as
         stored), the data file swapped in one rename; used bytes before and after. The handle's
         last write: it is read-only afterwards (its map is the replaced file). `lookups`: a
         callable giving every replay lookup the new file holds, in key order (merge's, written
         once there rather than here and copied again); the copy leaves out the mark
         (`mark_unindexed`) that said they were still to come."""
-        from noisefloor.proxy.store import _repack as store_repack
+        from noisefloor.proxy.store import compact
         from noisefloor.proxy.store.merge.shard import UNINDEXED
 
         if self._record_lock is None:
             raise StoreError(f"store {self.path}: refilling its pages needs the recording lock")
         replaced, dropped = ({b"lookups": lookups}, (b"meta", UNINDEXED.encode())) if lookups else (None, None)
         with self._reading("refilling pages"):
-            done = store_repack.refill(self._env, self.path, progress, replaced, dropped)
+            done = compact.refill(self._env, self.path, progress, replaced, dropped)
         self.writable = False
         return done
 
@@ -693,6 +680,26 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
     def _settle(self, committed: bool) -> None:
         if self._numbering is not None:
             self._numbering.settle(committed)
+
+
+def _refuse_other_format(p: Path, older: Mapping[str, Holds]) -> None:
+    """A StoreError where the store at `p` is marked with a format this runtime does not write
+    (read before a writer touches it; a store not marked yet is a writer's to mark)."""
+    env, _ = open_env(p, False)
+    try:
+        try:
+            with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+                raw = txn.get(b"format")
+        except lmdb.NotFoundError:
+            return
+        fmt = None if raw is None else json.loads(raw)
+    except (lmdb.Error, ValueError) as exc:
+        raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from None
+    finally:
+        env.close()
+    why = None if fmt is None or (isinstance(fmt, str) and fmt in older) else refusal(p, fmt)
+    if why is not None:
+        raise StoreError(why)
 
 
 def _cut(data: Path, used: int) -> None:

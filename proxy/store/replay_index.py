@@ -4,7 +4,7 @@ Replay needs, for one request, the recorded answers with its key; for order note
 session's requests; for a miss, the few recorded requests most like it. None of that needs the
 whole index in memory, so start-up and memory do not grow with the store.
 
-Layout 2: each recorded exchange's entry (the `recorded` table, appended in id order,
+Each recorded exchange's entry (the `recorded` table, appended in id order,
 so its pages fill whole) is a msgpack array that also carries its request's bucket and MinHash
 sketch; one LMDB table, `lookups`, sorted duplicates of fixed 4-byte exchange ids (big-endian, so
 oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
@@ -15,37 +15,24 @@ oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
   n + band(8)              ... whose request's sketch has this band (locality-sensitive: requests
                            that share most of their content share a band)
 
-A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it),
-where layout 1 paid a whole row each.
+A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it).
 
-Layout 3 (store formats noisefloor-log/5 and /6): the same rows, smaller. An entry keeps no id
+An entry keeps no id
 (its table key is the id); its route and bucket, shared by most of a store, are a 4-byte
 reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every store
 names a route alike and merge copies entries as they are; a hash already taking another route's
 row keeps its route inline); a lookup's key is its kind and 5 bytes (`TAG3`) instead of 8. A tag
 shared by chance costs a read (keys and sessions are checked on their entries; a band so shared
-brings a candidate whose own sketch is then compared), never a different hit. The sketch stays
-32 x 32 bits: measured, keeping each minimum's low 16 bits made bands that share one true value
-match by chance on the other (1 in 65,536, but per stored sketch: about 2 stray candidates a miss
-at 100k, growing with the store), which changed the nearest request for 3 of 1,031 misses.
+brings a candidate whose own sketch is then compared), never a different hit.
 
-Layout 4 (`VERSION`, store format noisefloor-log/7): layout 3's rows, each entry's sketch kept
-at 16 bits a minimum (64 bytes instead of 128: each entry about 30% smaller). The bands are
-still taken from the full 32-bit minima when the exchange is recorded (so a band is never shared
-by chance on a truncated value: the stray matches layout 3 measured), and the 16-bit minima are
-only compared, once the bands found a candidate: two different minima agree by chance 1 time in
-65,536, which moves a candidate's estimated similarity by 1/32 for at most 1 candidate in 2,048.
-Measured on a 1M store: the same nearest request for 400 of 400 misses. What a
-16-bit sketch cannot give back is its bands: they live only in `lookups`, so merge and compact
-copy lookup rows rather than computing them again, and a repair (a merge killed before its
-lookups were in) computes the sketch again from the exchange's stored request. A layout-4 store
-may also hold layout-3 entries (merged from a noisefloor-log/6 shard as they were stored).
-
-Layout 1 (stores recorded before; one table `rindex` of prefixed keys: k + key(32) + id,
-s + session(12) + id, b + bucket + id, n + band + id, and g + id -> sketch; JSON entries) is still
-read as it is, and written to by a recorder appending to such a store; `nfproxy migrate` (or
-`compact`) rewrites it in today's layout. All layouts answer the same: the same ids under the
-same bands, buckets, keys and sessions, the same sketches (layout 4's at 16 bits a minimum).
+Each entry's sketch is kept at 16 bits a minimum (`VERSION`'s layout). The bands are taken from
+the full 32-bit minima when the exchange is recorded, so a band is never shared by chance on a
+truncated value, and the 16-bit minima are only compared once the bands found a candidate: two
+different minima agree by chance 1 time in 65,536. What a 16-bit sketch cannot give back is its
+bands: they live only in `lookups`, so merge and compact copy lookup rows rather than computing
+them again, and a repair (a merge killed before its lookups were in) computes the sketch again
+from the exchange's stored request. The earlier layouts this module still decodes (`READ`) are
+read only by the migration (`migrate`), which rewrites them in this one.
 
 Stores recorded before these rows existed are indexed in memory instead (`MemoryIndex`), with
 the content dependencies recomputed from their exchanges, and nothing is written to them.
@@ -66,11 +53,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from noisefloor.proxy.store.env import INDEX_LAYOUT
+
 if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.request.keys import CanonicalRequest
     from noisefloor.proxy.store.log import Store
 
-VERSION = 4
+VERSION = INDEX_LAYOUT  # the layout a store of today's format keeps
 READ = (1, 2, 3, VERSION)  # the layouts this version reads
 PACKED = (2, 3, VERSION)  # the layouts whose lookups are `lookups`' sorted duplicates
 ROUTED = (3, VERSION)  # ... whose entries name their route by an `index_routes` row (5-byte tags)
@@ -524,20 +513,17 @@ def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
 _BAND_TAGS = [bytes([i]) for i in range(_HASHES // _ROWS)]
 
 
-class ShortSketch(ValueError):
-    """A layout-4 entry's sketch, whose bands cannot be computed again from it (they are in `lookups`)."""
-
-
-def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None]:
+def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None] | None:
     """The nearest-request entries of recorded exchanges as their store holds them (None for one
     without: a body that is not JSON), to write them again elsewhere (merge, compact): the sketch
-    and its bucket, the bands computed again from both. `ShortSketch` for a layout-4 entry."""
+    and its bucket, the bands computed again from both. None as a whole where a sketch keeps 16
+    bits a minimum (its bands are only in the store's lookups, not computable from it)."""
     if not store.has_replay_index():
         return [None] * len(ids)
     out = []
     for got in store.stored_sketches(ids):
         if got is not None and len(got[1]) != _SIG.size:
-            raise ShortSketch("a layout-4 sketch keeps 16 bits a minimum: its bands are only in the store's lookups")
+            return None
         out.append(None if got is None else (got[0], bands(got[0], got[1]), got[1]))
     return out
 

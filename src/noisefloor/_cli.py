@@ -119,7 +119,7 @@ def default_group(command: str, **kwargs: Any) -> Any:
     cls = type(f"DefaultTo{command.title()}", (DefaultGroup,), {"default_command": command})
 
     def wrap(f: Any) -> Any:
-        group = click.group(cls=cls, context_settings={"help_option_names": ["-h", "--help"]}, **kwargs)(f)
+        group: click.Group = click.group(cls=cls, context_settings={"help_option_names": ["-h", "--help"]}, **kwargs)(f)
         return click.version_option(**VERSION)(group)
 
     return wrap

@@ -12,15 +12,16 @@ import codecs
 import itertools
 import json
 from collections.abc import Iterator
-from typing import IO, Any
+from typing import IO, Any, Protocol
 
-from noisefloor.errors import InputError
+from noisefloor.errors import InputError, NoisefloorError
 
 MAX_JSON_BYTES = 64 << 20  # one JSON document (a file, an archive entry, a line)
 MAX_JSON_VALUES = 8_000_000  # containers and separators in one document
 
 
-def read_capped(fh: IO[bytes], where: str, limit: int = MAX_JSON_BYTES, error: type[InputError] = InputError) -> bytes:
+def read_capped(fh: IO[bytes], where: str, limit: int = MAX_JSON_BYTES,
+                error: type[NoisefloorError] = InputError) -> bytes:
     """At most `limit` bytes from `fh`; more is refused (a decompression bomb or a wrong file)."""
     data = fh.read(limit + 1)
     if len(data) > limit:
@@ -29,12 +30,15 @@ def read_capped(fh: IO[bytes], where: str, limit: int = MAX_JSON_BYTES, error: t
     return data
 
 
-def loads(data: bytes | str, where: str, error: type[InputError] = InputError) -> Any:
+def loads(data: bytes | str, where: str, error: type[NoisefloorError] = InputError) -> Any:
     """`json.loads` within the caps above; every failure one line naming `where`."""
     if len(data) > MAX_JSON_BYTES:
         raise error(f"{where}: JSON document larger than {MAX_JSON_BYTES >> 20} MiB; refused as damaged or hostile")
-    marks = (b",", b"[", b"{") if isinstance(data, bytes) else (",", "[", "{")
-    if sum(data.count(m) for m in marks) > MAX_JSON_VALUES:  # type: ignore[arg-type]
+    if isinstance(data, bytes):
+        count = sum(data.count(m) for m in (b",", b"[", b"{"))
+    else:
+        count = sum(data.count(m) for m in (",", "[", "{"))
+    if count > MAX_JSON_VALUES:
         raise error(f"{where}: JSON holding more than {MAX_JSON_VALUES:,} values; refused as damaged or hostile")
     try:
         return json.loads(data)
@@ -52,7 +56,13 @@ MAX_LINE_BYTES = 16 << 20  # one JSON Lines record (a task with its inputs, a sa
 MAX_LINES_BYTES = 256 << 20  # a whole JSON Lines file, expanded
 
 
-def json_lines(fh: IO[bytes], where: str, error: type[InputError] = InputError, line_limit: int = MAX_LINE_BYTES,
+class Lines(Protocol):
+    """What json_lines reads from: any binary stream with readline (a file, a gzip file, a pipe)."""
+
+    def readline(self, size: int = -1, /) -> bytes: ...
+
+
+def json_lines(fh: Lines, where: str, error: type[NoisefloorError] = InputError, line_limit: int = MAX_LINE_BYTES,
                total_limit: int = MAX_LINES_BYTES, what: str = "one JSON object per line",
                values_limit: int = MAX_JSON_VALUES) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) of a JSON Lines stream, read in bounded lines (a compressed file may

@@ -32,12 +32,15 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pluggy
 import pytest
+
+from noisefloor.errors import NoisefloorError
 
 MODES = ("none", "once", "new_episodes", "all")
 MARKER = "nfproxy"
@@ -160,8 +163,6 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
                 or request.config.getini("nf_upstream") or None)
     work = tmp_path_factory.mktemp("nfproxy")
     replay_copy = work / "replay.lmdb"
-    from noisefloor.errors import NoisefloorError
-
     try:  # `all` replays nothing: it records every request again
         have = mode != "all" and _copy_for_replay(recording, replay_copy, locked=mode != "none")
     except NoisefloorError as exc:  # another worker's save never let go of the folder: one line
@@ -218,7 +219,8 @@ def _nfproxy_marked(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pluggy.Result[pytest.TestReport], None]:
     outcome = yield
     run = item.stash.get(_STASH, None)
     if run is None or call.when != "call":

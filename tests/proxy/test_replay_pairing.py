@@ -233,11 +233,14 @@ def test_sixteen_identical_concurrent_requests_get_every_answer_once(store, upst
     assert rep.stop() == 0 and "16 hits, 0 misses, 0 order violations" in rep.output
 
 
-def test_a_store_recorded_by_main_replays_by_content_and_stays_unchanged(tmp_path, proxies):
+def test_a_store_recorded_by_main_replays_by_content_after_migrate_and_stays_unchanged(tmp_path, proxies):
     """tests/data/store-main-1704f55 was written by main at 1704f55 (see make_main_store.py): no
-    dependencies, no lookup rows. They are recomputed in memory; nothing is written to it."""
+    dependencies, no lookup rows. `nfproxy migrate` writes them; replay then writes nothing."""
+    from noisefloor.proxy.store.migrate import migrate
+
     store = tmp_path / "old.lmdb"
     shutil.copytree(DATA / "store-main-1704f55", store)
+    migrate(store)
     before = (store / "data.mdb").read_bytes()
     rep = replay(store, proxies)
     second = user("Start a story.") + [{"role": "assistant", "content": "recorded answer 5"},

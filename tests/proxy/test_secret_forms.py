@@ -12,7 +12,6 @@ import gzip
 import json
 import subprocess
 import threading
-from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import httpx
@@ -20,7 +19,7 @@ import pytest
 
 from noisefloor.proxy.request import erasure, secrets
 from tests import loopback
-from tests.conftest import nfproxy_argv, start_nfproxy
+from tests.conftest import ROOT, nfproxy_argv, start_nfproxy
 from tests.secret_scan import every_value
 
 BEARER = "sk-proj-PLANTEDbearerKEY0123456789abcdefghijklmnopqrstuvwx"
@@ -251,7 +250,7 @@ SPELLINGS = ("raw", "url", "json", "unicode-escape", "base64", "base64url", "spl
 
 
 def test_the_docs_list_exactly_the_spellings_tested():
-    doc = (Path(__file__).parent.parent / "docs" / "secrets.md").read_text()
+    doc = (ROOT / "docs" / "secrets.md").read_text()
     table = doc.split("| spelling |")[1].split("\n\n")[0]
     rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
     assert tuple(rows) == SPELLINGS

@@ -194,14 +194,14 @@ def test_the_process_merging_the_lookups_failing_fails_the_merge_and_the_next_on
 def test_a_failed_refill_leaves_the_lookups_copied_into_out(shards, per_exchange, tmp_path, monkeypatch):
     """A refill that fails (a full disk, say) leaves OUT as it was: the deferred lookups are then
     copied into it, so it replays whole all the same."""
-    from noisefloor.proxy.store import _repack as store_repack
+    from noisefloor.proxy.store import compact as store_repack
 
     def full(*args: object) -> None:
         raise OSError("no space left on device")
 
     out = tmp_path / "out.lmdb"
     with monkeypatch.context() as mp:
-        mp.setattr(store_repack, "_rewrite", full)
+        mp.setattr(store_repack, "_refilled", full)
         mp.setattr(merge_mod, "_bodies_first", lambda *a: None)  # a fresh OUT is not refilled: its tables went in in order
         merge(out, shards)
     assert tables(out) == tables(per_exchange)

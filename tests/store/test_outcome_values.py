@@ -1,6 +1,6 @@
-"""Outcome rows in noisefloor-log/7 (`outcome_values`): kept without the three fields their key
-holds, read back as exactly the row and the JSON text that was graded; a /6 store's rows read as
-they are, merge and compact write them in the new form; a damaged one is refused by name. Real
+"""Outcome rows (`outcome_values`): kept without the three fields their key holds, read back as
+exactly the row and the JSON text that was graded; rows stored whole by an earlier format are
+keyed by migrate and read the same; a damaged one is refused by name. Real
 LMDB files, `nfanalyze` run as a process."""
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ import lmdb
 import pytest
 
 from noisefloor.proxy.store import _outcome_values as outcome_values
-from noisefloor.proxy.store.compact import rewrite
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
-from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.migrate import OLDER, migrate
 
 ROWS = [
     {"task_id": "t1", "condition": "live", "replicate": 0, "outcome": 1},
@@ -46,7 +45,7 @@ def test_a_row_reads_back_as_its_whole_json_text(row):
 
 
 def _rows_of(path):
-    with Store.open(path, write=False) as s:
+    with Store.open(path, write=False, older=OLDER) as s:
         return s.outcome_rows()
 
 
@@ -63,37 +62,34 @@ def _v6(path, rows=ROWS):
     with Store.open(path, write=True, create=True) as s:
         s.set_meta("format", "noisefloor-log/6")
         s.set_meta("replay_index", 3)
-    with Store.open(path, write=True) as s:
+    with Store.open(path, write=True, older=OLDER) as s:
         assert s.format == "noisefloor-log/6" and not s.keys_outcomes
         s.put_outcomes(rows)
     return path
 
 
-def test_a_v6_stores_rows_read_as_they_are_and_merge_and_compact_key_them(tmp_path):
+def test_a_v6_stores_rows_are_keyed_by_migrate_and_read_the_same(tmp_path):
     old = _v6(tmp_path / "old.lmdb")
     whole = _values(old)
     assert all(v[:1] == b"{" for v in whole.values())
     expected = _rows_of(old)
     assert _same(sorted(expected, key=json.dumps), sorted(ROWS, key=json.dumps))
-    out = tmp_path / "out.lmdb"
-    merge(out, [old])
-    keyed = _values(out)
+    migrate(old)
+    keyed = _values(old)
     assert sum(v[:1] == outcome_values.KEYED for v in keyed.values()) == 5 and keyed.keys() == whole.keys()
-    assert _same(_rows_of(out), expected)
-    rewrite(old)
-    assert _values(old) == keyed and _same(_rows_of(old), expected)
-    with Store.open(old, write=False) as s:
+    assert _same(_rows_of(old), expected)
+    with Store.open(old, write=False, older=OLDER) as s:
         assert s.format == FORMAT and s.keys_outcomes
 
 
-def test_nfanalyze_reads_keyed_rows_as_it_read_whole_ones(tmp_path):
+def test_nfanalyze_reads_migrated_rows_as_it_reads_rows_written_keyed(tmp_path):
     rows = [{"task_id": f"t{t}", "condition": c, "replicate": r, "outcome": int((t * 7 + r * 3 + len(c)) % 5 < 3)}
             for t in range(40) for c in ("live", "replay") for r in range(4)]
     got = []
     for name in ("v6", "v7"):
         path = tmp_path / f"{name}.lmdb"
         if name == "v6":
-            _v6(path, rows)
+            migrate(_v6(path, rows))
         else:
             with Store.open(path, write=True, create=True) as s:
                 s.put_outcomes(rows)
@@ -117,7 +113,7 @@ def test_a_keyed_row_under_a_damaged_key_is_refused_by_name(tmp_path):
         txn.delete(k, db=db)
         txn.put(b'["live", "t1"]', v, db=db)  # a key of two fields
     env.close()
-    with Store.open(path, write=False) as s, pytest.raises(StoreError, match="is damaged.*outcome rows"):
+    with Store.open(path, write=False, older=OLDER) as s, pytest.raises(StoreError, match="is damaged.*outcome rows"):
         s.outcome_rows()
     r = subprocess.run([sys.executable, "-m", "noisefloor.analyzer.cli", str(path)], capture_output=True, text=True,
                        timeout=120)

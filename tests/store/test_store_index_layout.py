@@ -1,8 +1,8 @@
-"""The replay index's layout 2 against layout 1: a store written by main before layout 2
-(tests/data/store-index-v1, made by tests/data/make_index_v1_store.py) keeps replaying as it is,
-is recorded into in its own layout, and `nfproxy migrate` / `compact` / `merge` bring it to layout
-2, answering every lookup exactly as main's index did (tests/data/store-index-v1.json); a migrate
-killed with SIGKILL leaves the store as it was, and running it again finishes. Real LMDB files,
+"""A store of the replay index's first layout (tests/data/store-index-v1, made by
+tests/data/make_index_v1_store.py) read by the migration as main wrote it, and `nfproxy migrate`
+bringing it to today's layout, answering every lookup exactly as main's index did
+(tests/data/store-index-v1.json) and replaying strictly; a migrate killed with SIGKILL leaves the
+store as it was, and running it again finishes. Real LMDB files,
 the real recorder, real nfproxy processes."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from bench.store_traffic import REQUEST_HEADERS, record
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.migrate import OLDER, migrate
 from noisefloor.proxy.store.replay_index import VERSION
 from tests import loopback
 from tests.conftest import DATA, START_TIMEOUT, nfproxy_argv, wait_until
@@ -37,14 +38,15 @@ def nfproxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str
     return subprocess.run([*nfproxy_argv(), *args], capture_output=True, text=True, timeout=timeout)
 
 
-def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly(v1, proxies):
+def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly_once_migrated(v1, proxies):
     from noisefloor.proxy.launch import start
 
     assert layout(v1) == ("noisefloor-log/2", 1)
     assert answered(v1) == EXPECTED
-    with Store.open(v1, write=False) as s:
+    with Store.open(v1, write=False, older=OLDER) as s:
         asked = [(i, s.part_body(s.exchange(i).request, i, "request"), s.part_body(s.exchange(i).response, i,
                                                                                    "response")) for i in (1, 2, 3)]
+    migrate(v1)
     rep = start("--mode", "replay", "--strict", "--store", str(v1), "--upstream", "https://api.openai.com",
                 timeout=START_TIMEOUT)
     proxies.append(rep)
@@ -56,22 +58,22 @@ def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly(v1, proxie
     nearest = r.json()["error"]["nearest"]
     assert r.status_code == 404 and nearest["exchange_id"] in [n[0] for n in EXPECTED["3"]["near"]]
     assert rep.stop() == 3
-    assert layout(v1) == ("noisefloor-log/2", 1)  # replay wrote nothing
+    assert layout(v1) == (FORMAT, VERSION) and answered(v1) == EXPECTED  # replay wrote nothing
 
 
-@pytest.mark.parametrize("command", ["migrate", "compact"])
-def test_migrate_and_compact_bring_it_to_todays_layout_with_the_same_answers(v1, command):
-    r = nfproxy(command, "--store", str(v1))
+def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v1):
+    r = nfproxy("migrate", "--store", str(v1))
     assert r.returncode == 0, r.stderr
     assert f"from noisefloor-log/2 to {FORMAT}" in r.stdout
     assert layout(v1) == (FORMAT, VERSION)
     assert answered(v1) == EXPECTED
-    with Store.open(v1, write=False) as s:
+    with Store.open(v1, write=False, older=OLDER) as s:
         assert list(s.raw_table("rindex")) == [] and len(list(s.raw_table("lookups"))) > 60 * 18
 
 
-def test_merge_writes_todays_layout_with_the_same_answers(v1, tmp_path):
+def test_merge_of_the_migrated_store_keeps_its_answers(v1, tmp_path):
     out = tmp_path / "merged.lmdb"
+    migrate(v1)
     assert merge(out, [v1]).exchanges_added == 60
     assert layout(out) == (FORMAT, VERSION)
     assert answered(out) == EXPECTED  # one shard: its sessions keep their order, so their ids
@@ -83,7 +85,7 @@ def grown(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, obj
     and what its index answers for queries over all of it."""
     store = tmp_path_factory.mktemp("grown") / "v1.lmdb"
     shutil.copytree(DATA / "store-index-v1", store)
-    with Store.open(store, write=True) as s:
+    with Store.open(store, write=True, older=OLDER) as s:
         record(s, 2000, seed=5, prefix="later")
     assert layout(store) == ("noisefloor-log/2", 1)
     return store, answered(store, range(1, 2061, 37))
@@ -120,7 +122,7 @@ def test_a_migrate_killed_mid_way_leaves_the_store_as_it_was_and_the_next_one_fi
     assert answered(store, range(1, 2061, 37)) == before
     copy = tmp_path / "shipped.lmdb"
     copy.mkdir()
-    with Store.open(store, write=False) as s:
+    with Store.open(store, write=False, older=OLDER) as s:
         assert len(s) == 2060
         s.copy_to(copy)  # one route and model: 2,060 ids under its bucket, a table of its own in LMDB
     assert answered(copy, range(1, 2061, 37)) == before
@@ -130,15 +132,16 @@ def test_a_damaged_layout_2_entry_is_refused_by_name(v1, tmp_path):
     import lmdb
 
     out = tmp_path / "merged.lmdb"
+    migrate(v1)
     merge(out, [v1])
     env = lmdb.open(str(out), max_dbs=12)
     with env.begin(write=True) as txn:
         txn.put((5).to_bytes(8, "big"), b"\x9c\xa3bad", db=env.open_db(b"recorded", txn=txn))
     env.close()
-    with Store.open(out, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
+    with Store.open(out, write=False, older=OLDER) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
         s.recorded_entries_by_id([4, 5])
     r = nfproxy("compact", "--store", str(out))
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "entry of exchange 5 is damaged" in r.stderr.strip().splitlines()[-1]
-    with Store.open(out, write=False) as s:  # refused before anything was replaced
+    with Store.open(out, write=False, older=OLDER) as s:  # refused before anything was replaced
         assert len(s) == 60 and s.recorded_entries_by_id([4])[0].id == 4

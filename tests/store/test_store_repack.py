@@ -15,7 +15,7 @@ import lmdb
 import pytest
 
 from bench.store_traffic import record
-from noisefloor.proxy.store import _repack as store_repack
+from noisefloor.proxy.store import compact as store_repack
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import run as merge_mod
 from noisefloor.proxy.store.merge.run import merge
@@ -154,9 +154,9 @@ def test_compact_compresses_harder_than_the_record_path_and_reads_the_same(unfil
 def test_a_refill_copies_in_bounded_chunks(unfilled, tmp_path, monkeypatch):
     """Rows are copied a bounded number (and bytes) at a time: with chunks of 7 rows or 3 kB (the
     lookups' fixed-size rows streamed 5 at a time) the copy holds every row all the same."""
-    monkeypatch.setattr(store_repack, "_BATCH", 7)
+    monkeypatch.setattr(store_repack, "_REFILL_BATCH", 7)
     monkeypatch.setattr(store_repack, "_FIXED_BATCH", 5)
-    monkeypatch.setattr(store_repack, "_BATCH_BYTES", 3000)
+    monkeypatch.setattr(store_repack, "_REFILL_BYTES", 3000)
     chunks = store_repack._chunks(iter([(b"k", b"v" * 5000)] * 3 + [(b"k", b"v")] * 20))
     assert [len(c) for c in chunks] == [1, 1, 1, 7, 7, 6]  # a large row alone, small ones 7 at a time
     store = tmp_path / "s.lmdb"

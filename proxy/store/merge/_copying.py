@@ -1,9 +1,9 @@
 """Merge's copy: a checked shard's sessions written into OUT in batches of whole sessions.
 
-A batch is prepared as OUT will store it (`Batch`): between noisefloor-log/5 and /6 stores each record
-copied as stored (its id is its key, its head's fields are in its head: nothing in its bytes
-changes; its dictionary goes with it), else given its id in OUT and encoded with OUT's record
-dictionary (a record of a /4 shard, one stored whole, a replay record whose source id changes);
+A batch is prepared as OUT will store it (`Batch`): each record copied as stored (its id is its
+key, its head's fields are in its head: nothing in its bytes changes; its dictionary goes with
+it), else given its id in OUT and encoded with OUT's record dictionary (one stored whole, a
+replay record whose source id changes);
 the replay entries (with their nearest-request entries) under the
 new ids, the bodies taken as the shard stores them. Preparing is most of the work, so for a large shard it is
 done by worker processes, a few batches ahead, while the merging process writes the batches in
@@ -21,7 +21,6 @@ import struct
 import threading
 import zlib
 from array import array
-from binascii import unhexlify
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
@@ -30,9 +29,10 @@ from typing import Any
 
 from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _records as store_records
+from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
-from noisefloor.proxy.store.log import JOINED, Store, StoreError
+from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge.scan import NO_BODY, PLAN, HeadTail
 from noisefloor.proxy.store.merge.shard import Batch
 from noisefloor.proxy.store.replay_index import RecordedEntry
@@ -43,7 +43,6 @@ _CHUNK, _END, _FAILED = b"c", b".", b"!"  # what a message from the lookups' pro
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
-_BODY = re.compile(rb'"body": ?"([0-9a-f]{64})"')
 _ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
 
 
@@ -69,8 +68,8 @@ class Preparer:
         self.src = Store.open(path, write=False)
         self.bodies = bodies  # False: OUT has them all already (`copy_bodies`): their digests only
         self.bulk = bulk
-        self.strip = strip  # OUT is noisefloor-log/5: records stored stripped, a /5 shard's copied as stored
-        self.as_stored = strip and self.src.format in JOINED
+        self.strip = strip  # OUT stores records stripped: a shard's that are so are copied as stored
+        self.as_stored = strip and self.src.joins
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
@@ -92,13 +91,14 @@ class Preparer:
         for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, self.as_stored, plans)):
             if text is None:
                 assert plans is not None
-                at = k * PLAN
+                at, replay = k * PLAN, False
                 digests.update(d for d in (plans[at + 1:at + 33], plans[at + 33:at + PLAN]) if d != NO_BODY)
             else:
-                digests.update(map(unhexlify, _BODY.findall(text)))
-            if as_stored is not None and tail is not None:  # a /5 or /6 record: its bytes as they are
+                named, replay = exchange_record.body_refs(text)
+                digests.update(named)
+            if as_stored is not None and tail is not None:  # a record stored stripped: its bytes as they are
                 value, head = as_stored, (tail[0], tail[1], _U32.pack(zlib.crc32(as_stored)) + tail[2])
-            elif b'"replay": {' in text or b'"replay":{' in text:
+            elif replay:
                 replays.append((k, text))
                 value, head = b"", None
             else:
@@ -488,9 +488,8 @@ def mergeable(layout: int | None) -> bool:
 
 
 def copies_as_stored(shard: int | None, out: int | None) -> bool:
-    """Whether a shard's entries and lookups of layout `shard` go into OUT's (layout `out`) as stored:
-    one layout, or layout-3 ones into a layout-4 store (their lookups alike; a layout-4 store reads both)."""
-    return shard is not None and (shard == out or (shard == 3 and out == replay_index.VERSION))
+    """Whether a shard's entries and lookups of layout `shard` go into OUT's (layout `out`) as stored."""
+    return shard is not None and shard == out
 
 
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
@@ -528,7 +527,7 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
-    strip = dest.format in JOINED
+    strip = dest.joins
     with pool(jobs, _start, (str(path), record_dict, bulk, strip, not bodies_copied)) if jobs else nullcontext() \
             as running:
         # for the replay records, the bodies' dictionaries, a small shard

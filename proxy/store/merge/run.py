@@ -24,8 +24,7 @@ Memory does not grow with bodies, records or outcome rows: a shard is checked th
 (`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
 not parsed whole), its sessions kept as numpy arrays (`merge_sessions`: per exchange 8 bytes
 once a store is read, per session about 90), its outcome rows streamed (`merge_outcomes`); the
-copy (`merge_copy`) reads each batch's records by id: between noisefloor-log/5 and /6 stores each is
-copied as stored (its id is its key: its bytes do not change; its bodies' digests are the check's,
+copy (`merge_copy`) reads each batch's records by id: each is copied as stored (its id is its key: its bytes do not change; its bodies' digests are the check's,
 kept by id, so it is not decompressed again), else its JSON passed through
 without parsing it and encoded again under its new id (only a replay record, whose source id
 changes, is parsed), each head copied from the shard's. A large shard is checked, and its batches prepared, by worker processes when asked
@@ -46,7 +45,7 @@ from typing import Any
 from noisefloor.proxy.record import interrupted
 from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import replay_index
-from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _copying as merge_copy
 from noisefloor.proxy.store.merge import _outcomes as merge_outcomes
 from noisefloor.proxy.store.merge import _sessions as merge_sessions
@@ -54,7 +53,7 @@ from noisefloor.proxy.store.merge import _sessions as merge_sessions
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
 _REFILL = 4  # a merge that brought at least 1/4 of OUT's exchanges ends with OUT's pages refilled
-# (`store_repack`): its bodies went in by hash, in random order, leaving pages a third empty
+# (`compact.refill`): its bodies went in by hash, in random order, leaving pages a third empty
 
 
 @dataclass(frozen=True)
@@ -202,12 +201,9 @@ def _bodies_first(dest: Store, shards: list[_Shard], plan: Any, progress: Callab
     """Into an OUT with no exchange or body yet, taking every session of every shard of today's
     format: all their bodies, written once in key order before any record (`merge_copy.copy_bodies`);
     how many (None: not this merge, whose batches bring their bodies)."""
-    if len(dest) or dest.body_count() or dest.format != FORMAT or not shards:
+    if len(dest) or dest.body_count() or not shards:
         return None
     for i, shard in enumerate(shards):
-        with Store.open(shard.path, write=False) as src:
-            if src.format != FORMAT:
-                return None
         if (plan.in_out[i] >= 0).any() or int(shard.sessions.counts[plan.brings[i]].sum()) != shard.last_id:
             return None  # a session already in OUT, or exchanges of the shard not coming: the old way
     progress(f"{dest.path}: the shards' bodies, in key order")
@@ -235,10 +231,9 @@ def _refill(dest: Store, out: Path, deferred: list[merge_copy.Deferred], progres
 
 
 def default_jobs() -> int:
-    """Two worker processes where this process may run on two CPUs or more, else none: at 1M
-    exchanges on a 2-core machine two took the merge from 52 s to 38 s, and still gained with one
-    core kept busy by another job (2 x 100k: 10.0-10.3 s against 10.9-12.1 s). More are not
-    taken by default: each adds its private memory, and more CPUs were not measured here."""
+    """Two worker processes where this process may run on two CPUs or more, else none: on two
+    cores they shorten a merge, even with one core kept busy by another job (BENCHMARKS.md, merge
+    round 9). More are not taken by default: each adds its private memory."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):

@@ -1,11 +1,10 @@
 """Merge's check of a shard, through its heads (a part of Store): what merge needs of each
 exchange (its session and identity, the bodies it names), every record and body verified.
 
-A noisefloor-log/4 or /5 record was checked against the record type when its head was written,
-and its head carries a CRC-32 of the record as stored (`store_heads`): a record whose bytes still
-match its checked head is decompressed and read for the few fields merge needs, not parsed
-whole, as `nfproxy log --json` trusts it (a /5 record's identity read from its head, its bodies
-from the rest). Anything else (no head, a head that fails its CRC or
+A record was checked against the record type when its head was written, and its head carries a
+CRC-32 of the record as stored (`store_heads`): a record whose bytes still match its checked
+head is decompressed and read for the few fields merge needs, not parsed whole, as `nfproxy log
+--json` trusts it (its identity read from its head, its bodies from the rest). Anything else (no head, a head that fails its CRC or
 was not written from a checked record, bytes that are not those the head was written for, a
 text the narrow read refuses) takes the full parse, which names what is damaged. Every body is
 checked as a reader checks it (present, within its recorded size, hashing to its digest).

@@ -246,10 +246,9 @@ class MergeIO:
         computed from it), from each stored request canonicalized again under this store's rules
         (the recorder's sketch but where a secret in a body was erased before it was stored; no
         bands where the rules are not ones this version rebuilds)."""
-        try:
-            return replay_index.stored_near(self, ids)  # type: ignore[arg-type]
-        except replay_index.ShortSketch:
-            pass
+        stored = replay_index.stored_near(self, ids)  # type: ignore[arg-type]
+        if stored is not None:
+            return stored
         from noisefloor.proxy.request.keys import Rules
 
         rules = Rules.described(self.meta("rules"))
@@ -337,8 +336,6 @@ class MergeIO:
         todo = sorted(raw_bodies.items(), reverse=True)
         while todo:
             digest, raw = todo.pop()
-            if raw and not self.checks_bodies:  # a store before noisefloor-log/6 reads no CRC
-                raw = codec.unchecked(raw)
             if not raw or not txn.put(digest, raw, db=self._bodies, overwrite=False):  # False: held already
                 continue
             fresh += 1

@@ -15,6 +15,7 @@ import shlex
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -286,7 +287,7 @@ def _quiet_cancellations(handler: Any) -> Any:
     return handle
 
 
-def failed_line(command: tuple[str, ...], status: int) -> str:
+def failed_line(command: Sequence[str], status: int) -> str:
     """The one line that says a wrapped command failed, with its own status, and what nfproxy exits with."""
     how = f"was killed by signal {status - EXIT_INTERRUPTED_BASE}" if status > EXIT_INTERRUPTED_BASE else \
         f"exited {status}"

@@ -51,7 +51,7 @@ def grid(rows: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def _condition(name: str, tasks: dict[str, dict[int, tuple[str, str | None]]]) -> dict[str, Any]:
     width = 1 + max(max(reps) for reps in tasks.values())
-    out = []
+    out: list[dict[str, Any]] = []
     for task, reps in tasks.items():
         codes = "".join(reps.get(r, (MISSING, None))[0] for r in range(width))
         sessions = [reps.get(r, (MISSING, None))[1] for r in range(width)]

@@ -281,7 +281,10 @@ class _Stamps:
 def show_cmd(words: tuple[str, ...], store_opt: Path | None, max_body_mb: int) -> None:
     """Print exchange ID of STORE: its record and both bodies, decompressed (secrets were never stored)."""
     store_path, (given,) = split_store(words, store_opt, (1, 1), wanted="exchange ID")
-    exchange_id = click.INT.convert(given, None, None)
+    if not given.isdigit():
+        raise click.BadParameter(f"{given!r} is not an exchange id (a whole number; `nfproxy log` lists them)",
+                                 param_hint="ID")
+    exchange_id = int(given)
     with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         ex = store.exchange(exchange_id)
         if ex is None:

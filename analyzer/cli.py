@@ -53,6 +53,9 @@ def analyze_cmd(**params: Any) -> None:
     for path, option in ((o.json_path, "--json"), (o.md_path, "--markdown"), (o.plot_path, "--plot")):
         outputs.check_writable(path, option)  # before any work: a result that cannot be written is lost
     inputs = gather(o)
+    if not len(inputs.rows):  # stores without graded rows: what the agents did, not statistics
+        _trajectories(o)
+        return
     study = compute(o, inputs.rows)
     parts = report_doc.Parts.kept(
         inputs.kept, log=inputs.log, gate=study.gate.to_json() if study.gate is not None else None,
@@ -62,6 +65,24 @@ def analyze_cmd(**params: Any) -> None:
     if not o.quiet and o.json_path != "-":
         _print(study, inputs, doc)
     _write(o, study, inputs, doc)
+
+
+def _trajectories(o: AnalyzeOptions) -> None:
+    """The stores' trajectory summary (text, and JSON with --json) where no outcome rows exist."""
+    from noisefloor.analyzer import logstats, trajectories
+
+    summary = trajectories.summarize(logstats.trajectory_steps(list(o.logs)))
+    where = ", ".join(map(str, o.logs))
+    if o.json_path:
+        report.write_json({"schema": report_doc.SCHEMA, "trajectories": summary.to_json(), "store": where},
+                          o.json_path)
+    shown = trajectories.text(summary, where)
+    if o.md_path:
+        outputs.write_text(o.md_path, f"# Trajectories\n\n```\n{shown}\n```\n")
+    if o.plot_path:
+        click.echo(f"nfanalyze: no plot written to {visible(o.plot_path)}: the stores hold no graded rows", err=True)
+    if not o.quiet and o.json_path != "-":
+        click.echo(shown)
 
 
 def compute(o: AnalyzeOptions, rows: list[Any] | RowColumns) -> Study:

@@ -127,6 +127,11 @@ def before(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
+    yield from _serve(folder)
+
+
+def _serve(folder: Path) -> Iterator[str]:
+    """nfview on `folder` (loopback, a free port) until the generator is closed; yields its URL."""
     proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(folder), "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -143,9 +148,12 @@ def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
     threading.Thread(target=pump, daemon=True).start()
     assert ready.wait(30) and proc.poll() is None, "".join(lines)
     url = lines[-1].split()[1]
-    yield url.rstrip("/")
-    proc.terminate()
-    assert proc.wait(10) == 0, "".join(lines)
+    try:
+        yield url.rstrip("/")
+    finally:  # also when closed early (GeneratorExit)
+        proc.terminate()
+        code = proc.wait(10)
+    assert code == 0, "".join(lines)
 
 
 @pytest.fixture(scope="module")
@@ -420,3 +428,29 @@ def test_a_folder_is_read_by_what_its_files_hold(tmp_path):
 def _empty(root: Path) -> Path:
     (root / "empty").mkdir()
     return root / "empty"
+
+
+def test_a_store_without_outcome_rows_shows_its_trajectories(tmp_path):
+    """An agent recording on its own: the summary carries sessions, steps, tools and models."""
+    body = json.dumps(_chat("hello")).encode()
+    answer = json.dumps({"model": "m-9", "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}}]}).encode()
+    from noisefloor.proxy.keys import Rules
+    from noisefloor.proxy.labels import Labels
+    from noisefloor.proxy.recorder import Recorder
+    from noisefloor.proxy.traffic import RequestData, ResponseData
+
+    with Store.open(tmp_path / "log.lmdb", write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for session in ("a", "b"):
+            rec.finish(rec.begin(RequestData("POST", "http://u/v1/chat/completions", "u", "/v1/chat/completions", (),
+                                             body), Labels(session)),
+                       ResponseData(200, (("content-type", "application/json"),), answer))
+    serving = _serve(tmp_path)
+    url = next(serving)
+    try:
+        doc = loopback.get(url + "/api/summary").json()
+    finally:
+        serving.close()
+    t = doc["trajectories"]
+    assert t["sessions"] == 2 and t["tools"] == {"search": 2} and t["models"] == {"m-9": 2}

@@ -203,6 +203,8 @@ async function reportPage(main) {
   }
   if (r && r.judge && Object.keys(r.judge).length) parts.push(el("h2", {}, "Judge"), el("div", {id: "judge"}, tree(r.judge)));
   if (r && r.floors) parts.push(el("h2", {}, "Floors"), el("div", {id: "floors"}, tree(r.floors)));
+  if (r && r.compare) parts.push(el("h2", {}, "Compare"), el("div", {id: "compare"}, tree(r.compare)));
+  if (s.trajectories) parts.push(el("h2", {}, "Trajectories"), el("div", {id: "trajectories"}, tree(s.trajectories)));
   const gate = s.gate || (r && r.gate);
   if (gate && typeof gate === "object") parts.push(...gateSection(gate));
   if (r && r.warnings && r.warnings.length) {
@@ -211,7 +213,7 @@ async function reportPage(main) {
   if (r) {
     const prov = {};
     for (const k of ["provenance", "settings", "log", "dropped_tasks", "batches", "version"]) if (r[k] !== undefined && r[k] !== null) prov[k] = r[k];
-    for (const k of Object.keys(r)) if (!["conditions", "contrasts", "judge", "floors", "gate", "warnings"].includes(k) && !(k in prov)) prov[k] = r[k];
+    for (const k of Object.keys(r)) if (!["conditions", "contrasts", "judge", "floors", "gate", "compare", "warnings"].includes(k) && !(k in prov)) prov[k] = r[k];
     parts.push(el("h2", {}, "Provenance and settings"), el("div", {id: "provenance"}, tree(prov)));
   }
   if (s.store) {

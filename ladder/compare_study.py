@@ -81,7 +81,7 @@ def run_compare(cfg: Config, design: Design, kind: str, builtin: Any | None, exe
 
 def steps_by_session(ladder: Ladder, wanted: set[str]) -> dict[str, list[Step]]:
     """Each wanted session's requests in the order its agent sent them."""
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     found: dict[str, list[tuple[int, int, Step]]] = {s: [] for s in wanted}
     with Store.open(ladder.store, write=False) as store:
@@ -115,9 +115,9 @@ def task_couplings(ladder: Ladder, cfg: Config, base: str, replayed: str, replic
 
 def _first_path(ladder: Ladder, recorded_id: int, replayed_id: int) -> str | None:
     """The first JSON pointer where B's request differs from A's at the same step."""
-    from noisefloor.proxy.diagnosis import first_difference, recorded_request
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.replay.diagnosis import first_difference, recorded_request
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.store.log import Store
 
     rules = Rules()  # nfladder's proxies key with the default rules
     with Store.open(ladder.store, write=False) as store:

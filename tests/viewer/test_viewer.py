@@ -435,10 +435,10 @@ def test_a_store_without_outcome_rows_shows_its_trajectories(tmp_path):
     body = json.dumps(_chat("hello")).encode()
     answer = json.dumps({"model": "m-9", "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
         {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}}]}).encode()
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.labels import Labels
-    from noisefloor.proxy.recorder import Recorder
-    from noisefloor.proxy.traffic import RequestData, ResponseData
+    from noisefloor.proxy.record.recorder import Recorder
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
 
     with Store.open(tmp_path / "log.lmdb", write=True, create=True) as s:
         rec = Recorder(s, Rules())

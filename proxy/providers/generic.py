@@ -40,5 +40,5 @@ def rewrite_user(doc: dict[str, Any], rewrite: Rewrite) -> bool:
         openai_responses.rewrite_user(doc, rewrite)
 
 
-PROVIDER = Provider(name="generic", matches=lambda host, route: True, answered=answered, substring_deps=True,
+PROVIDER = Provider(name="generic", matches=lambda host, route: True, answered=answered,
                     served_doc=served, served_event=served_event, rewrite_user=rewrite_user)

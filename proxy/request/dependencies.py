@@ -2,7 +2,8 @@
 
 A request depends on an earlier answer of its session when it sends that answer back: its text
 or tool calls in the messages, its response id, its output items (each provider module says how
-its API does this). Replay pairs identical requests by these, and calls a request that carries an
+its API does this), or, in any provider's request, the answer's text or a tool call's arguments or
+id quoted inside a message (agents that keep their transcript as text, as smolagents does). Replay pairs identical requests by these, and calls a request that carries an
 answer not yet served a call-order violation; timing alone never makes a request wait.
 
 Dependencies are computed while recording (`Tracker`) and stored with the recorded entry as the
@@ -39,13 +40,13 @@ class Tracker:
         self._sessions: OrderedDict[str, _Answers] = OrderedDict()
 
     def deps(self, session: str, provider: Provider, doc: Any, body_text: str | None) -> tuple[int, ...]:
-        """Seqs of this session's completed answers that a request (its parsed JSON body, or its
-        text for the generic rule) carries."""
+        """Seqs of this session's completed answers that a request carries: by the provider's marks
+        in its parsed JSON body, and by an answer's texts (`Answered.texts`) found in its text."""
         answers = self._sessions.get(session)
         if answers is None:
             return ()
         found = {answers.marks[m] for m in providers.carried(provider, doc) if m in answers.marks} if doc else set()
-        if provider.substring_deps and body_text:
+        if body_text:  # quoted as text (a transcript kept in messages), in any provider's request
             found |= {seq for text, seq in answers.texts if _contains(body_text, text)}
         return tuple(sorted(found))
 

@@ -158,6 +158,7 @@ class CompareResult:
     broken_ids: tuple[str, ...]
     replicates: int
     missing: tuple[str, ...] = ()  # broken tasks whose fresh runs are not all there
+    baseline: str = "baseline"  # A's condition: run r of B followed A's recorded session of run r
 
 
 def _matrix(rows: Sequence[OutcomeRow], condition: str, ids: Sequence[str], replicates: int) -> np.ndarray:
@@ -186,14 +187,16 @@ def contrasts(cfg: Config, rows: Sequence[OutcomeRow], verdicts: Mapping[str, co
         missing = tuple(i for i, ok in zip(broken, ~np.isnan(b).any(axis=1) & ~np.isnan(a).any(axis=1)) if not ok)
         if not missing and replicates >= 2:
             fresh = coupling.independent_contrast(a, b, Planning())
-    return CompareResult(verdicts, paired, fresh, coupled, broken, replicates, missing)
+    return CompareResult(verdicts, paired, fresh, coupled, broken, replicates, missing, base)
 
 
 def to_json(res: CompareResult) -> dict[str, Any]:
     tasks = {}
     for tid, tc in res.couplings.items():
         first = tc.first_broken
-        entry: dict[str, Any] = {"coupled": tc.coupled, "runs": [asdict(p) for p in tc.pairs]}
+        runs = [{"replayed_session": session_name(COMPARE_REPLAY, r, tid),
+                 "followed": session_name(res.baseline, r, tid), **asdict(p)} for r, p in enumerate(tc.pairs)]
+        entry: dict[str, Any] = {"coupled": tc.coupled, "runs": runs}
         if first is not None:
             entry["diverged"] = {"replicate": first[0], "step": first[1].step, "reason": first[1].reason,
                                  "path": first[1].path, "unreachable": first[1].unreachable,
@@ -267,8 +270,9 @@ def table(res: CompareResult, known: Mapping[str, Any] | None = None) -> str:
             continue
         r, v = first
         where = f" at {v.path}" if v.path else ""
-        lines.append(f"  broken {visible(tid)}: run {r}, step {v.step} ({v.reason}){where}; "
-                     f"{v.unreachable} of {v.recorded_steps} recorded steps made unreachable")
+        lines.append(f"  broken {visible(tid)}: run {r} (following {visible(session_name(res.baseline, r, tid))}), "
+                     f"step {v.step} ({v.reason}){where}; {v.unreachable} of {v.recorded_steps} recorded steps made "
+                     "unreachable")
     lines.append("")
     if res.paired is not None:
         p = res.paired

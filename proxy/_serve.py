@@ -178,7 +178,7 @@ def _recording_session(o: ServeOptions, recorder: Any) -> None:
     if chosen is None:
         raise InputError(refused_session(name))
     if chosen != name and not o.quiet:
-        click.echo(f"nfproxy: recording into session {visible(chosen)!r} (the store holds {visible(name)!r})",
+        click.echo(f"nfproxy: recording into session '{visible(chosen)}' (the store holds '{visible(name)}')",
                    err=True)
 
 

@@ -31,7 +31,7 @@ CLIENT_GONE_GRACE_S = 0.5
 
 def refused_session(name: str) -> str:
     """The one line that refuses recording into a session the store already holds."""
-    return (f"the store already holds a session named {visible(name)!r} (an earlier run); recording into it would "
+    return (f"the store already holds a session named '{visible(name)}' (an earlier run); recording into it would "
             "mix two runs: name another session, or pass --new-session to record into the next free NAME-N")
 
 

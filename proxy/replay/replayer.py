@@ -118,7 +118,7 @@ class Replayer:
         if self.turn is not None:
             return self.turn.line()
         if self.sources:
-            return "answering from recorded sessions " + ", ".join(repr(visible(s)) for s in sorted(self.sources))
+            return "answering from recorded sessions " + ", ".join(f"'{visible(s)}'" for s in sorted(self.sources))
         return ("each replay session follows the first recorded session holding its first request (the summary "
                 "names it; --replay-session next replays repeated recorded runs in turn)")
 

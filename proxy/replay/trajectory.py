@@ -95,10 +95,10 @@ SHOWN = 10  # replay sessions described in the summary
 
 def describe(name: str, t: Trajectory, pinned: bool = False) -> list[str]:
     """What one replay session followed and where it diverged, as the summary and `nfproxy log` say it."""
-    who = f"replay session {visible(name)!r}"
+    who = f"replay session '{visible(name)}'"
     if t.followed:
         main, hits = t.followed.most_common(1)[0]
-        text = f"  {who} followed recorded session {visible(main)!r} ({counted(hits, 'answer')})"
+        text = f"  {who} followed recorded session '{visible(main)}' ({counted(hits, 'answer')})"
         others = len(t.followed) - 1
         if others:
             text += f" and {counted(others, 'other recorded session')}"
@@ -111,7 +111,7 @@ def describe(name: str, t: Trajectory, pinned: bool = False) -> list[str]:
     lines = [text]
     d = t.diverged
     if d is not None:
-        src = f" from recorded session {visible(d.session)!r}" if d.session else ""
+        src = f" from recorded session '{visible(d.session)}'" if d.session else ""
         where = f" at {visible(d.path)}" if d.path else ""
         lines.append(f"    diverged{src} at step {d.step} ({d.result}{where}); "
                      f"{counted(d.cut_off, 'later recorded step')} cut off")

@@ -32,7 +32,7 @@ class Turn:
     of: int  # recorded sessions in the store
 
     def line(self) -> str:
-        return (f"replaying recorded session {visible(self.session)!r} ({self.number} of {self.of} recorded; "
+        return (f"replaying recorded session '{visible(self.session)}' ({self.number} of {self.of} recorded; "
                 f"--replay-session next takes the next one, first starts over)")
 
 

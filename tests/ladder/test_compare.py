@@ -175,7 +175,9 @@ def test_compare_demo_recovers_the_coupled_effect_and_names_the_broken_tasks(com
         d = cmp["tasks"][tid]["diverged"]
         assert (d["step"], d["reason"], d["path"]) == (0, "miss", "/body/messages/1/content")
         assert d["unreachable"] == d["recorded_steps"] >= 1
-        assert f"broken {tid}: run 0, step 0 (miss) at /body/messages/1/content" in r.stdout
+        assert f"broken {tid}: run 0 (following baseline-r0-{tid}), step 0 (miss) at /body/messages/1/content" \
+            in r.stdout
+        assert cmp["tasks"][tid]["runs"][0]["followed"] == f"baseline-r0-{tid}"
     # the candidate's downstream change shows in the paired numbers, not in the recorded responses
     for tid in truth["downstream_changed"]:
         assert all(run["coupled"] for run in cmp["tasks"][tid]["runs"])

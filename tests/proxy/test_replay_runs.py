@@ -122,3 +122,35 @@ def test_recording_into_a_session_the_store_holds_is_refused_or_numbered(tmp_pat
                          timeout=60)
     sessions = {json.loads(line)["session"] for line in log.stdout.splitlines() if line.strip()}
     assert sessions == {"run", "run-2"}
+
+
+def test_turns_start_fresh_from_an_unreadable_state_file_and_refuse_next_mixed_with_names(tmp_path):
+    from noisefloor.errors import InputError
+    from noisefloor.proxy.record.recorder import Recorder
+    from noisefloor.proxy.replay import turns
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
+    from noisefloor.proxy.store.log import Store
+
+    path = tmp_path / "s.lmdb"
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "q"}]}).encode()
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for name in ("b\x1b[2J", "a"):  # recorded order, not name order; a hostile name escaped when shown
+            rec.finish(rec.begin(RequestData("POST", "http://u/v1/chat/completions", "u", "/v1/chat/completions", (),
+                                             body), Labels(name)), ResponseData(200, (), b'{"choices": []}'))
+    state = tmp_path / "state"
+    with Store.open(path, write=False) as s:
+        first = turns.take(s, path, state, turns.NEXT)
+        assert (first.session, first.number, first.of) == ("b\x1b[2J", 1, 2) and "\\x1b" in first.line()
+        for f in state.glob("*.json"):
+            f.write_text("{not json")  # damaged: a fresh start, not a traceback
+        assert turns.take(s, path, state, turns.NEXT).session == "b\x1b[2J"
+        assert turns.take(s, path, state, turns.NEXT).session == "a"
+        with pytest.raises(InputError, match="every recorded session was replayed"):
+            turns.take(s, path, state, turns.NEXT)
+        assert turns.take(s, path, state, turns.FIRST).session == "b\x1b[2J"
+    assert turns.wanted(("next",)) == "next" and turns.wanted(("a", "b")) is None
+    with pytest.raises(InputError, match="stands alone"):
+        turns.wanted(("next", "a"))

@@ -321,7 +321,7 @@ async function sessionsPage(main, params) {
     el("td", {}, s.replicate === null ? "" : String(s.replicate)),
     el("td", {}, num(s.exchanges)), el("td", {}, num(s.hits)), el("td", {}, num(s.misses)),
     el("td", {}, num(s.order)), el("td", {}, num(s.errors)), el("td", {}, s.models.join(", ")),
-    el("td", {}, when(s.first_time))];
+    el("td", {class: "trajectory"}, trajectory(s)), el("td", {}, when(s.first_time))];
   const load = async () => {
     more.disabled = true;
     const page = await api("/api/sessions", Object.assign({after: cursor}, filters));
@@ -330,6 +330,8 @@ async function sessionsPage(main, params) {
       if (have) {  // a session spanning two pages: add its counts up
         for (const k of ["exchanges", "hits", "misses", "order", "errors"]) have.data[k] += s[k];
         for (const m of s.models) if (!have.data.models.includes(m)) have.data.models.push(m);
+        for (const [k, n] of Object.entries(s.followed || {})) have.data.followed[k] = (have.data.followed[k] || 0) + n;
+        if (!have.data.diverged && s.diverged) have.data.diverged = s.diverged;
         have.row.replaceChildren(...cells(have.data));
       } else {
         const row = el("tr", {"data-session": s.session}, cells(s));
@@ -346,8 +348,17 @@ async function sessionsPage(main, params) {
   more.addEventListener("click", () => { load().catch(fail); });
   main.replaceChildren(el("h1", {}, "Sessions"), filterForm(params, SESSION_FILTERS, "sessions"), info,
     table("session-list", ["session", "condition", "task", "rep", "exchanges", "hits", "misses", "order notes",
-      "errors", "models", "first"], body), more);
+      "errors", "models", "followed / diverged", "first"], body), more);
   await load();
+}
+
+function trajectory(s) {  // a replay session: the recorded session it followed, where it diverged
+  const followed = Object.entries(s.followed || {}).sort((a, b) => b[1] - a[1]);
+  const parts = followed.length ? ["followed " + followed[0][0] + " (" + followed[0][1] + ")"] : [];
+  const d = s.diverged;
+  if (d) parts.push("diverged at step " + d.step + " (" + d.result + (d.path ? " at " + d.path : "") + "); " +
+    d.cut_off + " later recorded steps cut off");
+  return parts.join("; ");
 }
 
 function headersTable(id, headers) {

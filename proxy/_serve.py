@@ -96,7 +96,6 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
     mode, store_path, rules, upstream, replay_log = o.mode, o.store_path, o.rules, o.upstream, o.replay_log
     if mode == "passthrough":
         return None, None, upstream, None
-    from noisefloor.proxy.record.recorder import Recorder
     from noisefloor.proxy.replay.replayer import Replayer
 
     # Replay writes into the recording only when asked (--replay-log STORE): a recording kept as a
@@ -115,13 +114,7 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
     writer = None
     try:
         if mode == "record":
-            engine: Any = Recorder(store, rules)
-            _recording_session(o, engine)
-            if engine.recovered:
-                click.echo(f"nfproxy: {counted(engine.recovered, 'answered exchange')} a killed nfproxy had not "
-                           "written in full, written first", err=True)
-            if upstream:
-                store.set_meta("upstream", upstream)
+            engine: Any = _recorder(o, store)
         else:
             def lost(exc: Exception) -> None:  # one request's log record; the next ones are written
                 engine.stats.errors += 1
@@ -165,6 +158,20 @@ def _replay_sources(o: ServeOptions, store: Store) -> tuple[tuple[str, ...], Any
         return o.replay_sessions, None
     turn = turns.take(store, o.store_path, o.ca_dir / turns.FOLDER, how)
     return (turn.session,), turn
+
+
+def _recorder(o: ServeOptions, store: Store) -> Any:
+    """The recorder, with what a killed nfproxy left written first and the session checked."""
+    from noisefloor.proxy.record.recorder import Recorder
+
+    engine = Recorder(store, o.rules)
+    _recording_session(o, engine)
+    if engine.recovered:
+        click.echo(f"nfproxy: {counted(engine.recovered, 'answered exchange')} a killed nfproxy had not "
+                   "written in full, written first", err=True)
+    if o.upstream:
+        store.set_meta("upstream", o.upstream)
+    return engine
 
 
 def _recording_session(o: ServeOptions, recorder: Any) -> None:

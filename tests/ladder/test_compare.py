@@ -185,6 +185,9 @@ def test_compare_demo_recovers_the_coupled_effect_and_names_the_broken_tasks(com
     rows = [json.loads(x) for x in (out / "outcomes.jsonl").read_text().splitlines()]
     fresh_tasks = {x["task_id"] for x in rows if x["condition"] == "candidate_fresh"}
     assert fresh_tasks == set(cmp["broken_tasks"])  # fresh generation only where coupling broke
+    alone = _tool("nfanalyze", str(out / "log.lmdb"), "--json", "-", "--bootstrap", "1000", "--allow-drift")
+    assert alone.returncode == 0, alone.stderr[-2000:]
+    assert json.loads(alone.stdout)["compare"] == cmp  # the log alone keeps the compare report
 
 
 @pytest.mark.slow

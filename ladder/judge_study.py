@@ -213,7 +213,10 @@ def table(result: Any, parse: dict[str, dict[str, int]], truth_doc: dict[str, An
         if j is None:
             continue
         n = parse.get(c.name, {})
-        line = (f"  {c.name}: verdict variance w {c.stats.w:.5f} [{c.w_ci[0]:.5f}, {c.w_ci[1]:.5f}]; majority vs "
+        w_ci = "[no interval: one task]" if c.w_ci is None else f"[{c.w_ci[0]:.5f}, {c.w_ci[1]:.5f}]"
+        trimmed = (f" on the first {c.stats.replicates} verdicts of each task (tasks had {c.trimmed_from[0]} to "
+                   f"{c.trimmed_from[1]})" if c.trimmed_from else "")
+        line = (f"  {c.name}: verdict variance w {c.stats.w:.5f} {w_ci}{trimmed}; majority vs "
                 f"reference disagreement {j.disagreement:.3f} [{j.disagreement_ci[0]:.3f}, {j.disagreement_ci[1]:.3f}] "
                 f"({j.false_accepts} false accepts, {j.false_rejects} false rejects, {j.ties} ties); replies "
                 f"parsed {n.get('parsed', 0)}, unparseable {n.get('unparseable', 0)} (kept in the log, counted, not "

@@ -18,7 +18,7 @@ from aiohttp import web
 from noisefloor.errors import NoisefloorError
 from noisefloor.proxy.cli.listing import FilterError
 from noisefloor.proxy.store.log import Store
-from noisefloor.viewer import pages
+from noisefloor.viewer import grid, pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -173,6 +173,22 @@ async def outcomes(request: web.Request) -> web.Response:
     return _json({"items": rows, "next": nxt})
 
 
+GRID_ROWS = 2_000_000  # outcome rows the grid reads at most (a study's; past this a file is not one)
+
+
+async def outcome_grid(request: web.Request) -> web.Response:
+    """Every condition's tasks x replicates as pass / fail cells, flipping tasks first."""
+    source = request.app[SOURCE_KEY]
+    store: Store | None = request.app[STORE_KEY]  # type: ignore[assignment]
+    if source.outcomes is not None:
+        rows, _ = read_outcomes(source.outcomes, 0, GRID_ROWS, None, None)
+    elif store is not None:
+        rows = store.outcome_rows()
+    else:
+        rows = []
+    return _json(grid.grid(rows))
+
+
 def make_app(source: Source, store: Store | None, hosts: set[str] | None = None) -> web.Application:
     app = web.Application(middlewares=[guard])
     app[SOURCE_KEY] = source
@@ -186,6 +202,7 @@ def make_app(source: Source, store: Store | None, hosts: set[str] | None = None)
     app.router.add_get("/api/sessions", sessions)
     app.router.add_get("/api/exchange/{id}", exchange)
     app.router.add_get("/api/outcomes", outcomes)
+    app.router.add_get("/api/grid", outcome_grid)
     return app
 
 

@@ -48,7 +48,7 @@ class Record:
         self.stopping = stopping
         recorder.on_unwritten = lambda line: log.error(
             "nfproxy: an answered exchange is kept in the store but could not be written in full (%s); "
-            "`nfproxy repair --store STORE` writes it", line)
+            "`nfproxy repair STORE` writes it", line)
         self._unkeyed: deque[http.HTTPFlow] = deque()
         self._refused: set[str] = set()  # sessions refused so far (said once each)
 

@@ -11,7 +11,19 @@ from __future__ import annotations
 from typing import Any
 
 from noisefloor.proxy.providers import anthropic, generic
-from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+from noisefloor.proxy.providers.base import (
+    Answered,
+    Marks,
+    Provider,
+    Served,
+    add,
+    answered_from,
+    dicts,
+    id_mark,
+    opt_int,
+    opt_str,
+    text_mark,
+)
 
 
 def matches(host: str, route: str) -> bool:
@@ -56,6 +68,17 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return answered_from(texts, marks, calls)
 
 
+def served(doc: Any) -> Served:
+    """Converse's own usage (`inputTokens` / `outputTokens`) and `stopReason` ("max_tokens" is a
+    truncation); an InvokeModel body in another provider's shape is read as that shape. Converse
+    names no model in its answer: the requested one is in the route."""
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if isinstance(usage, dict) and ("inputTokens" in usage or "outputTokens" in usage):
+        return Served(input_tokens=opt_int(usage.get("inputTokens")), output_tokens=opt_int(usage.get("outputTokens")),
+                      finish_reason=opt_str(doc.get("stopReason")))
+    return generic.served(doc)
+
+
 def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {"message": message, "__type": kind, **extra}
 
@@ -68,7 +91,7 @@ PROVIDER = Provider(
     carried=carried,
     answered=answered,
     error_body=error_body,
-    served_doc=generic.served,  # Converse's own fields are not read yet: what the known shapes find
+    served_doc=served,
     served_event=generic.served_event,
     rewrite_user=generic.rewrite_user,
 )

@@ -205,6 +205,14 @@ class Replayer:
         self._served[session].add((entry.session, entry.seq))
         self._order.ask(session, entry)
 
+    def _stands_in(self, session: str, recorded: str, exchange_id: int) -> None:
+        """A miss took the place of the recorded request nearest to it: for the order that request
+        counts as asked, so the requests after it are no departure from recorded order (a changed
+        request is one miss, not a miss and an order note for every request that follows)."""
+        entry = next((e for e in self._session(recorded)[0] if e.id == exchange_id), None)
+        if entry is not None:
+            self._order.ask(session, entry)
+
     def _order_note(self, session: str, entry: RecordedEntry) -> str | None:
         first = self._order.first_unasked(session, entry)
         if first is None:
@@ -239,6 +247,7 @@ class Replayer:
         affected = ()
         if near and near.get("session"):
             affected = self._order.affected(near["session"], near["exchange_id"], self._session(near["session"])[1])
+            self._stands_in(p.labels.session, near["session"], near["exchange_id"])
         route = f"{p.canonical.method} {p.canonical.path}"
         left = near.get("session") if near else (candidates[0].session if candidates else None)
         self._departed(p, Divergence(p.seq, "miss", left, near.get("differs_at") if near else None, len(affected)))

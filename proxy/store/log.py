@@ -159,6 +159,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False,
              max_body: int = DEFAULT_MAX_BODY) -> Store:
+        """The store at `path`, read-only or for writing (`create`: a new one where there is none);
+        how a store is opened (`noisefloor.open_store` for a Python user). Close it, or use `with`."""
         p = Path(path)
         check_path(p, write, create)
         env, needed = open_env(p, write)

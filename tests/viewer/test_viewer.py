@@ -115,7 +115,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         {"case_id": TASK, "verdict": "regressed", "base_a": case, "base_b": case, "candidate": {"passes": 0, "n": 4},
          "floor": 0.41}], "counts": {"regressed": 1}}))
     rows = [{"task_id": TASK, "condition": "live", "replicate": 0, "outcome": 1, "session": "live-r0-0",
-             "detail": BODY}]
+             "detail": BODY},
+            {"task_id": "T2", "condition": "live", "replicate": 0, "outcome": 1, "session": "live-r0-1"},
+            {"task_id": "T2", "condition": "live", "replicate": 1, "outcome": 1},
+            {"task_id": TASK, "condition": "live", "replicate": 1, "outcome": 0},
+            {"task_id": TASK, "condition": "t0", "replicate": 0, "outcome": 1, "session": "t0-r0-2"}]
     (out / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     yield out
 
@@ -127,11 +131,11 @@ def before(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
-    yield from _serve(folder)
+    yield from serve(folder)
 
 
-def _serve(folder: Path) -> Iterator[str]:
-    """nfview on `folder` (loopback, a free port) until the generator is closed; yields its URL."""
+def serve(folder: Path) -> Iterator[str]:
+    """A real nfview process on `folder`: its base URL until the generator is closed."""
     proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(folder), "--listen", "127.0.0.1:0"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -229,6 +233,42 @@ def test_report_renders_with_intervals_plot_gate_and_planted_names_as_text(brows
     assert gate[0][:2] == [TASK, "regressed"]
     assert BODY in d.find_element("id", "warnings").text
     assert "replay_source" in d.find_element("id", "provenance").text
+
+
+@needs_browser
+def test_the_report_opens_with_each_conditions_outcome_grid_flipping_tasks_first(browser, viewer):
+    d = visit(browser, viewer + "/#/report")
+    first = d.execute_script("return document.querySelector('#main h2').textContent")
+    assert first.startswith("Outcomes: tasks"), first
+    live = d.find_element("css selector", ".grid[data-condition='live']")
+    tasks = d.execute_script("return [...arguments[0].querySelectorAll('.grid-row')].map(r => [r.dataset.task, "
+                             "r.classList.contains('flips'), [...r.querySelectorAll('a.cell')].map(a => a.className)])", live)
+    assert tasks == [[TASK, True, ["cell cell-P", "cell cell-F"]], ["T2", False, ["cell cell-P", "cell cell-P"]]], tasks
+    live.find_element("css selector", ".flips a.cell[data-replicate='0']").click()
+    settle(d)
+    assert {r[3] for r in rows(d, "exchange-list")} == {"live-r0-0"}  # that run's exchanges
+
+
+@pytest.fixture(scope="module")
+def big_viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An output folder of 10,000 runs: 2,000 tasks x 5 replicates, every tenth task flipping."""
+    out = tmp_path_factory.mktemp("nfview-big")
+    with (out / "outcomes.jsonl").open("w") as fh:
+        for t in range(2000):
+            for r in range(5):
+                fh.write(json.dumps({"task_id": f"task/{t}", "condition": "live", "replicate": r,
+                                     "outcome": int(t % 10 == 0 and r % 2 == 0 or t % 10 != 0), "session": f"s{t}-{r}"}) + "\n")
+    yield from serve(out)
+
+
+@needs_browser
+def test_the_outcome_grid_stays_usable_for_thousands_of_runs(browser, big_viewer):
+    d = visit(browser, big_viewer + "/#/report", "grid-10k")
+    shown = d.execute_script("return [...document.querySelectorAll('.grid .grid-row')].map(r => r.dataset.task)")
+    assert len(shown) == 100 and shown[:3] == ["task/0", "task/10", "task/20"]  # the 200 flipping tasks first
+    assert "200 of 2000 tasks flip across 5 replicates (10000 runs)" in d.find_element("id", "grid").text
+    d.find_element("css selector", "button.grid-all").click()
+    assert d.execute_script("return document.querySelectorAll('.grid a.cell').length") == 10_000
 
 
 @needs_browser
@@ -430,6 +470,29 @@ def _empty(root: Path) -> Path:
     return root / "empty"
 
 
+def test_the_grid_codes_each_run_and_puts_flipping_tasks_first():
+    from noisefloor.viewer.grid import grid
+
+    rows = [{"task_id": "t/10", "condition": "c", "replicate": 0, "outcome": 1},
+            {"task_id": "t/10", "condition": "c", "replicate": 2, "outcome": 1},
+            {"task_id": "t/2", "condition": "c", "replicate": 0, "outcome": 0, "session": "s0"},
+            {"task_id": "t/2", "condition": "c", "replicate": 1, "outcome": 1, "session": "s1"},
+            {"task_id": "t/9", "condition": "c", "replicate": 1, "outcome": 0, "failure": "agent_error"},
+            {"task_id": "t/3", "condition": "c", "replicate": 0, "outcome": 1, "failure": "pass"},  # a grader's word
+            {"task_id": "t/3", "condition": "c", "replicate": 1, "outcome": 0, "failure": "wrong_output"},
+            # hostile rows are skipped, never a huge grid or a traceback
+            {"task_id": "t/1", "condition": "c", "replicate": 10**9, "outcome": 1},
+            {"task_id": "t/1", "condition": "c", "replicate": True, "outcome": 1},
+            {"task_id": "t/1", "condition": "c", "replicate": "0", "outcome": 1}, ["not", "a", "row"],
+            {"task_id": "t/4", "condition": "d", "replicate": 0, "outcome": "1"}]
+    (c, d) = grid(rows)["conditions"]  # type: ignore[arg-type]
+    assert [(t["task"], t["flips"], t["cells"]) for t in c["tasks"]] == [
+        ("t/2", True, "FP."), ("t/3", True, "PF."), ("t/9", False, ".E."), ("t/10", False, "P.P")]
+    assert c["tasks"][0]["sessions"] == ["s0", "s1", None] and c["tasks"][1]["sessions"] is None
+    assert (c["replicates"], c["flipping"], c["runs"]) == (3, 2, 7)
+    assert d["tasks"] == [{"task": "t/4", "flips": False, "cells": ".", "sessions": None}]
+
+
 def test_a_store_without_outcome_rows_shows_its_trajectories(tmp_path):
     """An agent recording on its own: the summary carries sessions, steps, tools and models."""
     body = json.dumps(_chat("hello")).encode()
@@ -446,7 +509,7 @@ def test_a_store_without_outcome_rows_shows_its_trajectories(tmp_path):
             rec.finish(rec.begin(RequestData("POST", "http://u/v1/chat/completions", "u", "/v1/chat/completions", (),
                                              body), Labels(session)),
                        ResponseData(200, (("content-type", "application/json"),), answer))
-    serving = _serve(tmp_path)
+    serving = serve(tmp_path)
     url = next(serving)
     try:
         doc = loopback.get(url + "/api/summary").json()

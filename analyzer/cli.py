@@ -126,6 +126,8 @@ def _print(study: Study, inputs: Inputs, doc: dict[str, Any]) -> None:
     if kept.get("judge_parse"):
         click.echo("\njudge replies: " + "; ".join(f"{c}: {', '.join(f'{k} {n}' for k, n in sorted(v.items()))}"
                                                  for c, v in kept["judge_parse"].items()))
+    if kept.get("compare"):
+        click.echo("\n" + _compare_line(kept["compare"]))
     if kept.get("provenance"):
         pv = kept["provenance"]
         models = pv.get("models") or {}
@@ -139,6 +141,18 @@ def _print(study: Study, inputs: Inputs, doc: dict[str, Any]) -> None:
             f"{n} {k}" for k, n in g.counts().items()) + f"; re-run to k>8: {', '.join(g.escalated) or 'none'}"))
     for w in doc["warnings"][len(study.analysis.warnings):]:  # the analysis' own are in the table
         click.echo(f"warning: {visible(w)}")
+
+
+def _compare_line(cmp: Any) -> str:
+    """The compare design's two numbers, as nfladder kept them, each with the claim it supports."""
+    out = [f"compare (kept by nfladder): {len(cmp.get('coupled_tasks') or [])} tasks coupled, "
+           f"{len(cmp.get('broken_tasks') or [])} broken"]
+    for name, what in (("paired", "coupled, paired B - A"), ("fresh", "broken, fresh B - live A")):
+        part = cmp.get(name)
+        if isinstance(part, dict):
+            lo, hi = (part.get("ci") or [None, None])[:2]
+            out.append(f"  {what} = {part.get('estimate')} [{lo}, {hi}]: {visible(part.get('claim'))}")
+    return "\n".join(out)
 
 
 def _write(o: AnalyzeOptions, study: Study, inputs: Inputs, doc: dict[str, Any]) -> None:

@@ -188,6 +188,9 @@ def test_compare_demo_recovers_the_coupled_effect_and_names_the_broken_tasks(com
     alone = _tool("nfanalyze", str(out / "log.lmdb"), "--json", "-", "--bootstrap", "1000", "--allow-drift")
     assert alone.returncode == 0, alone.stderr[-2000:]
     assert json.loads(alone.stdout)["compare"] == cmp  # the log alone keeps the compare report
+    text = _tool("nfanalyze", str(out / "log.lmdb"), "--bootstrap", "1000", "--allow-drift")
+    assert text.returncode == 0 and f"{len(cmp['coupled_tasks'])} tasks coupled" in text.stdout
+    assert f"coupled, paired B - A = {cmp['paired']['estimate']}" in text.stdout
 
 
 @pytest.mark.slow

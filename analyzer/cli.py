@@ -53,6 +53,9 @@ def analyze_cmd(**params: Any) -> None:
     for path, option in ((o.json_path, "--json"), (o.md_path, "--markdown"), (o.plot_path, "--plot")):
         outputs.check_writable(path, option)  # before any work: a result that cannot be written is lost
     inputs = gather(o)
+    if not len(inputs.rows):  # stores without graded rows: what the agents did, not statistics
+        _trajectories(o)
+        return
     study = compute(o, inputs.rows)
     parts = report_doc.Parts.kept(
         inputs.kept, log=inputs.log, gate=study.gate.to_json() if study.gate is not None else None,
@@ -62,6 +65,24 @@ def analyze_cmd(**params: Any) -> None:
     if not o.quiet and o.json_path != "-":
         _print(study, inputs, doc)
     _write(o, study, inputs, doc)
+
+
+def _trajectories(o: AnalyzeOptions) -> None:
+    """The stores' trajectory summary (text, and JSON with --json) where no outcome rows exist."""
+    from noisefloor.analyzer import logstats, trajectories
+
+    summary = trajectories.summarize(logstats.trajectory_steps(list(o.logs)))
+    where = ", ".join(map(str, o.logs))
+    if o.json_path:
+        report.write_json({"schema": report_doc.SCHEMA, "trajectories": summary.to_json(), "store": where},
+                          o.json_path)
+    shown = trajectories.text(summary, where)
+    if o.md_path:
+        outputs.write_text(o.md_path, f"# Trajectories\n\n```\n{shown}\n```\n")
+    if o.plot_path:
+        click.echo(f"nfanalyze: no plot written to {visible(o.plot_path)}: the stores hold no graded rows", err=True)
+    if not o.quiet and o.json_path != "-":
+        click.echo(shown)
 
 
 def compute(o: AnalyzeOptions, rows: list[Any] | RowColumns) -> Study:
@@ -105,6 +126,8 @@ def _print(study: Study, inputs: Inputs, doc: dict[str, Any]) -> None:
     if kept.get("judge_parse"):
         click.echo("\njudge replies: " + "; ".join(f"{c}: {', '.join(f'{k} {n}' for k, n in sorted(v.items()))}"
                                                  for c, v in kept["judge_parse"].items()))
+    if kept.get("compare"):
+        click.echo("\n" + _compare_line(kept["compare"]))
     if kept.get("provenance"):
         pv = kept["provenance"]
         models = pv.get("models") or {}
@@ -118,6 +141,18 @@ def _print(study: Study, inputs: Inputs, doc: dict[str, Any]) -> None:
             f"{n} {k}" for k, n in g.counts().items()) + f"; re-run to k>8: {', '.join(g.escalated) or 'none'}"))
     for w in doc["warnings"][len(study.analysis.warnings):]:  # the analysis' own are in the table
         click.echo(f"warning: {visible(w)}")
+
+
+def _compare_line(cmp: Any) -> str:
+    """The compare design's two numbers, as nfladder kept them, each with the claim it supports."""
+    out = [f"compare (kept by nfladder): {len(cmp.get('coupled_tasks') or [])} tasks coupled, "
+           f"{len(cmp.get('broken_tasks') or [])} broken"]
+    for name, what in (("paired", "coupled, paired B - A"), ("fresh", "broken, fresh B - live A")):
+        part = cmp.get(name)
+        if isinstance(part, dict):
+            lo, hi = (part.get("ci") or [None, None])[:2]
+            out.append(f"  {what} = {part.get('estimate')} [{lo}, {hi}]: {visible(part.get('claim'))}")
+    return "\n".join(out)
 
 
 def _write(o: AnalyzeOptions, study: Study, inputs: Inputs, doc: dict[str, Any]) -> None:

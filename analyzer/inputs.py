@@ -15,7 +15,8 @@ from noisefloor.outcome_rows import OutcomeRow, key_of, parse_rows, read_rows
 
 @dataclass(frozen=True)
 class Inputs:
-    rows: list[OutcomeRow] | RowColumns  # columns: a store's rows read straight into them (`stored_rows`)
+    rows: list[OutcomeRow] | RowColumns  # columns: a store's rows read straight into them (`stored_rows`);
+    # empty only when stores alone were given and hold no graded rows (nfanalyze shows their trajectories)
     log: dict[str, Any] | None = None  # the logs' per-condition counts
     kept: dict[str, Any] | None = None  # what nfladder kept about its study in the log
 
@@ -34,10 +35,10 @@ def gather(o: AnalyzeOptions) -> Inputs:
         logged = logstats.outcome_rows(list(o.logs)) if columns is None else []
         kept = logstats.study(list(o.logs))
         if columns is not None:
-            if not len(columns):
-                raise _no_rows(where)
-            return Inputs(columns, log_doc, kept)
+            return Inputs(columns, log_doc, kept)  # none: the caller shows the stores' trajectories
     if not o.outcomes and not o.example and not o.inspect_specs and not logged:
+        if o.logs:
+            return Inputs([], log_doc, kept)
         raise _no_rows(where)
     if o.example:
         from noisefloor.analyzer.simulate import example

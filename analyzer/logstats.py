@@ -72,3 +72,36 @@ def study(paths: Sequence[Path]) -> dict[str, Any] | None:
         if isinstance(doc, dict):
             return doc
     return None
+
+
+def trajectory_steps(paths: Sequence[Path]) -> list[Any]:
+    """Every exchange of the stores as a `trajectories.Step`, sessions of different stores kept
+    apart by the store's position."""
+    steps = []
+    for i, p in enumerate(paths):
+        with Store.open(p, write=False) as store:
+            steps += steps_of(store, "" if len(paths) == 1 else f"{i}:")
+    return steps
+
+
+def steps_of(store: Store, prefix: str = "") -> list[Any]:
+    """An open store's exchanges as `trajectories.Step`s (each answer's body read once, for the
+    tool calls it asks for)."""
+    from noisefloor.analyzer.trajectories import Step, tools_in
+    from noisefloor.verifier.candidates import response_json
+
+    steps = []
+    for ex in store.exchanges():
+        usage = ex.usage if isinstance(ex.usage, dict) else {}
+        try:
+            doc = response_json(store, ex)
+        except (ValueError, TypeError, KeyError):
+            doc = None  # an answer that is not JSON asks for no tool
+        replay = ex.replay or {}
+        steps.append(Step(ex.id, prefix + ex.session, ex.mode, ex.model, tools_in(doc), _int(usage.get("input")),
+                          _int(usage.get("output")), ex.latency_ms, replay.get("result"), _int(replay.get("source_id"))))
+    return steps
+
+
+def _int(x: Any) -> int | None:
+    return x if isinstance(x, int) and not isinstance(x, bool) else None

@@ -15,7 +15,7 @@ from noisefloor.analyzer.analysis import Analysis
 
 SCHEMA = 1  # bump when a key's meaning or layout changes
 # what nfladder keeps in the log's meta so that `nfanalyze LOG` reports the study as nfladder did
-KEPT = ("design", "served_by_requested", "study_settings", "provenance", "judge_parse", "truth")
+KEPT = ("design", "served_by_requested", "study_settings", "provenance", "judge_parse", "truth", "compare")
 
 
 @dataclass(frozen=True)
@@ -32,6 +32,7 @@ class Parts:
     floors: Mapping[str, Any] | None = None
     floor_notes: tuple[str, ...] = ()  # the floors' own warnings (`floor_notes`)
     gate: Mapping[str, Any] | None = None
+    compare: Mapping[str, Any] | None = None  # the compare design's coupling verdicts and contrasts
 
     @classmethod
     def kept(cls, meta: Mapping[str, Any] | None, **parts: Any) -> Parts:
@@ -65,7 +66,8 @@ def build(analysis: Analysis, parts: Parts = Parts()) -> dict[str, Any]:
     if parts.study_settings:
         doc["settings"] = {**doc["settings"], **parts.study_settings}
     doc["warnings"] = [*doc["warnings"], *drift_warnings(parts.served_by_requested or {}), *parts.floor_notes]
-    for key in ("log", "design", "served_by_requested", "provenance", "judge_parse", "truth", "floors", "gate"):
+    for key in ("log", "design", "served_by_requested", "provenance", "judge_parse", "truth", "floors", "gate",
+                "compare"):
         value = getattr(parts, key)
         if value is not None:
             doc[key] = value

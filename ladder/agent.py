@@ -14,7 +14,10 @@ top-level `def`, `class`, `if __name__` or `print`); it retries once when the ca
 print the final answer.
 
 NF_AGENT_TEMPERATURE (default 0.7) and NF_AGENT_MAX_TOKENS set the sampling; NF_AGENT_MODEL the
-model name; NF_AGENT_PROMPT_SUFFIX is appended to the prompt (a changed agent, for a gate).
+model name; NF_AGENT_PROMPT_SUFFIX is appended to the prompt (a changed agent, for a gate), on
+every task or, with NF_AGENT_PROMPT_SUFFIX_TASKS (comma-separated ids), on those only.
+NF_AGENT_CUT_TASKS (comma-separated ids) changes the agent downstream of the model on those tasks:
+its answer keeps only the first line of the code (the compare demo's candidate; requests unchanged).
 NF_AGENT_NOISE=1 makes the agent add a random line to its prompt: an agent that changes its
 requests, which a strict replay must catch.
 """
@@ -55,13 +58,25 @@ def _prompt(task: dict, env: Mapping[str, str], completions: bool) -> str:
         prompt = task["prompt"]
     else:
         prompt = f"Complete this Python function. Return the whole function.\n\n{task['prompt']}"
-    if env.get("NF_AGENT_PROMPT_SUFFIX") and not completions:
+    if env.get("NF_AGENT_PROMPT_SUFFIX") and not completions and _listed(task, env, "NF_AGENT_PROMPT_SUFFIX_TASKS"):
         prompt = f"{prompt}\n\n{env['NF_AGENT_PROMPT_SUFFIX']}"
     if env.get("NF_AGENT_NOISE"):
         import uuid
 
         prompt = f"# request {uuid.uuid4()}\n{prompt}" if completions else f"{prompt}\n# request {uuid.uuid4()}"
     return prompt
+
+
+def _listed(task: dict, env: Mapping[str, str], name: str) -> bool:
+    """Whether a per-task change applies: the task is in `name`'s list, or the list is not set."""
+    ids = env.get(name)
+    return ids is None or str(task.get("task_id")) in ids.split(",")
+
+
+def _cut(answer: str) -> str:
+    """The answer with its code cut to the first line (a broken post-processing step)."""
+    head, fence, rest = answer.partition("```python\n")
+    return f"{head}{fence}{rest.splitlines()[0] if rest.strip() else ''}\n```\n" if fence else answer
 
 
 def _answer(task: dict, env: Mapping[str, str], completions: bool) -> Outcome:
@@ -78,6 +93,8 @@ def _answer(task: dict, env: Mapping[str, str], completions: bool) -> Outcome:
             break
     if error is not None and not answer:
         return 1, "", f"agent: request failed: {error}\n"
+    if env.get("NF_AGENT_CUT_TASKS") and _listed(task, env, "NF_AGENT_CUT_TASKS"):
+        answer = _cut(answer)
     return 0, answer + "\n", ""
 
 

@@ -22,6 +22,7 @@ from noisefloor.outcome_rows import replicate_label
 from noisefloor.proxy.providers import sdk_env
 
 STDERR_TAIL = 2000
+OUTPUT_TAIL = 65536  # the end of what an agent printed: its final answer (the compare design grades it)
 _RUNNING: set[subprocess.Popen[str]] = set()  # agents started here and not finished: killed on an interrupt
 _LOCK = threading.Lock()
 _stopping = False  # set by an interrupt: an agent that starts after it is killed at once
@@ -85,6 +86,7 @@ class Attempt:
     timed_out: bool
     seconds: float
     stderr_tail: str = ""
+    output: str = ""  # the end of the agent's stdout (its final answer), OUTPUT_TAIL characters at most
 
 
 def session_name(condition: str, replicate: int, task_id: str) -> str:
@@ -107,7 +109,7 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
     start = time.monotonic()
     if argv and argv[0].startswith(INLINE):  # no interpreter per run: a study's hundreds of short runs
         return _run_inline(run, argv[0][len(INLINE):], task_file, env, start)
-    timed_out, code, err = False, None, ""
+    timed_out, code, err, printed = False, None, "", ""
     try:
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                 start_new_session=True)
@@ -120,7 +122,7 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
         if late:  # the interrupt came while it started: it is not left to run its course
             _kill(proc)
         try:
-            _, err = proc.communicate(timeout=run.timeout)
+            printed, err = proc.communicate(timeout=run.timeout)
             code = proc.returncode
         except subprocess.TimeoutExpired:
             timed_out = True
@@ -130,7 +132,7 @@ def run_agent(run: AgentRun, port: int, taskdir: Path) -> Attempt:
             with _LOCK:
                 _RUNNING.discard(proc)
     return Attempt(run.session, run.task_id, run.condition, run.replicate, code, timed_out,
-                   round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
+                   round(time.monotonic() - start, 3), err[-STDERR_TAIL:], (printed or "")[-OUTPUT_TAIL:])
 
 
 def _run_inline(run: AgentRun, spec: str, task_file: Path, env: dict[str, str], start: float) -> Attempt:
@@ -141,6 +143,6 @@ def _run_inline(run: AgentRun, spec: str, task_file: Path, env: dict[str, str], 
     module, _, function = spec.partition(":")
     client = getattr(importlib.import_module(f"noisefloor.ladder.{module}"), function or "run")
     env = {**env, "NF_AGENT_HTTP_TIMEOUT": env.get("NF_AGENT_HTTP_TIMEOUT", str(min(60.0, run.timeout)))}
-    code, _, err = client(json.loads(task_file.read_text()), env)
+    code, printed, err = client(json.loads(task_file.read_text()), env)
     return Attempt(run.session, run.task_id, run.condition, run.replicate, code, False,
-                   round(time.monotonic() - start, 3), err[-STDERR_TAIL:])
+                   round(time.monotonic() - start, 3), err[-STDERR_TAIL:], printed[-OUTPUT_TAIL:])

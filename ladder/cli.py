@@ -1,4 +1,4 @@
-"""`nfladder`: run a design (ladder, judge, audit, gate) for an unchanged agent: its conditions
+"""`nfladder`: run a design (ladder, judge, audit, gate, compare) for an agent: its conditions
 through nfproxy, graded by nfverify, analyzed by nfanalyze; from options or a study file."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class _Group(Group):
 @click.version_option(**VERSION)
 def main() -> None:
     """Noise-floor study designs for your agent: the determinism ladder (live, temperature 0, replay), a
-    judge study, a tool-calling audit and a regression gate."""
+    judge study, a tool-calling audit, a regression gate and a compare of two agent versions on one recording."""
     exit_on_sigterm(hard_stop=_kill_children)
 
 
@@ -134,7 +134,7 @@ def _run(p: dict[str, Any]) -> int:
     tasks, dataset, kind = _tasks(p, out)
     from noisefloor import __version__ as nf_version
 
-    design = design_from(p, f"nfverify-{kind}-{nf_version}", p["provider"] == "builtin")
+    design = design_from(p, f"nfverify-{kind}-{nf_version}", p["provider"] == "builtin", tasks)
     agent = parse_agent("tools" if name == "audit" and p["agent_cmd"] == "builtin" else p["agent_cmd"])
     builtin = _builtin_provider(p, tasks)
     upstream = builtin.url if builtin is not None else p["provider"]
@@ -188,7 +188,8 @@ def _builtin_provider(p: dict[str, Any], tasks: list[Any]) -> Any:
                            tool_tasks=[t.tool for t in tasks] if audit else []).start()
 
 
-DEMO_SIZES = {"ladder": {}, "judge": {"limit": 10}, "audit": {"per_category": 6}, "gate": {"limit": 12}}
+DEMO_SIZES = {"ladder": {}, "judge": {"limit": 10}, "audit": {"per_category": 6}, "gate": {"limit": 12},
+              "compare": {"limit": 16}}
 
 
 @main.command("demo")

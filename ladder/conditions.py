@@ -61,6 +61,7 @@ class Condition:
     agent: tuple[str, ...] | None = None  # this condition's own agent argv (None: the study's)
     endpoint: str | None = None  # audit: the endpoint (arm group) the rows belong to
     grader_version: str | None = None  # set by the design (grader or judge version)
+    replay_each: bool = False  # replay: replicate r answers from the source's replicate r (compare: B against each A)
 
     def __post_init__(self) -> None:
         if not self.name or any(c in self.name for c in ",=/ "):
@@ -148,9 +149,11 @@ class Registry:
     def proxy_args(self, c: Condition, upstream: str, perturb_file: str | None = None) -> list[str]:
         """nfproxy's arguments for the condition (without a store)."""
         source = self.keying(c)  # a replay keys its requests as its source keyed them
+        own = tuple(o for o in c.overrides if c is not source)  # and a compare's candidate changes them its way
+        overrides = [o for o in source.overrides if o.pointer not in {x.pointer for x in own}] + list(own)
         args = ["--upstream", upstream, "--condition", c.name, "-q",
                 *(["--mode", "replay", "--strict", "--replay-log-in-store"] if c.replays else ["--mode", "record"]),
-                *(a for o in source.overrides for a in o.arg())]
+                *(a for o in overrides for a in o.arg())]
         if source.variant:
             args += ["--perturb", source.variant, *(["--perturb-file", perturb_file] if perturb_file else [])]
         return args

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,8 @@ design_options = options(
     click.option("--bootstrap", default=DEFAULT_RESAMPLES, show_default=True, type=click.IntRange(min=100)),
     click.option("--design", type=click.Choice(designs.DESIGNS), default="ladder", show_default=True,
                  help="ladder (live, t0, replay), judge (frozen candidates judged at T=0.7 and T=0), audit "
-                      "(BFCL tool calling: reruns and prompt perturbations), gate (baselines A, B, candidate)."),
+                      "(BFCL tool calling: reruns and prompt perturbations), gate (baselines A, B, candidate), compare "
+                      "(the candidate replayed against the baseline's recorded runs; fresh where coupling breaks)."),
     click.option("--judge-repeats", default=20, show_default=True, type=click.IntRange(min=2),
                  help="judge: verdicts per candidate and temperature."),
     click.option("--judge-temperatures", default="0.7,0", show_default=True, help="judge: the judge's temperatures."),
@@ -51,14 +53,18 @@ design_options = options(
                  help="gate: repeats per case."),
     click.option("--escalate-at", default=16, show_default=True, type=click.IntRange(min=2),
                  help="gate: inconclusive cases are re-run to this many repeats."),
-    click.option("--candidate-agent", help="gate: the candidate's agent command (default: the baselines')."),
-    click.option("--candidate-env", multiple=True, metavar="KEY=VALUE", help="gate: environment of the candidate agent."),
+    click.option("--candidate-agent", help="gate, compare: the candidate's agent command (default: the baseline's)."),
+    click.option("--candidate-env", multiple=True, metavar="KEY=VALUE",
+                 help="gate, compare: environment of the candidate agent."),
     click.option("--candidate-set", multiple=True, metavar="POINTER=VALUE",
-                 help="gate: proxy overrides of the candidate (unstamped fields only)."),
+                 help="gate, compare: proxy overrides of the candidate (unstamped fields only)."),
+    click.option("--baseline", default=designs.COMPARE_BASELINE, show_default=True,
+                 help="compare: the condition whose recorded runs are A; runs of it an earlier study recorded in "
+                      "--out (nfladder's session names) are reused, not run again."),
 )
 
 
-def design_from(p: dict[str, Any], grader: str, builtin: bool) -> designs.Design:
+def design_from(p: dict[str, Any], grader: str, builtin: bool, tasks: Sequence[Any] = ()) -> designs.Design:
     """The Design the parsed options describe; a bad value is a usage error naming its option."""
     name = p["design"]
     if p.get("custom_conditions") is not None:
@@ -76,6 +82,8 @@ def design_from(p: dict[str, Any], grader: str, builtin: bool) -> designs.Design
                                  categories=_names(p["categories"]))
         if name == "gate":
             return _gate(p, grader, builtin)
+        if name == "compare":
+            return _compare(p, grader, builtin, tasks)
     except (ValueError, ConditionError) as exc:
         raise click.BadParameter(str(exc), param_hint="--design options") from None
     return _ladder(p, grader)
@@ -94,6 +102,17 @@ def _gate(p: dict[str, Any], grader: str, builtin: bool) -> designs.Design:
     sets = [Override(k, _json(v)) for k, v in _kv(p["candidate_set"], "--candidate-set").items()]
     agent = parse_agent(p["candidate_agent"]) if p["candidate_agent"] else None
     return designs.gate(p["gate_k"], p["escalate_at"], env, sets, agent, grader)
+
+
+def _compare(p: dict[str, Any], grader: str, builtin: bool, tasks: Sequence[Any]) -> designs.Design:
+    env = _kv(p["candidate_env"], "--candidate-env")
+    if builtin and not env and not p["candidate_agent"] and not p["candidate_set"]:
+        from noisefloor.ladder.compare_study import demo_candidate
+
+        env = demo_candidate([t.task_id for t in tasks], p["seed"], tasks)  # the demo's changed agent
+    sets = [Override(k, _json(v)) for k, v in _kv(p["candidate_set"], "--candidate-set").items()]
+    agent = parse_agent(p["candidate_agent"]) if p["candidate_agent"] else None
+    return designs.compare(p["replicates"], env, sets, agent, grader, p["baseline"])
 
 
 def _ladder(p: dict[str, Any], grader: str) -> designs.Design:

@@ -8,7 +8,11 @@
 - audit (seed 003): BFCL tasks by native tool calling, a main arm at T=0 x 10 and named prompt
   perturbations x 5, graded by nfverify's BFCL checker, reported as floors;
 - gate (seed 004): two baseline collections and a candidate collection at k=8, inconclusive cases
-  re-run to k=16.
+  re-run to k=16;
+- compare (seed 000 Prop. 1, App. A.4, Eq. 2): a baseline agent recorded R times per task, the
+  candidate strictly replayed against each recorded run; coupled tasks give a paired contrast
+  conditional on the recording, tasks whose coupling broke are generated fresh for the candidate
+  (independent streams).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from noisefloor.ladder.conditions import (
 )
 from noisefloor.ladder.runner import parse_agent
 
-DESIGNS = ("ladder", "judge", "audit", "gate")
+DESIGNS = ("ladder", "judge", "audit", "gate", "compare")
 PERTURBATIONS = ("compact_user_request", "tool_instruction_prefix", "request_label_wrap", "call_only_suffix")
 JUDGE_VERSION = "nf-judge-prompt-1"  # the judge prompt and reply parser; part of a judge row's stamp
 BFCL_GRADER = "nfverify-bfcl-ast-1"
@@ -97,3 +101,32 @@ def gate(k: int = 8, escalate_at: int = 16, candidate_env: Mapping[str, str] | N
                        overrides=tuple(candidate_overrides), agent=tuple(candidate_agent) if candidate_agent else None,
                        grader_version=grader))
     return Design("gate", Registry(conds), k, {"k": k, "escalate_at": escalate_at})
+
+
+COMPARE_BASELINE = "baseline"
+COMPARE_REPLAY = "candidate"  # B replayed against each of A's recorded runs
+COMPARE_FRESH = "candidate_fresh"  # B generated anew, on the tasks whose coupling broke
+
+
+def compare(replicates: int = 5, candidate_env: Mapping[str, str] | None = None,
+            candidate_overrides: Sequence[Override] = (), candidate_agent: Sequence[str] | None = None,
+            grader: str | None = None, baseline: str = COMPARE_BASELINE) -> Design:
+    """A (`baseline`, recorded live R times: or an earlier condition of that name in --out, reused),
+    B replayed strictly against each recorded replicate of A, and B generated fresh R times (run
+    only on tasks whose coupling broke). B differs by agent command, environment or unstamped
+    proxy overrides, as in the gate."""
+    stamped = [o.pointer for o in candidate_overrides if o.pointer in ("/model", "/temperature", "/top_p", "/seed")]
+    if stamped:
+        raise ConditionError(f"compare: the candidate overrides {stamped[0]}, which is part of the stamp: a sampling "
+                             "change is not a change to the agent; change the agent or an unstamped field instead")
+    if baseline in (COMPARE_REPLAY, COMPARE_FRESH):
+        raise ConditionError(f"compare: the baseline cannot be named {baseline!r} (the candidate's conditions are)")
+    env = tuple(sorted((candidate_env or {}).items()))
+    agent = tuple(candidate_agent) if candidate_agent else None
+    conds = (Condition(baseline, replicates=replicates, rank=0, grader_version=grader),
+             Condition(COMPARE_REPLAY, proxy="replay", replay_from=(baseline, 0), replay_each=True, rank=1,
+                       replicates=replicates, env=env, overrides=tuple(candidate_overrides), agent=agent,
+                       grader_version=grader),
+             Condition(COMPARE_FRESH, replicates=replicates, rank=2, env=env, overrides=tuple(candidate_overrides),
+                       agent=agent, grader_version=grader))
+    return Design("compare", Registry(conds), replicates, {"replicates": replicates, "baseline": baseline})

@@ -52,6 +52,10 @@ def run(cfg: Config, design: Design, kind: str, builtin: Any | None,
             return run_audit(cfg, design, builtin, executor, say)
         if design.name == "gate":
             return _run_gate(cfg, design, kind, builtin, executor, say)
+        if design.name == "compare":
+            from noisefloor.ladder.compare_study import run_compare
+
+            return run_compare(cfg, design, kind, builtin, executor, say)
         return _run_ladder(cfg, design, kind, builtin, executor, say)
     finally:
         executor.close()

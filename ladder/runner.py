@@ -112,7 +112,7 @@ class Ladder:
         env = tuple(cond.env) + (tuple(self.c.replay_env.items()) if cond.replays else ())
         runs = [AgentRun(name, r, t.task_id, (prompts or {}).get(t.task_id, t.prompt), t.entry_point,
                          tuple(cond.agent or self.c.agent), self.c.agent_timeout,
-                         session_name(src[0], src[1], t.task_id) if src else None, env,
+                         session_name(src[0], r if cond.replay_each else src[1], t.task_id) if src else None, env,
                          (extra or {}).get(t.task_id, ""))
                 for r, t in todo]
         per_rep: dict[int, int] = {}

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from noisefloor.display import counted, visible
-from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, NoisefloorError, StateError
+from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, InputError, NoisefloorError, StateError
 from noisefloor.exit_codes import NOT_STARTED, WRAPPED_FAILED
 from noisefloor.proxy._stats import Stats
 from noisefloor.proxy.cli.options import ServeOptions
@@ -54,6 +54,7 @@ def _serve(o: ServeOptions) -> int:
     store, engine, upstream, writer = _open_engine(o)
     stats: Stats = engine.stats if engine is not None else Stats()
     run = _Serve(o, upstream)
+    run.note = engine.ready_note() if o.replaying else ""
     try:
         asyncio.run(run.run(engine, stats))
     finally:
@@ -101,7 +102,6 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
     mode, store_path, rules, upstream, replay_log = o.mode, o.store_path, o.rules, o.upstream, o.replay_log
     if mode == "passthrough":
         return None, None, upstream, None
-    from noisefloor.proxy.record.recorder import Recorder
     from noisefloor.proxy.replay.replayer import Replayer
 
     # Replay writes into the recording only when asked (--replay-log STORE): a recording kept as a
@@ -120,12 +120,7 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
     writer = None
     try:
         if mode == "record":
-            engine: Any = Recorder(store, rules)
-            if engine.recovered:
-                click.echo(f"nfproxy: {counted(engine.recovered, 'answered exchange')} a killed nfproxy had not "
-                           "written in full, written first", err=True)
-            if upstream:
-                store.set_meta("upstream", upstream)
+            engine: Any = _recorder(o, store)
         else:
             def lost(exc: Exception) -> None:  # one request's log record; the next ones are written
                 engine.stats.errors += 1
@@ -145,8 +140,10 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
                     target.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
                     writer.closes = target
                 sink = writer.submit
-            engine = Replayer(store, rules, strict=o.strict, allow_reuse=o.allow_reuse, sources=o.replay_sessions,
+            sources, turn = _replay_sources(o, store)
+            engine = Replayer(store, rules, strict=o.strict, allow_reuse=o.allow_reuse, sources=sources,
                               log=sink, order=o.replay_order, say=lambda line: click.echo(line, err=True))
+            engine.turn = turn
             if engine.recorded == 0:
                 raise StoreError(f"store {store_path} holds no recorded exchanges; record with --mode record first")
             upstream = upstream or store.meta("upstream")
@@ -156,6 +153,46 @@ def _open_engine(o: ServeOptions) -> tuple[Store | None, Any, str | None, Deferr
         store.close()
         raise
     return store, engine, upstream, writer
+
+
+def _replay_sources(o: ServeOptions, store: Store) -> tuple[tuple[str, ...], Any]:
+    """The recorded sessions replay answers from, and the turn `--replay-session next / first` took."""
+    from noisefloor.proxy.replay import turns
+
+    how = turns.wanted(o.replay_sessions)
+    if how is None:
+        return o.replay_sessions, None
+    turn = turns.take(store, o.store_path, o.ca_dir / turns.FOLDER, how)
+    return (turn.session,), turn
+
+
+def _recorder(o: ServeOptions, store: Store) -> Any:
+    """The recorder, with what a killed nfproxy left written first and the session checked."""
+    from noisefloor.proxy.record.recorder import Recorder
+
+    engine = Recorder(store, o.rules)
+    _recording_session(o, engine)
+    if engine.recovered:
+        click.echo(f"nfproxy: {counted(engine.recovered, 'answered exchange')} a killed nfproxy had not "
+                   "written in full, written first", err=True)
+    if o.upstream:
+        store.set_meta("upstream", o.upstream)
+    return engine
+
+
+def _recording_session(o: ServeOptions, recorder: Any) -> None:
+    """Refuse (one line) a --session the store already holds, or with --new-session say which
+    numbered session this run records into."""
+    from noisefloor.proxy.mitm.record_hook import refused_session
+
+    recorder.numbered = o.new_session
+    name = o.labels.session
+    chosen = recorder.session_for(name)
+    if chosen is None:
+        raise InputError(refused_session(name))
+    if chosen != name and not o.quiet:
+        click.echo(f"nfproxy: recording into session '{visible(chosen)}' (the store holds '{visible(name)}')",
+                   err=True)
 
 
 def _discard(build: Any) -> None:
@@ -171,6 +208,7 @@ class _Serve:
         self.confdir, self.store_path, self.quiet, self.command = o.ca_dir, o.store_path, o.quiet, list(o.command)
         self.returncode: int | None = None
         self.signal = 0  # the signal that ended the run, if one did
+        self.note = ""  # replay: which recorded sessions it follows (the ready line says it)
 
     async def run(self, engine: Any, stats: Stats) -> None:
         # Start-up (mitmproxy's import, its addons) allocates objects that live as long as the proxy:
@@ -345,7 +383,8 @@ class _Ready:
         target = f"-> {s.upstream}" if s.upstream else "(regular proxy)"
         where = "" if s.mode == "passthrough" else f", store {s.store_path}"
         if not s.quiet:
-            click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}", err=True)
+            click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}"
+                       + (f"; {s.note}" if s.note else ""), err=True)
         if not s.quiet or os.environ.get(READY_LINE_ENV):  # machine-readable (the port, when 0 was asked for)
             print(f"{READY}{host}:{port}", file=sys.stderr, flush=True)
         if s.command:

@@ -102,6 +102,9 @@ async def plot(request: web.Request) -> web.Response:
     return web.Response(body=path.read_bytes(), content_type="image/png")
 
 
+TRAJECTORIES_UP_TO = 50_000  # exchanges: a larger store's summary is `nfanalyze STORE`'s (it reads every body)
+
+
 async def summary(request: web.Request) -> web.Response:
     source = request.app[SOURCE_KEY]
     store: Store | None = request.app[STORE_KEY]  # type: ignore[assignment]
@@ -112,6 +115,11 @@ async def summary(request: web.Request) -> web.Response:
         doc["gate"] = read_json(source.inside(source.gate))
     if store is not None:
         doc["store"] = {"exchanges": len(store), "rules_id": store.meta("rules_id"), "format": store.meta("format")}
+        if not source.report and len(store) <= TRAJECTORIES_UP_TO and not store.outcome_rows():
+            from noisefloor.analyzer.logstats import steps_of
+            from noisefloor.analyzer.trajectories import summarize
+
+            doc["trajectories"] = summarize(steps_of(store)).to_json()
     return _json(doc)
 
 

@@ -68,9 +68,10 @@ def session_page(store: Store, after: int, filters: Filters) -> dict[str, Any]:
         s = found.setdefault(ex.session, {"session": ex.session, "condition": ex.condition, "task": ex.task,
                                           "replicate": ex.replicate, "first_id": ex.id, "first_time": ex.time,
                                           "exchanges": 0, "hits": 0, "misses": 0, "order": 0, "errors": 0,
-                                          "models": []})
+                                          "models": [], "followed": {}, "diverged": None})
         s["exchanges"] += 1
         result = result_of(ex)
+        _trajectory(s, ex)
         s["hits"] += result == "hit"
         s["misses"] += result == "miss"
         s["order"] += order_note(ex) is not None
@@ -79,6 +80,17 @@ def session_page(store: Store, after: int, filters: Filters) -> dict[str, Any]:
             s["models"].append(ex.model)
     ended = scanned < (SCAN_SEARCH if filters.q else SCAN)
     return {"items": list(found.values()), "next": None if ended else last, "scanned": scanned, "total": len(store)}
+
+
+def _trajectory(s: dict[str, Any], ex: Exchange) -> None:
+    """A replay session's trajectory from its records: the recorded sessions that answered it
+    (answers each) and where it first left the recording (`replay.trajectory`)."""
+    replay = ex.replay if isinstance(ex.replay, dict) else {}
+    src = replay.get("from")
+    if replay.get("result") == "hit" and isinstance(src, str):
+        s["followed"][src] = s["followed"].get(src, 0) + 1
+    if s["diverged"] is None and isinstance(replay.get("diverged"), dict):
+        s["diverged"] = replay["diverged"]
 
 
 # -- one exchange -------------------------------------------------------------------------------

@@ -58,14 +58,37 @@ def log_cmd(words: tuple[str, ...], store_opt: Path | None, session: str | None,
             return
         line = _Line(Visible())
         if filters.empty and limit is None:  # every exchange: the heads as the store keeps them, a batch at a time
-            _listing(line.of_part_batches(store.head_part_batches(), not sessions_only), store_path, line.shown)
-            return
-        if filters.empty:
-            entries = line.of_parts(store.head_parts(), not sessions_only)
-        else:  # the records' heads suffice, except for filters that read more
-            source = store.exchanges() if filters.q or filters.order else store.heads()
-            entries = line.of_heads(_wanted(source, filters, store), not sessions_only)
-        _listing(_one_each(islice(entries, limit)), store_path, line.shown)
+            seen = _listing(line.of_part_batches(store.head_part_batches(), not sessions_only), store_path, line.shown)
+        else:
+            if filters.empty:
+                entries = line.of_parts(store.head_parts(), not sessions_only)
+            else:  # the records' heads suffice, except for filters that read more
+                source = store.exchanges() if filters.q or filters.order else store.heads()
+                entries = line.of_heads(_wanted(source, filters, store), not sessions_only)
+            seen = _listing(_one_each(islice(entries, limit)), store_path, line.shown)
+        replayed = {name for name, (_, modes, _) in seen.items() if "replay" in _modes(modes)}
+        if replayed:  # a second pass, over replay records only where the listing showed some
+            _trajectories(store, replayed)
+
+
+def _trajectories(store: Store, sessions: set[str]) -> None:
+    """Which recorded session each listed replay session followed, and where it diverged."""
+    from noisefloor.proxy.replay import trajectory
+
+    def records() -> Iterator[tuple[str, Any, str | None]]:
+        for ex in store.exchanges():
+            if ex.mode == "replay" and ex.session in sessions:
+                replay = ex.replay if isinstance(ex.replay, dict) else {}
+                src = replay.get("from")
+                if not isinstance(src, str) and isinstance(replay.get("source_id"), int):  # written before "from"
+                    entry = store.recorded_entry(replay["source_id"])
+                    src = entry.session if entry is not None else None
+                yield ex.session, replay, src
+
+    found = trajectory.from_records(records())
+    lines = [line for name, t in found.items() for line in trajectory.describe(name, t)]
+    sys.stdout.write("replay trajectories:\n" + "".join(f"{x}\n" for x in lines))
+    sys.stdout.flush()
 
 
 def _wanted(exchanges: Iterator[Any], filters: Filters, store: Store) -> Iterator[Any]:
@@ -112,7 +135,7 @@ def _one_each(entries: Iterable[Entry]) -> Iterator[Lines]:
         yield text, [((session, mode, condition), 1)]
 
 
-def _listing(batches: Iterable[Lines], store_path: Path, shown: Callable[[object], str]) -> None:
+def _listing(batches: Iterable[Lines], store_path: Path, shown: Callable[[object], str]) -> dict[str, list[Any]]:
     """The sessions, then a line per exchange. One pass: lines go to a spool file while sessions are
     counted, so memory holds sessions, never exchanges."""
     per_session: dict[str, list[Any]] = {}  # name -> [exchanges, mode (a set once there are two), condition]
@@ -141,6 +164,7 @@ def _listing(batches: Iterable[Lines], store_path: Path, shown: Callable[[object
         spool.seek(0)
         shutil.copyfileobj(spool, out, 1 << 20)
         out.flush()
+    return per_session  # name -> [exchanges, mode (a set once there are two), condition]
 
 
 def _modes(m: str | set[str]) -> set[str]:

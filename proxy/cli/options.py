@@ -48,7 +48,8 @@ class ServeOptions:
     upstream: str | None = None  # reverse mode; None: a regular (forward) proxy
     strict: bool = True
     allow_reuse: bool = False
-    replay_sessions: tuple[str, ...] = ()
+    replay_sessions: tuple[str, ...] = ()  # or ("next",) / ("first",): the recorded runs in turn (replay/turns.py)
+    new_session: bool = False  # record: a session name the store holds starts NAME-2, ... instead of a refusal
     replay_timed: bool = False  # replay streams with the recorded gaps
     order_wait: float = 5.0
     replay_order: str = "content"  # how replayed requests are paired with recorded answers (replayer.py)
@@ -138,7 +139,11 @@ serve_options = options(
     listen_option,
     click.option("--upstream", help="Reverse mode: the provider origin, e.g. https://api.openai.com. Without it, "
                  "nfproxy is a regular HTTP(S) proxy (HTTPS_PROXY plus its CA, see `nfproxy ca`)."),
-    click.option("--session", help="Session label for requests without an x-nf-session header (default: generated)."),
+    click.option("--session", help="Session label for requests without an x-nf-session header (default: generated). "
+                 "Record: a name the store already holds is refused (see --new-session)."),
+    click.option("--new-session", is_flag=True,
+                 help="Record: a session name the store already holds starts a new numbered session (NAME-2, "
+                      "NAME-3, ...) instead of being refused."),
     click.option("--task", help="Task label stamped on every exchange."),
     click.option("--replicate", help="Replicate label stamped on every exchange."),
     click.option("--condition", help="Condition label (live, t0, replay, ...) stamped on every exchange."),
@@ -157,7 +162,9 @@ serve_options = options(
                  help='JSON of user-defined variants: {"name": {"prefix": "...", "suffix": "...", '
                       '"template": "..{text}.."}}.'),
     click.option("--replay-session", "replay_sessions", multiple=True,
-                 help="Replay only answers recorded in this session; repeatable (default: all recorded sessions)."),
+                 help="Replay only answers recorded in this session; repeatable (default: all recorded sessions). "
+                      "'next': the next recorded session no earlier run replayed (remembered beside the store, "
+                      "so each proxy start or wrapped command takes the next run); 'first': start over."),
     click.option("--replay-timing", type=click.Choice(["none", "recorded"]), default="none", show_default=True,
                  help="Replay streams at once, or with the recorded gaps between chunks."),
     click.option("--replay-order", type=click.Choice(["content", "recorded"]), default=_D.replay_order,

@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
+from noisefloor.display import visible
 from noisefloor.proxy.mitm._flows import (
     CAPTURE,
     LABELS,
@@ -27,6 +29,12 @@ from noisefloor.proxy.request.traffic import ResponseData
 CLIENT_GONE_GRACE_S = 0.5
 
 
+def refused_session(name: str) -> str:
+    """The one line that refuses recording into a session the store already holds."""
+    return (f"the store already holds a session named '{visible(name)}' (an earlier run); recording into it would "
+            "mix two runs: name another session, or pass --new-session to record into the next free NAME-N")
+
+
 class Record:
     """Keys each request while the upstream works on it, and commits the exchange's answered row
     before the client sees the answer (so a proxy killed with SIGKILL keeps every exchange it
@@ -43,14 +51,29 @@ class Record:
             "`nfproxy repair STORE` writes it", line)
         recorder.on_refused = lambda line: log.warning("nfproxy: %s", line)
         self._unkeyed: deque[http.HTTPFlow] = deque()
+        self._refused: set[str] = set()  # sessions refused so far (said once each)
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None:  # refused before it got here (BodyLimit): nothing to record
             return
-        flow.metadata[PENDING] = (request_data(flow), flow.metadata[LABELS])
+        labels = flow.metadata[LABELS]
+        session = self.recorder.session_for(labels.session)
+        if session is None:  # never forwarded: an earlier run's session is not appended to
+            self._refuse(flow, labels.session)
+            return
+        if session != labels.session:
+            flow.metadata[LABELS] = labels = replace(labels, session=session)
+        flow.metadata[PENDING] = (request_data(flow), labels)
         self._unkeyed.append(flow)
         # runs once mitmproxy has sent the request on: keying overlaps the upstream's work
         asyncio.get_running_loop().call_soon(self._key_arrivals)
+
+    def _refuse(self, flow: http.HTTPFlow, session: str) -> None:
+        if session not in self._refused:
+            self._refused.add(session)
+            log.error("nfproxy: %s", refused_session(session))
+        flow.response = error_response(409, "nfproxy_session_exists", refused_session(session),
+                                       {"x-nf-record": "refused"})
 
     def _key_arrivals(self) -> None:
         """Key waiting requests in arrival order (occurrence numbers follow it)."""

@@ -26,7 +26,8 @@ def matches(host: str, route: str) -> bool:
     return route.endswith("/messages") or "anthropic" in host
 
 
-def _blocks(content: Any, marks: Marks) -> list[str]:
+def _blocks(content: Any, marks: Marks, calls: list[tuple[Any, Any]] | None = None) -> list[str]:
+    """Text blocks' texts; tool-use ids into `marks`, and (id, input) of each into `calls` if given."""
     if isinstance(content, str):
         return [content]
     texts = []
@@ -34,6 +35,8 @@ def _blocks(content: Any, marks: Marks) -> list[str]:
         if b.get("type") == "text" and isinstance(b.get("text"), str):
             texts.append(b["text"])
         add(marks, id_mark("c", b.get("id") if b.get("type") == "tool_use" else None))
+        if calls is not None and b.get("type") == "tool_use":
+            calls.append((b.get("id"), b.get("input")))
     return texts
 
 
@@ -52,24 +55,31 @@ def carried(doc: Any) -> Marks:
 
 def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     marks: Marks = set()
+    calls: list[tuple[Any, Any]] = []
     if events is not None:
         pieces: dict[int, list[str]] = {}
+        tools: dict[Any, list[Any]] = {}  # block index -> [id, input JSON pieces]
         for ev in events:
             kind = ev.get("type")
             if kind == "content_block_start" and isinstance(ev.get("content_block"), dict):
                 block = ev["content_block"]
                 add(marks, id_mark("c", block.get("id") if block.get("type") == "tool_use" else None))
+                if block.get("type") == "tool_use":
+                    tools[ev.get("index", 0)] = [block.get("id"), []]
                 if isinstance(block.get("text"), str):
                     pieces.setdefault(ev.get("index", 0), []).append(block["text"])
             elif kind == "content_block_delta" and isinstance(ev.get("delta"), dict):
                 if isinstance(ev["delta"].get("text"), str):
                     pieces.setdefault(ev.get("index", 0), []).append(ev["delta"]["text"])
+                if isinstance(ev["delta"].get("partial_json"), str) and ev.get("index", 0) in tools:
+                    tools[ev.get("index", 0)][1].append(ev["delta"]["partial_json"])
         texts = ["".join(p) for _, p in sorted(pieces.items())]
+        calls = [(i, "".join(a)) for i, a in tools.values()]
     else:
-        texts = _blocks(doc.get("content") if isinstance(doc, dict) else None, marks)
+        texts = _blocks(doc.get("content") if isinstance(doc, dict) else None, marks, calls)
     if len(texts) > 1:
         texts.append("".join(texts))
-    return answered_from(texts, marks)
+    return answered_from(texts, marks, calls)
 
 
 _BLOCK_TEXTS = ("text", "thinking", "partial_json")  # a content block's text, reasoning, a tool call's input

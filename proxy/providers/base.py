@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -184,7 +184,6 @@ class Provider:
     answered: Callable[[Any, list[dict[str, Any]] | None], Answered] = field(default=lambda doc, events: Answered())
     # (status, nfproxy error kind, message, extra fields) -> the error body this API's SDKs print
     error_body: Callable[[int, str, str, dict[str, Any]], dict[str, Any]] = _openai_error
-    substring_deps: bool = False  # no structure to read: a request carries an answer whose text it contains
     # (response JSON document) -> served model, usage, finish reason
     served_doc: Callable[[Any], Served] = field(default=lambda doc: Served())
     # (one stream event) -> its part of the same; a stream's events are folded (default: as documents)
@@ -214,7 +213,31 @@ def sse_events(body: bytes) -> list[dict[str, Any]]:
     return out
 
 
-def answered_from(texts: list[str], marks: Marks) -> Answered:
+def answered_from(texts: list[str], marks: Marks, calls: Sequence[tuple[Any, Any]] = ()) -> Answered:
+    """An answer's marks and texts; `calls` its tool calls as (id, arguments): agents that keep a
+    transcript as text quote them in later messages, so their quoted forms count as its texts."""
     kept = [t for t in texts if isinstance(t, str) and t.strip()]
     add(marks, *(text_mark(t) for t in kept))
-    return Answered(frozenset(marks), tuple(kept))
+    quoted = [q for call_id, args in calls for q in quoted_forms(call_id, args) if q not in kept]
+    return Answered(frozenset(marks), tuple(kept + list(dict.fromkeys(quoted))))
+
+
+def quoted_forms(call_id: Any, arguments: Any) -> list[str]:
+    """How a tool call may be quoted in a later message's text: its id, its arguments as sent (a
+    JSON text or an object), as compact and spaced JSON, and as Python writes the parsed object
+    (smolagents puts `{'city': 'Paris'}` in its transcript)."""
+    forms = [call_id] if isinstance(call_id, str) else []
+    value = arguments
+    if isinstance(arguments, str):
+        forms.append(arguments)
+        try:
+            value = json.loads(arguments)
+        except (ValueError, RecursionError):
+            value = None
+    if isinstance(value, (dict, list)) and value:
+        try:
+            forms += [json.dumps(value, separators=(",", ":"), ensure_ascii=False),
+                      json.dumps(value, ensure_ascii=False), repr(value)]
+        except (TypeError, ValueError, RecursionError):
+            pass
+    return [f for f in forms if f.strip()]

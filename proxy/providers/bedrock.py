@@ -33,7 +33,8 @@ def matches(host: str, route: str) -> bool:
         ("/converse", "/converse-stream", "/invoke", "/invoke-with-response-stream")))
 
 
-def _content(content: Any, marks: Marks) -> list[str]:
+def _content(content: Any, marks: Marks, calls: list[tuple[Any, Any]] | None = None) -> list[str]:
+    """Text blocks' texts; tool ids into `marks`, and (id, input) of each tool use into `calls` if given."""
     texts = []
     for b in dicts(content):
         if isinstance(b.get("text"), str):
@@ -41,6 +42,8 @@ def _content(content: Any, marks: Marks) -> list[str]:
         for name in ("toolUse", "toolResult"):
             if isinstance(b.get(name), dict):
                 add(marks, id_mark("c", b[name].get("toolUseId")))
+        if calls is not None and isinstance(b.get("toolUse"), dict):
+            calls.append((b["toolUse"].get("toolUseId"), b["toolUse"].get("input")))
     return texts
 
 
@@ -59,11 +62,12 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     if isinstance(doc, dict) and isinstance(doc.get("content"), list):
         return anthropic.answered(doc, None)
     marks: Marks = set()
+    calls: list[tuple[Any, Any]] = []
     message = ((doc or {}).get("output") or {}).get("message") if isinstance(doc, dict) else None
-    texts = _content(message.get("content"), marks) if isinstance(message, dict) else []
+    texts = _content(message.get("content"), marks, calls) if isinstance(message, dict) else []
     if len(texts) > 1:
         texts.append("".join(texts))
-    return answered_from(texts, marks)
+    return answered_from(texts, marks, calls)
 
 
 def served(doc: Any) -> Served:

@@ -30,13 +30,16 @@ def matches(host: str, route: str) -> bool:
     return ":generatecontent" in low or ":streamgeneratecontent" in low or "generativelanguage" in host
 
 
-def _parts(parts: Any, marks: Marks) -> str:
+def _parts(parts: Any, marks: Marks, calls: list[tuple[Any, Any]] | None = None) -> str:
+    """The parts' text; function calls into `marks`, and (id, args) of each into `calls` if given."""
     texts = []
     for p in dicts(parts):
         if isinstance(p.get("text"), str) and not p.get("thought"):
             texts.append(p["text"])
         if isinstance(p.get("functionCall"), dict):
             add(marks, "f:" + json.dumps(p["functionCall"], sort_keys=True))
+            if calls is not None:
+                calls.append((p["functionCall"].get("id"), p["functionCall"].get("args")))
     return "".join(texts)
 
 
@@ -50,12 +53,13 @@ def carried(doc: Any) -> Marks:
 
 def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     marks: Marks = set()
+    calls: list[tuple[Any, Any]] = []
     pieces: dict[int, list[str]] = {}
     for chunk in (events if events is not None else [doc] if isinstance(doc, dict) else []):
         for i, cand in enumerate(dicts(chunk.get("candidates"))):
             content = obj(cand, "content")
-            pieces.setdefault(cand.get("index", i), []).append(_parts(content.get("parts"), marks))
-    return answered_from(["".join(p) for _, p in sorted(pieces.items())], marks)
+            pieces.setdefault(cand.get("index", i), []).append(_parts(content.get("parts"), marks, calls))
+    return answered_from(["".join(p) for _, p in sorted(pieces.items())], marks, calls)
 
 
 def stream_texts(events: list[Any]) -> list[Thread]:

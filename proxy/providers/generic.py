@@ -54,6 +54,6 @@ def stream_texts(events: list[Any]) -> list[Thread]:
     return [t for p in _SHAPES for t in p.stream_texts(events)] + texts_by_path(events)
 
 
-PROVIDER = Provider(name="generic", matches=lambda host, route: True, answered=answered, substring_deps=True,
+PROVIDER = Provider(name="generic", matches=lambda host, route: True, answered=answered,
                     served_doc=served, served_event=served_event, rewrite_user=rewrite_user,
                     stream_texts=stream_texts)

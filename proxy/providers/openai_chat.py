@@ -53,8 +53,10 @@ def carried(doc: Any) -> Marks:
 def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     marks: Marks = set()
     texts: list[str] = []
-    if events is not None:  # deltas per choice index
+    calls: list[tuple[Any, Any]] = []
+    if events is not None:  # deltas per choice index; a tool call's arguments come in pieces
         pieces: dict[int, list[str]] = {}
+        streamed: dict[tuple[Any, Any], list[Any]] = {}  # (choice, call index) -> [id, argument pieces]
         for ev in events:
             for ch in dicts(ev.get("choices")):
                 delta = obj(ch, "delta")
@@ -62,14 +64,22 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
                     pieces.setdefault(ch.get("index", 0), []).append(delta["content"])
                 for call in dicts(delta.get("tool_calls")):
                     add(marks, id_mark("c", call.get("id")))
+                    slot = streamed.setdefault((ch.get("index", 0), call.get("index", 0)), [None, []])
+                    slot[0] = slot[0] or call.get("id")
+                    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+                    if isinstance(fn.get("arguments"), str):
+                        slot[1].append(fn["arguments"])
         texts = ["".join(p) for _, p in sorted(pieces.items())]
+        calls = [(i, "".join(a)) for i, a in streamed.values()]
     elif isinstance(doc, dict):
         for ch in dicts(doc.get("choices")):
             msg = obj(ch, "message")
             texts.append(message_text(msg.get("content")) or ch.get("text") or "")
             for call in dicts(msg.get("tool_calls")):
                 add(marks, id_mark("c", call.get("id")))
-    return answered_from(texts, marks)
+                fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+                calls.append((call.get("id"), fn.get("arguments")))
+    return answered_from(texts, marks, calls)
 
 
 def stream_texts(events: list[Any]) -> list[Thread]:

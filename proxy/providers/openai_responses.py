@@ -54,13 +54,16 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
                     if ev.get("type") in ("response.completed", "response.incomplete")), None)
     marks: Marks = set()
     texts: list[str] = []
+    calls: list[tuple[Any, Any]] = []
     if isinstance(doc, dict):
         add(marks, id_mark("r", doc.get("id")))
         for item in dicts(doc.get("output")):
             text = _item_marks(item, marks)
             if text:
                 texts.append(text)
-    return answered_from(texts, marks)
+            if item.get("type") == "function_call":
+                calls.append((item.get("call_id"), item.get("arguments")))
+    return answered_from(texts, marks, calls)
 
 
 def served(doc: Any) -> Served:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import struct
 import time
@@ -171,12 +172,31 @@ class Recorder:
         self.on_refused: Callable[[str], None] = lambda line: None
         # a killed recorder's answered exchanges, before this one numbers any
         self.recovered = self.writer.finish_unwritten()[0]
+        self.numbered = False  # --new-session: a name the store holds starts NAME-2, NAME-3, ... instead
+        self._sessions: dict[str, str] = {}  # session named by this run -> the session it records into
         if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
             self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq)
                                                            for e in store.session_entries(name)])
         else:  # a store older than the index rows: read whole, once
             self.counters = Counters()
             self.counters.seed((e.session, e.key, e.occurrence, e.seq) for e in store.recorded_entries())
+
+    def session_for(self, name: str) -> str | None:
+        """The session a run naming `name` records into: `name` itself when the store does not hold it
+        yet (or this recorder began it), else None (refused: appending to an earlier run's session
+        would mix two runs, and a replay would follow the mix), or with `numbered` the first free
+        `name-N` (N >= 2)."""
+        got = self._sessions.get(name)
+        if got is not None:
+            return got
+        chosen: str | None = name
+        if self.store.session_first(name) is not None:
+            taken = set(self._sessions.values())
+            chosen = next(f"{name}-{n}" for n in itertools.count(2) if f"{name}-{n}" not in taken
+                          and self.store.session_first(f"{name}-{n}") is None) if self.numbered else None
+        if chosen is not None:
+            self._sessions[name] = chosen
+        return chosen
 
     def begin(self, request: RequestData, labels: Labels) -> Pending:
         """Key the request; call in arrival order (occurrence numbers follow it)."""
@@ -187,8 +207,7 @@ class Recorder:
         c = p.canonical
         provider = providers.pick(self.rules.profile, c.host, c.path)
         doc = c.body if c.body_kind == "json" else None
-        text = body_text(request.decoded if request.decoded is not None else request.raw_body) \
-            if provider.substring_deps else None
+        text = body_text(request.decoded if request.decoded is not None else request.raw_body)
         deps = self.answers.deps(labels.session, provider, doc, text)
         route = (record["request"]["method"], record["request"]["url"])
         return Pending(p, json.dumps(record), notes, provider, deps, route)

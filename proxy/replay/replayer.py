@@ -27,12 +27,14 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from noisefloor.display import visible
 from noisefloor.errors import InputError
 from noisefloor.proxy._stats import Stats
 from noisefloor.proxy.replay import _report as replay_report
-from noisefloor.proxy.replay import diagnosis, replies
+from noisefloor.proxy.replay import diagnosis, replies, trajectory
 from noisefloor.proxy.replay._order import RecordedOrder
 from noisefloor.proxy.replay._report import MissReport
+from noisefloor.proxy.replay.trajectory import Divergence, Trajectories
 from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.request.labels import Labels
 from noisefloor.proxy.request.traffic import Counters, Prepared, RequestData, ResponseData, prepare
@@ -106,10 +108,22 @@ class Replayer:
         self._served: dict[str, set[tuple[str, int]]] = {}  # ... as (recorded session, seq)
         self.misses: list[MissReport] = []
         self.order_notes: list[str] = []
+        self.trajectories = Trajectories()
+        self.turn: Any = None  # turns.Turn: the recorded run `--replay-session next / first` took
+        self._diverged: dict[tuple[str, int], Divergence] = {}  # (session, step) -> its departure, until logged
 
     @property
     def recorded(self) -> int:
         return self.index.count()
+
+    def ready_note(self) -> str:
+        """Which recorded sessions this replay follows, for the ready line."""
+        if self.turn is not None:
+            return self.turn.line()
+        if self.sources:
+            return "answering from recorded sessions " + ", ".join(f"'{visible(s)}'" for s in sorted(self.sources))
+        return ("each replay session follows the first recorded session holding its first request (the summary "
+                "names it; --replay-session next replays repeated recorded runs in turn)")
 
     def answer(self, request: RequestData, labels: Labels) -> Answer:
         """Match and answer at once, without waiting for predecessors (a library caller)."""
@@ -121,6 +135,7 @@ class Replayer:
         counts as asked from here on, so requests waiting for it can go ahead."""
         p = prepare(request, labels, self.rules, self.counters)
         candidates = self._candidates(p.key, labels)
+        self.trajectories.asked(labels.session, (e.session for e in candidates) if p.seq == 0 else ())
         if self.order == "recorded":
             if p.occurrence < len(candidates) or (candidates and self.allow_reuse):
                 picked = candidates[min(p.occurrence, len(candidates) - 1)]
@@ -170,8 +185,14 @@ class Replayer:
         return self._hit(m, waited)
 
     def summary_lines(self) -> list[str]:
-        """What the exit summary adds: each miss and what it affected, the order notes."""
-        return replay_report.summary_lines(self.misses, self.order_notes, lambda name: len(self._session(name)[0]))
+        """What the exit summary adds: which recorded session each replay session followed and where
+        it diverged, each miss and what it affected, the order notes."""
+        followed = self.trajectories.lines(pinned=bool(self.sources))
+        shown = followed[:2 * trajectory.SHOWN]
+        if len(followed) > len(shown):
+            shown.append("  ... more replay sessions (`nfproxy log` lists each)")
+        return shown + replay_report.summary_lines(self.misses, self.order_notes,
+                                                   lambda name: len(self._session(name)[0]))
 
     # -- pairing -------------------------------------------------------------------------------
 
@@ -215,6 +236,7 @@ class Replayer:
         return self._log(m.prepared, "hit", response, m.entry, None, source, note=m.note, waited=waited)
 
     def _violation(self, m: Matched, why: str, first: RecordedEntry | None, waited: float) -> Answer:
+        self._departed(m.prepared, Divergence(m.prepared.seq, "order_violation", m.entry.session, None, 0))
         if self.strict:
             return self._log(m.prepared, "order_violation", replies.order_violation(m.prepared, m.entry, why, first),
                              m.entry, why, waited=waited)
@@ -224,16 +246,34 @@ class Replayer:
         return self._log(m.prepared, "order_violation", response, m.entry, why, source, waited=waited)
 
     def _miss(self, p: Prepared, candidates: list[RecordedEntry]) -> Answer:
-        near = None if candidates else diagnosis.nearest(self.store, self.rules, self.index, p)
+        near = None if candidates else self._pinned(p, diagnosis.nearest(self.store, self.rules, self.index, p))
         affected: tuple[int, ...] = ()
         if near and near.get("session"):
             affected = self._order.affected(near["session"], near["exchange_id"], self._session(near["session"])[1])
             self._stands_in(p.labels.session, near["session"], near["exchange_id"])
         route = f"{p.canonical.method} {p.canonical.path}"
+        left = near.get("session") if near else (candidates[0].session if candidates else None)
+        self._departed(p, Divergence(p.seq, "miss", left, near.get("differs_at") if near else None, len(affected)))
         self.misses.append(MissReport(p.labels.session, p.labels.task, p.key, route, near, affected))
         if self._say is not None:
             self._say(replay_report.miss_line(p, route, len(candidates), near, affected))
         return self._log(p, "miss", replies.miss(p, len(candidates), near, list(affected)), None, None)
+
+    def _pinned(self, p: Prepared, near: dict[str, Any] | None) -> dict[str, Any] | None:
+        """The nearest recorded request, taken from the one recorded session this replay follows
+        (a label's replay_from, or a single --replay-session) when that session holds the same request
+        as the nearest found elsewhere (repeated runs begin alike)."""
+        pinned = p.labels.replay_from or (next(iter(self.sources)) if len(self.sources) == 1 else None)
+        if near is None or pinned is None or near.get("session") == pinned:
+            return near
+        same = self.index.session(pinned).by_key.get(str(near.get("key")), [])
+        return {**near, "exchange_id": same[0].id, "session": pinned} if same else near
+
+    def _departed(self, p: Prepared, d: Divergence) -> None:
+        """The replay session's first departure from the recording is kept (`trajectory`); later
+        ones follow from it."""
+        if self.trajectories.departed(p.labels.session, d):
+            self._diverged[(p.labels.session, p.seq)] = d
 
     @lru_cache(maxsize=4096)  # noqa: B019 - one replayer per process; replicates serve the same answers again
     def _source(self, exchange_id: int) -> tuple[Exchange, ResponseData]:
@@ -279,6 +319,14 @@ class Replayer:
             record.update(exchange_record.answer_part(response, identity))
             record["replay"] = {"result": result, "source_id": entry.id if entry else None, "detail": why,
                                 "wait_ms": round(waited * 1000, 3)}
+            if entry is not None:
+                record["replay"]["from"] = entry.session  # the recorded session this answer came from
+            if p.seq == 0:
+                t = self.trajectories.get(p.labels.session)
+                record["replay"]["matching"] = t.matching if t else 0  # recorded sessions holding its first request
+            diverged = self._diverged.pop((p.labels.session, p.seq), None)
+            if diverged is not None:
+                record["replay"]["diverged"] = diverged.to_json()
             if note is not None:
                 record["replay"]["order_note"] = note
             record["latency_ms"] = 0.0
@@ -288,6 +336,8 @@ class Replayer:
 
         self._log_sink(build)
         self.stats.exchanges += 1
+        if result == "hit" and entry is not None:
+            self.trajectories.served(p.labels.session, entry.session)
         if result == "hit":
             self.stats.hits += 1
             self.stats.order_notes += note is not None

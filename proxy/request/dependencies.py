@@ -2,7 +2,8 @@
 
 A request depends on an earlier answer of its session when it sends that answer back: its text
 or tool calls in the messages, its response id, its output items (each provider module says how
-its API does this). Replay pairs identical requests by these, and calls a request that carries an
+its API does this), or, in any provider's request, the answer's text or a tool call's arguments or
+id quoted inside a message (agents that keep their transcript as text, as smolagents does). Replay pairs identical requests by these, and calls a request that carries an
 answer not yet served a call-order violation; timing alone never makes a request wait.
 
 Dependencies are computed while recording (`Tracker`) and stored with the recorded entry as the
@@ -29,7 +30,8 @@ _SESSIONS = 4096  # sessions tracked at once (the oldest forgotten first)
 @dataclass
 class _Answers:
     marks: dict[str, int] = field(default_factory=dict)  # mark -> seq of the latest answer with it
-    texts: deque[tuple[str, int]] = field(default_factory=lambda: deque(maxlen=_TEXTS))
+    # (text stripped, its form inside a JSON string where that differs, else None, seq of its answer)
+    texts: deque[tuple[str, str | None, int]] = field(default_factory=lambda: deque(maxlen=_TEXTS))
 
 
 class Tracker:
@@ -39,14 +41,15 @@ class Tracker:
         self._sessions: OrderedDict[str, _Answers] = OrderedDict()
 
     def deps(self, session: str, provider: Provider, doc: Any, body_text: str | None) -> tuple[int, ...]:
-        """Seqs of this session's completed answers that a request (its parsed JSON body, or its
-        text for the generic rule) carries."""
+        """Seqs of this session's completed answers that a request carries: by the provider's marks
+        in its parsed JSON body, and by an answer's texts (`Answered.texts`) found in its text."""
         answers = self._sessions.get(session)
         if answers is None:
             return ()
         found = {answers.marks[m] for m in providers.carried(provider, doc) if m in answers.marks} if doc else set()
-        if provider.substring_deps and body_text:
-            found |= {seq for text, seq in answers.texts if _contains(body_text, text)}
+        if body_text:  # quoted as text (a transcript kept in messages), in any provider's request
+            found |= {seq for text, escaped, seq in answers.texts
+                      if seq not in found and (text in body_text or (escaped is not None and escaped in body_text))}
         return tuple(sorted(found))
 
     def answered(self, session: str, seq: int, provider: Provider, body: bytes, content_type: str | None,
@@ -66,12 +69,14 @@ class Tracker:
         if len(answers.marks) > _MARKS:
             for m in list(answers.marks)[: len(answers.marks) - _MARKS]:
                 del answers.marks[m]
-        answers.texts.extend((t, seq) for t in got.texts if len(t.strip()) >= MIN_TEXT)
+        answers.texts.extend((t, _escaped(t), seq) for t in (x.strip() for x in got.texts) if len(t) >= MIN_TEXT)
 
 
-def _contains(body: str, text: str) -> bool:
-    t = text.strip()
-    return t in body or json.dumps(t, ensure_ascii=False)[1:-1] in body
+def _escaped(text: str) -> str | None:
+    """`text` as it appears inside a JSON string, when that differs from the text (quotes, newlines,
+    backslashes, control characters): worked out once per answer, not once per later request."""
+    inner = json.dumps(text, ensure_ascii=False)[1:-1]
+    return None if inner == text else inner
 
 
 def body_text(raw: bytes | None) -> str | None:

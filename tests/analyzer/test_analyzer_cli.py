@@ -150,8 +150,10 @@ def test_log_adds_per_condition_counts(tmp_path):
     assert log["replay"]["misses"] == 1 and log["replay"]["exchanges"] == 2
     bad = nfanalyze(str(tmp_path / "nope.lmdb"), "--outcomes", str(out))
     assert bad.returncode != 0 and "no nfproxy store" in bad.stderr
-    ungraded = nfanalyze(str(store_path))  # exchanges but no grades: say what to run
-    assert ungraded.returncode == 5 and "no graded outcome rows" in ungraded.stderr and "nfverify" in ungraded.stderr
+    ungraded = nfanalyze(str(store_path))  # exchanges but no grades: their trajectories, and what to run
+    assert ungraded.returncode == 0, ungraded.stderr
+    assert "no graded outcome rows" in ungraded.stdout and "nfverify" in ungraded.stdout
+    assert "sessions: 2 (1 record, 1 replay); exchanges: 4" in ungraded.stdout
     # rows kept in the log are the input; --outcomes replaces the same (condition, task, replicate)
     # and the log's other rows stay
     with Store.open(store_path, write=True) as s:
@@ -178,3 +180,40 @@ def test_example_runs_and_recovers_the_ladder_order():
     sim = example()
     data = build(sim.rows)
     assert len(data.tasks) == 40
+
+
+def _tool_answer(name: str, args: str) -> bytes:
+    call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": args}}
+    return json.dumps({"model": "m-2", "choices": [{"message": {"role": "assistant", "content": None,
+                                                               "tool_calls": [call]}, "finish_reason": "tool_calls"}],
+                       "usage": {"prompt_tokens": 10, "completion_tokens": 2}}).encode()
+
+
+def test_a_store_without_outcome_rows_shows_its_trajectories_in_text_and_json(tmp_path):
+    store_path = tmp_path / "agent.lmdb"
+    body = lambda s: json.dumps({"model": "m", "messages": [{"role": "user", "content": s}]}).encode()  # noqa: E731
+    req = lambda s: RequestData("POST", "http://u/v1/chat/completions", "u", "/v1/chat/completions", (), body(s))  # noqa: E731
+    with Store.open(store_path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for session, n in (("run-1", 3), ("run-2", 1)):  # a three-step run calling tools, a one-step run
+            for i in range(n):
+                tool = "get_weather" if i < 2 else "lookup\x1b[31m"
+                rec.finish(rec.begin(req(f"{session}-{i}"), Labels(session, condition="agent")),
+                           ResponseData(200, (("content-type", "application/json"),), _tool_answer(tool, "{}")))
+        rep = Replayer(s, Rules())
+        for prompt in ("run-1-0", "run-1-1", "other"):
+            rep.answer(req(prompt), Labels("again-1", condition="agent-replay"))
+    r = nfanalyze(str(store_path))
+    assert r.returncode == 0, r.stderr
+    assert "sessions: 3 (2 record, 1 replay); exchanges: 7" in r.stdout
+    assert "steps per session: median 3 (min 1, mean 2.333, max 3)" in r.stdout
+    assert "get_weather x5" in r.stdout and "\\x1b[31m" in r.stdout and "\x1b" not in r.stdout  # escaped label
+    assert "models served: m-2 (6)" in r.stdout and "tokens: 60 in, 12 out" in r.stdout
+    assert "2 hits, 1 misses, 0 order violations in 3 replayed exchanges; 0 of 1 replay sessions exact; " \
+           "2 of 4 recorded exchanges served (50%)" in r.stdout
+    j = nfanalyze(str(store_path), "--json", "-")
+    assert j.returncode == 0, j.stderr
+    t = json.loads(j.stdout)["trajectories"]
+    assert t["sessions"] == 3 and t["tools"]["get_weather"] == 5 and t["replay"]["coverage"] == 0.5
+    assert {x["session"]: x["steps"] for x in t["per_session"]} == {"run-1": 3, "run-2": 1, "again-1": 3}
+    assert t["steps_per_session"] == {"min": 1.0, "median": 3.0, "mean": 7 / 3, "max": 3.0}

@@ -290,6 +290,77 @@ def test_a_registered_provider_is_asked_before_the_generic_one_and_rewrites_its_
         providers.terminal_events.cache_clear()
 
 
+ARGS = {"city": "Paris", "unit": "celsius"}
+USER_CHAT = lambda text: {"model": "m", "messages": [{"role": "user", "content": text}]}  # noqa: E731
+# (host, path, provider, an answer calling get_weather(ARGS), a request in the same API with one user text)
+TOOL_CALLS = [
+    ("api.openai.com", "/v1/chat/completions", "openai",
+     {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+         {"id": "call_Xq81", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(ARGS)}}]}}]},
+     USER_CHAT),
+    ("api.mistral.ai", "/v1/chat/completions", "mistral",
+     {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+         {"id": "call_Xq81", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(ARGS)}}]}}]},
+     USER_CHAT),
+    ("api.openai.com", "/v1/responses", "openai-responses",
+     {"id": "resp_1", "output": [{"type": "function_call", "id": "fc_1", "call_id": "call_Xq81", "name": "get_weather",
+                                  "arguments": json.dumps(ARGS)}]},
+     lambda text: {"model": "m", "input": [{"role": "user", "content": text}]}),
+    ("api.anthropic.com", "/v1/messages", "anthropic",
+     {"content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": ARGS}]}, USER_CHAT),
+    ("generativelanguage.googleapis.com", "/v1beta/models/g:generateContent", "gemini",
+     {"candidates": [{"content": {"role": "model", "parts": [{"functionCall": {"name": "get_weather", "args": ARGS}}]}}]},
+     lambda text: {"contents": [{"role": "user", "parts": [{"text": text}]}]}),
+    ("bedrock-runtime.us-east-1.amazonaws.com", "/model/m/converse", "bedrock",
+     {"output": {"message": {"role": "assistant", "content": [
+         {"toolUse": {"toolUseId": "tu_1", "name": "get_weather", "input": ARGS}}]}}},
+     lambda text: {"messages": [{"role": "user", "content": [{"text": text}]}]}),
+    ("up", "/v2/complete", "generic",
+     {"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+         {"id": "call_Xq81", "type": "function", "function": {"name": "get_weather", "arguments": json.dumps(ARGS)}}]}}]},
+     USER_CHAT),
+]
+
+
+@pytest.mark.parametrize(("host", "path", "name", "answer", "asking"), TOOL_CALLS, ids=[c[2] for c in TOOL_CALLS])
+def test_a_tool_call_or_answer_quoted_as_text_in_a_later_message_is_carried_in_every_provider(
+        tmp_path, host, path, name, answer, asking):
+    """A transcript agent (smolagents) writes earlier tool calls into message text, as Python
+    prints them; a request quoting an earlier answer's text does the same for the answer."""
+    assert providers.detect(host, path).name == name
+    text_answer = {"choices": [{"message": {"role": "assistant", "content": "The forecast says light rain after noon."}}]}
+    if name in ("anthropic", "bedrock"):
+        text_answer = {"content": [{"type": "text", "text": "The forecast says light rain after noon."}]}
+    if name == "bedrock":
+        text_answer = {"output": {"message": {"role": "assistant", "content": [
+            {"text": "The forecast says light rain after noon."}]}}}
+    if name == "gemini":
+        text_answer = {"candidates": [{"content": {"role": "model", "parts": [
+            {"text": "The forecast says light rain after noon."}]}}]}
+    if name == "openai-responses":
+        text_answer = {"id": "resp_2", "output": [{"type": "message", "role": "assistant", "content": [
+            {"type": "output_text", "text": "The forecast says light rain after noon."}]}]}
+    calls = [
+        (request(path, asking("weather in Paris?"), host), response(answer)),
+        (request(path, asking("and the forecast?"), host), response(text_answer)),
+        # Python's form of the call's arguments, inside a message's text: carries answer 0
+        (request(path, asking(f"Calling tools: [{{'name': 'get_weather', 'arguments': {ARGS!r}}}]"), host),
+         response(text_answer)),
+        # the earlier answer's text quoted in a user message: carries answer 1
+        (request(path, asking("You said: The forecast says light rain after noon. Why?"), host), response(answer)),
+        (request(path, asking("something unrelated altogether"), host), response(answer)),
+    ]
+    deps = record(tmp_path / "s", calls)
+    assert deps[2] == (0,) and 1 in deps[3] and deps[4] == ()
+
+
+def test_quoted_forms_of_a_tool_call():
+    from noisefloor.proxy.providers.base import quoted_forms
+
+    forms = quoted_forms("call_1", '{"a": [1, 2]}')
+    assert forms == ["call_1", '{"a": [1, 2]}', '{"a":[1,2]}', '{"a": [1, 2]}', "{'a': [1, 2]}"]
+    assert quoted_forms(None, "not json") == ["not json"] and quoted_forms(None, {}) == []
+
 USAGE_SHAPES = {  # one answer as each API writes it, 3 tokens in and 4 out
     "openai": {"model": "gpt-x", "usage": {"prompt_tokens": 3, "completion_tokens": 4},
                "choices": [{"finish_reason": "stop"}]},

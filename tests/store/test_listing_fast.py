@@ -94,11 +94,13 @@ def test_log_reading_heads_gives_the_slow_path_lines(hostile_store, secret_env):
         p[0] += 1
         p[1].add(ex.mode)
     expected = _encoded(_summary(per_session, hostile_store, visible)) + _encoded(slow(ex) for ex in exchanges)
-    assert out == expected
+    listing, heading, trajectories = out.partition(b"replay trajectories:\n")  # replay sessions: a section of their own
+    assert listing == expected and heading
+    assert trajectories.count(b"  replay session ") == sum("replay" in p[1] for p in per_session.values())
     text = out.decode("utf-8")  # valid UTF-8: a lone surrogate is written as its escape
     assert not any(c in text for c in RAW if c != "\n") and SECRET not in text
     assert "\\x1b]0;pwned\\x07" in text and "\\u202e" in text and "\\ud800" in text
-    assert len(text.splitlines()) == 1 + len(per_session) + len(exchanges)
+    assert len(listing.decode("utf-8").splitlines()) == 1 + len(per_session) + len(exchanges)
 
 
 def test_log_json_gives_the_slow_path_objects(hostile_store):

@@ -547,3 +547,56 @@ def test_a_port_out_of_range_or_taken_is_one_line(tmp_path):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_a_store_without_outcome_rows_shows_its_trajectories(tmp_path):
+    """An agent recording on its own: the summary carries sessions, steps, tools and models."""
+    body = json.dumps(_chat("hello")).encode()
+    answer = json.dumps({"model": "m-9", "choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c", "type": "function", "function": {"name": "search", "arguments": "{}"}}]}}]}).encode()
+    from noisefloor.proxy.record.recorder import Recorder
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
+
+    with Store.open(tmp_path / "log.lmdb", write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for session in ("a", "b"):
+            rec.finish(rec.begin(RequestData("POST", "http://u/v1/chat/completions", "u", "/v1/chat/completions", (),
+                                             body), Labels(session)),
+                       ResponseData(200, (("content-type", "application/json"),), answer))
+    proc, url, lines = start_viewer(tmp_path)
+    try:
+        doc = loopback.get(url + "/api/summary").json()
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0, "".join(lines)
+    t = doc["trajectories"]
+    assert t["sessions"] == 2 and t["tools"] == {"search": 2} and t["models"] == {"m-9": 2}
+
+
+def test_the_session_page_says_which_recorded_session_a_replay_followed_and_where_it_diverged(tmp_path):
+    from noisefloor.proxy.record.recorder import Recorder
+    from noisefloor.proxy.replay.replayer import Replayer
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
+
+    def ask(text: str) -> RequestData:
+        return RequestData("POST", "http://u/v1/chat/completions", "u", "/v1/chat/completions", (),
+                           json.dumps(_chat(text)).encode())
+
+    answer = ResponseData(200, (("content-type", "application/json"),),
+                          json.dumps({"choices": [{"message": {"role": "assistant", "content": "fine"}}]}).encode())
+    with Store.open(tmp_path / "log.lmdb", write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for text in ("first step", "second step"):
+            rec.finish(rec.begin(ask(text), Labels("recorded-1")), answer)
+        rep = Replayer(s, Rules())
+        rep.answer(ask("first step"), Labels("again"))
+        rep.answer(ask("second step, changed"), Labels("again"))
+        page = pages.session_page(s, 0, pages.Filters())
+    again = next(x for x in page["items"] if x["session"] == "again")
+    assert again["followed"] == {"recorded-1": 1}
+    assert again["diverged"] == {"step": 1, "result": "miss", "session": "recorded-1", "path": "/body/messages/0/content",
+                                 "cut_off": 0}

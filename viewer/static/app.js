@@ -236,7 +236,8 @@ async function gridSection(order) {
     el("div", {id: "grid", class: "grids"}, g.conditions.map(gridTable))];
 }
 
-const DESIGN_TITLES = {judge: "Judge study", audit: "Tool-calling audit", gate: "Regression gate"};
+const DESIGN_TITLES = {judge: "Judge study", audit: "Tool-calling audit", gate: "Regression gate",
+  compare: "Compare on one recording"};
 
 async function reportPage(main) {
   const s = await summary();
@@ -250,6 +251,8 @@ async function reportPage(main) {
   if (r && r.floors) parts.push(el("h2", {}, "Floors"), el("div", {id: "floors"}, tree(r.floors)));
   const gate = s.gate || (r && r.gate);
   if (gate && typeof gate === "object") parts.push(...gateSection(gate));
+  if (r && r.compare) parts.push(el("h2", {}, "Compare"), el("div", {id: "compare"}, tree(r.compare)));
+  if (s.trajectories) parts.push(el("h2", {}, "Trajectories"), el("div", {id: "trajectories"}, tree(s.trajectories)));
   if (r && r.conditions) {
     parts.push(el("h2", {}, DESIGN_TITLES[r.design] ? "Determinism ladder of the study's conditions" : "Determinism ladder"),
       conditionsTable(r.conditions), ...carriers(r.conditions));
@@ -269,7 +272,7 @@ async function reportPage(main) {
   if (r) {
     const prov = {};
     for (const k of ["provenance", "settings", "log", "dropped_tasks", "batches", "version"]) if (r[k] !== undefined && r[k] !== null) prov[k] = r[k];
-    for (const k of Object.keys(r)) if (!["conditions", "contrasts", "judge", "floors", "gate", "warnings"].includes(k) && !(k in prov)) prov[k] = r[k];
+    for (const k of Object.keys(r)) if (!["conditions", "contrasts", "judge", "floors", "gate", "compare", "warnings"].includes(k) && !(k in prov)) prov[k] = r[k];
     parts.push(el("h2", {}, "Provenance and settings"), el("div", {id: "provenance"}, tree(prov)));
   }
   if (s.store) {
@@ -377,7 +380,7 @@ async function sessionsPage(main, params) {
     el("td", {}, s.replicate === null ? "" : String(s.replicate)),
     el("td", {}, num(s.exchanges)), el("td", {}, num(s.hits)), el("td", {}, num(s.misses)),
     el("td", {}, num(s.order)), el("td", {}, num(s.errors)), el("td", {}, s.models.join(", ")),
-    el("td", {}, when(s.first_time))];
+    el("td", {class: "trajectory"}, trajectory(s)), el("td", {}, when(s.first_time))];
   const load = async () => {
     more.disabled = true;
     const page = await api("/api/sessions", Object.assign({after: cursor}, filters));
@@ -386,6 +389,8 @@ async function sessionsPage(main, params) {
       if (have) {  // a session spanning two pages: add its counts up
         for (const k of ["exchanges", "hits", "misses", "order", "errors"]) have.data[k] += s[k];
         for (const m of s.models) if (!have.data.models.includes(m)) have.data.models.push(m);
+        for (const [k, n] of Object.entries(s.followed || {})) have.data.followed[k] = (have.data.followed[k] || 0) + n;
+        if (!have.data.diverged && s.diverged) have.data.diverged = s.diverged;
         have.row.replaceChildren(...cells(have.data));
       } else {
         const row = el("tr", {"data-session": s.session}, cells(s));
@@ -402,8 +407,17 @@ async function sessionsPage(main, params) {
   more.addEventListener("click", () => { load().catch(fail); });
   main.replaceChildren(el("h1", {}, "Sessions"), filterForm(params, SESSION_FILTERS, "sessions"), info,
     table("session-list", ["session", "condition", "task", "rep", "exchanges", "hits", "misses", "order notes",
-      "errors", "models", "first"], body), more);
+      "errors", "models", "followed / diverged", "first"], body), more);
   await load();
+}
+
+function trajectory(s) {  // a replay session: the recorded session it followed, where it diverged
+  const followed = Object.entries(s.followed || {}).sort((a, b) => b[1] - a[1]);
+  const parts = followed.length ? ["followed " + followed[0][0] + " (" + followed[0][1] + ")"] : [];
+  const d = s.diverged;
+  if (d) parts.push("diverged at step " + d.step + " (" + d.result + (d.path ? " at " + d.path : "") + "); " +
+    d.cut_off + " later recorded steps cut off");
+  return parts.join("; ");
 }
 
 function headersTable(id, headers) {

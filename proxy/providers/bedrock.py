@@ -96,8 +96,8 @@ def stream_texts(events: list[Any]) -> list[Thread]:
                 if isinstance(delta.get(name), dict):
                     thread_add(threads, (index, name), i, ("delta", name, inner), delta[name].get(inner))
     wrapped = [ev.get("bytes") if isinstance(ev, dict) else None for ev in events]
-    inner = [[(i, ("bytes", *path)) for i, path in t] for t in anthropic.stream_texts(wrapped)]
-    return list(threads.values()) + inner
+    unwrapped = [[(i, ("bytes", *path)) for i, path in t] for t in anthropic.stream_texts(wrapped)]
+    return list(threads.values()) + unwrapped
 
 
 def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:

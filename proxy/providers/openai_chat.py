@@ -66,7 +66,7 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
                     add(marks, id_mark("c", call.get("id")))
                     slot = streamed.setdefault((ch.get("index", 0), call.get("index", 0)), [None, []])
                     slot[0] = slot[0] or call.get("id")
-                    fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+                    fn = obj(call, "function")
                     if isinstance(fn.get("arguments"), str):
                         slot[1].append(fn["arguments"])
         texts = ["".join(p) for _, p in sorted(pieces.items())]
@@ -77,7 +77,7 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
             texts.append(message_text(msg.get("content")) or ch.get("text") or "")
             for call in dicts(msg.get("tool_calls")):
                 add(marks, id_mark("c", call.get("id")))
-                fn = call.get("function") if isinstance(call.get("function"), dict) else {}
+                fn = obj(call, "function")
                 calls.append((call.get("id"), fn.get("arguments")))
     return answered_from(texts, marks, calls)
 

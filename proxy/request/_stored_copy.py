@@ -47,7 +47,7 @@ def response(resp: ResponseData, values: list[str], provider: Provider | None = 
         return unchanged
     decoded = resp.decoded_body
     content_type = resp.header("content-type")
-    framed = bool(content_type) and content_type.lower().startswith(stream_events.AWS_CONTENT_TYPE)
+    framed = content_type is not None and content_type.lower().startswith(stream_events.AWS_CONTENT_TYPE)
     whole = not framed and secrets.contains(decoded, values)  # AWS frames: erased event by event, framed again
     if not whole and resp.layout is None and not framed:  # the common case, on every exchange: one scan
         return unchanged

@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import fields, replace
 from functools import lru_cache
+from typing import Any
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
 from noisefloor.proxy import providers
@@ -107,7 +108,7 @@ def erase_label(text: str | None, values: Sequence[str]) -> str | None:
 
 def erase_labels(labels: Labels, values: Sequence[str]) -> Labels:
     """`labels` (session, task, replicate, condition, replay-from) with the secret `values` erased."""
-    erased = {f.name: erase_label(getattr(labels, f.name), values) for f in fields(labels)}
+    erased: dict[str, Any] = {f.name: erase_label(getattr(labels, f.name), values) for f in fields(labels)}
     return labels if all(erased[k] is getattr(labels, k) for k in erased) else replace(labels, **erased)
 
 

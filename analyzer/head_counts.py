@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from noisefloor.proxy.store_heads import Parts, Stored
+from noisefloor.proxy.store.heads import Parts, Stored
 
 Key = tuple[tuple[Any, ...], tuple[Any, ...]]  # (labels, route) as the store spells them
 Group = list[int]  # calls, errors, truncated, input tokens, output tokens, the position of its first head

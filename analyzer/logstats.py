@@ -10,8 +10,8 @@ from typing import Any
 
 from noisefloor.analyzer.head_counts import HeadCounts
 from noisefloor.outcome_rows import new_rows
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.store_heads import Parts
+from noisefloor.proxy.store.heads import Parts
+from noisefloor.proxy.store.log import Store
 
 
 def summarize(heads: Iterable[Parts]) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from noisefloor.analyzer.outcome_columns import NONE, Numbering, RowColumns
 from noisefloor.outcome_rows import VERSION_KEY, OutcomeRow
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 
 _DTYPES = (np.int32, np.int32, np.int64, np.int8, np.int8, np.float64, np.int32)  # RowColumns' arrays, in order
 CHUNK = 4096  # rows decoded at once: their texts and structs are what the read holds beside the columns

@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def dump(store: Path, step: int, out: Path) -> None:
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
     from tests.data.make_index_v1_store import answers
 
     with Store.open(store, write=False) as s:

@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.store_traffic import REQUEST_HEADERS  # noqa: E402
-from noisefloor.proxy import replay_index  # noqa: E402
-from noisefloor.proxy.keys import Rules  # noqa: E402
-from noisefloor.proxy.store import Store  # noqa: E402
-from noisefloor.proxy.traffic import RequestData  # noqa: E402
+from noisefloor.proxy.request.keys import Rules  # noqa: E402
+from noisefloor.proxy.request.traffic import RequestData  # noqa: E402
+from noisefloor.proxy.store import replay_index  # noqa: E402
+from noisefloor.proxy.store.log import Store  # noqa: E402
 
 
 def _canonical(body: bytes):

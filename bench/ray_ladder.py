@@ -55,9 +55,9 @@ def merge_rate(n: int, root: Path) -> tuple[float, int, int, int]:
     500 requests (as replicates of one task set do) and get different answers."""
     import random
 
-    from noisefloor.proxy.merge import merge
-    from noisefloor.proxy.replay_index import RecordedEntry
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
+    from noisefloor.proxy.store.merge.run import merge
+    from noisefloor.proxy.store.replay_index import RecordedEntry
 
     rng = random.Random(0)
     prompts = [rng.randbytes(3000).hex().encode() for _ in range(500)]  # 6 kB requests, the same in every shard
@@ -86,7 +86,7 @@ def merge_rate(n: int, root: Path) -> tuple[float, int, int, int]:
 
 
 def _compact_size(path: Path, root: Path) -> int:
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with tempfile.TemporaryDirectory(dir=root) as tmp, Store.open(path, write=False) as s:
         s.copy_to(Path(tmp))

@@ -103,7 +103,7 @@ def commands(store: Path) -> dict[str, list[str]]:
 
 def _count(store: Path) -> int:
     sys.path.insert(0, str(ROOT))
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     with Store.open(store, write=False) as s:
         return len(s)

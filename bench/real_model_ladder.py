@@ -166,7 +166,7 @@ def texts(a: argparse.Namespace) -> None:
     """Below the outcome: how many distinct answer texts each task got across its replicates."""
     from collections import defaultdict
 
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
     from noisefloor.verifier.candidates import candidates, response_text
 
     for run in a.runs:

@@ -30,7 +30,7 @@ VOLATILE = {"time", "end", "latency_ms", "start"}
 KEY = "sk-test-secret-value-123456"
 TABLES = r"""
 import hashlib, json, sys
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 s = Store.open(sys.argv[1], write=False)
 names = ("lookups", "labels", "routes", "index_routes")
 try:

@@ -27,11 +27,11 @@ from readers_scale import unpack  # noqa: E402 - a sibling script
 WORKER = r'''
 import json, sys, tempfile, time
 from pathlib import Path
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
 
 n = int(sys.argv[1])
 def request(i):
@@ -69,8 +69,9 @@ with tempfile.TemporaryDirectory() as d, Store.open(Path(d) / "s.lmdb", write=Tr
 
 HEAD_COST = r'''
 import json, sys, time
-from noisefloor.proxy import exchange_record, store_heads
-from noisefloor.proxy.exchange_record import Head
+from noisefloor.proxy.store import exchange as exchange_record
+from noisefloor.proxy.store import heads as store_heads
+from noisefloor.proxy.store.exchange import Head
 n = 20000
 text = json.dumps({"id": 7, "version": 1, "time": 1.7e9, "mode": "record", "session": "session-1", "task": "t",
                    "replicate": "0", "condition": "c0", "key": "ab" * 32, "occurrence": 0, "seq": 3, "rules_id": "r",

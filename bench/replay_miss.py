@@ -52,7 +52,7 @@ def messages(session: int, turn: int, changed: bool = False) -> list[dict[str, s
 
 
 def chat(session: int, turn: int, changed: bool = False):  # noqa: ANN201
-    from noisefloor.proxy.traffic import RequestData
+    from noisefloor.proxy.request.traffic import RequestData
 
     body = json.dumps({"model": "gpt-4o-mini", "messages": messages(session, turn, changed)}).encode()
     return RequestData("POST", "http://127.0.0.1:9/v1/chat/completions", "127.0.0.1", "/v1/chat/completions",
@@ -60,11 +60,11 @@ def chat(session: int, turn: int, changed: bool = False):  # noqa: ANN201
 
 
 def build(path: Path, n: int) -> float:
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.labels import Labels
-    from noisefloor.proxy.recorder import Recorder
-    from noisefloor.proxy.store import Store
-    from noisefloor.proxy.traffic import ResponseData
+    from noisefloor.proxy.record.recorder import Recorder
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import ResponseData
+    from noisefloor.proxy.store.log import Store
 
     t = time.process_time()
     with Store.open(path, write=True, create=True) as s:
@@ -87,10 +87,10 @@ def _rss_mb() -> float:
 
 
 def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.labels import Labels
-    from noisefloor.proxy.replayer import Replayer
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.replay.replayer import Replayer
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.store.log import Store
 
     rss0 = _rss_mb()
     with Store.open(path, write=False) as s:

@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 
-from noisefloor.proxy import secrets
+from noisefloor.proxy.request import secrets
 
 TEXT = "The quick brown fox jumps over the lazy dog; def add(a, b): return a + b. 100% sure \u4e2d. "
 

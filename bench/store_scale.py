@@ -35,8 +35,8 @@ import lmdb  # noqa: E402
 import zstandard  # noqa: E402
 
 from bench.store_traffic import record, sessions  # noqa: E402
-from noisefloor.proxy import codec  # noqa: E402
-from noisefloor.proxy.store import Store  # noqa: E402
+from noisefloor.proxy.store import _codec as codec  # noqa: E402
+from noisefloor.proxy.store.log import Store  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
@@ -212,10 +212,10 @@ def hit_miss(store: Path, n: int, shards: int, queries: int = 100) -> dict[str, 
     the process's first touch of the store's pages and of the code; `miss_warm_*` are `queries`
     other misses asked after them, what a replay that has been serving a while sees."""
     from bench.store_traffic import REQUEST_HEADERS
-    from noisefloor.proxy.keys import Rules
-    from noisefloor.proxy.labels import Labels
-    from noisefloor.proxy.replayer import Replayer
-    from noisefloor.proxy.traffic import RequestData
+    from noisefloor.proxy.replay.replayer import Replayer
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.request.labels import Labels
+    from noisefloor.proxy.request.traffic import RequestData
 
     picked: list[tuple[str, bytes]] = []
     for name, turns in sessions(n // shards, seed=0, prefix="run" if shards == 1 else "sh0"):

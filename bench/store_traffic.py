@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store.log import Store
 
 _WORDS = ("the of and to a in is that for it as with was on be by this are or an at from which not have but "
           "function return value list string number error test case input output file line code python class "

@@ -23,11 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 from bench.store_scale import BIN, PRIVATE, timed  # noqa: E402
 from bench.store_traffic import REQUEST_HEADERS, response_headers, sessions  # noqa: E402
-from noisefloor.proxy.keys import Rules  # noqa: E402
-from noisefloor.proxy.labels import Labels  # noqa: E402
-from noisefloor.proxy.recorder import Recorder  # noqa: E402
-from noisefloor.proxy.store import Store  # noqa: E402
-from noisefloor.proxy.traffic import RequestData, ResponseData  # noqa: E402
+from noisefloor.proxy.record.recorder import Recorder  # noqa: E402
+from noisefloor.proxy.request.keys import Rules  # noqa: E402
+from noisefloor.proxy.request.labels import Labels  # noqa: E402
+from noisefloor.proxy.request.traffic import RequestData, ResponseData  # noqa: E402
+from noisefloor.proxy.store.log import Store  # noqa: E402
 
 TASK_IDS = [f"{cat}_{i}" for cat in ("multiple", "parallel") for i in range(200)]
 

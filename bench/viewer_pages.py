@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from noisefloor.proxy.listing import Filters  # noqa: E402
-from noisefloor.proxy.replay_index import RecordedEntry  # noqa: E402
-from noisefloor.proxy.store import Store  # noqa: E402
+from noisefloor.proxy.cli.listing import Filters  # noqa: E402
+from noisefloor.proxy.store.log import Store  # noqa: E402
+from noisefloor.proxy.store.replay_index import RecordedEntry  # noqa: E402
 from noisefloor.viewer import pages  # noqa: E402
 
 

@@ -94,7 +94,7 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
 def truth(builtin: Any, cfg: Config, floors: dict[str, Any]) -> dict[str, Any]:
     """The provider's true per-unit rerun and perturbation SDs and their multiple (expectations
     under its known answer probabilities; the rewordings are the ones the proxy sends)."""
-    from noisefloor.proxy import perturb
+    from noisefloor.proxy.request import perturb
 
     variants = perturb.load_variants(cfg.perturb_file)
     main = next((c for c in cfg.conditions if not cfg.conditions.keying(c).variant), None)

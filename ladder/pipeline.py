@@ -22,7 +22,7 @@ from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor, LocalExecutor
 from noisefloor.ladder.runner import Config, Ladder
 from noisefloor.outcome_rows import OutcomeRow, write_jsonl
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def recording_id(store_path: Path) -> dict[str, Any]:
     """A content hash of the recording: every recorded exchange's key, occurrence, condition,
     session and response body hash, in a fixed order (independent of arrival order and of the
     store's byte layout), and the rules ids that keyed them."""
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     items, rules = [], set()
     with Store.open(store_path, write=False) as store:

@@ -27,8 +27,8 @@ from typing import Any
 
 from noisefloor.ladder.agent_run import AgentRun, Attempt, run_agent
 from noisefloor.ladder.executors import ExecutorError, Items, grade_here, start_proxy
-from noisefloor.proxy.merge import merge
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.store.merge.run import merge
 from noisefloor.verifier.grading import GradeOptions
 
 NAMESPACE = "noisefloor"

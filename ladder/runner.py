@@ -149,7 +149,7 @@ class Ladder:
 
     def candidates(self, names: set[str] | None = None) -> dict[str, Any]:
         """This study's candidates (session -> verifier Candidate) found in the log."""
-        from noisefloor.proxy.store import Store
+        from noisefloor.proxy.store.log import Store
         from noisefloor.verifier.candidates import candidates
 
         with Store.open(self.store, write=False) as store:
@@ -203,7 +203,7 @@ class Ladder:
         return list(rows.values())
 
     def _logged_sessions(self) -> set[str]:
-        from noisefloor.proxy.store import Store
+        from noisefloor.proxy.store.log import Store
 
         if not (self.store / "data.mdb").exists():
             return set()
@@ -213,7 +213,7 @@ class Ladder:
     def served_models(self) -> dict[tuple[str, str], set[str]]:
         """(condition, model as requested) -> the models that answered, over every recorded exchange
         of this study's conditions (an agent's every call, not only its final one)."""
-        from noisefloor.proxy.store import Store
+        from noisefloor.proxy.store.log import Store
         from noisefloor.verifier.candidates import request_doc, requested
 
         names = set(self.c.conditions.names)
@@ -228,7 +228,7 @@ class Ladder:
 
     def replay_failures(self) -> list[str]:
         """Replay sessions that saw a miss or an order violation: the recording was not reproduced."""
-        from noisefloor.proxy.store import Store
+        from noisefloor.proxy.store.log import Store
 
         bad = set()
         with Store.open(self.store, write=False) as store:
@@ -239,7 +239,7 @@ class Ladder:
 
     def provider_counts(self) -> dict[tuple[str, float], int]:
         """Requests per (task, temperature) already recorded: restores a provider's draw counters on resume."""
-        from noisefloor.proxy.store import Store
+        from noisefloor.proxy.store.log import Store
         from noisefloor.verifier.candidates import request_doc, requested
 
         counts: dict[tuple[str, float], int] = {}

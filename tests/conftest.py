@@ -20,6 +20,7 @@ from noisefloor.proxy.launch import nfproxy_argv as nfproxy_argv  # re-exported 
 from tests.fake_upstream import FakeUpstream
 
 ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"  # the fixtures the repository keeps (stores made by earlier mains)
 SHARED_DATA = Path(os.environ.get("NF_SHARED_DATA", ROOT.parent / "shared" / "data"))
 START_TIMEOUT = 30.0
 HAVE_EVALPLUS = (SHARED_DATA / "evalplus").is_dir()
@@ -165,7 +166,7 @@ def recorded_shards(where: Path, exchanges: int, fmt: str | None = None) -> list
     format of the heads table (noisefloor-log/4 or today's) that the stores are marked with before
     the first exchange, which a store keeps writing in."""
     from bench.store_traffic import record
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     paths = [where / "a.lmdb", where / "b.lmdb"]
     for seed, path in enumerate(paths):

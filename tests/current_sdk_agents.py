@@ -1,4 +1,4 @@
-"""Small agents written against today's SDKs and frameworks, unchanged, for tests/test_current_sdks.py.
+"""Small agents written against today's SDKs and frameworks, unchanged, for tests/proxy/test_current_sdks.py.
 
     python tests/current_sdk_agents.py SDK            # wrap form: base URLs and keys from the environment
     python tests/current_sdk_agents.py SDK BASE_URL   # base-URL form: the proxy's address passed explicitly

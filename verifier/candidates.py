@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from noisefloor.outcome_rows import replicate_of
-from noisefloor.proxy.exchange_record import Exchange
-from noisefloor.proxy.headers import header
 from noisefloor.proxy.providers import sse_events
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.request.headers import header
+from noisefloor.proxy.store.exchange import Exchange
+from noisefloor.proxy.store.log import Store
 
 
 @dataclass(frozen=True)

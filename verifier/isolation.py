@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from noisefloor.errors import StateError
-from noisefloor.proxy import secrets as secrets_mod
+from noisefloor.proxy.request import secrets as secrets_mod
 
 # The only variables a candidate sees. OPENBLAS_* are kept because some processors need them for
 # a correct numpy; nothing else of the verifier's environment passes.

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from noisefloor.proxy import secrets as secrets_mod
+from noisefloor.proxy.request import secrets as secrets_mod
 from noisefloor.verifier.values import decode
 
 _LOAD_KINDS = ("syntax_error", "exception", "no_code")

@@ -26,7 +26,7 @@ CHUNK_PER_JOB = 32  # code candidates in flight per sandbox slot
 
 
 def open_log(log: Path) -> Any:
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     return Store.open(log, write=False)  # a StoreError is one line: the command's error handling
 
@@ -141,8 +141,8 @@ def bfcl_rows(logs: Sequence[Path], dataset: Path | None, progress: Progress, ru
 
 def keep_in_log(log: Path, rows: list[OutcomeRow]) -> None:
     """The rows also go into the log beside the exchanges they grade: `nfanalyze LOG` needs nothing else."""
-    from noisefloor.proxy.store import Store, StoreError
-    from noisefloor.proxy.store_env import is_read_only
+    from noisefloor.proxy.store.env import is_read_only
+    from noisefloor.proxy.store.log import Store, StoreError
 
     if not rows:
         return

@@ -16,8 +16,8 @@ from typing import Any
 from aiohttp import web
 
 from noisefloor.errors import NoisefloorError
-from noisefloor.proxy.listing import FilterError
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.cli.listing import FilterError
+from noisefloor.proxy.store.log import Store
 from noisefloor.viewer import pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
 

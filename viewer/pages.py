@@ -13,13 +13,13 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from noisefloor.proxy.diagnosis import recorded_canonical
-from noisefloor.proxy.exchange_record import Exchange
-from noisefloor.proxy.headers import header
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.listing import SHOWN_BODY, Filters, order_note, result_of, row
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData
+from noisefloor.proxy.cli.listing import SHOWN_BODY, Filters, order_note, result_of, row
+from noisefloor.proxy.replay.diagnosis import recorded_canonical
+from noisefloor.proxy.request.headers import header
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.traffic import RequestData
+from noisefloor.proxy.store.exchange import Exchange
+from noisefloor.proxy.store.log import Store
 
 __all__ = ["Filters", "exchange_page", "session_page", "exchange_view", "order_note", "result_of", "row"]
 

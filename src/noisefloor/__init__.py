@@ -31,12 +31,12 @@ _SURFACE = {
     "Row": "noisefloor.analyzer.outcomes",
     "load_outcomes": "noisefloor.api",
     "build_outcomes": ("noisefloor.analyzer.outcomes", "build"),
-    "CanonicalRequest": "noisefloor.proxy.keys",
-    "Rules": "noisefloor.proxy.keys",
-    "canonicalize": "noisefloor.proxy.keys",
-    "Exchange": "noisefloor.proxy.exchange_record",
-    "Store": "noisefloor.proxy.store",
-    "StoreError": "noisefloor.proxy.store",
+    "CanonicalRequest": "noisefloor.proxy.request.keys",
+    "Rules": "noisefloor.proxy.request.keys",
+    "canonicalize": "noisefloor.proxy.request.keys",
+    "Exchange": "noisefloor.proxy.store.exchange",
+    "Store": "noisefloor.proxy.store.log",
+    "StoreError": "noisefloor.proxy.store.log",
     "GradeOptions": "noisefloor.verifier.grading",
     "code_grader": "noisefloor.verifier.grading",
     "Sandbox": "noisefloor.verifier.sandbox",
@@ -88,9 +88,9 @@ if TYPE_CHECKING:
     from noisefloor.analyzer.outcomes import build as build_outcomes
     from noisefloor.api import analyze, gate, load_outcomes
     from noisefloor.outcome_rows import OutcomeError
-    from noisefloor.proxy.exchange_record import Exchange
-    from noisefloor.proxy.keys import CanonicalRequest, Rules, canonicalize
-    from noisefloor.proxy.store import Store, StoreError
+    from noisefloor.proxy.request.keys import CanonicalRequest, Rules, canonicalize
+    from noisefloor.proxy.store.exchange import Exchange
+    from noisefloor.proxy.store.log import Store, StoreError
     from noisefloor.verifier.grading import GradeOptions, code_grader
     from noisefloor.verifier.isolation import SandboxError
     from noisefloor.verifier.sandbox import Sandbox

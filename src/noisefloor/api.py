@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from noisefloor.analyzer.gate import CaseCounts, GateSettings
     from noisefloor.analyzer.gate_run import GateResult
     from noisefloor.analyzer.outcomes import OutcomeSet
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
 PathLike = str | os.PathLike[str]
 
@@ -28,7 +28,7 @@ def _rows(source: Any) -> list[Any]:
     """Outcome rows (typed) from a file, a store, a Store, or several stores."""
     from noisefloor.analyzer import logstats
     from noisefloor.outcome_rows import OutcomeError, parse_rows, read_rows
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
 
     if isinstance(source, Store):
         return parse_rows(enumerate(source.outcome_rows(), 1), f"outcome rows in {source.path}")

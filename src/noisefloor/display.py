@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from noisefloor.proxy import erasure, secrets
+from noisefloor.proxy.request import erasure, secrets
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # JSON escapes C0

@@ -164,7 +164,7 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             run.record = start("--mode", "record", "--upstream", str(upstream), "--store", str(work / "record.lmdb"),
                                "--confdir", str(ca), *extra)
         if run.replay is not None and run.record is not None:
-            from noisefloor.proxy.episodes import Episodes
+            from noisefloor.proxy.record.episodes import Episodes
 
             run.front = Episodes(run.replay.url, run.record.url)
             url = run.front.start()
@@ -214,7 +214,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def _misses(store_path: Path) -> list[str]:
     """Each miss (and call-order violation) of a replay: the request, the nearest recorded one, the diff."""
-    from noisefloor.proxy.store import Store, StoreError
+    from noisefloor.proxy.store.log import Store, StoreError
 
     out: list[str] = []
     try:
@@ -244,8 +244,8 @@ def _misses(store_path: Path) -> list[str]:
 def _save(run: _Run) -> None:
     """The recording, written whole beside the old one and swapped in: compact (only used pages),
     with the old exchanges kept under new_episodes."""
-    from noisefloor.proxy.merge import merge
-    from noisefloor.proxy.store import Store
+    from noisefloor.proxy.store.log import Store
+    from noisefloor.proxy.store.merge.run import merge
 
     recorded = run.work / "record.lmdb"
     with Store.open(recorded, write=False) as store:

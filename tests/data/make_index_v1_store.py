@@ -19,10 +19,10 @@ import tempfile
 from pathlib import Path
 
 from bench.store_traffic import REQUEST_HEADERS, record
-from noisefloor.proxy import replay_index
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.traffic import RequestData
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.log import Store
 
 HERE = Path(__file__).parent
 QUERIES = range(1, 61, 2)

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from bench.store_traffic import record
-from noisefloor.proxy.store import Store
+from noisefloor.proxy.store.log import Store
 from tests.data.make_index_v1_store import answers
 
 HERE = Path(__file__).parent

@@ -11,12 +11,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from noisefloor.proxy.keys import Rules
-from noisefloor.proxy.labels import Labels
-from noisefloor.proxy.recorder import Recorder
-from noisefloor.proxy.replayer import Replayer
-from noisefloor.proxy.store import Store
-from noisefloor.proxy.traffic import RequestData, ResponseData
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.replay.replayer import Replayer
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store.log import Store
 
 
 def chat(content: str, stream: bool = False) -> RequestData:

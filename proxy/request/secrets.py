@@ -1,0 +1,291 @@
+"""What counts as a secret, and how it is removed before anything is written or printed.
+
+Secrets are removed from the stored copy only; the forwarded request keeps them (the provider
+needs the key). They are also never part of the content address, so rotating a key keeps a
+recording valid.
+
+The secret values of a request are those of its credential headers (and their parts: a Basic
+credential decoded, a Digest header's private parameters), of its secret query parameters, and of
+secret-named fields of a form or multipart body. Each is erased (`erasure`) wherever the exchange
+puts text: bodies, every header value and query value whatever its name, the URL, error messages,
+replay's own answers. Searched in every form a value could take: as sent, URL-encoded (`%2B` and
+`+` spellings), with `+` read as a space, JSON-escaped, `\\u`-escaped, in the decoded body
+(Content-Encoding undone), in a stream also in the text its events assemble to, and as any run of
+`RUN` characters of it. Values shorter than `MIN_SECRET` characters are not searched for (they
+occur by chance).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
+
+from noisefloor.proxy import providers
+from noisefloor.proxy.request import erasure
+from noisefloor.proxy.request.erasure import REDACTED as REDACTED
+from noisefloor.proxy.request.erasure import RUN as RUN
+
+# Credential headers that belong to no provider module: proxies, cookies, Vertex's IAM token,
+# Azure OpenAI (and API Management) and common gateways. Each provider module declares its own.
+_OTHER_SECRET_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "api-key",
+        "x-goog-iam-authorization-token",
+        "ocp-apim-subscription-key",
+        "cf-aig-authorization",
+        "x-portkey-api-key",
+        "helicone-auth",
+        "cookie",
+        "set-cookie",
+    }
+)
+
+
+def is_secret_header(name: str) -> bool:
+    """`name` (lowercase) carries a credential."""
+    return name in _OTHER_SECRET_HEADERS or name in providers.credential_headers()
+SECRET_QUERY_PARAMS = frozenset({"key", "api_key", "apikey", "api-key", "access_token", "token"})
+MIN_SECRET = 8  # shorter values are too likely to occur by chance to be worth erasing
+
+
+def _text(b: bytes | str) -> str:
+    return b if isinstance(b, str) else b.decode("utf-8", "surrogateescape")
+
+
+def scrub_headers(headers: Iterable[tuple[str, str]], values: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """Header pairs with secret values replaced (the name stays, so a reader sees one was sent),
+    and the known secret `values` erased from every other header, whatever its name."""
+    pairs = [(k, REDACTED if is_secret_header(k.lower()) else v) for k, v in headers]
+    return list(erase_header_values(pairs, values))
+
+
+def erase_header_values(headers: Sequence[tuple[str, str]], values: Sequence[str]) -> Sequence[tuple[str, str]]:
+    """`headers` with the secret `values` erased from each value (the same object when none holds one)."""
+    if not values:
+        return headers
+    vals = tuple(values)
+    texts = [_text(v) for _, v in headers]
+    erased = [_erased(t, vals) for t in texts]
+    return tuple(zip((k for k, _ in headers), erased)) if erased != texts else headers
+
+
+_CACHED = 1024  # longer values are searched every time (a cache of them could hold megabytes)
+
+
+def _erased(text: str, values: tuple[str, ...]) -> str:
+    """`text` with `values` erased (equal to it when none is in it). Short ones are remembered:
+    every exchange of a session sends and is answered with the same header values (a cookie
+    echoed back, the URL), and the search for each costs more than the exchange's other work."""
+    return _erased_short(text, values) if len(text) <= _CACHED else _erase_or_same(text, values)
+
+
+@lru_cache(maxsize=4096)
+def _erased_short(text: str, values: tuple[str, ...]) -> str:
+    return _erase_or_same(text, values)
+
+
+def _erase_or_same(text: str, values: tuple[str, ...]) -> str:
+    found = erasure.spans(text, values)
+    return erasure.cut(text, found) if found else text
+
+
+def scrub_url(url: str, values: Sequence[str] = ()) -> str:
+    """The URL without userinfo, with secret query values redacted, and the known secret `values`
+    erased from the rest (a key sent under a parameter of another name, or in the path)."""
+    if "?" in url or "@" in url:
+        parts = urlsplit(url)
+        parts = parts._replace(netloc=parts.netloc.rsplit("@", 1)[-1])
+        pairs = [
+            (k, REDACTED if k.lower() in SECRET_QUERY_PARAMS else v)
+            for k, v in parse_qsl(parts.query, keep_blank_values=True)
+        ]
+        url = urlunsplit(parts._replace(query=urlencode(pairs) if pairs else parts.query))
+    return _erased(url, tuple(values)) if values else url
+
+
+_QUOTED = re.compile(r'([A-Za-z0-9_-]+)\s*=\s*("(?:[^"\\]|\\.)*"|[^\s,]+)')
+_DIGEST_PUBLIC = frozenset({"realm", "uri", "algorithm", "qop", "nc", "charset", "userhash"})
+
+
+def _header_parts(v: str) -> list[str]:
+    """The secret parts of a credential header's value: its tokens, a Basic credential decoded
+    (user:password and the password), a Digest header's private parameters."""
+    scheme, _, rest = v.strip().partition(" ")
+    if scheme.lower() == "digest":
+        return [m.group(2).strip('"') for m in _QUOTED.finditer(rest) if m.group(1).lower() not in _DIGEST_PUBLIC]
+    parts = [p.strip('"') for p in v.replace(";", " ").replace("=", " ").replace(",", " ").split() if p]
+    if scheme.lower() == "basic" and rest.strip():
+        try:
+            plain = base64.b64decode(rest.strip(), validate=True).decode("utf-8")
+        except (ValueError, UnicodeDecodeError):
+            return parts
+        parts += [plain, plain.partition(":")[2]]
+    return parts
+
+
+def secret_values(url: str, headers: Iterable[tuple[str, str]], body: bytes = b"") -> list[str]:
+    """The secret strings a request carried, in every form they could be echoed in, longest first:
+    credential headers, secret query parameters, and (for form and multipart bodies) form fields
+    under a secret parameter's name."""
+    values = []
+    content_type = ""
+    for k, v in headers:
+        name = k.lower()
+        if name == "content-type":
+            content_type = _text(v).lower()
+        if is_secret_header(name):
+            v = _text(v)
+            values.append(v)
+            values.extend(_header_parts(v))
+    if "?" in url:
+        query = urlsplit(url).query
+        for pair in query.split("&"):
+            k, _, raw = pair.partition("=")
+            if k.lower() in SECRET_QUERY_PARAMS:
+                values.append(raw)  # as it was written in the URL
+        for k, v in parse_qsl(query, keep_blank_values=True):
+            if k.lower() in SECRET_QUERY_PARAMS:
+                values.append(v)  # decoded: '+' already read as a space
+    if body and ("form" in content_type):
+        values.extend(_form_values(content_type, body))
+    forms = {f for v in values if len(v) >= MIN_SECRET for f in _forms(v)}
+    return sorted((f for f in forms if len(f) >= MIN_SECRET), key=len, reverse=True)
+
+
+_FORM_BODY_MAX = 1 << 20  # form bodies larger than this are not parsed for secret fields
+_PART = re.compile(rb'name="?([^";\r\n]+)"?[^\r\n]*\r?\n(?:[^\r\n]+\r?\n)*\r?\n([^\r\n]*)')
+
+
+def _form_values(content_type: str, body: bytes) -> list[str]:
+    if len(body) > _FORM_BODY_MAX:
+        return []
+    if "x-www-form-urlencoded" in content_type:
+        text = _text(body)
+        return [v for k, v in parse_qsl(text, keep_blank_values=True) if k.lower() in SECRET_QUERY_PARAMS] + [
+            raw for k, _, raw in (p.partition("=") for p in text.split("&")) if k.lower() in SECRET_QUERY_PARAMS]
+    if "multipart/" in content_type:
+        return [_text(m.group(2)) for m in _PART.finditer(body) if _text(m.group(1)).lower() in SECRET_QUERY_PARAMS]
+    return []
+
+
+_PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~")
+
+
+@lru_cache(maxsize=1024)  # the same key arrives with every request: spell it out once
+def _forms(v: str) -> frozenset[str]:
+    if _PLAIN.issuperset(v):  # most API keys: every spelling is the value itself
+        return frozenset((v,))
+    b = v.encode("utf-8", "surrogateescape")  # header values are bytes: any byte may be in a key
+    out = {v, v.replace(" ", "+"), v.replace("+", " "), quote(b, safe=""), quote_plus(b), quote(b, safe="/+=")}
+    out |= {json.dumps(f)[1:-1] for f in list(out)}
+    out |= {json.dumps(f, ensure_ascii=False)[1:-1] for f in list(out)}
+    return frozenset(out)
+
+
+@lru_cache(maxsize=1)
+def _environment(items: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
+    vals = {v for k, v in items if _SECRET_NAME.search(k) and len(v) >= MIN_SECRET}
+    return tuple(sorted({f for v in vals for f in _forms(v)}, key=len, reverse=True))
+
+
+_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.I)
+
+
+def environment_values(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """Values of this process's environment variables named like credentials (OPENAI_API_KEY,
+    HF_TOKEN, ...): what a report or a message must never print, whatever file it came from."""
+    env = os.environ if environ is None else environ
+    return _environment(tuple(sorted(env.items())))
+
+
+def contains(data: bytes, values: Iterable[str]) -> bool:
+    return erasure.contains(data, values)
+
+
+def erase(data: bytes, values: Iterable[str]) -> bytes:
+    """`data` with every occurrence of each secret value, and each run of `RUN` characters of
+    one, replaced by the redaction mark."""
+    return erasure.erase(data, values)
+
+
+def erase_text(text: str, values: Iterable[str]) -> str:
+    """For messages: the same as `erase`, on text."""
+    return erasure.erase(text, values)
+
+
+def erase_events(body: bytes, values: Iterable[str]) -> bytes | None:
+    """An event stream with secret values erased from the text its events assemble to.
+
+    A model echoing a key token by token spreads it over several `data:` events, none of which
+    holds it whole. The string fields of all JSON events are read in order as one text; where a
+    secret spans fields, the first keeps the redaction mark and the rest lose their part. Returns
+    None when nothing was found."""
+    lines = body.split(b"\n")
+    docs: dict[int, object] = {}
+    leaves: list[tuple[int, tuple[object, ...], str]] = []
+    for i, line in enumerate(lines):
+        if not line.startswith(b"data:"):
+            continue
+        try:
+            doc = json.loads(line[5:])
+        except (ValueError, RecursionError):
+            continue
+        docs[i] = doc
+        leaves.extend((i, path, s) for path, s in _strings(doc, ()))
+    text = "".join(s for _, _, s in leaves)
+    spans = erasure.spans(text, values)
+    if not spans:
+        return None
+    changed: set[int] = set()
+    pos = 0
+    for i, path, s in leaves:
+        new = _cut(s, pos, spans)
+        if new != s:
+            docs[i] = _set(docs[i], path, new)
+            changed.add(i)
+        pos += len(s)
+    for i in changed:
+        lines[i] = b"data: " + json.dumps(docs[i], ensure_ascii=False).encode("utf-8", "surrogateescape")
+    return b"\n".join(lines)
+
+
+def _strings(doc: object, path: tuple[object, ...]) -> Iterable[tuple[tuple[object, ...], str]]:
+    if isinstance(doc, str):
+        yield path, doc
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _strings(v, (*path, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _strings(v, (*path, i))
+
+
+def _cut(s: str, offset: int, spans: list[tuple[int, int]]) -> str:
+    """`s` (starting at `offset` of the assembled text) with the spans' characters removed and the
+    mark put where a span starts."""
+    out, i = [], 0
+    for a, b in spans:
+        lo, hi = max(a - offset, 0), min(b - offset, len(s))
+        if lo >= hi:
+            continue
+        out.append(s[i:lo])
+        if a - offset >= 0:
+            out.append(REDACTED)
+        i = hi
+    out.append(s[i:])
+    return "".join(out)
+
+
+def _set(doc: object, path: tuple[object, ...], value: str) -> object:
+    if not path:
+        return value
+    head, rest = path[0], path[1:]
+    doc[head] = _set(doc[head], rest, value)  # type: ignore[index]
+    return doc

@@ -1,0 +1,232 @@
+"""Records of noisefloor-log/5: stored without their id (the exchanges table's key is the id) and
+without the fields their head carries, joined with their head when read (a part of Store).
+
+In /4 a record repeated what its head holds (key, time, usage, labels, route, ...: 23% of a
+compressed record) and held its own id inside the compressed bytes, so `nfproxy merge` had to
+decompress and re-encode every record under its new id. A /5 record whose head was written from
+a record checked against the record type (its `left_out` is not NOT_LISTED) keeps only the rest
+(`stripped`), and merge copies it as stored. A record no head can stand for (a string msgpack
+cannot hold: no head; keys this version does not know or another layout: NOT_LISTED) is stored
+whole, id included, as in /4; its head says which. Reading joins the two (`joined`) after both
+are verified: the head's CRC over its exchange's key, its CRC of the record as stored, the
+record's own decoding; a record without its head is a StoreError naming the exchange.
+"""
+
+from __future__ import annotations
+
+import functools
+import struct
+import zlib
+from typing import Any
+
+import msgspec
+
+from noisefloor.proxy.store import heads as store_heads
+from noisefloor.proxy.store.env import StoreError
+from noisefloor.proxy.store.exchange import NOT_LISTED, Head, _record_checker
+
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+# the record's top-level fields its head holds (method, URL, status and the replay's result stay
+# in the record's request, response and replay objects)
+HEAD_FIELDS = ("id", "time", "key", "occurrence", "usage", "truncated", "error", "notes", "session", "task",
+               "replicate", "condition", "mode", "model", "fingerprint")
+_DROP = frozenset(HEAD_FIELDS)
+_FIELDS = msgspec.json.Decoder(dict[str, msgspec.Raw])
+_ENCODE = msgspec.json.Encoder().encode
+_STORED = msgspec.msgpack.Decoder(store_heads.Stored)
+RESTORE = "restore the store from a copy (a noisefloor-log/5 head holds fields its record does not)"
+
+
+def stripped(doc: bytes) -> bytes:
+    """A record's JSON text without the fields its head holds (their values' bytes untouched)."""
+    return _ENCODE({k: v for k, v in _FIELDS.decode(doc).items() if k not in _DROP})
+
+
+@functools.cache
+def _bits() -> dict[str, int]:
+    """Each field's bit in a head's `left_out` (`exchange_record._listable`'s numbering)."""
+    return {n: 1 << i for i, n in enumerate(_record_checker()[1])}
+
+
+_OWN = ("id", "time", "key", "occurrence", "usage", "truncated", "error", "notes")  # the head's own fields
+
+
+@functools.cache
+def _own_mask() -> int:
+    return sum(_bits().get(k, 0) for k in _OWN)
+
+
+def shared_text(left: int, labels: tuple[Any, ...], route: tuple[Any, ...]) -> bytes:
+    """The text of a record's labels and route fields as `joined` puts them back (after a comma),
+    those the record left out (`left`) left out: the same for every record of a session."""
+    bits = _bits()
+    values = {"session": labels[0], "task": labels[1], "replicate": labels[2], "condition": labels[3],
+              "mode": route[0], "model": route[3], "fingerprint": route[4]}
+    return b"," + _ENCODE({k: v for k, v in values.items() if not left & bits[k]})[1:-1]
+
+
+def joined(exchange_id: int, rest: bytes, s: store_heads.Stored, common: bytes) -> bytes:
+    """The whole record's JSON text (the id first, as /4 stored it): `rest` (`stripped`) with its
+    head's fields put back (`common`: its labels and route's, `shared_text`), those the record
+    left out (its `left_out`) left out again."""
+    own: Any = _own(exchange_id, s)
+    if s.left_out & _own_mask():
+        bits = _bits()
+        own = {k: getattr(own, k) for k in _OWN if not s.left_out & bits.get(k, 0)}
+    head = _ENCODE(own)[:-1] + common
+    return head + b"," + rest[1:] if len(rest) > 2 else head + b"}"
+
+
+class _Own(msgspec.Struct, gc=False):
+    """A record's own head fields in its order, id first (a Struct encodes as the dict would, faster)."""
+
+    id: int
+    time: Any
+    key: Any
+    occurrence: Any
+    usage: Any
+    truncated: Any
+    error: Any
+    notes: Any
+
+
+def _own(exchange_id: int, s: store_heads.Stored) -> _Own:
+    return _Own(exchange_id, s.time, s.key.hex() if s.other_key is None else s.other_key, s.occurrence,
+                store_heads.usage_dict(s.usage), s.truncated, s.error, s.notes)
+
+
+def encoded(codec: Any, key: bytes | None, doc: bytes, checked: tuple[Head, int] | None,
+            strip: bool) -> tuple[bytes, store_heads.Row | None]:
+    """A record's JSON text (`doc`, id included) as a store stores it, and its head's row:
+    stripped (`strip`: a /5 store) where its head can stand for the rest (`checked`: the head and
+    the fields it leaves out; None: the text's head cannot be held, the record is kept whole)."""
+    r = store_heads.row(*checked, b"") if checked is not None else None
+    whole = not strip or r is None or checked is None or checked[1] == NOT_LISTED
+    text = doc
+    if not whole:
+        try:
+            text = stripped(doc)
+        except msgspec.DecodeError:  # a lone surrogate (a header byte not UTF-8), which json reads: kept whole,
+            r = store_heads.row(checked[0], NOT_LISTED, b"")  # listed by the full parse, as checked_head's None
+    stored = codec.encode(text, key)
+    return stored, None if r is None else tied(r, stored)
+
+
+def tied(r: store_heads.Row, stored: bytes) -> store_heads.Row:
+    """Head row `r` tied to a record's bytes as stored (its record CRC)."""
+    return r[0], r[1], _U32.pack(zlib.crc32(stored)) + r[2][4:]
+
+
+_ENCODE_INTO = msgspec.json.Encoder().encode_into
+
+
+def _damaged_text(path: Any, exchange_id: int, text: bytes) -> None:
+    """StoreError naming what is wrong with a record's text where it is not an exchange record."""
+    from noisefloor.proxy.store.exchange import parse
+
+    try:
+        parse(text)
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: {exc}); "
+                         "restore the store from a copy or record it again") from None
+
+
+class Joins:
+    """Reading a /5 record joined with its head (a part of Store)."""
+
+    _env: Any
+    _heads: Any
+    _sets: dict[str, Any]
+    _codec: Any
+    path: Any
+    max_body: int
+    _joins: bool
+    _joined_sets: dict[tuple[str, int], tuple[Any, ...]]
+    _shared_text: dict[tuple[int, int, int], bytes]
+
+    def _text_of(self, txn: Any, k: bytes, raw: Any, value: Any = False) -> bytes:
+        """A record's whole JSON text, id first: decoded (zstd's errors as raised) and, in a /5
+        store, joined with its head (read here unless given: None, no head row), both checked;
+        StoreError naming the exchange where the head is missing, damaged or not the record's."""
+        text = self._codec.decode(raw, self.max_body)
+        if not self._joins:
+            return text
+        if value is False:
+            value = txn.get(k, db=self._heads)
+        exchange_id = _U64.unpack(k)[0]
+        if value is None:
+            raise StoreError(f"store {self.path}: exchange {exchange_id} has no head (the heads table and the "
+                             f"records differ); {RESTORE}")
+        if not value:
+            return text
+        wrong = store_heads.check(k, value, raw)
+        if wrong == "head":
+            raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its checksum does "
+                             f"not match); {RESTORE}")
+        if wrong == "record":
+            try:  # a damaged record says what is wrong with it, read with its head's fields
+                whole = self._join(txn, exchange_id, value, text)
+            except StoreError:
+                whole = text
+            _damaged_text(self.path, exchange_id, whole)
+            raise StoreError(f"store {self.path}: exchange {exchange_id}'s head and record do not match (one was "
+                             f"changed after the other was written); {RESTORE}")
+        return self._join(txn, exchange_id, value, text)
+
+    def _join(self, txn: Any, exchange_id: int, value: Any, text: bytes) -> bytes:
+        """`text` joined with its checked head `value` (as it is where the record is stored whole)."""
+        s = self._stored(exchange_id, value)
+        if s.left_out == NOT_LISTED or text.startswith(b'{"id":'):  # stored whole (a stripped one has no id)
+            return text
+        return joined(exchange_id, text, s, self._common(txn, s))
+
+    def _join_into(self, out: bytearray, txn: Any, exchange_id: int, text: bytes, s: store_heads.Stored) -> bool:
+        """`joined`'s text less its closing brace appended to `out`, for a listing that writes lines
+        straight into one buffer; False (nothing written) where `joined` must build it: a record
+        stored whole, or one that leaves out some of its head's own fields."""
+        if s.left_out == NOT_LISTED or s.left_out & _own_mask() or text.startswith(b'{"id":'):
+            return False
+        _ENCODE_INTO(_own(exchange_id, s), out, -1)
+        out[-1:] = self._common(txn, s)
+        if len(text) > 2:
+            out += b","
+            out += memoryview(text)[1:-1]
+        return True
+
+    def _stored(self, exchange_id: int, value: Any) -> store_heads.Stored:
+        """A checked head's value decoded, or StoreError naming the exchange."""
+        try:
+            return _STORED.decode(value[store_heads.HEAD_AT:])
+        except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); "
+                             f"{RESTORE}") from None
+
+    def _common(self, txn: Any, s: store_heads.Stored) -> bytes:
+        """The text of head `s`'s labels and route fields (`shared_text`), kept per set."""
+        at = (s.labels, s.route, s.left_out)
+        common = self._shared_text.get(at)
+        if common is None:
+            common = shared_text(s.left_out, self._set(txn, "labels", s.labels), self._set(txn, "routes", s.route))
+            if len(self._shared_text) > 1 << 16:
+                self._shared_text.clear()
+            self._shared_text[at] = common
+        return common
+
+    def _set(self, txn: Any, kind: str, n: int) -> tuple[Any, ...]:
+        """Labels or route `n`, checked (its CRC, its shape) and kept (a set per session at most)."""
+        got = self._joined_sets.get((kind, n))
+        if got is not None:
+            return got
+        key = _U32.pack(n)
+        v = txn.get(key, db=self._sets[kind]) if self._sets.get(kind) is not None else None
+        try:
+            if v is None or len(v) < 4 or _U32.unpack_from(v)[0] != zlib.crc32(v[4:], zlib.crc32(key)):
+                raise ValueError("missing, or its checksum does not match")
+            got = store_heads.SETS[kind].decode(v[4:])
+        except (ValueError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise StoreError(f"store {self.path}: {kind} entry {n} is damaged ({exc}); {RESTORE}") from None
+        if len(self._joined_sets) > 1 << 16:
+            self._joined_sets.clear()
+        self._joined_sets[(kind, n)] = got
+        return got

@@ -1,0 +1,379 @@
+"""The store's side of `nfproxy merge`: a shard read checked whole, and another store's exchanges
+absorbed with their bodies and compression dictionaries as stored (a part of Store).
+
+Reading: a body is checked as a reader checks it (it decodes within its recorded size and hashes
+to its digest), the decoded bodies of the last exchanges kept, since a session's next request is
+compressed against its previous request and answer and replicates repeat bodies (the records are
+read by `store_merge_scan`); a store's outcome rows one at a time. Writing: one transaction per batch
+that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
+recording writes them (or, between stores of one packed layout, entries as stored, the lookups copied after
+the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
+is killed between), bodies copied as stored (never recompressed) when this store lacks them.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from hashlib import sha256
+from itertools import islice
+from typing import Any
+
+import lmdb
+import msgspec
+
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store import _outcome_values as outcome_values
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.env import DAMAGE, StoreError
+from noisefloor.proxy.store.replay_index import RecordedEntry
+
+_U64 = struct.Struct(">Q")
+Near = tuple[bytes, tuple[bytes, ...], bytes] | None  # a recorded request's (bucket, bands, sketch)
+_RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
+_RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
+UNINDEXED = replay_index.MERGING
+_COUNTED = 1 << 16  # lookup ids counted at a time (each a Python object while read: a bounded peak)
+_KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + replay_index.BAND)
+
+
+class _Recent:
+    """Verified bodies, oldest first, bounded in count and bytes (first in, first out: a session's
+    next request refers to the bodies just checked); `resolve` gives a referenced body, verified
+    (`fallback` reads one that is not here, as `Store.body` does)."""
+
+    def __init__(self, fallback: Callable[[bytes], bytes]) -> None:
+        self.data: OrderedDict[bytes, bytes] = OrderedDict()
+        self.size = 0
+        self.fallback = fallback
+        self.exchange_id = 0  # the exchange being checked, for the fallback's error
+
+    def resolve(self, digest: bytes) -> bytes:
+        got = self.data.get(digest)
+        if got is None:
+            got = self.fallback(digest)
+            self.add(digest, got)
+        return got
+
+    def add(self, digest: bytes, data: bytes) -> None:
+        self.data[digest] = data
+        self.size += len(data)
+        while len(self.data) > _RECENT or self.size > _RECENT_BYTES:
+            self.size -= len(self.data.popitem(last=False)[1])
+
+
+class MergeIO:
+    """Merge's reads and writes (a part of Store: it brings the environment, codec and checks)."""
+
+    _env: Any
+    _exchanges: Any
+    _heads: Any
+    _numbering: Any
+    _bodies: Any
+    _dicts: Any
+    _codec: codec.Codec
+    _keys: dict[str, bytes]
+    path: Any
+    max_body: int
+    _reading: Any
+    checks_bodies: bool
+    keys_outcomes: bool
+    _read_index_routes: Any
+    _write: Any
+    _decode_record: Any
+    body: Any
+    meta: Any
+    dictionary: Any
+    add_dictionary: Any
+    _put_index: Any
+    _recorded: Any
+    _lookups: Any
+    _meta: Any
+    _outcomes: Any
+    last_id: Any
+    lookup_chunks: Any
+    recorded_table: Any
+    recorded_raw: Any
+    recorded_entries_by_id: Any
+    exchange: Any
+
+    def recent_bodies(self) -> _Recent:
+        """The verified bodies a check keeps while it reads (`_check_body`)."""
+        recent = _Recent(lambda ref: self.body(ref.hex(), exchange_id=recent.exchange_id, part="referenced"))
+        return recent
+
+    def _check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
+                    recent: _Recent) -> None:
+        """One body checked as `body` checks it; on any failure `body` itself reads it again, to
+        raise its one-line error. A noisefloor-log/6 body is checked as stored: its CRC-32 and its
+        frame's declared size within the recorded one (a damaged byte fails the CRC), not
+        decompressed: what it decompresses to is hashed and bounded on every read of it
+        (`Bodies.body`: show, export, replay, verify), so a body forged with a matching CRC is copied
+        but never served."""
+        digest = bytes.fromhex(hexdigest)
+        if digest in recent.data:
+            return
+        raw = txn.get(digest, db=self._bodies)
+        limit = self.max_body if size is None else min(size, self.max_body)
+        if raw is not None and codec.sound_as_stored(raw, limit):
+            return
+        data = None
+        if raw is not None:
+            recent.exchange_id = exchange_id
+            try:
+                data = self._codec.decode(raw, limit, recent.resolve)
+            except (codec.TooLarge, *DAMAGE):
+                data = None
+        if data is None or sha256(data).digest() != digest:
+            data = self.body(hexdigest, size=size, exchange_id=exchange_id, part=name)  # raises, or b"" (empty)
+        recent.add(digest, data)
+
+    def checked_lookups(self) -> None:
+        """A layout-2 or -3 store's replay index checked as merge copies it (rows as they are, ids
+        mapped): every entry decodes as the entry type and its exchange has exactly the lookups
+        its entry implies, none naming an exchange that is not recorded (StoreError naming the
+        exchange otherwise). Replay checks each row's entry for the full key and session name, so
+        what this cannot see (a row moved under another band or bucket) costs a miss a
+        near candidate, never a wrong answer."""
+        import numpy as np
+
+        last, width = self.last_id(), replay_index.lookup_key_bytes(self.lookup_layout())
+        expected = np.zeros(last + 1, dtype=np.int32)  # 8 bytes an exchange for both
+        with self._reading("replay index routes"):
+            routes = self._read_index_routes()  # layout 3's, each row checked against its key
+        for k, raw in self.recorded_table():
+            exchange_id = _U64.unpack(k)[0]
+            try:
+                if exchange_id > last:
+                    raise ValueError(f"no exchange {exchange_id} in a store of {last}")
+                expected[exchange_id], ref = replay_index.entry_shape(raw)
+                if ref is not None and ref not in routes:
+                    raise ValueError(f"it names route row {ref}, which the store does not hold")
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+                raise StoreError(f"store {self.path}: exchange {exchange_id}'s replay-index entry is damaged "
+                                 f"({exc}); restore the store from a copy") from None
+        counted = np.zeros(last + 1, dtype=np.int32)
+        for keys, ids in self.lookup_chunks(_COUNTED):
+            got = np.frombuffer(ids, dtype=">u4") if len(ids) % 4 == 0 else None
+            if got is None or len(keys) != len(got) * width or int(got.max()) > last or not np.isin(
+                    np.frombuffer(keys, dtype=np.uint8)[::width], _KINDS).all():
+                raise StoreError(f"store {self.path}: a replay lookup is not one of its kinds or names no exchange "
+                                 "of the store (damaged); restore the store from a copy")
+            found, times = np.unique(got.astype(np.uint32), return_counts=True)  # O(chunk), not O(store)
+            counted[found] += times.astype(np.int32)
+        wrong = np.flatnonzero(counted != expected)
+        if wrong.size:
+            i = int(wrong[0])
+            raise StoreError(f"store {self.path}: exchange {i} has {counted[i]} replay lookups where its entry "
+                             f"implies {expected[i]} (damaged); restore the store from a copy")
+
+    def put_lookups(self, going_on: list[tuple[bytes, bytes]], rows: list[tuple[bytes, bytes]], *, append: bool,
+                    last: bool) -> None:
+        """Layout-2 lookups copied from another store, in key order: `going_on`, more ids under the
+        last key written before (put where they sort), then `rows` (`append`: this store had no
+        lookups, so each lands after the last); `last`: the copy is complete, its mark is cleared."""
+        def write(txn: lmdb.Transaction) -> None:
+            with txn.cursor(db=self._lookups) as cur:
+                cur.putmulti(going_on)
+                if cur.putmulti(rows, append=append)[1] != len(rows) and append:
+                    raise StoreError(f"store {self.path} was written by another process during the merge; "
+                                     "merge again")
+            if last:
+                txn.delete(UNINDEXED.encode(), db=self._meta)
+
+        self._write(write)
+
+    def append_rows(self, table: str, chunks: Callable[[], Iterable[Iterable[tuple[bytes, bytes]]]], *,
+                    indexed: bool = False) -> int:
+        """Rows appended after every row of `table` ("bodies" or "lookups": a merge into a fresh
+        OUT writes them in key order), the rows of `chunks()` in one transaction (called again if
+        it is retried); `indexed`: the mark `mark_unindexed` set is cleared with them. Every row
+        must land (append refuses one out of key order). Returns how many rows."""
+        db = {"bodies": self._bodies, "lookups": self._lookups}[table]
+
+        def write(txn: lmdb.Transaction) -> int:
+            added = 0
+            with txn.cursor(db=db) as cur:
+                for chunk in chunks():
+                    consumed, landed = cur.putmulti(chunk, append=True)
+                    if landed != consumed:
+                        raise StoreError(f"store {self.path}: merged {table} came out of key order; run the same "
+                                         "nfproxy merge again")
+                    added += landed
+            if indexed:
+                txn.delete(UNINDEXED.encode(), db=self._meta)
+            return added
+
+        return int(self._write(write))
+
+    def mark_unindexed(self, first: int) -> None:
+        """Before records are copied without their lookups: where a later merge repairs from."""
+        if self.meta(UNINDEXED) is None:
+            self._write(lambda txn: txn.put(UNINDEXED.encode(), json.dumps(first).encode(), db=self._meta))
+
+    def repair_lookups(self, chunk: int = 20000) -> int:
+        """After a merge killed between copying records and their lookups: each recorded exchange
+        from the mark on gets its lookups again, computed from its entry (rows present are kept
+        once; a layout-4 entry's bands from its stored request, `near_again`). Returns how many
+        exchanges were indexed."""
+        first = self.meta(UNINDEXED)
+        if first is None:
+            return 0
+        done = 0
+        while True:
+            with self._env.begin(db=self._recorded, buffers=False) as txn, txn.cursor() as cur:
+                found = [_U64.unpack(k)[0] for k in islice(cur.iternext(values=False), chunk)
+                         ] if cur.set_range(_U64.pack(first + done)) else []
+            if not found:
+                break
+            near = self.near_again(found)
+            rows = sorted(r for e, n in zip(self.recorded_entries_by_id(found), near)
+                          for r in replay_index.lookup_rows(e.id, RecordedEntry(
+                              e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n), self.lookup_layout()))
+            self._write(lambda txn, rows=rows: txn.cursor(db=self._lookups).putmulti(rows))
+            done = found[-1] + 1 - first
+        self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
+        return done
+
+    def near_again(self, ids: list[int]) -> list[Near]:
+        """The nearest-request entries of recorded exchanges, to write their lookups again: from
+        the stored sketches, or, where one is layout 4's (16 bits a minimum: its bands cannot be
+        computed from it), from each stored request canonicalized again under this store's rules
+        (the recorder's sketch but where a secret in a body was erased before it was stored; no
+        bands where the rules are not ones this version rebuilds)."""
+        try:
+            return replay_index.stored_near(self, ids)  # type: ignore[arg-type]
+        except replay_index.ShortSketch:
+            pass
+        from noisefloor.proxy.request.keys import Rules
+
+        rules = Rules.described(self.meta("rules"))
+        return [None if ex is None else stored_request_near(rules, ex.request, self.body(ex.request.get("body")))
+                for ex in map(self.exchange, ids)]
+
+    def outcome_items(self) -> Iterator[tuple[bytes, bytes, Any]]:
+        """Every outcome row as (its key and value as stored, the row read from them), one at a
+        time (merge streams them)."""
+        if self._outcomes is None:
+            return
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
+            for k, v in txn.cursor():
+                yield k, v, outcome_values.row(k, v)
+
+    @contextmanager
+    def outcome_rows_of(self) -> Iterator[Callable[[bytes], Any]]:
+        """The outcome row stored under a key (`outcome_values.key`), or None, looked up in one
+        read transaction for as many keys as the caller asks (merge's check: one per shard row)."""
+        if self._outcomes is None:
+            yield lambda key: None
+            return
+        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
+            def row_of(key: bytes) -> Any:
+                v = txn.get(key)
+                return None if v is None else outcome_values.row(key, v)
+
+            yield row_of
+
+    def add_outcomes(self, items: list[tuple[bytes, bytes]]) -> int:
+        """Outcome rows (key, value as stored) this store does not hold yet; returns how many were new."""
+        def put(txn: lmdb.Transaction) -> int:
+            return sum(1 for k, v in items if txn.put(k, v, db=self._outcomes, overwrite=False))
+
+        return self._write(put) if items else 0
+
+    def adopt_dictionaries(self, source: Any) -> None:
+        """New values of a kind this store has no dictionary for use the one `source` uses (merge:
+        the shard's records are encoded again, and its bodies arrive compressed with it)."""
+        for kind, key in (source.meta("dicts") or {}).items():
+            if self._keys.get(kind) is None and key and (data := source.dictionary(bytes.fromhex(key))) is not None:
+                self.add_dictionary(data, kind)
+
+    def absorb(self, batch: Batch, source: Any) -> int:
+        """Merge: one batch of another store's exchanges (`Batch`), with the encoded bodies they need
+        and those bodies' dictionaries, from `source`, in one transaction. Returns how many bodies
+        were new here."""
+        dicts = {}
+        of = self._codec.dictionary_of
+        wanted = {k for raw in batch.bodies.values() if raw and (k := of(raw))}
+        wanted.update(k for k in {of(raw) for _, raw in batch.records} if k and self.dictionary(k) is None)
+        for key in wanted:  # the records' are a /5 shard's, copied as stored
+            data = source.dictionary(key)
+            if data is None:
+                raise StoreError(f"store {source.path}: compression dictionary {key.hex()} is missing; restore "
+                                 "the store from a copy")
+            dicts[key] = data
+
+        def write(txn: lmdb.Transaction) -> int:
+            with txn.cursor(db=self._exchanges) as cur:
+                last = _U64.unpack(cur.key())[0] if cur.last() else 0
+            if batch.records and _U64.unpack(batch.records[0][0])[0] != last + 1:
+                raise StoreError(f"store {self.path} was written by another process during the merge; merge again")
+            for key, data in dicts.items():
+                txn.put(key, data, db=self._dicts, overwrite=False)
+            fresh = self._put_bodies(txn, batch.bodies, source)
+            with txn.cursor(db=self._exchanges) as cur:
+                cur.putmulti(batch.records, append=True)
+            if self._numbering is not None:
+                with txn.cursor(db=self._heads) as cur:
+                    cur.putmulti([(k, self._numbering.sealed(txn, k, r))
+                                  for (k, _), r in zip(batch.records, batch.heads, strict=True)], append=True)
+            for new_id, entry in batch.entries:
+                self._put_index(txn, new_id, entry)
+            if batch.moved:  # entries as stored, their lookups copied after the shard's records
+                with txn.cursor(db=self._recorded) as cur:
+                    cur.putmulti(batch.moved, append=True)
+            return fresh
+
+        return self._write(write)
+
+    def _put_bodies(self, txn: lmdb.Transaction, raw_bodies: Mapping[bytes, bytes | None], source: Any) -> int:
+        """The bodies this store lacks, as stored; a body compressed against others brings them too."""
+        fresh = 0
+        todo = sorted(raw_bodies.items(), reverse=True)
+        while todo:
+            digest, raw = todo.pop()
+            if raw and not self.checks_bodies:  # a store before noisefloor-log/6 reads no CRC
+                raw = codec.unchecked(raw)
+            if not raw or not txn.put(digest, raw, db=self._bodies, overwrite=False):  # False: held already
+                continue
+            fresh += 1
+            for ref in codec.Codec.refs_of(raw):  # another session's, maybe
+                if ref not in raw_bodies and txn.get(ref, db=self._bodies) is None:
+                    if (ref_raw := source.raw_body(ref.hex())) is None:
+                        raise StoreError(f"store {source.path}: body {ref.hex()[:16]}, which another body is "
+                                         "compressed against, is missing")
+                    for key in filter(None, [self._codec.dictionary_of(ref_raw)]):
+                        if txn.get(key, db=self._dicts) is None and source.dictionary(key):
+                            txn.put(key, source.dictionary(key), db=self._dicts)
+                    todo.append((ref, ref_raw))
+        return fresh
+
+
+@dataclass
+class Batch:
+    """Exchanges ready to be written: records as they will be stored (id -> encoded record, the ids
+    consecutive from the store's next), the recorded ones' replay entries under their new ids (the
+    store writes their lookups in its layout), and the bodies they name as their store holds them
+    (digest -> encoded value)."""
+
+    records: list[tuple[bytes, bytes]]
+    entries: list[tuple[int, RecordedEntry]] = field(default_factory=list)
+    bodies: dict[bytes, bytes | None] = field(default_factory=dict)  # by 32-byte digest
+    moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 or -3 entries as OUT stores them
+    heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order
+
+
+def stored_request_near(rules: Any, request: dict[str, Any], body: bytes | None) -> Near:
+    """A stored request's nearest-request sketch, canonicalized again under `rules` (None where the
+    rules are not ones this version rebuilds, or the body is not JSON): the recorder's sketch but
+    where a secret in a body was erased before it was stored."""
+    from noisefloor.proxy.request.traffic import RequestData
+
+    if rules is None:
+        return None
+    c = RequestData.from_record(request, body).canonical(rules)
+    return replay_index.sketch(c, replay_index.indexed_route(c)) if c.body_kind == "json" else None

@@ -1,0 +1,290 @@
+"""The providers package: each API's dependency rule, error shape and keying; the rules id; the
+nearest-request index. Real LMDB stores written by the real recorder; a provider added from
+outside the package, through its entry point, recorded and replayed through real nfproxy."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from noisefloor.proxy import providers
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.replay.replayer import Replayer
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.log import Store
+from tests import loopback
+from tests.conftest import ROOT, start_nfproxy
+from tests.fake_upstream import FakeUpstream
+
+EXAMPLES = ROOT / "examples" / "providers"
+
+JSON = (("content-type", "application/json"),)
+
+
+def request(path: str, doc: dict, host: str = "up") -> RequestData:
+    return RequestData("POST", f"http://{host}{path}", host, path, JSON, json.dumps(doc).encode())
+
+
+def response(doc: dict | bytes, ctype: str = "application/json") -> ResponseData:
+    body = doc if isinstance(doc, bytes) else json.dumps(doc).encode()
+    return ResponseData(200, (("content-type", ctype),), body)
+
+
+def record(path: Path, calls: list[tuple[RequestData, ResponseData]]) -> list[tuple[int, ...]]:
+    """Record the calls one after another in one session; each recorded request's dependencies."""
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for req, resp in calls:
+            rec.finish(rec.begin(req, Labels("S")), resp)
+        return [e.deps for e in sorted(s.recorded_entries(), key=lambda e: e.seq)]
+
+
+def test_openai_chat_depends_on_assistant_text_and_tool_calls(tmp_path):
+    tool = {"id": "call_7", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    q = [{"role": "user", "content": "hi"}]
+    calls = [
+        (request("/v1/chat/completions", {"model": "m", "messages": q}),
+         response({"choices": [{"message": {"role": "assistant", "content": "  Hello there  "}}]})),
+        (request("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "other"}]}),
+         response({"choices": [{"message": {"role": "assistant", "content": None, "tool_calls": [tool]}}]})),
+        # carries answer 0's text (stripped, as SDKs keep it) and answer 1's tool call id
+        (request("/v1/chat/completions", {"model": "m", "messages": q + [
+            {"role": "assistant", "content": "Hello there"},
+            {"role": "assistant", "content": None, "tool_calls": [tool]},
+            {"role": "tool", "tool_call_id": "call_7", "content": "42"}]}),
+         response({"choices": [{"message": {"role": "assistant", "content": "done"}}]})),
+        # the same words as a user message carry nothing
+        (request("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "Hello there"}]}),
+         response({"choices": [{"message": {"role": "assistant", "content": "x"}}]})),
+    ]
+    assert record(tmp_path / "s", calls) == [(), (), (0, 1), ()]
+
+
+def test_openai_chat_stream_answer_is_assembled_from_deltas(tmp_path):
+    events = b"".join(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": p}}]}).encode() + b"\n\n"
+                      for p in ("Hel", "lo ", "world")) + b"data: [DONE]\n\n"
+    calls = [(request("/v1/chat/completions", {"model": "m", "stream": True, "messages": [{"role": "user", "content": "a"}]}),
+              response(events, "text/event-stream")),
+             (request("/v1/chat/completions", {"model": "m", "messages": [
+                 {"role": "user", "content": "a"}, {"role": "assistant", "content": [{"type": "text", "text": "Hello world"}]},
+                 {"role": "user", "content": "b"}]}), response({"choices": []}))]
+    assert record(tmp_path / "s", calls) == [(), (0,)]
+
+
+def test_responses_api_depends_on_previous_response_id_and_output_items(tmp_path):
+    calls = [
+        (request("/v1/responses", {"model": "m", "input": "hi"}),
+         response({"id": "resp_1", "output": [{"id": "msg_1", "type": "message", "role": "assistant",
+                                               "content": [{"type": "output_text", "text": "first"}]}]})),
+        (request("/v1/responses", {"model": "m", "input": "x", "previous_response_id": "resp_1"}),
+         response({"id": "resp_2", "output": [{"id": "fc_2", "type": "function_call", "call_id": "call_2",
+                                               "name": "f", "arguments": "{}"}]})),
+        (request("/v1/responses", {"model": "m", "input": [{"type": "function_call_output", "call_id": "call_2",
+                                                            "output": "1"}]}), response({"id": "resp_3", "output": []})),
+    ]
+    assert record(tmp_path / "s", calls) == [(), (0,), (1,)]
+
+
+def test_anthropic_depends_on_assistant_blocks_and_tool_use(tmp_path):
+    calls = [
+        (request("/v1/messages", {"model": "c", "messages": [{"role": "user", "content": "hi"}]}),
+         response({"content": [{"type": "text", "text": "Let me look."},
+                               {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]})),
+        (request("/v1/messages", {"model": "c", "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me look."},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "f", "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "ok"}]}]}),
+         response({"content": [{"type": "text", "text": "Found it."}]})),
+        (request("/v1/messages", {"model": "c", "messages": [{"role": "assistant", "content": "Found it."}]}),
+         response({"content": []})),
+    ]
+    assert record(tmp_path / "s", calls) == [(), (0,), (1,)]
+
+
+def test_gemini_depends_on_model_turns(tmp_path):
+    path = "/v1beta/models/gemini-2.0-flash:generateContent"
+    calls = [
+        (request(path, {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
+         response({"candidates": [{"content": {"role": "model", "parts": [{"text": "Hi, "}, {"text": "human."}]}}]})),
+        (request(path, {"contents": [{"role": "user", "parts": [{"text": "hi"}]},
+                                     {"role": "model", "parts": [{"text": "Hi, human."}]},
+                                     {"role": "user", "parts": [{"text": "more"}]}]}),
+         response({"candidates": []})),
+    ]
+    assert record(tmp_path / "s", calls) == [(), (0,)]
+
+
+def test_generic_depends_on_bodies_that_contain_an_answer(tmp_path):
+    answer = "The quick brown fox answered at length."
+    calls = [(request("/api/generate", {"prompt": "a"}), response({"choices": [{"text": answer}]})),
+             (request("/api/generate", {"prompt": f"context: {answer} then"}), response({"choices": []})),
+             (request("/api/generate", {"prompt": "unrelated"}), response({"choices": []}))]
+    assert providers.detect("up", "/api/generate").name == "generic"
+    assert record(tmp_path / "s", calls) == [(), (0,), ()]
+
+
+@pytest.mark.parametrize(("host", "path", "name", "shape"), [
+    ("api.openai.com", "/v1/chat/completions", "openai", lambda b: b["error"]["message"]),
+    ("api.anthropic.com", "/v1/messages", "anthropic", lambda b: b["type"] == "error" and b["error"]["message"]),
+    ("generativelanguage.googleapis.com", "/v1beta/models/g:generateContent", "gemini",
+     lambda b: b["error"]["status"] == "NOT_FOUND" and b["error"]["message"]),
+    ("api.mistral.ai", "/v1/chat/completions", "mistral", lambda b: b["object"] == "error" and b["message"]),
+    ("bedrock-runtime.us-east-1.amazonaws.com", "/model/m/converse", "bedrock", lambda b: b["message"]),
+])
+def test_each_provider_is_detected_and_answers_errors_in_its_shape(host, path, name, shape):
+    p = providers.detect(host, path)
+    assert p.name == name
+    assert shape(p.error_body(404, "nfproxy_replay_miss", "nfproxy replay miss: x", {"key": "k"}))
+
+
+def test_rules_id_depends_only_on_what_changes_keys(monkeypatch):
+    rules = Rules()
+    assert rules.legacy_ids == ("e24973acaa958264",)  # main's id for these rules (1704f55)
+    before = rules.id
+    extra = providers.Provider(name="newcomer", matches=lambda host, route: host == "new.example")
+    monkeypatch.setitem(providers.PROVIDERS, "newcomer", extra)
+    monkeypatch.setattr(providers, "_ORDER", (extra, *providers._ORDER))
+    assert Rules().id == before  # a provider added: the same id, the same keys for everything else
+    monkeypatch.setattr(providers, "KEYING_VERSION", 2)
+    assert Rules().id != before and Rules().legacy_ids == ()  # keying changed: old stores are refused
+
+
+def test_the_nearest_request_index_finds_the_changed_one_among_many(tmp_path):
+    path = tmp_path / "s"
+    words = ["lighthouse", "mountain", "river", "forest", "desert", "harbor", "castle", "garden"]
+    with Store.open(path, write=True, create=True) as s:
+        rec = Recorder(s, Rules())
+        for i in range(400):
+            text = f"Write a long story number {i} about a {words[i % 8]} and a {words[(i // 8) % 8]} at dawn."
+            doc = {"model": f"m{i % 3}", "messages": [{"role": "system", "content": "You are a writer."},
+                                                       {"role": "user", "content": text}]}
+            rec.finish(rec.begin(request("/v1/chat/completions", doc), Labels(f"S{i % 20}")),
+                       response({"choices": [{"message": {"role": "assistant", "content": f"story {i}"}}]}))
+    with Store.open(path, write=False) as s:
+        assert s.has_replay_index()
+        rep = Replayer(s, Rules(), log=lambda build: None)
+        assert isinstance(rep.index, replay_index.LmdbIndex)
+        i = 137
+        text = f"Write a long story number {i} about a {words[i % 8]} and a {words[(i // 8) % 8]} at dusk."
+        asked = {"model": f"m{i % 3}", "messages": [{"role": "system", "content": "You are a writer."},
+                                                     {"role": "user", "content": text}]}
+        got = rep.answer(request("/v1/chat/completions", asked), Labels("R"))
+        assert got.result == "miss"
+        near = json.loads(got.response.raw_body)["error"]["nearest"]
+        assert near["exchange_id"] == i + 1 and near["differs_at"] == "/body/messages/1/content"
+
+
+def test_a_store_without_lookup_rows_is_indexed_in_memory_with_dependencies_recomputed(tmp_path):
+    path = tmp_path / "s"
+    q = [{"role": "user", "content": "hi"}]
+    calls = [(request("/v1/chat/completions", {"model": "m", "messages": q}),
+              response({"choices": [{"message": {"role": "assistant", "content": "Hello there"}}]})),
+             (request("/v1/chat/completions", {"model": "m", "messages": q + [
+                 {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "more"}]}),
+              response({"choices": [{"message": {"role": "assistant", "content": "More."}}]}))]
+    record(path, calls)
+    with Store.open(path, write=True) as s:  # as main wrote it: no deps in the entries, no lookup flag
+        s.set_meta("replay_index", None)
+        entries = list(s.recorded_entries())
+        with s._env.begin(write=True) as txn:
+            for e in entries:
+                doc = {k: v for k, v in replace(e).__dict__.items() if k in ("id", "key", "session", "occurrence",
+                                                                              "seq", "route", "start", "end")}
+                txn.put(e.id.to_bytes(8, "big"), json.dumps(doc).encode(), db=s._recorded)
+    with Store.open(path, write=False) as s:
+        assert not s.has_replay_index() and not any(e.deps for e in s.recorded_entries())
+        rep = Replayer(s, Rules(), log=lambda build: None)
+        assert isinstance(rep.index, replay_index.MemoryIndex)
+        assert rep.answer(calls[1][0], Labels("R")).result == "order_violation"  # carries an unserved answer
+        assert rep.answer(calls[0][0], Labels("R")).result == "hit"
+        assert rep.answer(calls[1][0], Labels("R")).result == "hit"
+
+
+class AcmeUpstream(FakeUpstream):
+    """The made-up Acme API of examples/providers/acme.py, on a real aiohttp server."""
+
+    def _routes(self, app: web.Application) -> None:
+        async def generate(request: web.Request) -> web.Response:
+            n, doc = await self._record(request)
+            return web.json_response({"engine": "acme-engine-7", "text": f"acme answer {n} to {doc.get('prompt')}",
+                                      "halt": "budget", "meter": {"in": 11, "out": 5 + n}})
+
+        app.router.add_post("/acme/v1/generate", generate)
+
+
+def installed_plugin(where: Path) -> dict[str, str]:
+    """The example module installed as a distribution would be: its entry point in a dist-info."""
+    shutil.copy(EXAMPLES / "acme.py", where / "acme.py")
+    info = where / "acme_provider-0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: acme-provider\nVersion: 0\n")
+    (info / "entry_points.txt").write_text("[noisefloor.providers]\nacme = acme:PROVIDER\n")
+    return {"PYTHONPATH": str(where)}
+
+
+def test_a_provider_added_from_outside_records_and_replays_strictly_through_nfproxy(tmp_path, proxies):
+    """examples/providers/acme.py, registered by its entry point and nothing else edited: its
+    keying (ignored field, version header), credential header, served model and usage, error shape
+    and base-URL variable all come from that one module; the rules id does not move."""
+    env = installed_plugin(tmp_path)
+    store = tmp_path / "log.lmdb"
+    up = AcmeUpstream().start()
+    try:
+        rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", up.url, env=env)
+        proxies.append(rec)
+        head = {"x-acme-key": "acme-secret-record-0123456789", "acme-version": "2026-01"}
+        with loopback.client(base_url=rec.url, timeout=20) as c:
+            live = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r1"}, headers=head)
+        assert live.status_code == 200 and rec.stop() == 0, rec.output
+    finally:
+        up.stop()
+    with Store.open(store, write=False) as s:
+        assert s.meta("rules_id") == Rules().id  # the same id as without the module
+        (ex,) = list(s.exchanges())
+        assert ex.model == "acme-engine-7" and ex.usage == {"input": 11, "output": 6} and ex.finish_reason == "budget"
+        assert not any(b"acme-secret-record" in body for body in s.bodies())
+        assert "acme-secret-record" not in json.dumps(ex.request)
+
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), env=env)
+    proxies.append(rep)
+    rotated = {"x-acme-key": "acme-secret-rotated-987654321", "acme-version": "2026-01"}
+    with loopback.client(base_url=rep.url, timeout=20) as c:
+        hit = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r2"}, headers=rotated)
+        newer = c.post("/acme/v1/generate", json={"prompt": "hi", "request_id": "r3"},
+                       headers={**rotated, "acme-version": "2026-02"})
+    assert hit.status_code == 200 and hit.content == live.content  # another request id, another key: a hit
+    assert newer.status_code == 404 and "nfproxy replay miss" in newer.json()["acme_error"]["detail"]
+    assert rep.stop() == 3 and "1 hits, 1 misses" in rep.output, rep.output
+
+
+def test_a_registered_provider_is_asked_before_the_generic_one_and_rewrites_its_own_prompt(monkeypatch):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("acme_example", EXAMPLES / "acme.py")
+    acme = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(acme)
+    before = Rules().id
+    monkeypatch.setattr(providers, "_ORDER", list(providers._ORDER))
+    monkeypatch.setattr(providers, "PROVIDERS", dict(providers.PROVIDERS))
+    providers.register(acme.PROVIDER)
+    try:
+        assert providers.detect("acme.example", "/acme/v1/generate").name == "acme"
+        assert providers.detect("acme.example", "/other").name == "generic"
+        assert providers.sdk_env("http://p")["ACME_BASE_URL"] == "http://p"
+        assert "x-acme-key" in providers.credential_headers()
+        assert providers.rewrite_user(acme.PROVIDER, {"prompt": "hi"}, str.upper) == {"prompt": "HI"}
+        assert Rules().id == before
+        with pytest.raises(ValueError, match="already registered"):
+            providers.register(acme.PROVIDER)
+    finally:
+        providers.credential_headers.cache_clear()
+        providers.terminal_events.cache_clear()

@@ -1,0 +1,150 @@
+"""The replay index's layout 3 against layout 2: a store written by main in layout 2
+(tests/data/store-index-v2, made by tests/data/make_index_v2_store.py) keeps replaying as it is,
+is recorded into in its own layout, and `nfproxy migrate` / `compact` / `merge` bring it to today's
+layout (layout 3's entries without ids, their route a reference, 6-byte lookup keys; layout 4's
+sketches at 16 bits a minimum), answering every lookup as main's index did
+(tests/data/store-index-v2.json). Real LMDB files, the real recorder, real nfproxy
+processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import lmdb
+import pytest
+
+from bench.store_traffic import REQUEST_HEADERS, record
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.traffic import RequestData
+from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
+from tests.conftest import DATA
+from tests.data.make_index_v1_store import answered, changed, layout
+from tests.store.store_fixtures import nfproxy, table_bytes
+
+EXPECTED = json.loads((DATA / "store-index-v2.json").read_text())
+
+
+@pytest.fixture
+def v2(tmp_path: Path) -> Path:
+    store = tmp_path / "v2.lmdb"
+    shutil.copytree(DATA / "store-index-v2", store)
+    return store
+
+
+def test_a_layout_2_store_reads_as_main_answered(v2):
+    assert layout(v2) == ("noisefloor-log/4", 2)
+    assert answered(v2) == EXPECTED
+
+
+@pytest.mark.parametrize("command", ["migrate", "compact"])
+def test_migrate_and_compact_bring_it_to_todays_layout_with_the_same_answers(v2, command):
+    entries = table_bytes(v2, "recorded")
+    r = nfproxy(command, "--store", str(v2))
+    assert r.returncode == 0, r.stderr
+    assert f"from noisefloor-log/4 to {FORMAT}" in r.stdout
+    assert layout(v2) == (FORMAT, replay_index.VERSION)
+    assert answered(v2) == EXPECTED
+    with Store.open(v2, write=False) as s:
+        rows = list(s.raw_table("lookups"))
+        sketches = s.stored_sketches(list(range(1, 61)))
+        routes = list(s.raw_table("index_routes"))
+    assert len(rows) == 60 * 19 and {len(k) for k, _ in rows} == {6}
+    assert all(got is not None and len(got[1]) == replay_index.SHORT == 64 for got in sketches)
+    assert len(routes) == 1 and routes[0][1][:8] == sketches[0][0]  # type: ignore[index]  # one route and model
+    assert table_bytes(v2, "recorded") < entries
+
+
+@pytest.mark.parametrize("through", ["layout 2", "layout 4"])
+def test_merge_writes_todays_layout_with_the_same_answers(v2, tmp_path, through):
+    if through == "layout 4":  # a shard of today's layout: entries and lookups copied as stored
+        assert nfproxy("migrate", "--store", str(v2)).returncode == 0
+    out = tmp_path / "merged.lmdb"
+    assert merge(out, [v2]).exchanges_added == 60
+    assert layout(out) == (FORMAT, replay_index.VERSION)
+    assert answered(out) == EXPECTED
+
+
+def test_a_layout_2_store_recorded_into_keeps_its_layout_and_the_new_exchanges_are_found(v2):
+    with Store.open(v2, write=True) as s:
+        record(s, 300, seed=6, prefix="later")
+    assert layout(v2) == ("noisefloor-log/4", 2)
+    late = answered(v2, range(61, 361, 13))
+    assert all(int(i) in a["candidates"] and int(i) in a["session"] for i, a in late.items())
+    assert sum(a["near"][0][0] == int(i) for i, a in late.items()) > len(late) // 2
+
+
+def test_a_damaged_layout_3_entry_is_refused_by_name(v2, tmp_path):
+    out = tmp_path / "merged.lmdb"
+    merge(out, [v2])
+    env = lmdb.open(str(out), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"recorded", txn=txn)
+        raw = bytearray(txn.get((5).to_bytes(8, "big"), db=db))
+        txn.put((5).to_bytes(8, "big"), bytes(raw[:-1]), db=db)  # its sketch cut short by one byte
+    env.close()
+    with Store.open(out, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
+        s.recorded_entries_by_id([4, 5])
+    r = nfproxy("compact", "--store", str(out))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "entry of exchange 5 is damaged" in r.stderr.strip().splitlines()[-1]
+    r = nfproxy("merge", str(tmp_path / "again.lmdb"), str(out))
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "exchange 5" in r.stderr.strip().splitlines()[-1]
+
+
+def test_a_replay_miss_on_layout_3_names_the_nearest(v2):
+    assert nfproxy("migrate", "--store", str(v2)).returncode == 0
+    with Store.open(v2, write=False) as s:
+        index = replay_index.LmdbIndex(s)
+        body = s.part_body(s.exchange(9).request, 9, "request")
+        canonical = RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
+                                "/v1/chat/completions", REQUEST_HEADERS, changed(body)).canonical(Rules())
+        near = index.near(canonical, "POST api.openai.com /v1/chat/completions")
+    assert [[n.id, n.score, n.same_route_model] for n in near] == EXPECTED["9"]["near"]
+
+
+def test_a_damaged_route_row_is_refused_by_name(v2, tmp_path):
+    assert nfproxy("migrate", "--store", str(v2)).returncode == 0
+    env = lmdb.open(str(v2), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"index_routes", txn=txn)
+        key, value = next(iter(txn.cursor(db=db)))
+        txn.put(key, value[:-1] + b"X", db=db)  # the route's last byte changed
+    env.close()
+    with Store.open(v2, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged.*route row"):
+        s.recorded_entries_by_id([4])
+    r = nfproxy("merge", str(tmp_path / "out.lmdb"), str(v2))
+    assert r.returncode != 0 and "Traceback" not in r.stderr and "route row" in r.stderr.strip().splitlines()[-1]
+
+
+def test_a_route_whose_row_key_is_taken_is_kept_inline(tmp_path):
+    store = tmp_path / "s.lmdb"
+    with Store.open(store, write=True, create=True) as s:
+        record(s, 3, seed=1, prefix="a")
+        (bucket, _), route = s.stored_sketches([1])[0], s.recorded_entry(1).route  # type: ignore[misc, union-attr]
+        key, _ = replay_index.route_row(route, bucket)
+    env = lmdb.open(str(store), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"index_routes", txn=txn)
+        txn.delete(key, db=db)
+        txn.put(key, b"\0" * 8 + b"GET other /", db=db)  # another route's row under this key
+    env.close()
+    with Store.open(store, write=True) as s:
+        record(s, 20, seed=2, prefix="b")
+        late = s.recorded_entries_by_id(list(range(4, 24)))
+        assert {e.route for e in late} == {route} and all(got[0] == bucket for got in s.stored_sketches(list(range(4, 24))))
+
+
+def test_merge_refuses_a_shard_whose_entry_names_a_route_row_it_lacks(v2, tmp_path):
+    assert nfproxy("migrate", "--store", str(v2)).returncode == 0
+    env = lmdb.open(str(v2), max_dbs=16)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"index_routes", txn=txn)
+        txn.drop(db, delete=False)
+    env.close()
+    r = nfproxy("merge", str(tmp_path / "out.lmdb"), str(v2))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "route row" in r.stderr.strip().splitlines()[-1] and "exchange 1" in r.stderr

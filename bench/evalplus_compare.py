@@ -142,16 +142,22 @@ def main() -> None:
     print(f"  cold (reference outputs computed): nfverify {nf[0]:.1f} s wall {nf[1]:.1f} CPU-s, EvalPlus "
           f"{ep[0]:.1f} s wall {ep[1]:.1f} CPU-s, ratio wall {nf[0] / ep[0]:.2f} CPU {nf[1] / ep[1]:.2f}; load {_load()}")
     warm: dict[str, list[tuple[float, float]]] = {"nfverify": [], "EvalPlus": []}
+    passed: dict[str, int] = {}
     for rnd in range(a.rounds):  # warm: both tools reuse their reference outputs
         order = ["nfverify", "EvalPlus"] if rnd % 2 == 0 else ["EvalPlus", "nfverify"]
         for tool in order:
             if tool == "nfverify":
                 warm[tool].append(run_nfverify(a.suite, samples, dataset, tmp / "nf.jsonl", a.workers, env))
+                passed[tool] = sum(json.loads(line)["outcome"] for line in (tmp / "nf.jsonl").read_text().splitlines())
             else:
-                warm[tool].append(run_evalplus(a.evalplus_python, a.suite, samples, dataset, a.workers, env)[:2])
+                wall, cpu, ev = run_evalplus(a.evalplus_python, a.suite, samples, dataset, a.workers, env)
+                warm[tool].append((wall, cpu))
+                passed[tool] = sum(r["base_status"] == "pass" and r["plus_status"] == "pass"
+                                   for rs in ev.values() for r in rs)
         n, e = warm["nfverify"][-1], warm["EvalPlus"][-1]
-        print(f"  warm round {rnd + 1} ({order[0]} first): nfverify {n[0]:.1f} s wall {n[1]:.1f} CPU-s, EvalPlus "
-              f"{e[0]:.1f} s wall {e[1]:.1f} CPU-s, ratio wall {n[0] / e[0]:.2f} CPU {n[1] / e[1]:.2f}; load {_load()}")
+        print(f"  warm round {rnd + 1} ({order[0]} first): nfverify {n[0]:.1f} s wall {n[1]:.1f} CPU-s "
+              f"({passed['nfverify']} pass), EvalPlus {e[0]:.1f} s wall {e[1]:.1f} CPU-s ({passed['EvalPlus']} pass), "
+              f"ratio wall {n[0] / e[0]:.2f} CPU {n[1] / e[1]:.2f}; load {_load()}")
     med = {t: (statistics.median(w for w, _ in v), statistics.median(c for _, c in v)) for t, v in warm.items()}
     print(f"  warm medians: nfverify {med['nfverify'][0]:.1f} s wall {med['nfverify'][1]:.1f} CPU-s, EvalPlus "
           f"{med['EvalPlus'][0]:.1f} s wall {med['EvalPlus'][1]:.1f} CPU-s; ratio wall "

@@ -20,10 +20,8 @@ import math
 from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
-
 from noisefloor.analyzer import stored_rows
-from noisefloor.analyzer.outcome_columns import NONE, Numbering, RowColumns
+from noisefloor.analyzer.outcome_columns import NONE, RowColumns
 from noisefloor.outcome_rows import MAX_LINE, OutcomeError, _lines
 
 CHUNK = 8192  # rows read at once: their texts are what the read holds beside the columns
@@ -49,40 +47,13 @@ def read(path: Path) -> RowColumns | None:
                 return None
     except (OSError, OutcomeError):
         return None
-    if cols is None or not len(cols) or "" in cols.conditions or "" in cols.tasks or stored_rows.repeats(cols):
-        return None
-    return cols
-
-
-class _Columns:
-    """Columns gathered chunk by chunk, the texts numbered across every chunk."""
-
-    def __init__(self) -> None:
-        self.conds, self.tasks, self.fails = Numbering(), Numbering(), Numbering()
-        self.parts: list[tuple[np.ndarray, ...]] = []
-
-    def add(self, cond: list[str], task: list[str], replicate: list[int], outcome: list[int],
-            reference: list[int], confidence: list[float], failure: list[str]) -> None:
-        fails = self.fails
-        self.parts.append((
-            np.array(self.conds.of(cond), dtype=np.int32),
-            np.array(self.tasks.of(task), dtype=np.int32),
-            np.array(replicate, dtype=np.int64),
-            np.array(outcome, dtype=np.int8),
-            np.array(reference, dtype=np.int8),
-            np.array(confidence, dtype=float),
-            np.array([fails.of((f,))[0] if f else NONE for f in failure], dtype=np.int32),
-        ))
-
-    def columns(self) -> RowColumns:
-        arrays = [np.concatenate(a) for a in zip(*self.parts)]
-        return RowColumns(self.conds.names(), self.tasks.names(), self.fails.names(), *arrays)
+    return cols if cols is not None and len(cols) else None
 
 
 def _jsonl(lines: Iterator[tuple[int, str]]) -> RowColumns | None:
     """Through the stored rows' strict decoder, CHUNK lines at a time; blank lines are skipped, as
     the full parse skips them."""
-    reader = stored_rows._Reader()
+    reader = stored_rows.RowsReader()
     texts = (line.encode() for _, line in lines if line.strip())
     while chunk := list(itertools.islice(texts, CHUNK)):
         rows = stored_rows.decoded([t.rstrip(b"\r\n") for t in chunk])
@@ -102,7 +73,7 @@ def _csv(lines: Iterator[tuple[int, str]], delimiter: str) -> RowColumns | None:
                 or not set(header) <= {*_USED, *_TEXT}:
             return None
         width, at = len(header), {name: header.index(name) for name in header}
-        out = _Columns()
+        out = stored_rows.RowsReader()
         while chunk := list(itertools.islice(records, CHUNK)):
             if any(len(r) != width for r in chunk):
                 return None  # ragged, or a blank line: the full parse's to judge
@@ -110,10 +81,10 @@ def _csv(lines: Iterator[tuple[int, str]], delimiter: str) -> RowColumns | None:
                 return None
     except csv.Error:
         return None
-    return out.columns() if out.parts else None
+    return out.columns() if out.parts else None  # None for a repeated key
 
 
-def _csv_chunk(chunk: list[list[str]], at: dict[str, int], out: _Columns) -> bool:
+def _csv_chunk(chunk: list[list[str]], at: dict[str, int], out: stored_rows.RowsReader) -> bool:
     """Add one chunk's columns; False when a value is not one the full parse keeps as read here."""
     def col(name: str) -> list[str] | None:
         return [r[at[name]] for r in chunk] if name in at else None
@@ -140,5 +111,5 @@ def _csv_chunk(chunk: list[list[str]], at: dict[str, int], out: _Columns) -> boo
     except ValueError:
         return False
     failure = col("failure") or [""] * len(chunk)
-    out.add(cond, task, [int(v) for v in rep], outcome, reference, confidence, failure)
+    out.add_columns(cond, task, [int(v) for v in rep], outcome, reference, confidence, failure)
     return True

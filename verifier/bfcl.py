@@ -17,6 +17,9 @@ module must reproduce, and how they were made). The rules, in the checker's orde
   matches (first-fit, order-dependent, as BFCL does); `parallel="bipartite"` finds a matching
   whenever one exists (departs from BFCL). Both are at most n^2 call checks.
 
+Grading many candidates of one task, a `TaskGrader` works out the answer's side of every check
+once (`bfcl_expected`); `grade` and `grade_response` grade one candidate the same way.
+
 Bounds: tool-call arguments over MAX_ARGUMENT_CHARS, or nested past what the JSON parser takes,
 are malformed (no BFCL answer is near either).
 

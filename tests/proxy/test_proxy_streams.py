@@ -114,8 +114,8 @@ def test_replayed_stream_is_byte_identical_with_the_same_chunks(store, upstream,
 
 def test_the_stream_server_answers_a_ticket_without_waiting_for_a_request_body():
     """A replayed stream's request reaches the in-process stream server with its ticket; its first
-    chunk must not wait for a request body (one held back by Nagle's algorithm until the server's
-    delayed ACK stalled the first chunk by up to 40 ms). Here the body never comes at all."""
+    chunk does not wait for the request body (the prompt, which the server does not need). Here
+    the body never comes at all."""
     import asyncio
 
     from noisefloor.proxy.record.sse import TICKET_HEADER, StreamPlan, StreamServer

@@ -45,15 +45,17 @@ class ConditionResult:
     name: str
     stats: ConditionStats
     w_interval: WInterval
-    score_ci: Interval
-    budget_ci: Interval  # whole numbers of reruns
+    score_ci: Interval | None  # None from one task: no interval over tasks
+    budget_ci: Interval | None  # whole numbers of reruns; None from one task
     carriers: tuple[LeaveOneOut, ...]
     failures: dict[str, int]
     trimmed_from: tuple[int, int] | None
 
     @property
-    def w_ci(self) -> Interval:
-        return self.w_interval.ci
+    def w_ci(self) -> Interval | None:
+        """The w interval; None from one task (a task bootstrap of one task is a point, and no
+        exact bound speaks for a population from one draw)."""
+        return self.w_interval.ci if self.stats.tasks > 1 else None
 
 
 CONTRAST_WIDENED = "task_bootstrap+condition_bounds"
@@ -64,7 +66,7 @@ class Contrast:
     a: str
     b: str
     estimate: float
-    ci: Interval
+    ci: Interval | None  # None from one task
     leave_one_out: tuple[tuple[str, float], ...]  # (task, estimate without it), the tasks that move it most first
     method: str = TASK_BOOTSTRAP  # or task_bootstrap+condition_bounds when a side's w interval is not the bootstrap's
     note: str = ""
@@ -93,18 +95,18 @@ class Analysis:
                 "tasks": s.tasks,
                 "replicates": s.replicates,
                 "score": s.score,
-                "score_ci": list(c.score_ci),
+                "score_ci": ci_json(c.score_ci),
                 "w": s.w,
                 "w_ci": ci_json(c.w_ci),
-                "w_ci_method": c.w_interval.method,
-                "w_ci_note": c.w_interval.note,
+                "w_ci_method": c.w_interval.method if c.w_ci is not None else "undefined",
+                "w_ci_note": c.w_interval.note if c.w_ci is not None else "one task: no interval over tasks",
                 "w_ci_flag": c.w_interval.flag or None,
                 "w_exact_upper": c.w_interval.exact_upper,
-                "w_bootstrap_ci": ci_json(c.w_interval.bootstrap),
+                "w_bootstrap_ci": ci_json(c.w_interval.bootstrap) if c.w_ci is not None else None,
                 "variable_tasks": s.variable_tasks,
                 "variable_tasks_ci": list(s.variable_tasks_ci),
                 "budget": s.budget,
-                "budget_ci": list(c.budget_ci),
+                "budget_ci": None if c.budget_ci is None else [int(x) for x in c.budget_ci],
                 "mde": s.mde,
                 "top_tasks": [asdict(x) for x in c.carriers],
                 "failures": c.failures,
@@ -236,12 +238,13 @@ def _condition(data: OutcomeSet, c: str, s2: np.ndarray, draws: _Intervals, sett
     d = data.conditions[c]
     alpha, plan, n = settings.plan.alpha, settings.plan, len(data.tasks)
     wi = w_interval(d.outcomes, draws.cis[f"w:{c}"], alpha)
+    one = n < 2  # one task: every interval over tasks is undefined
     return ConditionResult(
         name=c,
         stats=condition_stats(d.outcomes, plan),
         w_interval=wi,
-        score_ci=draws.cis[f"score:{c}"],
-        budget_ci=Interval(int(budget(wi.ci[0], n, plan)), int(budget(wi.ci[1], n, plan))),
+        score_ci=None if one else draws.cis[f"score:{c}"],
+        budget_ci=None if one else Interval(int(budget(wi.ci[0], n, plan)), int(budget(wi.ci[1], n, plan))),
         carriers=leave_one_out(data.tasks, s2, settings.top_tasks),
         failures=dict(d.failures),
         trimmed_from=d.trimmed_from,
@@ -255,6 +258,8 @@ def _contrast(tasks: Sequence[str], ra: ConditionResult, rb: ConditionResult, s2
     loo = _contrast_loo(tasks, s2[a], s2[b], settings.top_tasks)
     est = float(s2[a].mean() - s2[b].mean())
     wa, wb = ra.w_interval, rb.w_interval
+    if len(tasks) < 2:
+        return Contrast(a, b, est, None, loo, "undefined", "one task: no interval over tasks")
     if wa.method == TASK_BOOTSTRAP and wb.method == TASK_BOOTSTRAP:
         return Contrast(a, b, est, boot, loo)
     # a side whose bootstrap cannot see what its replicates missed: what the exact bound added

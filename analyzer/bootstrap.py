@@ -14,7 +14,13 @@ Two ways to use it:
   ratios): the function gets every array's rows drawn with the same indices, so a main arm and its
   variants stay matched.
 
-One default number of resamples, `DEFAULT_RESAMPLES`, serves both.
+One default number of resamples, `DEFAULT_RESAMPLES`, serves both. Both put the tasks in an
+order of their own values first (`canonical_order`), so the draws, and every interval, are the
+same whatever the tasks are called and in whatever order they come.
+
+A statistic whose resamples are undefined (0/0) in more than `MAX_UNDEFINED` of the draws gets no
+interval: the defined ones alone would describe a different population of resamples (those that
+happened to draw the one flip), and a point interval from them would look like certainty.
 """
 
 from __future__ import annotations
@@ -25,9 +31,10 @@ from typing import TypeVar
 
 import numpy as np
 
-from noisefloor.analyzer.intervals import Interval, percentile
+from noisefloor.analyzer.intervals import Interval, centred, percentile
 from noisefloor.errors import InputError
 
+MAX_UNDEFINED = 0.10  # share of undefined resamples above which an interval is undefined too
 DEFAULT_RESAMPLES = 20_000  # every interval: the ladder paper's 20,000 task resamples (2.5% ends on 500 draws)
 MAX_CELLS = 4_000_000  # resampled values held at once (block x N, or block x N x R for matrices)
 MAX_BLOCK = 2000  # resamples per block at most: the progress bar's step
@@ -60,6 +67,16 @@ def index_blocks(n: int, resamples: int, seed: int | np.random.SeedSequence, cel
         yield rng.integers(0, n, size=(b, size))
 
 
+def canonical_order(rows: np.ndarray) -> np.ndarray:
+    """Indices that sort the rows of a (N, ...) array by their values: the same rows in any order
+    come out in one order (rows that are equal are interchangeable)."""
+    arr = np.asarray(rows, dtype=float)
+    flat = arr.reshape(len(arr), int(np.prod(arr.shape[1:])))
+    if flat.shape[0] < 2 or flat.shape[1] == 0:
+        return np.arange(len(rows))
+    return np.lexsort(flat.T[::-1])
+
+
 @dataclass(frozen=True)
 class Draws:
     """Resampled means, one array of length `resamples` per named column."""
@@ -83,6 +100,7 @@ def task_bootstrap(
         raise InputError(f"resamples must be at least 1, got {resamples}")
     names = list(columns)
     matrix = np.column_stack([np.asarray(columns[k], dtype=float) for k in names])  # (N, C)
+    matrix = matrix[canonical_order(matrix)]
     n = matrix.shape[0]
     if n == 0:
         raise InputError("cannot bootstrap zero tasks")
@@ -132,11 +150,18 @@ class Resampled:
 def instance_bootstrap(arrays: Mapping[str, np.ndarray], stat: Callable[[Mapping[str, np.ndarray]], Mapping[K, np.ndarray]],
                        resamples: int = DEFAULT_RESAMPLES, seed: int = 0,
                        alpha: float = 0.05) -> tuple[dict[K, Interval], dict[K, Resampled]]:
-    """Percentile intervals of every statistic `stat` returns, with the instances (axis 0 of
-    every array) drawn jointly: the same draw for the main arm and every variant. `stat` takes
-    stacks (..., N, R) and returns one value per resample under each key. Undefined (NaN)
-    resamples are left out and counted; infinite ones stay in."""
+    """Intervals of every statistic `stat` returns, with the instances (axis 0 of every array)
+    drawn jointly: the same draw for the main arm and every variant. `stat` takes stacks
+    (..., N, R) and returns one value per resample under each key; `stat` of the arrays
+    themselves is the estimate. Each interval is the percentile interval centred on its estimate
+    (`intervals.centred`: SDs, their medians and ratios are biased under resampling, and a
+    plain percentile interval can miss its own estimate). Undefined (NaN) resamples are left out
+    and counted, and above MAX_UNDEFINED of them there is no interval, nor for an undefined
+    estimate; infinite ones stay in."""
     n = next(iter(arrays.values())).shape[0]
+    point = {k: float(v) for k, v in stat(dict(arrays)).items()}
+    order = canonical_order(np.concatenate([np.asarray(a, dtype=float).reshape(n, -1) for a in arrays.values()], axis=1))
+    arrays = {name: arr[order] for name, arr in arrays.items()}
     draws: dict[K, list[np.ndarray]] = {}
     cells = sum(int(np.prod(a.shape)) for a in arrays.values())
     for idx in index_blocks(n, resamples, seed, cells):
@@ -149,6 +174,6 @@ def instance_bootstrap(arrays: Mapping[str, np.ndarray], stat: Callable[[Mapping
         nan = np.isnan(v)
         v = v[~nan]
         notes[k] = Resampled(float(nan.mean()), float(np.isinf(v).sum() / nan.size))
-        if v.size:
-            out[k] = percentile(v, alpha)
+        if v.size and nan.mean() <= MAX_UNDEFINED and not np.isnan(point[k]):  # an undefined estimate has none
+            out[k] = centred(v, point[k], alpha)
     return out, notes

@@ -10,7 +10,10 @@ at k=16. For an inconclusive case we also say how many more repeats, at the cand
 pass rate, would push its one-sided Wilson upper bound under the floor.
 
 The gate's own error rates are in view: for each case, the chance that an unchanged model is
-called `regressed` or `quarantine` at its baseline rate and n (exact binomial sums), the chance
+called `regressed` or `quarantine` at its baseline rate and n (exact binomial sums; the escalated
+chance for the escalation nfladder's gate design runs: the candidate's first n repeats are kept
+and escalate_at - n more are added, so a case already below the floor needs fewer bad draws to
+stay there than a fresh escalate_at-run draw would), the chance
 that an unchanged suite blocks, a multiplicity-controlled mode (Holm or Benjamini-Hochberg over
 the cases' exact one-sided binomial p-values) and the repeats per case that bring the suite's
 false-block rate under a target.
@@ -18,6 +21,7 @@ false-block rate under a target.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -82,8 +86,8 @@ class CaseVerdict:
 
 def wilson_bound(rate: float, n: int, z: float, sign: int) -> float:
     """One side of the Wilson score interval for an observed rate (fractional passes allowed)."""
-    if n == 0:
-        return 0.0 if sign < 0 else 1.0
+    if n == 0 or (rate <= 0 and sign < 0) or (rate >= 1 and sign > 0):
+        return 0.0 if sign < 0 else 1.0  # exactly: the arithmetic below leaves 3e-18 or 1 - 1e-16 at the ends
     denom = 1 + z * z / n
     centre = rate + z * z / (2 * n)
     margin = z * math.sqrt(max(rate * (1 - rate), 0.0) / n + z * z / (4 * n * n))
@@ -175,7 +179,7 @@ class CaseRisk:
     rate: float  # the pooled baseline rate assumed true for the unchanged model
     n: tuple[int, int, int]  # repeats in base A, base B, candidate
     false_regressed: float  # P(regressed) for an unchanged model, one pass of the gate
-    false_regressed_escalated: float  # ... when inconclusive cases are re-run at k=16, as seed 004 says
+    false_regressed_escalated: float  # ... when an inconclusive candidate keeps its n runs and adds up to k=16
     false_quarantine: float
 
 
@@ -198,23 +202,73 @@ def _pmf(n: int, p: float) -> np.ndarray:
     return np.exp(log_comb + special.xlogy(k, p) + special.xlog1py(n - k, -p))
 
 
+def _floors(n: int, s: GateSettings) -> np.ndarray:
+    """`floor_of(CaseCounts(k, n), s)` for k = 0..n, with the scalar's operations in its order
+    (so the same floats: the verdict compares a rate with these to the last bit)."""
+    if n == 0:
+        return np.zeros(1)
+    z = s.z
+    p = np.arange(n + 1) / n
+    denom = 1 + z * z / n
+    centre = p + z * z / (2 * n)
+    margin = z * np.sqrt(np.maximum(p * (1 - p), 0.0) / n + z * z / (4 * n * n))
+    lower = np.where(p <= 0, 0.0, np.minimum(1.0, np.maximum(0.0, (centre - margin) / denom)))
+    return np.maximum(0.0, lower - s.slack)
+
+
+def _below(n: int, floors: np.ndarray) -> np.ndarray:
+    """For each floor, how many pass counts k of n have k / n < floor (the verdict's own comparison)."""
+    return np.searchsorted(np.arange(n + 1) / max(n, 1), floors, side="left")
+
+
+def _kept(n_a: int, n_b: int, rate: float, band: float) -> np.ndarray:
+    """For each k_a, P(baseline B's count k_b gives |k_a/n_a - k_b/n_b| <= band): the k_b that keep
+    the case out of quarantine form one run of counts; its ends are found by search on a slightly
+    wider band and then trimmed by the verdict's own comparison, so the floats agree with it."""
+    ra, rb = np.arange(n_a + 1) / max(n_a, 1), np.arange(n_b + 1) / max(n_b, 1)
+    lo = np.searchsorted(rb, ra - band - 1e-9, side="left")
+    hi = np.searchsorted(rb, ra + band + 1e-9, side="right")  # [lo, hi): a superset by at most one each side
+    for _ in range(2):
+        drop = (lo < hi) & (np.abs(ra - rb[np.minimum(lo, n_b)]) > band)
+        lo = lo + drop
+        drop = (lo < hi) & (np.abs(ra - rb[np.maximum(hi - 1, 0)]) > band)
+        hi = hi - drop
+    cdf = np.concatenate([[0.0], np.cumsum(_pmf(n_b, rate))])
+    return np.where(lo < hi, cdf[hi] - cdf[lo], 0.0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _risk(rate: float, n_a: int, n_b: int, n_c: int, s: GateSettings) -> tuple[float, float, float]:
+    """(P regressed in one pass, P regressed once inconclusive cases are escalated, P quarantine)
+    for a case whose runs all pass at `rate`. The escalation is the one nfladder's gate design
+    runs: the candidate keeps its first n_c repeats and adds escalate_at - n_c more."""
+    pa, pc = _pmf(n_a, rate), _pmf(n_c, rate)
+    keep_a = pa * _kept(n_a, n_b, rate, s.flake_band)  # P(k_a and the case not quarantined)
+    p_quarantine = float(pa.sum() - keep_a.sum())
+    floors = _floors(n_a, s)
+    below = _below(n_c, floors)  # per k_a: candidate counts 0..below-1 fall under the floor
+    cdf_c = np.concatenate([[0.0], np.cumsum(pc)])
+    p_below = cdf_c[below]
+    if n_c >= s.escalate_at:
+        p_reg = float(keep_a @ p_below)
+        return p_reg, p_reg, p_quarantine
+    p_zero = np.where(below > 0, pc[0], 0.0)  # zero passes below the floor: regressed at once
+    p_reg = float(keep_a @ p_zero)
+    extra = s.escalate_at - n_c
+    cdf_x = np.concatenate([[0.0], np.cumsum(_pmf(extra, rate))])  # cdf_x[j] = P(X < j), X the extra passes
+    below_esc = _below(s.escalate_at, floors)  # per k_a: totals 0..below_esc-1 still under the floor
+    kc = np.arange(1, n_c + 1)
+    inconclusive = kc[None, :] < below[:, None]  # (A, C-1): 0 < k_c and k_c / n_c < floor
+    still = cdf_x[np.clip(below_esc[:, None] - kc[None, :], 0, extra + 1)]  # P(k_c + X < below_esc)
+    p_esc = p_reg + float(keep_a @ ((inconclusive * still) @ pc[1:]))
+    return p_reg, p_esc, p_quarantine
+
+
 def case_risk(case_id: str, rate: float, n_a: int, n_b: int, n_c: int, s: GateSettings = GateSettings()) -> CaseRisk:
-    """Exact chances that the gate misjudges a case whose true pass rate is `rate` in all runs."""
-    pa, pb, pc = _pmf(n_a, rate), _pmf(n_b, rate), _pmf(n_c, rate)
-    ka, kb, kc = np.arange(n_a + 1), np.arange(n_b + 1), np.arange(n_c + 1)
-    quarantine = np.abs(ka[:, None] / max(n_a, 1) - kb[None, :] / max(n_b, 1)) > s.flake_band  # (A, B)
-    p_quarantine = float(pa @ quarantine @ pb)
-    keep_a = pa * (pb[None, :] * ~quarantine).sum(axis=1)  # P(k_a and not quarantined)
-    floors = np.array([max(0.0, wilson_lower(int(k), n_a, s.z) - s.slack) for k in ka])
-    below = kc[None, :] / max(n_c, 1) < floors[:, None]  # (A, C)
-    regressed_now = below & ((kc[None, :] == 0) | (n_c >= s.escalate_at))
-    inconclusive = below & ~regressed_now
-    p_reg = float(keep_a @ (regressed_now @ pc))
-    esc = max(s.escalate_at, n_c)
-    pe, ke = _pmf(esc, rate), np.arange(esc + 1)
-    below_esc = (ke[None, :] / esc < floors[:, None]) @ pe  # (A,): P(still below at k=16)
-    p_esc = p_reg + float(keep_a @ ((inconclusive @ pc) * below_esc))
-    return CaseRisk(case_id, rate, (n_a, n_b, n_c), p_reg, p_esc, p_quarantine)
+    """Exact chances that the gate misjudges a case whose true pass rate is `rate` in all runs
+    (the escalated one for the candidate's first n_c repeats kept and escalate_at - n_c added)."""
+    reg, esc, quar = _risk(float(rate), int(n_a), int(n_b), int(n_c), s)
+    return CaseRisk(case_id, rate, (n_a, n_b, n_c), reg, esc, quar)
 
 
 def _suite(risks: Sequence[float]) -> float:

@@ -110,7 +110,8 @@ def _write(result: Any, settings: Any, json_path: str | None, junit_path: Path |
         doc["z"] = settings.z
         report.write_json(doc, json_path)
     if junit_path:
-        junit_path.write_bytes(gate_run.junit_xml(result))
+        with outputs.atomic_path(junit_path) as tmp:  # a CI reader never sees half a report
+            tmp.write_bytes(gate_run.junit_xml(result))
     if md_path:
         text = gate_run.markdown(result)
         if md_path == "-":

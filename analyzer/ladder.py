@@ -111,8 +111,9 @@ class WInterval:
 
     The task bootstrap resamples the observed rows; when few tasks varied it misses what R
     replicates could not show (a task that flips 5% of the time looks deterministic in 5 runs)
-    and, with none varying, returns [0, 0] (seed 000 App. A.2 says as much). Then the upper end is
-    raised to the exact bound of `intervals.flip_bound`: `method` names which happened.
+    and, with none varying, returns [0, 0] (seed 000 App. A.2 says as much); nor can it see flipping
+    tasks the draw of N left out. Then the upper end is raised to the exact population bound of
+    `intervals.flip_bound`: `method` names which happened.
     """
 
     ci: Interval
@@ -124,7 +125,7 @@ class WInterval:
 
     @property
     def exact_upper(self) -> float:
-        return self.bound.variance_upper
+        return self.bound.population_variance_upper
 
 
 def w_interval(outcomes: np.ndarray, bootstrap: Interval, alpha: float = 0.05,
@@ -138,19 +139,20 @@ def w_interval(outcomes: np.ndarray, bootstrap: Interval, alpha: float = 0.05,
         flag = ""
         if b.varying < 2 * few:
             flag = (f"only {b.varying} tasks varied: the percentile task bootstrap may cover the task-population w "
-                    f"less often than {level} (0.92 at 37 x 20 with about 10 varying tasks, bench/coverage.py); "
+                    f"less often than {level} (0.93 at 37 x 20 with about 10 varying tasks, bench/coverage.py); "
                     f"for these tasks themselves it holds")
         return WInterval(boot, TASK_BOOTSTRAP, boot, b,
                          f"{level} task bootstrap ({b.varying} of {b.tasks} tasks varied)", flag)
-    up = b.variance_upper
+    up = b.population_variance_upper
     if b.varying == 0:
         return WInterval(Interval(0.0, up), EXACT, boot, b,
                          f"no task varied in {b.tasks} x {b.replicates} outcomes: w <= {up:.3g} at {level} "
-                         f"(exact binomial bound on the per-replicate flip rate; the task bootstrap gives [0, 0])")
+                         f"(exact binomial bounds on the per-replicate flip rate and on the share of tasks that "
+                         f"vary; the task bootstrap gives [0, 0])")
     return WInterval(Interval(boot.low, max(boot.high, up)), WIDENED, boot, b,
                      f"only {b.varying} of {b.tasks} tasks varied (< {few}): task bootstrap lower end, upper end "
                      f"the larger of the bootstrap's and the exact bound w <= {up:.3g} on what {b.replicates} "
-                     f"replicates could have missed")
+                     f"replicates and the draw of {b.tasks} tasks could have missed")
 
 
 @dataclass(frozen=True)

@@ -16,24 +16,30 @@ from noisefloor.display import md, visible
 Escape = Callable[[object], str]  # how an outside label is shown: `visible` (terminal) or `md` (Markdown)
 
 
-def _ci(ci: tuple[float, float] | list[float], digits: int = 5) -> str:
+def _ci(ci: tuple[float, float] | list[float] | None, digits: int = 5) -> str:
+    if ci is None:
+        return "[no interval: one task]"
     return fmt_ci((float(ci[0]), float(ci[1])), f".{digits}f")
 
 
 def _mark(method: str) -> str:
     """A w interval not made by the task bootstrap alone is marked; its note says how."""
-    return "" if method == TASK_BOOTSTRAP else " *"  # "!" lines below the table flag known coverage shortfalls
+    return "" if method in (TASK_BOOTSTRAP, "undefined") else " *"  # "!" lines below the table flag known coverage shortfalls
 
 
 def _exact(j: object) -> str:
     return " exact binomial: the bootstrap is degenerate" if getattr(j, "disagreement_ci_method", "") == "clopper_pearson" else ""
 
 
-def _method_lines(a: Analysis) -> list[str]:
+def _method_lines(a: Analysis, esc: Escape = visible) -> list[str]:
     """How every interval not from the plain task bootstrap was made (the * in the table)."""
-    out = [f"* {c.name}: {c.w_interval.note}" for c in a.conditions if c.w_interval.method != TASK_BOOTSTRAP]
-    out += [f"* {c.a} - {c.b}: {c.note}" for c in a.contrasts if c.method != TASK_BOOTSTRAP]
-    out += [f"! {c.name}: {c.w_interval.flag}" for c in a.conditions if c.w_interval.flag]
+    out = [f"* {esc(c.name)}: {esc(c.w_interval.note)}" for c in a.conditions
+           if c.w_interval.method != TASK_BOOTSTRAP and c.w_ci is not None]
+    out += [f"* {esc(c.a)} - {esc(c.b)}: {esc(c.note)}" for c in a.contrasts
+            if c.method not in (TASK_BOOTSTRAP, "undefined")]
+    out += [f"# {esc(c.name)}: {c.stats.tasks}x{c.stats.replicates} keeps the first {c.stats.replicates} replicates of "
+            f"each task (its tasks had {c.trimmed_from[0]} to {c.trimmed_from[1]})" for c in a.conditions if c.trimmed_from]
+    out += [f"! {esc(c.name)}: {esc(c.w_interval.flag)}" for c in a.conditions if c.w_interval.flag]
     return out
 
 
@@ -44,11 +50,11 @@ def _rows(a: Analysis, esc: Escape = visible) -> list[list[str]]:
         rows.append(
             [
                 esc(c.name),
-                f"{s.tasks}x{s.replicates}",
+                f"{s.tasks}x{s.replicates}" + (" #" if c.trimmed_from else ""),
                 f"{s.score:.4f}",
-                f"{s.w:.5f} {_ci(c.w_ci)}{_mark(c.w_interval.method)}",
+                f"{s.w:.5f} {_ci(c.w_ci)}{_mark(c.w_interval.method) if c.w_ci is not None else ''}",
                 f"{s.variable_tasks}/{s.tasks} {_ci(s.variable_tasks_ci, 3)}",
-                f"{s.budget} [{c.budget_ci[0]}, {c.budget_ci[1]}]",
+                f"{s.budget} " + (f"[{c.budget_ci[0]}, {c.budget_ci[1]}]" if c.budget_ci is not None else _ci(None)),
                 f"{s.mde:.4f}",
             ]
         )
@@ -84,7 +90,7 @@ def table(a: Analysis, log: dict[str, Any] | None = None) -> str:
     if carriers:
         out += ["", "Largest single-task share of w (w without it):", *(f"  {line}" for line in carriers)]
     for name, j in a.judge.items():
-        conf = f", mean confidence {j.mean_confidence:.1f}" if j.mean_confidence is not None else ""
+        conf = f", mean confidence {j.mean_confidence:.3f}" if j.mean_confidence is not None else ""
         out += [
             "",
             f"Judge {visible(name)}: majority disagrees with the reference on {j.disagreements}/{j.tasks} tasks "
@@ -104,34 +110,43 @@ def _carrier_lines(a: Analysis, esc: Escape = visible) -> list[str]:
 
 def _log_lines(log: dict[str, Any], esc: Escape = visible) -> list[str]:
     return [f"{esc(cond)}: {s['exchanges']} calls, {s['misses']} misses, {s['order_violations']} order violations, "
-            f"{s['errors']} errors, {s['truncated']} truncated, tokens in/out {s['input_tokens']}/{s['output_tokens']}, "
+            f"{s['errors']} errors, {s['truncated']} truncated, {_tokens(s)}, "
             f"models {', '.join(map(esc, s['models'])) or '-'}" for cond, s in log["conditions"].items()]
 
 
-def truth_line(truth: dict[str, Any]) -> str:
+def _tokens(s: dict[str, Any]) -> str:
+    """Token counts as the answers reported them; answers that reported none are not 0 tokens."""
+    if s["exchanges"] and not s["input_tokens"] and not s["output_tokens"]:
+        return "tokens not reported by the answers"
+    return f"tokens in/out {s['input_tokens']}/{s['output_tokens']}"
+
+
+def truth_line(truth: dict[str, Any], esc: Escape = visible) -> str:
     """The built-in provider's known w beside the measured one (nfladder demo)."""
     return ("Known truth (built-in provider): " + ", ".join(
-        f"{visible(c)} w={v['true_w']:.5f} {'inside' if v['covered'] else 'OUTSIDE'} its interval" for c, v in truth["w"].items())
+        f"{esc(c)} w={v['true_w']:.5f} " + ({True: "inside its interval", False: "OUTSIDE its interval"}
+                                              .get(v["covered"], "(no interval)")) for c, v in truth["w"].items())
         + f"; ladder order live > t0 > replay: {'holds' if truth['order_holds'] else 'DOES NOT HOLD'}")
 
 
 def markdown(a: Analysis, log: dict[str, Any] | None = None, floors: list[str] | None = None,
-             truth: dict[str, Any] | None = None) -> str:
+             truth: dict[str, Any] | None = None, heading: str = "# Determinism ladder") -> str:
     """The terminal's report as Markdown. `floors`: the floors section as Markdown lines
-    (`floors_report.markdown`), when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder)."""
+    (`floors_report.markdown`), when the rows carry endpoints; `truth`: the known w of the built-in provider (nfladder);
+    `heading`: the ladder's heading (a design's report puts the ladder below its own section)."""
     head = "| " + " | ".join(HEADER) + " |"
     sep = "|" + "---|" * len(HEADER)
     body = ["| " + " | ".join(r) + " |" for r in _rows(a, md)]
-    out = ["# Determinism ladder", "", head, sep, *body, ""]
-    notes = _method_lines(a)
+    out = [heading, "", head, sep, *body, ""]
+    notes = _method_lines(a, md)
     if notes:
-        out += [f"- {line[2:]}" if line.startswith("* ") else f"- coverage warning: {line[2:]}" for line in notes] + [""]
+        out += [f"- {line[2:]}" if line[0] in "*#" else f"- coverage warning: {line[2:]}" for line in notes] + [""]
     if a.contrasts:
         out += ["## Contrasts", "", "| A - B | estimate | 95% CI |", "|---|---|---|"]
         out += [f"| {md(c.a)} - {md(c.b)} | {c.estimate:+.5f} | {_ci(c.ci)}{_mark(c.method)} |" for c in a.contrasts]
         out.append("")
     if truth:
-        out += ["## Known truth", "", truth_line(truth), ""]
+        out += ["## Known truth", "", truth_line(truth, md), ""]
     carriers = _carrier_lines(a, md)
     if carriers:
         out += ["## Largest single-task share of w", "", *(f"- {line}" for line in carriers), ""]
@@ -162,26 +177,38 @@ def write_json(doc: dict[str, Any], path: str) -> None:
         outputs.write_text(path, text + "\n")
 
 
-def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
-    """w per condition with its interval, and the rerun budgets, side by side."""
+LABEL_CHARS = 24  # a longer condition name is cut with an ellipsis on the plot (the tables show it whole)
+
+
+def _label(name: str) -> str:
+    shown = visible(name)
+    shown = shown if len(shown) <= LABEL_CHARS else shown[:LABEL_CHARS - 1] + "\u2026"
+    return shown.replace("$", r"\$")  # no mathtext from a label
+
+
+def figure(a: Analysis, truth: dict[str, Any] | None = None) -> Any:
+    """The ladder figure: w per condition with its interval, and the rerun budgets, side by side.
+    Laid out by matplotlib's constrained layout, tick labels stood upright when they would touch, so no
+    text overlaps another or leaves the figure (tests measure it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [visible(c.name).replace("$", r"\$") for c in a.conditions]  # no mathtext from a label
+    names = [_label(c.name) for c in a.conditions]
     w = [c.stats.w for c in a.conditions]
-    lo = [c.stats.w - c.w_ci[0] for c in a.conditions]
-    hi = [c.w_ci[1] - c.stats.w for c in a.conditions]
+    lo = [c.stats.w - c.w_ci[0] if c.w_ci is not None else 0.0 for c in a.conditions]
+    hi = [c.w_ci[1] - c.stats.w if c.w_ci is not None else 0.0 for c in a.conditions]
     budgets = [c.stats.budget for c in a.conditions]
-    b_lo = [c.stats.budget - c.budget_ci[0] for c in a.conditions]
-    b_hi = [c.budget_ci[1] - c.stats.budget for c in a.conditions]
+    b_lo = [c.stats.budget - c.budget_ci[0] if c.budget_ci is not None else 0 for c in a.conditions]
+    b_hi = [c.budget_ci[1] - c.stats.budget if c.budget_ci is not None else 0 for c in a.conditions]
     colors = plt.cm.viridis([i / max(1, len(names) - 1) * 0.85 for i in range(len(names))])
+    x = list(range(len(names)))
 
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(names) + 4), 4.2))
-    ax1.bar(names, w, yerr=[lo, hi], capsize=6, color=colors, edgecolor="black", linewidth=0.8)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(9, 1.3 * len(names) + 5), 4.8), layout="constrained")
+    ax1.bar(x, w, yerr=[lo, hi], capsize=6, color=colors, edgecolor="black", linewidth=0.8)
     for i, v in enumerate(w):
-        ax1.annotate(f"{v:.4f}", (i, v), textcoords="offset points", xytext=(8, 3), fontsize=9)
+        ax1.annotate(f"{v:.4f}", (i, v), textcoords="offset points", xytext=(9, 3), fontsize=8)
         if v == 0:  # a zero bar has no height: mark it so it is seen, not missed
             ax1.plot([i - 0.4, i + 0.4], [0, 0], color=colors[i], linewidth=4, solid_capstyle="butt")
     known = (truth or {}).get("w", {})
@@ -189,19 +216,44 @@ def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
     if marks:
         ax1.scatter([i for i, _ in marks], [t for _, t in marks], marker="D", s=40, color="crimson", zorder=5,
                     label="known truth")
-        ax1.legend(loc="upper right", fontsize=8)
+        fig.legend(loc="outside lower center", fontsize=8, frameon=False)  # below the axes: over no bar
     ax1.set_ylabel("within-task variance w")
-    ax1.set_title("Noise floor per condition (95%; exact bound where few tasks varied)")
-    ax1.set_ylim(bottom=0)
-    ax2.bar(names, budgets, yerr=[b_lo, b_hi], capsize=6, color=colors)
+    ax1.set_title("Noise floor w per condition (95% interval)", fontsize=11)
+    ax1.set_ylim(bottom=0, top=max([v + h for v, h in zip(w, hi)] + [1e-6]) * 1.12)
+    ax2.bar(x, budgets, yerr=[b_lo, b_hi], capsize=6, color=colors, edgecolor="black", linewidth=0.8)
     for i, v in enumerate(budgets):
-        ax2.annotate(str(v), (i, v), textcoords="offset points", xytext=(8, 3), fontsize=9)
+        ax2.annotate(str(v), (i, v), textcoords="offset points", xytext=(9, 3), fontsize=8)
     p = a.settings.plan
     ax2.set_ylabel("reruns per arm R*")
-    ax2.set_title(f"Rerun budget for a {p.delta:g} difference (power {p.power:g})")
-    ax2.set_ylim(bottom=0)
-    fig.suptitle(f"{len(a.tasks)} tasks, {a.settings.resamples} resamples", fontsize=9)
-    fig.tight_layout()
+    ax2.set_title(f"Rerun budget to see a {p.delta:g} difference (power {p.power:g})", fontsize=11)
+    ax2.set_ylim(bottom=0, top=max([v + h for v, h in zip(budgets, b_hi)] + [1]) * 1.12)
+    for ax in (ax1, ax2):
+        ax.set_xticks(x, names)
+    fig.suptitle(f"{len(a.tasks)} tasks; intervals from {a.settings.resamples} joint task-bootstrap resamples "
+                 f"(an exact bound where few tasks varied)", fontsize=9)
+    if _ticks_touch(fig, (ax1, ax2)):
+        for ax in (ax1, ax2):
+            ax.tick_params(axis="x", labelrotation=90)
+        fig.set_size_inches(fig.get_figwidth(), fig.get_figheight() + 1.5)  # room for the upright names
+    return fig
+
+
+def _ticks_touch(fig: Any, axes: Any) -> bool:
+    """Whether neighbouring condition names on an axis would overlap when drawn flat."""
+    renderer = fig.canvas.get_renderer()
+    fig.draw_without_rendering()
+    for ax in axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+        if any(b1.x1 + 4 > b2.x0 for b1, b2 in zip(boxes, boxes[1:])):
+            return True
+    return False
+
+
+def plot(a: Analysis, path: Path, truth: dict[str, Any] | None = None) -> None:
+    """The ladder figure as a PNG, written atomically."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(a, truth)
     with outputs.atomic_path(path) as tmp:
         fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)

@@ -38,15 +38,20 @@ def main() -> None:
     key = "sk-proj-" + base64.urlsafe_b64encode(os.urandom(120)).decode()[:156]  # an OpenAI project key's shape
     values = secrets.secret_values("https://api.openai.com/v1/chat/completions", [("authorization", f"Bearer {key}")])
     old = [v.encode() for v in values]
+    b64 = {f for v in values for f in secrets._base64_forms(v.encode())}
+    no_b64 = [v for v in values if v not in b64]  # the rule before the base64 spellings were added
     for name, body in bodies().items():
         n = max(3, 2_000_000 // len(body))
-        new_t, old_t = [], []
+        new_t, old_t, pre_t = [], [], []
         for _ in range(args.rounds):
             new_t.append(per_call_us(lambda b=body: secrets.contains(b, values), n))
             old_t.append(per_call_us(lambda b=body: any(v in b for v in old), n))
+            pre_t.append(per_call_us(lambda b=body: secrets.contains(b, no_b64), n))
         ratio = statistics.median(a / b for a, b in zip(new_t, old_t))
+        b64_ratio = statistics.median(a / b for a, b in zip(new_t, pre_t))
         print(f"{name}: rule {statistics.median(new_t):.0f} us, whole-value scan {statistics.median(old_t):.0f} us, "
-              f"ratio {ratio:.2f}")
+              f"ratio {ratio:.2f}; rule without the base64 spellings {statistics.median(pre_t):.0f} us, "
+              f"ratio {b64_ratio:.2f}")
 
 
 if __name__ == "__main__":

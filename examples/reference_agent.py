@@ -2,6 +2,9 @@
 
     OPENAI_BASE_URL=... OPENAI_API_KEY=... python examples/reference_agent.py TASK_FILE
 
+NF_AGENT_MODEL and NF_AGENT_TEMPERATURE choose the model and temperature (gpt-4o-mini, 0.7);
+NF_AGENT_PROMPT_SUFFIX is appended to the prompt (a changed agent, for README's gate step).
+
 It works unchanged against nfladder's built-in provider, a local OpenAI-compatible server
 (llama.cpp, vLLM, ...), or a hosted API: everything it needs comes from the environment that
 nfladder (or nfproxy wrapping a command) sets. The task file is JSON with task_id, prompt and
@@ -21,6 +24,8 @@ def main() -> int:
     task = json.loads(open(sys.argv[1]).read())
     client = openai.OpenAI(max_retries=0, timeout=120)
     prompt = f"Complete this Python function. Return the whole function in one python code block.\n\n{task['prompt']}"
+    if os.environ.get("NF_AGENT_PROMPT_SUFFIX"):  # a changed agent, as a gate compares it with the unchanged one
+        prompt += "\n\n" + os.environ["NF_AGENT_PROMPT_SUFFIX"]
     answer = ""
     for attempt in range(2):  # an initial failure may trigger one retry
         try:

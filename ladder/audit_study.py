@@ -15,6 +15,7 @@ from typing import Any
 
 from noisefloor.analyzer import audit as audit_mod
 from noisefloor.analyzer import floors_report, report_doc
+from noisefloor.display import md as md_text
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
@@ -86,7 +87,7 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
     text = floors_report.table(audits)
     if known:
         text += "\n" + truth_line(known)
-    md = "\n".join(floors_report.markdown(audits, "Floors")) + ("\n\n" + truth_line(known) if known else "")
+    md = "\n".join(floors_report.markdown(audits, "Floors")) + ("\n\n" + md_text(truth_line(known)) if known else "")
     doc = pipeline.write_reports(cfg, result, parts, rows, [text], [md], plot=False)
     return pipeline.LadderResult(result, doc, drifted, [], False, [text])
 

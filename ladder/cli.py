@@ -12,6 +12,7 @@ import click
 
 from noisefloor import outputs
 from noisefloor._cli import VERSION, Group, exit_on_sigterm
+from noisefloor.display import visible_lines
 from noisefloor.errors import EXIT_DRIFT, EXIT_REGRESSED, EXIT_REPLAY_FAILED, EXIT_STAMPS, InputError
 from noisefloor.ladder import designs, pipeline, provenance, study_file, task_choice
 from noisefloor.ladder.conditions import LADDER_DEFAULT, LADDER_NAMES
@@ -52,9 +53,9 @@ def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None,
     from noisefloor.analyzer import report
 
     r = pipeline.run(cfg, design, kind, builtin, _say)
+    for section in r.sections:  # a design's own result first; the ladder of its conditions below it
+        click.echo(visible_lines(section) + "\n")
     click.echo(report.table(r.analysis, r.doc["log"]))
-    for section in r.sections:
-        click.echo("\n" + section)
     if "truth" in r.doc and "w" in r.doc["truth"]:
         click.echo("\n" + report.truth_line(r.doc["truth"]))
     click.echo("\n" + provenance.text(r.doc["provenance"]))
@@ -70,7 +71,7 @@ def execute(cfg: Config, design: designs.Design, kind: str, builtin: Any | None,
         bad = r.replay_misses
         click.echo(f"nfladder: REPLAY FAILED: {len(bad)} replay sessions asked for requests the recording does not "
                    f"hold (e.g. {bad[0]}); the agent changed its requests, so replay does not measure it "
-                   f"(see `nfproxy log --store {cfg.out / 'log.lmdb'} --session {bad[0]}`)", err=True)
+                   f"(see `nfproxy log {cfg.out / 'log.lmdb'} --session {bad[0]}`)", err=True)
         return EXIT_REPLAY_FAILED
     if r.replay_proxy_failed:  # no miss in the log, yet replay failed: an error of its own
         click.echo("nfladder: REPLAY FAILED: the replay proxy could not answer every request (see the errors "

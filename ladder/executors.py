@@ -11,6 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
+from noisefloor import exit_codes
 from noisefloor.errors import StateError
 from noisefloor.ladder.agent_run import AgentRun, Attempt, accept_runs, kill_running, run_agent
 from noisefloor.proxy import launch
@@ -56,16 +57,26 @@ class LocalExecutor:
         accept_runs()
         proxy = start_proxy(["--store", str(store), *proxy_args])
         pool = ThreadPoolExecutor(self.jobs)
+        ended = False
         try:
             for future in [pool.submit(run_agent, r, proxy.port, self.taskdir) for r in runs]:
-                on_done(_result(future))
+                attempt = _result(future)
+                if attempt.returncode != 0 and proxy.proc.poll() is not None:
+                    ended = True  # cut off by its proxy's end (an interrupt reached it first): not a failed run
+                    break
+                on_done(attempt)
         except BaseException:  # an interrupt (SIGINT, SIGTERM): stop the agents now, not when they finish
             pool.shutdown(wait=False, cancel_futures=True)
             kill_running()
             raise
         finally:
             pool.shutdown(wait=True)
+            if ended:
+                pool.shutdown(wait=False, cancel_futures=True)
             code = proxy.stop(timeout=60)
+        if ended and code not in (exit_codes.INTERRUPTED, exit_codes.TERMINATED):
+            raise ExecutorError(f"the condition's nfproxy ended (exit {code}) before its agent runs did; its "
+                                "errors are above; rerun the same command to run the rest")
         return code
 
     def grade(self, kind: str, dataset: Path, options: GradeOptions, items: Items) -> list[Any]:

@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from noisefloor import outputs
 from noisefloor.ladder import pipeline
 from noisefloor.ladder.designs import Design
 from noisefloor.ladder.executors import Executor
@@ -99,7 +100,7 @@ def run_judge(cfg: Config, design: Design, kind: str, builtin: Any | None, execu
     verdicts = executor.grade(kind, cfg.dataset, cfg.grading,
                               [(t.task_id, f"```python\n{programs[t.task_id]}\n```") for t in tasks])
     reference = {t.task_id: v.outcome for t, v in zip(tasks, verdicts)}
-    (cfg.out / "candidates.jsonl").write_text("".join(
+    outputs.write_text(cfg.out / "candidates.jsonl", "".join(
         json.dumps({"task_id": t.task_id, "solution": programs[t.task_id], "reference": reference[t.task_id]}) + "\n"
         for t in tasks))
     prompts = {t.task_id: judge_prompt(t.prompt, programs[t.task_id], _examples(t)) for t in tasks}
@@ -213,7 +214,10 @@ def table(result: Any, parse: dict[str, dict[str, int]], truth_doc: dict[str, An
         if j is None:
             continue
         n = parse.get(c.name, {})
-        line = (f"  {c.name}: verdict variance w {c.stats.w:.5f} [{c.w_ci[0]:.5f}, {c.w_ci[1]:.5f}]; majority vs "
+        w_ci = "[no interval: one task]" if c.w_ci is None else f"[{c.w_ci[0]:.5f}, {c.w_ci[1]:.5f}]"
+        trimmed = (f" on the first {c.stats.replicates} verdicts of each task (tasks had {c.trimmed_from[0]} to "
+                   f"{c.trimmed_from[1]})" if c.trimmed_from else "")
+        line = (f"  {c.name}: verdict variance w {c.stats.w:.5f} {w_ci}{trimmed}; majority vs "
                 f"reference disagreement {j.disagreement:.3f} [{j.disagreement_ci[0]:.3f}, {j.disagreement_ci[1]:.3f}] "
                 f"({j.false_accepts} false accepts, {j.false_rejects} false rejects, {j.ties} ties); replies "
                 f"parsed {n.get('parsed', 0)}, unparseable {n.get('unparseable', 0)} (kept in the log, counted, not "

@@ -16,6 +16,7 @@ from noisefloor.analyzer.analysis import Analysis, Settings, analyze
 from noisefloor.analyzer.logstats import STUDY_META, from_store
 from noisefloor.analyzer.outcomes import build
 from noisefloor.analyzer.report_doc import Parts
+from noisefloor.display import md_block
 from noisefloor.errors import EXIT_REPLAY_FAILED
 from noisefloor.ladder import provenance
 from noisefloor.ladder.designs import Design
@@ -113,13 +114,21 @@ def write_reports(cfg: Config, result: Analysis, parts: Parts, rows: Sequence[Ou
         store.set_meta(STUDY_META, parts.kept_meta())
     outputs.write_text(cfg.out / "report.json", json.dumps(doc, indent=2))  # atomic: never half a report
     truth = doc.get("truth") if "w" in doc.get("truth", {}) else None  # the ladder's truth; designs print their own
-    md = report.markdown(result, doc["log"], truth=truth)
-    extra = list(md_sections if md_sections is not None else sections)
-    md += "".join(f"\n{s}\n" for s in extra) + "\n" + provenance.markdown(doc["provenance"]) + "\n"
+    own = [*md_sections] if md_sections is not None else [md_block(s) for s in sections]
+    if own:  # a design's report opens with its own section; the ladder of its conditions follows
+        md = f"# {TITLES.get(cfg.design, cfg.design)}\n\n" + "".join(f"{s}\n\n" for s in own)
+        md += report.markdown(result, doc["log"], truth=truth, heading=f"## {LADDER_OF_CONDITIONS}")
+    else:
+        md = report.markdown(result, doc["log"], truth=truth)
+    md += "\n" + provenance.markdown(doc["provenance"]) + "\n"
     outputs.write_text(cfg.out / "report.md", md)
     if plot:
         report.plot(result, cfg.out / "ladder.png", truth)
     return doc
+
+
+TITLES = {"judge": "Judge study", "audit": "Tool-calling audit", "gate": "Regression gate"}
+LADDER_OF_CONDITIONS = "Determinism ladder of the study's conditions"
 
 
 # -- the ladder --------------------------------------------------------------------------------
@@ -167,8 +176,9 @@ def _ladder_truth(builtin: Any, result: Any, cfg: Config) -> dict[str, Any]:
             continue
         temp = true_temperature(cfg, c.name)
         w = 0.0 if temp is None else true_w(builtin.models, temp, ids)
-        out["w"][c.name] = {"true_w": w, "measured_w": c.stats.w, "w_ci": list(c.w_ci),
-                            "covered": c.w_ci[0] - 1e-12 <= w <= c.w_ci[1] + 1e-12}
+        ci = c.w_ci
+        out["w"][c.name] = {"true_w": w, "measured_w": c.stats.w, "w_ci": None if ci is None else list(ci),
+                            "covered": None if ci is None else ci[0] - 1e-12 <= w <= ci[1] + 1e-12}
     # the ladder's order: more imposed determinism, less variance (by the true values' order)
     ws = {c.name: c.stats.w for c in result.conditions}
     truth_order = sorted(out["w"], key=lambda n: -out["w"][n]["true_w"])

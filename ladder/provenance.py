@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from noisefloor.display import md, visible
 from noisefloor.outcome_rows import OutcomeRow
 
 DEPENDENCIES = ("mitmproxy", "numpy", "scipy", "lmdb", "zstandard", "aiohttp", "click")
@@ -115,8 +116,10 @@ def lines(m: dict[str, Any]) -> list[str]:
 
 
 def text(m: dict[str, Any]) -> str:
-    return "Provenance:\n" + "\n".join(f"  {line}" for line in lines(m))
+    """The manifest for a terminal: model names, paths and the provider's listing come from outside."""
+    return "Provenance:\n" + "\n".join(f"  {visible(line)}" for line in lines(m))
 
 
 def markdown(m: dict[str, Any]) -> str:
-    return "## Provenance\n\n" + "\n".join(f"- {line}" for line in lines(m))
+    """The manifest as Markdown, every line escaped whole (its outside names can be no markup)."""
+    return "## Provenance\n\n" + "\n".join(f"- {md(line)}" for line in lines(m))

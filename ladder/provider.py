@@ -318,9 +318,12 @@ class BuiltinProvider:
         if drawn is not None:
             self.requests += 1
             message = {"role": "assistant", "content": None, "tool_calls": drawn[1]}
+            out_tokens = len(json.dumps(drawn[1])) // 4
             return web.json_response({"id": f"chatcmpl-nf{self.requests}", "object": "chat.completion",
                                       "created": 1_700_000_000, "model": "nf-builtin-1",
                                       "system_fingerprint": "fp_nf_builtin",
+                                      "usage": {"prompt_tokens": 120, "completion_tokens": out_tokens,
+                                                "total_tokens": 120 + out_tokens},
                                       "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls"}]})
         judged = self.judge_reply(_prompt(doc), temperature)
         if judged is not None:

@@ -136,8 +136,11 @@ class Ladder:
         except ExecutorError as exc:
             raise LadderError(str(exc)) from None
         self.proxy_exit[name] = max(code, self.proxy_exit.get(name, 0))
-        if code == exit_codes.INTERRUPTED:  # a terminal's Ctrl-C reached the proxy first: the study was
-            raise KeyboardInterrupt  # interrupted (exit 130, resumable), not failed by the recording
+        if code in (exit_codes.INTERRUPTED, exit_codes.TERMINATED):  # the signal reached the proxy first: the
+            self.progress(f"[{name}] interrupted: {clock.summary()}")  # study stopped (resumable), none failed by it
+            if code == exit_codes.TERMINATED:
+                raise SystemExit(code)
+            raise KeyboardInterrupt
         if not cond.replays and code != 0:
             raise LadderError(f"the {name} proxy exited {code}: it could not record every exchange (its errors "
                               f"are above), so the recording is incomplete and the study stops; fix the cause (a "
@@ -266,22 +269,34 @@ INLINE_AGENTS = {"builtin": "agent", "completions": "agent:run_completions", "to
 
 
 class _Progress:
-    """Counts, rate and ETA of one condition's runs, for a line at most every `every` seconds."""
+    """Counts, rate and ETA of one condition's runs, for a line at most every `every` seconds.
+
+    The rate is measured from the first finished run on (the start-up before it is no rate), and
+    the ETA shows once `RATE_RUNS` runs have given one."""
+
+    RATE_RUNS = 5
 
     def __init__(self, total: int, every: float = 10.0) -> None:
         self.total, self.every = total, every
         self.done = self.failed = 0
         self.start = self.last = time.monotonic()
+        self.first = 0.0
 
     def step(self, failed: bool) -> str:
+        now = time.monotonic()
         self.done += 1
         self.failed += failed
-        elapsed = time.monotonic() - self.start
-        left = (self.total - self.done) * elapsed / self.done
-        eta = "" if self.done == self.total else f", ETA {_duration(left)}"
+        if self.done == 1:
+            self.first = now
+        eta = ""
+        if self.done < self.total and self.done >= self.RATE_RUNS and now > self.first:
+            eta = f", ETA {_duration((self.total - self.done) * (now - self.first) / (self.done - 1))}"
+        return f"{self.summary()}, {self.done / max(now - self.start, 1e-9):.2f} runs/s, " \
+               f"{_duration(now - self.start)} so far{eta}"
+
+    def summary(self) -> str:
         fails = f", {self.failed} failed" if self.failed else ""
-        return (f"{self.done}/{self.total} runs ({self.done / self.total:.0%}){fails}, "
-                f"{self.done / max(elapsed, 1e-9):.2f} runs/s, {_duration(elapsed)} so far{eta}")
+        return f"{self.done}/{self.total} runs ({self.done / self.total:.0%}){fails}"
 
     def due(self) -> bool:
         now = time.monotonic()

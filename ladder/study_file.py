@@ -13,8 +13,11 @@ underscores); a ladder study may declare its own conditions as `[[condition]]` t
     proxy = "replay"
     replay_from = ["t0-seeded", 0]
 
-Options given on the command line win over the file's. Paths in the file (out, samples,
-perturb-file, bfcl) are relative to the file's own folder, so a study folder can move whole.
+Options given on the command line win over the file's. The files a study reads (samples,
+perturb-file, bfcl) are relative to the study file's own folder, so a study folder can move whole.
+What it writes (`out`) is relative to the current folder, like `--out`, so running a study kept
+in a repository writes nothing into the repository; `out = "{study_dir}/nf-ladder"` puts the
+outputs beside the study file instead.
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ import click
 from noisefloor.ladder.conditions import Condition, ConditionError, Registry, parse_overrides
 
 RENAMED = {"agent": "agent_cmd", "tasks": "limit", "k": "gate_k", "bfcl": "bfcl_dir"}
-PATHS = ("out", "samples", "perturb_file", "bfcl_dir")
+INPUT_PATHS = ("samples", "perturb_file", "bfcl_dir")
+STUDY_DIR = "{study_dir}"
 CONDITION_KEYS = {"name", "role", "proxy", "replay_from", "overrides", "variant", "replicates", "rank", "env",
                   "endpoint", "agent"}
 
@@ -54,8 +58,10 @@ def merge(path: Path, params: dict[str, Any], ctx: click.Context) -> dict[str, A
                                        f"({', '.join(sorted(k for k in params if k != 'study'))}) and [[condition]]")
         if ctx.get_parameter_source(key) not in (None, click.core.ParameterSource.DEFAULT):
             continue  # the command line wins
-        if key in PATHS and isinstance(value, str):
+        if key in INPUT_PATHS and isinstance(value, str):
             value = (path.parent / value) if not Path(value).is_absolute() else Path(value)
+        elif key == "out" and isinstance(value, str):
+            value = out_path(value, path)
         elif key in ("candidate_env", "candidate_set") and isinstance(value, dict):
             value = tuple(f"{k}={v}" for k, v in value.items())
         elif key in ("conditions", "variants", "categories", "judge_temperatures") and isinstance(value, list):
@@ -64,6 +70,16 @@ def merge(path: Path, params: dict[str, Any], ctx: click.Context) -> dict[str, A
     if conditions is not None:
         out["custom_conditions"] = conditions_of(conditions, path)
     return out
+
+
+def out_path(value: str, study: Path) -> Path:
+    """A study's `out`: relative to the current folder; a leading `{study_dir}` names the study file's folder."""
+    if value == STUDY_DIR or value.startswith(STUDY_DIR + "/"):
+        return study.parent / value[len(STUDY_DIR) + 1:] if value != STUDY_DIR else study.parent
+    if STUDY_DIR in value:
+        raise click.ClickException(f"study file {study}: out = {value!r}: {STUDY_DIR} may only start the path "
+                                   f"(out = \"{STUDY_DIR}/nf-out\")")
+    return Path(value)
 
 
 def conditions_of(tables: Any, path: Path) -> Registry:

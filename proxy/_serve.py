@@ -11,6 +11,7 @@ import asyncio
 import errno
 import gc
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -19,8 +20,9 @@ from typing import Any
 
 import click
 
-from noisefloor.display import counted
+from noisefloor.display import counted, visible
 from noisefloor.errors import EXIT_ERROR, EXIT_OK, EXIT_REPLAY_FAILED, NoisefloorError, StateError
+from noisefloor.exit_codes import NOT_STARTED, WRAPPED_FAILED
 from noisefloor.proxy._stats import Stats
 from noisefloor.proxy.cli.options import ServeOptions
 from noisefloor.proxy.launch import FINISH_SIGNAL, READY, READY_LINE_ENV
@@ -36,8 +38,9 @@ def serve(o: ServeOptions) -> int:
 
     SIGINT and SIGTERM end the run with 128 + the signal (130, 143), the summary printed and every
     recorded exchange kept; that status wins over everything. FINISH_SIGNAL ends it with the run's
-    own status: 0, 1 for exchanges not recorded, 3 for a strict replay that missed. A failed
-    wrapped command's own status wins over the replay's 3."""
+    own status: 0, 5 for exchanges not recorded, 3 for a strict replay that missed. A wrapped
+    command that could not start is 127; one that failed is 6 (its own status printed), which wins
+    over the replay's 3."""
     try:
         return _serve(o)
     except KeyboardInterrupt:  # before the proxy's own handlers are in place: nothing recorded yet
@@ -78,8 +81,10 @@ def _summary(o: ServeOptions, engine: Any, stats: Stats) -> None:
 def _status_of(o: ServeOptions, run: _Serve, stats: Stats) -> int:
     if run.signal and run.signal != FINISH_SIGNAL:  # interrupted: 130 / 143, whatever the command or replay did
         return EXIT_INTERRUPTED_BASE + run.signal
-    if run.returncode:  # a wrapped command that failed: its status wins over a strict replay's 3
-        return run.returncode
+    if run.returncode == NOT_STARTED:
+        return NOT_STARTED
+    if run.returncode:  # a wrapped command that failed: said as such, whatever its own number meant to it
+        return WRAPPED_FAILED
     if o.replaying and o.strict and (stats.misses or stats.order_violations or stats.errors):
         return EXIT_REPLAY_FAILED
     if stats.unrecorded or stats.unwritten:  # a recording with holes must not pass for a whole one
@@ -227,7 +232,7 @@ class _Serve:
                              BodyRewrites(list(o.overrides), o.variant), TlsFailures(stats)]
         streams = None
         if self.mode == "record":
-            addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True)]
+            addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True, limit=o.max_body)]
         elif self.mode == "replay":
             streams = StreamServer()  # listens from the first replayed stream on
             addons.append(Replay(engine, streams, o.replay_timed, o.order_wait))
@@ -255,8 +260,6 @@ class _Serve:
             proc = await asyncio.create_subprocess_exec(*self.command, env=env)
         except OSError as exc:
             click.echo(f"nfproxy: cannot run {self.command[0]!r}: {exc.strerror}", err=True)
-            from noisefloor.exit_codes import NOT_STARTED
-
             self.returncode = NOT_STARTED
             master.shutdown()
             return
@@ -266,6 +269,8 @@ class _Serve:
             if proc.returncode is None:  # the proxy is shutting down first: take the command with it
                 proc.terminate()
                 self.returncode = _status(await proc.wait())
+            elif self.returncode:
+                click.echo(failed_line(self.command, self.returncode), err=True)
             master.shutdown()
 
 
@@ -279,6 +284,16 @@ def _quiet_cancellations(handler: Any) -> Any:
         handler(loop, context)
 
     return handle
+
+
+def failed_line(command: tuple[str, ...], status: int) -> str:
+    """The one line that says a wrapped command failed, with its own status, and what nfproxy exits with."""
+    how = f"was killed by signal {status - EXIT_INTERRUPTED_BASE}" if status > EXIT_INTERRUPTED_BASE else \
+        f"exited {status}"
+    shown = visible(shlex.join(command))
+    shown = shown if len(shown) <= 80 else shown[:77] + "..."
+    return (f"nfproxy: the wrapped command `{shown}` {how}; nfproxy exits {WRAPPED_FAILED} (a failed wrapped "
+            "command; its own status is the one above)")
 
 
 def _status(code: int) -> int:

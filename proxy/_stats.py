@@ -32,7 +32,7 @@ class Stats:
         if self.unrecorded:
             parts.append(f"{self.unrecorded} exchanges NOT recorded")
         if self.unwritten:
-            parts.append(f"{self.unwritten} answered exchanges kept but NOT written: run `nfproxy repair --store "
+            parts.append(f"{self.unwritten} answered exchanges kept but NOT written: run `nfproxy repair "
                          f"{store}`")
         if mode == "replay":
             parts[1:1] = [f"{self.hits} hits", f"{self.misses} misses", f"{self.order_violations} order violations"]

@@ -85,6 +85,21 @@ def private_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         os.environ["NF_CACHE_DIR"] = old
 
 
+# The end-to-end tests that start whole ladders, SDK harnesses, Ray clusters or graders over full
+# data sets: `-m "not slow"` leaves them out for a fast inner loop (CI runs everything).
+SLOW = ("tests/ladder/", "tests/proxy/test_inspect.py", "tests/proxy/test_litellm.py", "tests/proxy/test_node_sdk.py",
+        "tests/proxy/test_current_sdks.py", "tests/proxy/test_pytest_plugin.py", "tests/proxy/test_interrupts.py",
+        "tests/verifier/test_verifier_grading.py", "tests/verifier/test_bfcl_audit.py", "tests/verifier/test_bfcl_parity.py",
+        "tests/verifier/test_verifier_hostile.py", "tests/store/test_merge.py", "tests/analyzer/test_stored_rows.py",
+        "tests/viewer/")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if item.path.relative_to(ROOT).as_posix().startswith(SLOW):
+        item.add_marker(pytest.mark.slow)
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-xdist's own pass over the items
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist's loadgroup (pyproject's addopts) each worker builds its own copy of a

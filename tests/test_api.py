@@ -1,4 +1,4 @@
-"""The Python surface as a new user meets it: README's example, run as written; names that take
+"""The Python surface as a new user meets it: docs/python-api.md's example, run as written; names that take
 files take str and path-like; the gate makes the CLI's stamp checks; results have to_json()."""
 
 from __future__ import annotations
@@ -15,15 +15,14 @@ from tests.conftest import ROOT
 
 
 def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("### From Python"):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    text = (ROOT / "docs" / "python-api.md").read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
 def test_readme_python_example_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(readme_example(), "README.md (From Python)", "exec"), scope)
+    exec(compile(readme_example(), "docs/python-api.md", "exec"), scope)
     analysis, result = scope["analysis"], scope["result"]
     live, t0 = analysis.condition("live"), analysis.condition("t0")
     # live: each task passes 2 of 6 (variance 4/15 by ddof=1); t0: no variation at all
@@ -142,3 +141,14 @@ def test_gate_outputs_keep_hostile_case_ids_inert():
     for live in ("](", "**", "`code`", "<img", "&lt;b", "&#60;", "](javascript"):
         assert live not in md
     assert "\\[link\\]\\(javascript\\:alert\\(1\\)\\)" in md and "a&amp;lt;b&amp;\\#60;c" in md
+
+
+def test_open_store_opens_a_store_read_only_by_path(tmp_path):
+    from noisefloor.proxy.store.log import Store
+
+    with Store.open(tmp_path / "s.lmdb", write=True, create=True):
+        pass
+    with noisefloor.open_store(tmp_path / "s.lmdb") as store:
+        assert len(store) == 0 and not store.writable
+    with pytest.raises(noisefloor.StoreError, match="no nfproxy store"):
+        noisefloor.open_store(str(tmp_path / "missing.lmdb"))

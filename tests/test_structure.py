@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import re
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -112,3 +113,45 @@ def _dotted(path: Path) -> str:
     """The installed name of a repository file (proxy/store/log.py -> noisefloor.proxy.store.log)."""
     parts = path.relative_to(ROOT).with_suffix("").parts
     return ".".join(("noisefloor", *parts[2:]) if parts[:2] == ("src", "noisefloor") else ("noisefloor", *parts))
+
+
+INSTALLERS = ("pip install", "uv tool install", "pipx install", "uv pip install")
+
+
+def test_every_install_line_in_readme_and_docs_carries_the_constraints():
+    """An install line without constraints.txt lets pip backtrack (through 21 boto3 versions once);
+    with it every line resolves at once (measured: BENCHMARKS.md, "Install lines")."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    bare = [f"{p.name}: {line.strip()}" for p in pages for line in p.read_text().splitlines()
+            if any(i in line for i in INSTALLERS) and "constraints.txt" not in line]
+    assert not bare, "install lines without -c constraints.txt:\n  " + "\n  ".join(bare)
+
+
+PARTS = ("src/noisefloor", "proxy", "verifier", "analyzer", "ladder", "viewer")
+README_LINES = 250
+
+
+def test_readme_is_a_front_page_whose_layout_is_the_package_map():
+    """README fits a screenful of scrolling: the walk and the package map; the module map and the
+    reference live in docs/ (every page README links exists)."""
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= README_LINES, f"README.md has {len(readme.splitlines())} lines"
+    layout = readme[readme.index("\n## Layout"):]
+    layout = layout[:layout.find("\n## ", 1)] if "\n## " in layout[1:] else layout
+    assert all(f"`{part}/`" in layout for part in PARTS), layout
+    assert not any(f"`{f.name}`" in layout for part in PARTS for f in (ROOT / part).glob("*.py")
+                   if f.name != "__init__.py"), "README's layout names modules: they belong in docs/development.md"
+    linked = {m.group(1) for m in re.finditer(r"\]\((docs/[^)#]+)", readme)}
+    assert linked and all((ROOT / p).exists() for p in linked), sorted(p for p in linked if not (ROOT / p).exists())
+
+
+def test_the_module_map_in_docs_names_every_module():
+    """docs/development.md is where a newcomer looks for a module's home: a module it does not name
+    is one they cannot find (proxy/ by its subpackages)."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    where = text[text.index("## Where each module lives"):]
+    unnamed = [str(f.relative_to(ROOT)) for part in PARTS if part != "proxy" for f in sorted((ROOT / part).rglob("*.py"))
+               if f.name != "__init__.py" and "__pycache__" not in f.parts and f"`{f.name}`" not in where]
+    unnamed += [str(p.relative_to(ROOT)) for p in sorted((ROOT / "proxy").iterdir())
+                if (p / "__init__.py").exists() and f"`{p.name}/`" not in where]
+    assert not unnamed, f"docs/development.md's module map does not name: {unnamed}"

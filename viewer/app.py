@@ -8,6 +8,7 @@ answered, and a request whose Host is not this loopback address is refused (DNS 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from pathlib import Path
@@ -15,10 +16,11 @@ from typing import Any
 
 from aiohttp import web
 
-from noisefloor.errors import NoisefloorError
+from noisefloor.display import visible
+from noisefloor.errors import NoisefloorError, StateError
 from noisefloor.proxy.cli.listing import FilterError
-from noisefloor.proxy.store.log import Store
-from noisefloor.viewer import pages
+from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
+from noisefloor.viewer import grid, pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -62,8 +64,9 @@ async def guard(request: web.Request, handler: Callable[[web.Request], Awaitable
 
 
 def _json(doc: Any, status: int = 200) -> web.Response:
-    # `<` escaped too: even a JSON body sniffed as markup holds no tag
-    text = json.dumps(doc, ensure_ascii=False, allow_nan=False, default=str).replace("<", "\\u003c")
+    # `<` escaped too: even a JSON body sniffed as markup holds no tag; a NaN or infinity anywhere (an
+    # outcome row or a report may hold one) as the string JSON can hold
+    text = json.dumps(_finite(doc), ensure_ascii=False, allow_nan=False, default=str).replace("<", "\\u003c")
     return web.Response(text=text, status=status, content_type="application/json")
 
 
@@ -104,21 +107,21 @@ async def summary(request: web.Request) -> web.Response:
     store: Store | None = request.app[STORE_KEY]  # type: ignore[assignment]
     doc: dict[str, Any] = {"source": source.describe(), "report": None, "gate": None, "store": None}
     if source.report:
-        doc["report"] = _finite(read_json(source.report))
+        doc["report"] = read_json(source.inside(source.report))
     if source.gate:
-        doc["gate"] = _finite(read_json(source.gate))
+        doc["gate"] = read_json(source.inside(source.gate))
     if store is not None:
         doc["store"] = {"exchanges": len(store), "rules_id": store.meta("rules_id"), "format": store.meta("format")}
     return _json(doc)
 
 
 def _finite(doc: Any) -> Any:
-    """Infinite interval ends as the strings JSON cannot hold otherwise."""
+    """NaN and infinities (an interval's end, a planted outcome) as strings: JSON has no number for them."""
     if isinstance(doc, float) and doc != doc or doc in (float("inf"), float("-inf")):
         return str(doc)
     if isinstance(doc, dict):
         return {k: _finite(v) for k, v in doc.items()}
-    if isinstance(doc, list):
+    if isinstance(doc, (list, tuple)):
         return [_finite(v) for v in doc]
     return doc
 
@@ -157,12 +160,28 @@ async def outcomes(request: web.Request) -> web.Response:
     offset, limit = _int(request, "offset", 0), min(_int(request, "limit", 100), pages.MAX_LIMIT) or 1
     condition, task = request.query.get("condition") or None, request.query.get("task") or None
     if source.outcomes is not None:
-        rows, nxt = read_outcomes(source.outcomes, offset, limit, condition, task)
+        rows, nxt = read_outcomes(source.inside(source.outcomes), offset, limit, condition, task)
     elif store is not None:
         rows, nxt = page_rows(store.outcome_rows(), offset, limit, condition, task)
     else:
         rows, nxt = [], None
     return _json({"items": rows, "next": nxt})
+
+
+GRID_ROWS = 2_000_000  # outcome rows the grid reads at most (a study's; past this a file is not one)
+
+
+async def outcome_grid(request: web.Request) -> web.Response:
+    """Every condition's tasks x replicates as pass / fail cells, flipping tasks first."""
+    source = request.app[SOURCE_KEY]
+    store: Store | None = request.app[STORE_KEY]  # type: ignore[assignment]
+    if source.outcomes is not None:
+        rows, _ = read_outcomes(source.outcomes, 0, GRID_ROWS, None, None)
+    elif store is not None:
+        rows = store.outcome_rows()
+    else:
+        rows = []
+    return _json(grid.grid(rows))
 
 
 def make_app(source: Source, store: Store | None, hosts: set[str] | None = None) -> web.Application:
@@ -178,27 +197,57 @@ def make_app(source: Source, store: Store | None, hosts: set[str] | None = None)
     app.router.add_get("/api/sessions", sessions)
     app.router.add_get("/api/exchange/{id}", exchange)
     app.router.add_get("/api/outcomes", outcomes)
+    app.router.add_get("/api/grid", outcome_grid)
     return app
 
 
-def open_store(source: Source) -> Store | None:
-    return None if source.store is None else Store.open(source.store, write=False)
+def open_store(source: Source, max_body: int = DEFAULT_MAX_BODY) -> Store | None:
+    """The source's store, read-only, its bodies read up to `max_body` bytes (--max-body-mb)."""
+    return None if source.store is None else Store.open(source.store, write=False, max_body=max_body)
 
 
-def serve_path(path: str | Path, host: str, port: int, ready: Callable[[str], None]) -> None:
-    """Serve until interrupted; `ready` gets the URL once the port is bound."""
+class _OneLine(logging.Formatter):
+    """The server's log as one visible line per event: a malformed request (no Host, a bad request
+    line) or a failure in a handler is named with its exception's type and message, no traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        exc = record.exc_info[1] if record.exc_info else None
+        why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
+        return "nfview: " + visible(f"{record.getMessage()}{why}")
+
+
+def server_logger() -> logging.Logger:
+    """aiohttp's server log for this process, one line per event on stderr (`_OneLine`)."""
+    log = logging.getLogger("noisefloor.viewer.server")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(_OneLine())
+        log.addHandler(handler)
+        log.propagate = False
+    return log
+
+
+def serve_path(path: str | Path, host: str, port: int, ready: Callable[[str], None],
+               max_body: int = DEFAULT_MAX_BODY) -> None:
+    """Serve until interrupted; `ready` gets the URL once the port is bound. A port that cannot be
+    bound (taken, not allowed) is one line (`StateError`)."""
     import asyncio
 
     from noisefloor.viewer.source import locate
 
     source = locate(path)
-    store = open_store(source)
+    store = open_store(source, max_body)
 
     async def main() -> None:
-        runner = web.AppRunner(make_app(source, store), access_log=None)
+        runner = web.AppRunner(make_app(source, store), access_log=None, logger=server_logger())
         await runner.setup()
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise StateError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --listen "
+                             "port (port 0: any free one)") from None
         bound = runner.addresses[0][1]
         shown = f"[{host}]" if ":" in host else host  # an IPv6 literal in a URL and a Host header
         runner.app[HOSTS_KEY].update({f"{shown}:{bound}", f"localhost:{bound}"})

@@ -19,7 +19,7 @@ from noisefloor.proxy.request.headers import header
 from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.request.traffic import RequestData
 from noisefloor.proxy.store.exchange import Exchange
-from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.store.log import BodyOverLimit, Store
 
 __all__ = ["Filters", "exchange_page", "session_page", "exchange_view", "order_note", "result_of", "row"]
 
@@ -88,7 +88,10 @@ def body_view(store: Store, part: dict[str, Any] | None) -> dict[str, Any] | Non
     """A stored body for reading: JSON pretty-printed, text as text, anything else as base64."""
     if not part or part.get("body") is None:
         return None
-    data = store.decoded_body(part)
+    try:
+        data = store.decoded_body(part)
+    except BodyOverLimit as exc:  # kept by a recorder with a higher limit: shown as a note, the page still served
+        return {"kind": "over_limit", "size": part.get("body_size"), "text": str(exc)}
     if data is None:
         return {"kind": "missing", "text": f"body {part.get('body')} is not in the store"}
     cut = len(data) > SHOWN_BODY
@@ -110,7 +113,10 @@ def chunks_view(store: Store, response: dict[str, Any] | None) -> list[dict[str,
     """A streamed answer chunk by chunk, with each chunk's time after the first byte."""
     if not response or response.get("chunks") is None:
         return None
-    data = store.body(response.get("body")) or b""
+    try:
+        data = store.part_body(response) or b""
+    except BodyOverLimit:  # body_view says so
+        return None
     if header(response["headers"], "content-encoding"):  # chunks are of the encoded bytes: show them whole
         data = store.decoded_body(response) or b""
         return [{"offset_ms": response["chunks"][-1][0] if response["chunks"] else 0.0, "size": len(data),
@@ -161,7 +167,7 @@ def miss_view(store: Store, ex: Exchange) -> dict[str, Any] | None:
         except ValueError:
             nearest = None
     rules = store_rules(store)
-    asked = RequestData.from_record(ex.request, store.body(ex.request.get("body"))).canonical(rules).pretty()
+    asked = RequestData.from_record(ex.request, store.part_body(ex.request)).canonical(rules).pretty()
     if not nearest or not nearest.get("exchange_id"):
         return {"nearest": None, "asked": asked, "rows": [], "why": "the recording holds no request to compare with"}
     recorded = recorded_canonical(store, rules, int(nearest["exchange_id"])) or ""

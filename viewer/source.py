@@ -1,5 +1,9 @@
 """What `nfview PATH` shows: PATH is a store, or a folder nfladder / nfanalyze wrote (report.json,
-gate verdicts, outcome rows, plots, log.lmdb). Found once at start; the files are read on request."""
+gate verdicts, outcome rows, plots, log.lmdb). Found once at start; the files are read on request.
+
+Only what is inside PATH is shown: an entry that is a symbolic link pointing out of it (a
+`ladder.png` linked to a private file) is never listed, and a file is checked again when it is
+read (`Source.inside`), so one swapped for such a link after the start is refused too."""
 
 from __future__ import annotations
 
@@ -35,38 +39,57 @@ class Source:
                 "plots": [p.name for p in self.plots]}
 
     def plot(self, name: str) -> Path | None:
-        """A plot by its listed name only: nothing else under PATH is ever served."""
-        return next((p for p in self.plots if p.name == name), None)
+        """A plot by its listed name only, still inside PATH: nothing else is ever served."""
+        return next((p for p in self.plots if p.name == name and inside(p, self.root)), None)
+
+    def inside(self, path: Path) -> Path:
+        """`path`, checked again as it is read: refused when it now points out of PATH."""
+        if not inside(path, self.root):
+            raise SourceError(f"{path} now points out of {self.root}; nfview shows only what is inside the folder")
+        return path
+
+
+def inside(path: Path, root: Path) -> bool:
+    """Whether `path`, its links followed, is inside `root` (itself, its links followed)."""
+    try:
+        return path.resolve(strict=True).is_relative_to(root.resolve(strict=True))
+    except (OSError, RuntimeError):  # gone, or a loop of links
+        return False
 
 
 def _name(p: Path | None, root: Path) -> str | None:
     return None if p is None else (p.name if p.parent == root else str(p))
 
 
-def is_store(p: Path) -> bool:
-    return p.is_dir() and (p / "data.mdb").is_file()
+def is_store(p: Path, root: Path | None = None) -> bool:
+    """A folder with data.mdb (both inside `root`, when given)."""
+    return p.is_dir() and (p / "data.mdb").is_file() and (root is None or inside(p / "data.mdb", root))
 
 
 def locate(path: str | os.PathLike[str]) -> Source:
     p = Path(path)
     if not p.exists():
         raise SourceError(f"{p} does not exist; give an nfproxy store or an nfladder / nfanalyze output folder")
-    if is_store(p):
+    if is_store(p, p):
         return Source(p, p, None, None, None, ())
     if not p.is_dir():
         raise SourceError(f"{p} is a file; give an nfproxy store (a folder with data.mdb) or an output folder")
-    stores = sorted(c for c in p.iterdir() if is_store(c))
+    stores = sorted(c for c in p.iterdir() if is_store(c, p))
     store = next((c for c in stores if c.name == "log.lmdb"), stores[0] if stores else None)
-    documents = sorted(c for c in p.glob("*.json") if c.is_file())
-    report = next((p / n for n in REPORT_NAMES if (p / n).is_file()), None) or next(
+    documents = sorted(c for c in p.glob("*.json") if _file(c, p))
+    report = next((p / n for n in REPORT_NAMES if _file(p / n, p)), None) or next(
         (c for c in documents if _has_list_or_dict(c, "conditions", dict)), None)  # nfanalyze --json NAME
     gate = next((c for c in documents if c != report and _has_list_or_dict(c, "verdicts", list)), None)
-    outcomes = next((p / n for n in OUTCOME_NAMES if (p / n).is_file()), None)
-    plots = tuple(sorted(c for c in p.glob("*.png") if c.is_file()))
+    outcomes = next((p / n for n in OUTCOME_NAMES if _file(p / n, p)), None)
+    plots = tuple(sorted(c for c in p.glob("*.png") if _file(c, p)))
     if not any((store, report, gate, outcomes)):
         raise SourceError(f"{p} holds no nfproxy store, report.json, gate verdicts or outcomes.jsonl; "
                           "point nfview at a store or at the --out folder of nfladder")
     return Source(p, store, report, gate, outcomes, plots)
+
+
+def _file(c: Path, root: Path) -> bool:
+    return c.is_file() and inside(c, root)
 
 
 def _has_list_or_dict(path: Path, key: str, kind: type) -> bool:

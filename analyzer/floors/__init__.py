@@ -4,7 +4,7 @@ Input per endpoint: a 0/1 matrix of instances x runs for the main arm (reruns at
 and, for the perturbation arm, one such matrix per named prompt variant, all on the same matched
 instances. One module per statistic (rerun, dependence, perturbation, curve, fingerprints,
 taxonomy and any that registers beside them): pure functions, arrays in, frozen dataclasses out.
-Every number gets an interval: a percentile instance bootstrap (one set of instance draws for an endpoint's main arm
+Every number gets an interval: an instance bootstrap centred on its estimate (one set of instance draws for an endpoint's main arm
 and variants together), or exact Clopper-Pearson for counts.
 
 Each statistic that belongs in the floors report registers itself (`registry.register`); this

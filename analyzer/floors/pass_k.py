@@ -24,7 +24,7 @@ from noisefloor.errors import InputError
 class PassK:
     k: int
     estimate: float  # mean over tasks of C(c, k) / C(n, k)
-    ci: Interval  # task bootstrap
+    ci: Interval | None  # task bootstrap; None from one task
     tasks: int
     runs: int
 
@@ -55,9 +55,7 @@ def pass_k(y: np.ndarray, ks: tuple[int, ...] | None = None, resamples: int = DE
     passes = m.sum(axis=1)
     cols = {str(k): per_task(passes, r, k) for k in ks}
     draws = task_bootstrap(cols, resamples, seed) if n > 1 else None
-    return tuple(PassK(k, float(cols[str(k)].mean()),
-                       draws.ci(str(k), alpha) if draws else Interval(float(cols[str(k)][0]), float(cols[str(k)][0])),
-                       n, r) for k in ks)
+    return tuple(PassK(k, float(cols[str(k)].mean()), draws.ci(str(k), alpha) if draws else None, n, r) for k in ks)
 
 
 def _compute(arms: Arms, s: FloorSettings) -> tuple[PassK, ...] | None:
@@ -66,6 +64,8 @@ def _compute(arms: Arms, s: FloorSettings) -> tuple[PassK, ...] | None:
 
 def _lines(points: tuple[PassK, ...]) -> list[Line]:
     text = ", ".join(f"k={p.k}: {number(p.estimate, p.ci, '.4f')}" for p in points)
+    if points and points[0].ci is None:
+        text += " (one task: no interval)"
     return [Line(f"pass^k (all k reruns of a task pass; unbiased C(c,k)/C(n,k), task bootstrap): {text}")]
 
 

@@ -96,7 +96,9 @@ def number(v: float | None, ci: Interval | None = None, fmt: str = ".4f", why: s
         return f"undefined ({why})" if why else "n/a"
     out = fmt_num(v, fmt) + (f" {fmt_ci(ci, fmt)}" if ci is not None else "")
     notes = []
-    if res is not None and res.undefined:
+    if res is not None and res.undefined and ci is None:
+        notes.append(f"interval undefined: {res.undefined:.1%} of resamples 0/0")
+    elif res is not None and res.undefined:
         notes.append(f"{res.undefined:.1%} of resamples 0/0, left out")
     if res is not None and res.infinite:
         notes.append(f"{res.infinite:.1%} of resamples infinite")

@@ -9,7 +9,7 @@
   construction, so paired / (sqrt(2) x marginal) can show a trend across run order (and, being
   signed, it depends on which run a flip fell in);
 - rerun unit paired SD: the SD of instance-level differences y_ia - y_ib over (instance, run pair).
-Intervals: a percentile instance bootstrap, exact Clopper-Pearson for the ever-flip fraction, and
+Intervals: an instance bootstrap centred on each estimate, exact Clopper-Pearson for the ever-flip fraction, and
 the SDs' upper ends raised to an exact bound where few instances flipped.
 """
 
@@ -129,8 +129,10 @@ def _lines(r: RerunFloor) -> list[Line]:
     ]
     if r.dependence is not None:
         d = r.dependence
-        null = f", independent runs {fmt_ci(d.null, '.3f')}" if d.null is not None else ""
-        out.append(Line(f"dependence between reruns: {d.reason}{null} ({d.permutations} permutations)"))
+        checks = "; ".join(f"{c.name.replace('_', ' ')} {c.observed:.4g} (shuffled within instances "
+                           f"{fmt_ci(c.null, '.4g')}, p = {c.p_value:.3g})" for c in d.checks)
+        out.append(Line(f"dependence between reruns: {d.reason} ({d.permutations} permutations)"
+                        + (f": {checks}" if checks else "")))
     if r.bound is not None:
         out.append(Line(f"few flips: {r.bound.sentence()}; SD upper ends raised to what independent "
                         f"reruns at that rate would give"))

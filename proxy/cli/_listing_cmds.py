@@ -18,14 +18,14 @@ import click
 
 from noisefloor.display import Visible, json_line, json_text
 from noisefloor.proxy.cli.listing import Filters
-from noisefloor.proxy.cli.options import store_option
+from noisefloor.proxy.cli.options import max_body_option, split_store, store_words
 from noisefloor.proxy.store.exchange import Head
 from noisefloor.proxy.store.heads import Parts
 from noisefloor.proxy.store.log import Exchange, Store
 
 
 @click.command("log")
-@store_option
+@store_words("[STORE]")
 @click.option("--session", help="Only this session's exchanges.")
 @click.option("--task", help="Only exchanges labelled with this task.")
 @click.option("--condition", help="Only exchanges labelled with this condition.")
@@ -37,13 +37,15 @@ from noisefloor.proxy.store.log import Exchange, Store
 @click.option("--limit", type=click.IntRange(min=1), help="Stop after this many exchanges.")
 @click.option("--sessions-only", is_flag=True, help="List sessions, not exchanges.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per exchange (JSON Lines), for scripts.")
-def log_cmd(store_path: Path, session: str | None, task: str | None, condition: str | None, status: str | None,
-            result: str | None, miss: bool, model: str | None, limit: int | None, sessions_only: bool,
-            as_json: bool) -> None:
-    """List sessions and exchanges, a line each."""
+@max_body_option
+def log_cmd(words: tuple[str, ...], store_opt: Path | None, session: str | None, task: str | None,
+            condition: str | None, status: str | None, result: str | None, miss: bool, model: str | None,
+            limit: int | None, sessions_only: bool, as_json: bool, max_body_mb: int) -> None:
+    """List STORE's sessions and exchanges, a line each (STORE: recordings/log.lmdb by default)."""
+    store_path, _ = split_store(words, store_opt, (0, 0))
     filters = Filters(condition=condition, task=task, session=session, status=status,
                       result="miss" if miss else result, model=model)
-    with Store.open(store_path, write=False) as store:
+    with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         if note := store.unfinished_note():  # listed once they are written: say where they are
             click.echo(f"nfproxy log: {note}", err=True)
         if as_json:
@@ -274,11 +276,13 @@ class _Stamps:
 
 
 @click.command("show")
-@click.argument("exchange_id", type=int)
-@store_option
-def show_cmd(exchange_id: int, store_path: Path) -> None:
-    """Print one exchange: its record and both bodies, decompressed (secrets were never stored)."""
-    with Store.open(store_path, write=False) as store:
+@store_words("[STORE] ID")
+@max_body_option
+def show_cmd(words: tuple[str, ...], store_opt: Path | None, max_body_mb: int) -> None:
+    """Print exchange ID of STORE: its record and both bodies, decompressed (secrets were never stored)."""
+    store_path, (given,) = split_store(words, store_opt, (1, 1))
+    exchange_id = click.INT.convert(given, None, None)
+    with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         ex = store.exchange(exchange_id)
         if ex is None:
             note = store.unfinished_note()

@@ -17,7 +17,14 @@ from noisefloor.proxy._serve import ca_environment, serve
 from noisefloor.proxy.cli import _listing_cmds as listing_cli
 from noisefloor.proxy.cli import _store_cmds as store_cli
 from noisefloor.proxy.cli import _transfer_cmds as transfer_cli
-from noisefloor.proxy.cli.options import DEFAULT_STORE, default_confdir, from_cli, listen_option, serve_options
+from noisefloor.proxy.cli.options import (
+    DEFAULT_STORE,
+    default_confdir,
+    from_cli,
+    listen_of,
+    listen_option,
+    serve_options,
+)
 
 
 @default_group("run")
@@ -34,11 +41,12 @@ def main() -> None:
 def run(**params: Any) -> None:
     """Run the proxy in the foreground until SIGINT or SIGTERM (exit 130 or 143, after the summary).
 
-    With a COMMAND after `--`, start the proxy, run the command with the proxy environment set
-    (reverse mode: OPENAI_BASE_URL, ANTHROPIC_BASE_URL, GOOGLE_GEMINI_BASE_URL; regular mode: HTTPS_PROXY and the CA
-    variables), stop when it exits and return its status (3 if a strict replay missed instead).
-    SIGUSR1 stops the proxy with the run's own status (0; 1 when exchanges were not recorded; 3
-    when a strict replay missed).
+    With a COMMAND after `--`, start the proxy on a free port, run the command with the proxy
+    environment set (reverse mode: OPENAI_BASE_URL, ANTHROPIC_BASE_URL, GOOGLE_GEMINI_BASE_URL;
+    regular mode: HTTPS_PROXY and the CA variables), and stop when it exits: exit 6 when the
+    command failed (its own status printed), 127 when it could not start, else the run's own.
+    The run's own status (also what SIGUSR1 stops it with): 0; 3 when a strict replay saw a miss,
+    a call-order violation or an error; 5 when exchanges were not recorded.
     """
     sys.exit(serve(from_cli(**params)))
 
@@ -47,9 +55,11 @@ def run(**params: Any) -> None:
 @click.option("--confdir", type=click.Path(path_type=Path), default=default_confdir(DEFAULT_STORE),
               show_default=True, help="The folder nfproxy keeps its CA in (beside the store by default).")
 @listen_option
-def ca_cmd(confdir: Path, listen: str) -> None:
+def ca_cmd(confdir: Path, listen: str | None) -> None:
     """Print the CA certificate path and the environment a client needs to trust it (forward mode)."""
     from noisefloor.proxy.mitm.compat import ensure_ca
+
+    listen = listen_of(listen, False)
 
     ca = ensure_ca(confdir.resolve())  # creates the CA on first use
     click.echo(f"# nfproxy CA certificate: {ca}")

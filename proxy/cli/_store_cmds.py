@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from noisefloor.proxy.cli.options import store_option
+from noisefloor.proxy.cli.options import split_store, store_words
 
 
 @click.command("merge")
@@ -32,27 +32,28 @@ def merge_cmd(out: Path, shards: tuple[Path, ...], jobs: int | None) -> None:
 
 
 @click.command("compact")
-@store_option
-def compact_cmd(store_path: Path) -> None:
+@store_words("[STORE]")
+def compact_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
     """Rewrite a store in place: every value verified, compression dictionaries trained on all of it,
     the data file cut to the pages it uses. Run it on a finished recording (not while a proxy records)."""
-    _rewrite(store_path, "compacted")
+    _rewrite(split_store(words, store_opt, (0, 0))[0], "compacted")
 
 
 @click.command("migrate")
-@store_option
-def migrate_cmd(store_path: Path) -> None:
+@store_words("[STORE]")
+def migrate_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
     """Rewrite a store made by an older nfproxy in today's format (older stores are also read as they are)."""
-    _rewrite(store_path, "migrated")
+    _rewrite(split_store(words, store_opt, (0, 0))[0], "migrated")
 
 
 @click.command("repair")
-@store_option
+@store_words("[STORE]")
 @click.option("--drop-damaged", is_flag=True,
               help="Drop answered rows that are damaged (their exchanges are lost) and write the others.")
-def repair_cmd(store_path: Path, drop_damaged: bool) -> None:
+def repair_cmd(words: tuple[str, ...], store_opt: Path | None, drop_damaged: bool) -> None:
     """Finish what a killed nfproxy left: write the exchanges it had answered but not yet written in
     full (kept as answered rows), and the replay lookups of a merge killed before them."""
+    store_path, _ = split_store(words, store_opt, (0, 0))
     from noisefloor.display import counted
     from noisefloor.proxy.record import interrupted
     from noisefloor.proxy.store.log import Store

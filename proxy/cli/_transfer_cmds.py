@@ -9,6 +9,8 @@ from pathlib import Path
 
 import click
 
+from noisefloor import outputs
+from noisefloor.proxy.cli.options import max_body_option, split_store, store_words
 from noisefloor.proxy.request.keys import RuleError, Rules
 from noisefloor.proxy.store.log import Store
 from noisefloor.proxy.transfer.formats import (
@@ -23,23 +25,28 @@ from noisefloor.proxy.transfer.formats import (
 
 
 @click.command("export")
-@click.argument("store_path", type=click.Path(path_type=Path))
+@store_words("STORE")
 @click.option("--format", "fmt", type=click.Choice(["har", "jsonl"]), default="har", show_default=True,
               help="HAR 1.2 (other tools read it; `nfproxy import` restores it exactly), or JSON Lines with the "
                    "bodies decoded and no times (a reviewable diff of a recording).")
 @click.option("-o", "--output", default="-", show_default=True, help="File to write ('-': stdout).")
 @click.option("--session", help="Only this session's exchanges.")
 @click.option("--all-modes", is_flag=True, help="Replay and passthrough exchanges too (default: recorded ones).")
-def export_cmd(store_path: Path, fmt: str, output: str, session: str | None, all_modes: bool) -> None:
-    """Write a store's exchanges as HAR or JSON Lines (secrets were never stored)."""
+@max_body_option
+def export_cmd(words: tuple[str, ...], store_opt: Path | None, fmt: str, output: str, session: str | None,
+               all_modes: bool, max_body_mb: int) -> None:
+    """Write STORE's exchanges as HAR or JSON Lines (secrets were never stored). A file is written
+    whole or not at all: a failed export leaves no partial -o file."""
+    store_path, _ = split_store(words, store_opt, (0, 0), default=False)
     write = export_har if fmt == "har" else export_jsonl
-    with Store.open(store_path, write=False) as store:
+    outputs.check_writable(None if output == "-" else output, "-o")
+    with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         if note := store.unfinished_note():
             click.echo(f"nfproxy export: {note}", err=True)
         if output == "-":
             n = write(store, sys.stdout, session=session, mode=None if all_modes else "record")
         else:
-            with open(output, "w", encoding="utf-8") as fh:
+            with outputs.atomic_path(output) as tmp, open(tmp, "w", encoding="utf-8") as fh:
                 n = write(store, fh, session=session, mode=None if all_modes else "record")
     click.echo(f"nfproxy export: {n} exchanges from {store_path} as {fmt}", err=True)
 
@@ -73,17 +80,18 @@ def flow_items(path: Path) -> Iterator[Incoming]:
 
 
 @click.command("import")
-@click.argument("store_path", type=click.Path(path_type=Path))
-@click.argument("files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@store_words("STORE FILE...")
 @click.option("--format", "fmt", type=click.Choice(["auto", "har", "flows"]), default="auto", show_default=True,
               help="auto: .har is HAR, anything else a mitmproxy flow file.")
 @click.option("--session", help="Session of entries without labels (default: import-FILENAME).")
 @click.option("--ignore-field", "ignore_fields", multiple=True, metavar="POINTER",
               help="As for recording: a JSON pointer dropped from the key; repeatable.")
-def import_cmd(store_path: Path, files: tuple[Path, ...], fmt: str, session: str | None,
+def import_cmd(words: tuple[str, ...], store_opt: Path | None, fmt: str, session: str | None,
                ignore_fields: tuple[str, ...]) -> None:
     """Import HAR or mitmproxy flow files into STORE (created if new), keyed as recorded traffic is,
     with secrets erased on the way in."""
+    store_path, given = split_store(words, store_opt, (1, None), default=False)
+    files = [click.Path(exists=True, dir_okay=False, path_type=Path).convert(f, None, None) for f in given]
     try:
         rules = Rules(ignore_fields=ignore_fields)
     except RuleError as exc:
@@ -95,7 +103,8 @@ def import_cmd(store_path: Path, files: tuple[Path, ...], fmt: str, session: str
     for f, items in batches:
         r = import_into(store_path, items, session or f"import-{f.stem}", rules)
         click.echo(f"nfproxy import: {r.exchanges} exchanges from {f} into {store_path} "
-                   f"({len(r.sessions)} sessions)", err=True)
+                   f"({len(r.sessions)} sessions)" + (f"; replay answers for {r.upstream} (remembered as a "
+                   "recording's --upstream is)" if r.upstream else ""), err=True)
 
 
 def register(group: click.Group) -> None:

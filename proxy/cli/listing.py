@@ -9,7 +9,7 @@ from typing import Any
 
 from noisefloor.errors import InputError
 from noisefloor.proxy.store.exchange import Exchange, Head
-from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.store.log import BodyOverLimit, Store
 
 SHOWN_BODY = 2 << 20  # bytes of a body searched (and shown by nfview)
 STATUS = re.compile(r"[1-5][0-9][0-9]|[1-5]xx|error")
@@ -108,7 +108,10 @@ def _mentions(ex: Exchange, store: Store, needle: str) -> bool:
         return True
     for part in (ex.request, ex.response):
         if part:
-            data = store.decoded_body(part)
+            try:
+                data = store.decoded_body(part)
+            except BodyOverLimit:  # over this reader's --max-body-mb: searched by its other fields only
+                continue
             if data and needle in data[:SHOWN_BODY].decode("utf-8", "replace").lower():
                 return True
     return False

@@ -32,6 +32,11 @@ def default_confdir(store_path: Path) -> Path:
     return store_path.parent / CA_FOLDER
 
 
+MAX_BODY_HELP = ("Largest body, in MiB: a request body after undoing Content-Encoding (a larger one gets 413 and "
+                 "is not forwarded), an answer the recorder keeps (a larger one is recorded as an error, its body "
+                 "not kept) and a stored body a reader takes: the one limit from record to every reader.")
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     mode: str = "record"  # record, replay or passthrough
@@ -70,14 +75,57 @@ _D = ServeOptions()
 
 
 def store_option(f: Any) -> Any:
-    """`--store`, as every nfproxy command that reads or writes a store declares it."""
+    """`nfproxy run`'s `--store` (its positional words are the command to wrap, after `--`)."""
     return click.option("--store", "store_path", default=_D.store_path, show_default=True,
                         type=click.Path(path_type=Path))(f)
 
 
+def store_words(metavar: str) -> Any:
+    """The store as a command's first positional word (`nfproxy log STORE`, as `nfanalyze STORE`
+    and `nfview STORE`), `--store STORE` kept as the same: the words, and the alias, declared once.
+    `split_store` reads them."""
+    return options(
+        click.argument("words", nargs=-1, metavar=metavar),
+        click.option("--store", "store_opt", type=click.Path(path_type=Path), metavar="STORE",
+                     help="The same as the STORE argument."))
+
+
+def split_store(words: tuple[str, ...], store_opt: Path | None, after: tuple[int, int | None],
+                default: bool = True) -> tuple[Path, list[str]]:
+    """(the store, the words after it): the store from `--store` or the first word, else the default
+    (`recordings/log.lmdb`) where `default`; `after` bounds how many words may follow (min, max)."""
+    words_list = list(words)
+    if store_opt is not None:
+        store = store_opt
+    elif len(words_list) > after[0] or (words_list and not default):
+        store = Path(words_list.pop(0))
+    elif default:
+        store = _D.store_path
+    else:
+        raise click.UsageError("give the store: STORE (or --store STORE)")
+    lo, hi = after
+    if len(words_list) < lo or (hi is not None and len(words_list) > hi):
+        raise click.UsageError(f"unexpected arguments {' '.join(words_list)!r}" if hi is not None and
+                               len(words_list) > hi else "missing arguments after the store")
+    return store, words_list
+
+
+def max_body_option(f: Any) -> Any:
+    """`--max-body-mb` for a command that reads stored bodies (show, log, export, nfview)."""
+    return click.option("--max-body-mb", "max_body_mb", default=_D.max_body >> 20, show_default=True,
+                        type=click.IntRange(min=1), help=MAX_BODY_HELP)(f)
+
+
 def listen_option(f: Any) -> Any:
-    return click.option("--listen", default=f"{_D.host}:{_D.port}", show_default=True,
-                        help="HOST:PORT to listen on (port 0: any free).")(f)
+    return click.option("--listen", metavar="HOST:PORT",
+                        help=f"Where to listen (default {_D.host}:{_D.port}; with a command to wrap, a free port, "
+                             "which the command is told; port 0: any free).")(f)
+
+
+def listen_of(listen: str | None, wrapping: bool) -> str:
+    """--listen as given, else the default: a fixed port for a proxy others connect to, a free one
+    for a wrapped command (it is given the address, so nothing else needs to know it)."""
+    return listen if listen is not None else f"{_D.host}:{0 if wrapping else _D.port}"
 
 
 serve_options = options(
@@ -132,19 +180,18 @@ serve_options = options(
     click.option("--upstream-ca", type=click.Path(exists=True, dir_okay=False),
                  help="Extra CA bundle (PEM) to trust for upstream TLS, e.g. a self-signed local server."),
     click.option("--max-body-mb", default=_D.max_body >> 20, show_default=True, type=click.IntRange(min=1),
-                 help="Largest request body, after undoing Content-Encoding; a larger one gets 413 and is not "
-                      "forwarded."),
+                 help=MAX_BODY_HELP),
     click.option("-q", "--quiet", is_flag=True, help="No ready line and no summary."),
 )
 
 
-def from_cli(*, listen: str, session: str | None, task: str | None, replicate: str | None, condition: str | None,
+def from_cli(*, listen: str | None, session: str | None, task: str | None, replicate: str | None, condition: str | None,
              ignore_fields: tuple[str, ...], profile: str | None, sets: tuple[str, ...], perturbation: str | None,
              perturb_file: Path | None, replay_timing: str, replay_log: Path | None, replay_log_in_store: bool,
              max_body_mb: int, upstream: str | None, command: tuple[str, ...] = (), **same: Any) -> ServeOptions:
     """ServeOptions from `serve_options`' parameters; a value no run could use is a usage error
     naming its option, raised before any work."""
-    host, port = parse_listen(listen)
+    host, port = parse_listen(listen_of(listen, bool(command)))
     check_upstream(upstream)
     try:
         rules = Rules(ignore_fields=ignore_fields, profile=profile)

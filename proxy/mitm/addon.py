@@ -148,16 +148,17 @@ class Streams:
     the client sees the stream end and the log gets an error exchange instead of a hung request.
     """
 
-    def __init__(self, timeout: float, capture: bool) -> None:
+    def __init__(self, timeout: float, capture: bool, limit: int | None = None) -> None:
         self.timeout = timeout
         self.capture = capture
+        self.limit = limit  # bytes a capture keeps at most (--max-body-mb)
         self._watchers: set[asyncio.Task[None]] = set()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
         if flow.metadata.get(SPLIT) is not None or not is_stream(tuple(flow.response.headers.items(multi=True))):
             return
-        capture = ChunkCapture()
+        capture = ChunkCapture(limit=self.limit if self.capture else None)
         flow.response.stream = capture
         if self.capture:
             flow.metadata[CAPTURE] = capture

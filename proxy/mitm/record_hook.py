@@ -20,7 +20,7 @@ from noisefloor.proxy.mitm._flows import (
     where,
 )
 from noisefloor.proxy.mitm.compat import http
-from noisefloor.proxy.record.recorder import Pending, Recorder
+from noisefloor.proxy.record.recorder import Pending, Recorder, over_limit
 from noisefloor.proxy.record.sse import ChunkCapture, delivered_terminal_event
 from noisefloor.proxy.request.traffic import ResponseData
 
@@ -40,7 +40,8 @@ class Record:
         self.stopping = stopping
         recorder.on_unwritten = lambda line: log.error(
             "nfproxy: an answered exchange is kept in the store but could not be written in full (%s); "
-            "`nfproxy repair --store STORE` writes it", line)
+            "`nfproxy repair STORE` writes it", line)
+        recorder.on_refused = lambda line: log.warning("nfproxy: %s", line)
         self._unkeyed: deque[http.HTTPFlow] = deque()
 
     def request(self, flow: http.HTTPFlow) -> None:
@@ -74,11 +75,17 @@ class Record:
         if flow.response.timestamp_start and flow.request.timestamp_end:
             latency = (flow.response.timestamp_start - flow.request.timestamp_end) * 1000
         notes = ["websocket upgrade: messages are not recorded"] if flow.response.status_code == 101 else []
+        capture: ChunkCapture | None = flow.metadata.get(CAPTURE)
         try:
             if isinstance(pending, Exception):
                 raise pending
-            self.recorder.finish(pending, response_data(flow.response, flow.metadata.get(CAPTURE)),
-                                 latency_ms=latency, notes=notes, defer_tracking=True)
+            if capture is not None and capture.over_limit:  # its chunks were not kept: the refusal, as finish words it
+                refused = over_limit(capture.size, self.recorder.store.max_body)
+                self.recorder.on_refused(refused)
+                self.recorder.finish(pending, None, error=refused, latency_ms=latency, notes=notes, defer_tracking=True)
+            else:
+                self.recorder.finish(pending, response_data(flow.response, capture),
+                                     latency_ms=latency, notes=notes, defer_tracking=True)
         except Exception as exc:  # noqa: BLE001 - an answer that is not in the log must not reach the agent
             self._withhold(flow, exc)
         # the exchange written in full and the answer's dependency marks registered after it is
@@ -108,7 +115,9 @@ class Record:
         message = flow.metadata.get(STALLED) or (flow.error.msg if flow.error else "unknown upstream error")
         capture: ChunkCapture | None = flow.metadata.get(CAPTURE)
         partial = None
-        if flow.response is not None and capture is not None:  # a stream that broke off: keep what came
+        if flow.response is not None and capture is not None and capture.over_limit:  # nothing of it was kept
+            message = f"{message}; {over_limit(capture.size, self.recorder.store.max_body)}"
+        elif flow.response is not None and capture is not None:  # a stream that broke off: keep what came
             if delivered_terminal_event(capture.body):  # it had ended: the client hung up after the answer
                 capture.complete = True  # recorded at once: a shutdown right after must not lose it
                 self._record_complete(flow, pending, response_data(flow.response, capture))

@@ -9,6 +9,7 @@ from noisefloor.proxy.providers.base import (
     Marks,
     Provider,
     Served,
+    Thread,
     add,
     answered_from,
     dicts,
@@ -17,6 +18,7 @@ from noisefloor.proxy.providers.base import (
     opt_int,
     opt_str,
     text_mark,
+    thread_add,
 )
 
 
@@ -70,6 +72,24 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return answered_from(texts, marks)
 
 
+_BLOCK_TEXTS = ("text", "thinking", "partial_json")  # a content block's text, reasoning, a tool call's input
+
+
+def stream_texts(events: list[Any]) -> list[Thread]:
+    """Each content block's text, thinking and tool input (`partial_json`): its start's and its
+    deltas' strings in order, as the SDKs assemble them."""
+    threads: dict[Any, Thread] = {}
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            continue
+        kind, index = ev.get("type"), ev.get("index", 0)
+        part = "content_block" if kind == "content_block_start" else "delta" if kind == "content_block_delta" else None
+        if part is not None and isinstance(ev.get(part), dict):
+            for name in _BLOCK_TEXTS:
+                thread_add(threads, (index, name), i, (part, name), ev[part].get(name))
+    return list(threads.values())
+
+
 def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message, **extra}}
 
@@ -103,4 +123,5 @@ PROVIDER = Provider(
     error_body=error_body,
     served_doc=served,
     served_event=served_event,
+    stream_texts=stream_texts,
 )

@@ -128,6 +128,38 @@ class Answered:
     texts: tuple[str, ...] = ()
 
 
+Path = tuple[Any, ...]  # keys and list indices from a stream event's root to one string in it
+Thread = list[tuple[int, Path]]  # the strings that make one text of a stream, in order: (event number, path)
+
+
+def strings(doc: Any, path: Path = ()) -> Iterable[tuple[Path, str]]:
+    """Every string in `doc`, with its path."""
+    if isinstance(doc, str):
+        yield path, doc
+    elif isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from strings(v, (*path, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from strings(v, (*path, i))
+
+
+def texts_by_path(events: list[Any]) -> list[Thread]:
+    """A stream of unknown shape: the strings at one path of every event, in order, make one text
+    (a delta's `content` across events is a text; an `id` repeated in each is a harmless one)."""
+    threads: dict[Path, Thread] = {}
+    for i, ev in enumerate(events):
+        for path, _ in strings(ev):
+            threads.setdefault(path, []).append((i, path))
+    return list(threads.values())
+
+
+def thread_add(threads: dict[Any, Thread], name: Any, i: int, path: Path, value: Any) -> None:
+    """Add `path` of event `i` to text `name` when it holds a string."""
+    if isinstance(value, str):
+        threads.setdefault(name, []).append((i, path))
+
+
 def _openai_error(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "param": None, "code": kind, **extra}}
 
@@ -159,6 +191,10 @@ class Provider:
     served_event: Callable[[dict[str, Any]], Served] | None = None
     # (request JSON object, rewrite) -> whether its last user text was rewritten (in place)
     rewrite_user: Callable[[dict[str, Any], Rewrite], bool] = rewrite_messages
+    # (a stream's events, parsed; None where one is not JSON) -> the texts the stream assembles: each
+    # the strings, in order, whose joined text is one answer's (a choice's content, a tool call's
+    # arguments). A secret is searched for in each such text (`secrets.erase_events`)
+    stream_texts: Callable[[list[Any]], list[Thread]] = texts_by_path
 
 
 def sse_events(body: bytes) -> list[dict[str, Any]]:

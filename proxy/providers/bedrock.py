@@ -11,7 +11,21 @@ from __future__ import annotations
 from typing import Any
 
 from noisefloor.proxy.providers import anthropic, generic
-from noisefloor.proxy.providers.base import Answered, Marks, Provider, add, answered_from, dicts, id_mark, text_mark
+from noisefloor.proxy.providers.base import (
+    Answered,
+    Marks,
+    Provider,
+    Served,
+    Thread,
+    add,
+    answered_from,
+    dicts,
+    id_mark,
+    opt_int,
+    opt_str,
+    text_mark,
+    thread_add,
+)
 
 
 def matches(host: str, route: str) -> bool:
@@ -52,6 +66,36 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return answered_from(texts, marks)
 
 
+def served(doc: Any) -> Served:
+    """Converse's own usage (`inputTokens` / `outputTokens`) and `stopReason` ("max_tokens" is a
+    truncation); an InvokeModel body in another provider's shape is read as that shape. Converse
+    names no model in its answer: the requested one is in the route."""
+    usage = doc.get("usage") if isinstance(doc, dict) else None
+    if isinstance(usage, dict) and ("inputTokens" in usage or "outputTokens" in usage):
+        return Served(input_tokens=opt_int(usage.get("inputTokens")), output_tokens=opt_int(usage.get("outputTokens")),
+                      finish_reason=opt_str(doc.get("stopReason")))
+    return generic.served(doc)
+
+
+def stream_texts(events: list[Any]) -> list[Thread]:
+    """ConverseStream: each content block's text, reasoning and tool input deltas. InvokeModel's
+    stream: the Anthropic events its chunks wrap (`bytes`, read by `stream_events`)."""
+    threads: dict[Any, Thread] = {}
+    for i, ev in enumerate(events):
+        if not isinstance(ev, dict):
+            continue
+        delta = ev.get("delta")
+        if isinstance(delta, dict):
+            index = ev.get("contentBlockIndex", 0)
+            thread_add(threads, (index, "text"), i, ("delta", "text"), delta.get("text"))
+            for name, inner in (("toolUse", "input"), ("reasoningContent", "text")):
+                if isinstance(delta.get(name), dict):
+                    thread_add(threads, (index, name), i, ("delta", name, inner), delta[name].get(inner))
+    wrapped = [ev.get("bytes") if isinstance(ev, dict) else None for ev in events]
+    inner = [[(i, ("bytes", *path)) for i, path in t] for t in anthropic.stream_texts(wrapped)]
+    return list(threads.values()) + inner
+
+
 def error_body(status: int, kind: str, message: str, extra: dict[str, Any]) -> dict[str, Any]:
     return {"message": message, "__type": kind, **extra}
 
@@ -64,7 +108,8 @@ PROVIDER = Provider(
     carried=carried,
     answered=answered,
     error_body=error_body,
-    served_doc=generic.served,  # Converse's own fields are not read yet: what the known shapes find
+    served_doc=served,
     served_event=generic.served_event,
     rewrite_user=generic.rewrite_user,
+    stream_texts=stream_texts,
 )

@@ -11,6 +11,7 @@ from noisefloor.proxy.providers.base import (
     Provider,
     Rewrite,
     Served,
+    Thread,
     add,
     answered_from,
     dicts,
@@ -20,6 +21,7 @@ from noisefloor.proxy.providers.base import (
     opt_str,
     rewrite_last_user,
     text_mark,
+    thread_add,
 )
 
 
@@ -54,6 +56,20 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
             content = cand.get("content") if isinstance(cand.get("content"), dict) else {}
             pieces.setdefault(cand.get("index", i), []).append(_parts(content.get("parts"), marks))
     return answered_from(["".join(p) for _, p in sorted(pieces.items())], marks)
+
+
+def stream_texts(events: list[Any]) -> list[Thread]:
+    """Each candidate's text parts across the stream's chunks (thoughts apart), as the SDK joins them."""
+    threads: dict[Any, Thread] = {}
+    for i, ev in enumerate(events):
+        for k, cand in enumerate(ev.get("candidates") or () if isinstance(ev, dict) else ()):
+            content = cand.get("content") if isinstance(cand, dict) else None
+            parts = content.get("parts") if isinstance(content, dict) else None
+            for j, part in enumerate(parts if isinstance(parts, list) else ()):
+                if isinstance(part, dict):
+                    name = (cand.get("index", k), "thought" if part.get("thought") else "text")
+                    thread_add(threads, name, i, ("candidates", k, "content", "parts", j, "text"), part.get("text"))
+    return list(threads.values())
 
 
 def served(doc: Any) -> Served:
@@ -94,4 +110,5 @@ PROVIDER = Provider(
     error_body=error_body,
     served_doc=served,
     rewrite_user=rewrite_user,
+    stream_texts=stream_texts,
 )

@@ -5,7 +5,16 @@ from __future__ import annotations
 from typing import Any
 
 from noisefloor.proxy.providers import anthropic, gemini, openai_chat, openai_responses
-from noisefloor.proxy.providers.base import Answered, Provider, Rewrite, Served, first_of, rewrite_messages
+from noisefloor.proxy.providers.base import (
+    Answered,
+    Provider,
+    Rewrite,
+    Served,
+    Thread,
+    first_of,
+    rewrite_messages,
+    texts_by_path,
+)
 
 _SHAPES = (openai_chat, anthropic, gemini, openai_responses)  # the order fields are looked for
 
@@ -40,5 +49,11 @@ def rewrite_user(doc: dict[str, Any], rewrite: Rewrite) -> bool:
         openai_responses.rewrite_user(doc, rewrite)
 
 
+def stream_texts(events: list[Any]) -> list[Thread]:
+    """The texts every known shape assembles, and the strings at each one path across events."""
+    return [t for p in _SHAPES for t in p.stream_texts(events)] + texts_by_path(events)
+
+
 PROVIDER = Provider(name="generic", matches=lambda host, route: True, answered=answered, substring_deps=True,
-                    served_doc=served, served_event=served_event, rewrite_user=rewrite_user)
+                    served_doc=served, served_event=served_event, rewrite_user=rewrite_user,
+                    stream_texts=stream_texts)

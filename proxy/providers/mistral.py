@@ -31,4 +31,5 @@ PROVIDER = Provider(
     answered=openai_chat.answered,
     error_body=error_body,
     served_doc=openai_chat.served,
+    stream_texts=openai_chat.stream_texts,
 )

@@ -9,6 +9,7 @@ from noisefloor.proxy.providers.base import (
     Marks,
     Provider,
     Served,
+    Thread,
     add,
     answered_from,
     dicts,
@@ -18,6 +19,7 @@ from noisefloor.proxy.providers.base import (
     opt_int,
     opt_str,
     text_mark,
+    thread_add,
 )
 
 IGNORE = ("/user", "/prompt_cache_key", "/safety_identifier")  # end-user ids and cache hints
@@ -70,6 +72,29 @@ def answered(doc: Any, events: list[dict[str, Any]] | None) -> Answered:
     return answered_from(texts, marks)
 
 
+def stream_texts(events: list[Any]) -> list[Thread]:
+    """Each choice's content (and refusal, reasoning) deltas, each tool call's argument deltas, a
+    legacy completion's text: one text each, as the SDKs assemble them."""
+    threads: dict[Any, Thread] = {}
+    for i, ev in enumerate(events):
+        for k, ch in enumerate(ev.get("choices") or () if isinstance(ev, dict) else ()):
+            if not isinstance(ch, dict):
+                continue
+            choice = ch.get("index", k)
+            thread_add(threads, ("text", choice), i, ("choices", k, "text"), ch.get("text"))
+            delta = ch.get("delta")
+            if not isinstance(delta, dict):
+                continue
+            for name in ("content", "refusal", "reasoning_content", "reasoning"):
+                thread_add(threads, (name, choice), i, ("choices", k, "delta", name), delta.get(name))
+            for m, call in enumerate(delta.get("tool_calls") or () if isinstance(delta.get("tool_calls"), list) else ()):
+                fn = call.get("function") if isinstance(call, dict) else None
+                if isinstance(fn, dict):
+                    thread_add(threads, ("call", choice, call.get("index", m)), i,
+                               ("choices", k, "delta", "tool_calls", m, "function", "arguments"), fn.get("arguments"))
+    return list(threads.values())
+
+
 def served(doc: Any) -> Served:
     """A completion, or one chunk of a stream (usage comes in the last)."""
     usage = obj(doc, "usage")
@@ -88,4 +113,5 @@ PROVIDER = Provider(
     carried=carried,
     answered=answered,
     served_doc=served,
+    stream_texts=stream_texts,
 )

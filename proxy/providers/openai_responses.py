@@ -11,6 +11,7 @@ from noisefloor.proxy.providers.base import (
     Provider,
     Rewrite,
     Served,
+    Thread,
     add,
     answered_from,
     dicts,
@@ -21,6 +22,7 @@ from noisefloor.proxy.providers.base import (
     rewrite_chat_turn,
     rewrite_last_user,
     text_mark,
+    thread_add,
 )
 
 
@@ -78,6 +80,18 @@ def served_event(ev: dict[str, Any]) -> Served:
     return Served()
 
 
+def stream_texts(events: list[Any]) -> list[Thread]:
+    """Every `*.delta` event's `delta` (output text, refusal, reasoning, a function call's
+    arguments): one text per event type and item part, as the SDK accumulates them."""
+    threads: dict[Any, Thread] = {}
+    for i, ev in enumerate(events):
+        kind = ev.get("type") if isinstance(ev, dict) else None
+        if isinstance(kind, str) and kind.endswith(".delta"):
+            name = (kind, *(str(ev.get(k)) for k in ("item_id", "output_index", "content_index", "summary_index")))
+            thread_add(threads, name, i, ("delta",), ev.get("delta"))
+    return list(threads.values())
+
+
 def rewrite_user(doc: dict[str, Any], rewrite: Rewrite) -> bool:
     """`input` is a string, or a list of turns and items."""
     if isinstance(doc.get("input"), str):
@@ -100,4 +114,5 @@ PROVIDER = Provider(
     served_doc=served,
     served_event=served_event,
     rewrite_user=rewrite_user,
+    stream_texts=stream_texts,
 )

@@ -157,7 +157,7 @@ class AnsweredRows:
         """The one line for a damaged row, with the two ways on."""
         name = f"row {_U64.unpack(key)[0]}" if len(key) == 8 else f"the row keyed {key[:16].hex()}"
         return StoreError(f"store {self.path}: answered {name} (an exchange a killed nfproxy did not finish writing) "
-                          f"is damaged: {why}; `nfproxy repair --store {self.path} --drop-damaged` writes the others "
+                          f"is damaged: {why}; `nfproxy repair {self.path} --drop-damaged` writes the others "
                           "and drops it (that exchange is lost), or restore the store from a copy")
 
     def unfinished(self) -> int:
@@ -186,14 +186,14 @@ class AnsweredRows:
         """A reader's warning where a killed recorder left answered exchanges unwritten (None: none)."""
         n = self.unfinished()
         return None if not n else (f"{unfinished_line(n)} {'are' if n != 1 else 'is'} not included; "
-                                   f"`nfproxy repair --store {self.path}` writes {'them' if n != 1 else 'it'}")
+                                   f"`nfproxy repair {self.path}` writes {'them' if n != 1 else 'it'}")
 
     def refuse_unfinished(self, verb: str) -> None:
         """StoreError where a killed recorder left answered exchanges unwritten: `verb` (replay,
         merge, compact) would go on without them."""
         n = self.unfinished()
         if n:
-            raise StoreError(f"store {self.path} holds {unfinished_line(n)}; run `nfproxy repair --store {self.path}` "
+            raise StoreError(f"store {self.path} holds {unfinished_line(n)}; run `nfproxy repair {self.path}` "
                              f"to write {'them' if n != 1 else 'it'}, then {verb} again")
 
 

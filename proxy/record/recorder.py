@@ -167,6 +167,8 @@ class Recorder:
         self._unwritten: deque[tuple[int, Pending, Answered, ResponseData | None]] = deque()
         # told, one line each, of an exchange written after its release that could not be (its row stays)
         self.on_unwritten: Callable[[str], None] = lambda line: None
+        # told, one line each, of an answer over the store's body limit (recorded as an error, its body not kept)
+        self.on_refused: Callable[[str], None] = lambda line: None
         # a killed recorder's answered exchanges, before this one numbers any
         self.recovered = self.writer.finish_unwritten()[0]
         if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
@@ -210,8 +212,13 @@ class Recorder:
         p = pending.prepared
         if error is not None:  # an upstream's status line or message may carry the key it was sent
             error = secrets.erase_text(error, p.request.secret_values)
+        if response is not None and len(response.raw_body) > self.store.max_body:
+            # one limit from record to every reader: an answer no reader would take is not kept
+            error = "; ".join(filter(None, [error, over_limit(len(response.raw_body), self.store.max_body)]))
+            self.on_refused(error)
+            response = None
         if response is not None:
-            response = response.without(p.request.secret_values)
+            response = response.without(p.request.secret_values, pending.provider)
         # the answer is complete: a request arriving after this may depend on it (an import gives the
         # recorded time)
         answered = _answered(pending, response, error, latency_ms, notes, time.time() if end is None else end)
@@ -251,6 +258,12 @@ class Recorder:
             self._untracked.append((answered.session, answered.seq, pending.provider, response.decoded_body,
                                     response.header("content-type"), doc))
         return exchange_id
+
+
+def over_limit(size: int, limit: int) -> str:
+    """Why an answer of `size` bytes was not recorded under the body limit `limit`."""
+    return (f"the answer's body ({size / (1 << 20):.1f} MiB) is over --max-body-mb {limit >> 20}: not recorded (the "
+            f"client got it); record it again with --max-body-mb {-(-size >> 20)} to keep it")
 
 
 def _check_row(a: Answered, text: str) -> None:

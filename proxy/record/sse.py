@@ -53,16 +53,27 @@ class ChunkCapture:
     offsets_ms: list[float] = field(default_factory=list)
     complete: bool = False
     last_activity: float = field(default_factory=time.monotonic)
+    limit: int | None = None  # bytes kept at most (--max-body-mb): past it the chunks are dropped, still forwarded
+    size: int = 0  # bytes seen, kept or not
 
     def __call__(self, data: bytes) -> bytes:
         now = time.monotonic()
         self.last_activity = now
         if data:
-            self.chunks.append(data)
-            self.offsets_ms.append(round((now - self.started) * 1000, 3))
+            self.size += len(data)
+            if self.limit is not None and self.size > self.limit:
+                self.chunks.clear()  # an answer no reader would take is not held either
+                self.offsets_ms.clear()
+            else:
+                self.chunks.append(data)
+                self.offsets_ms.append(round((now - self.started) * 1000, 3))
         else:
             self.complete = True
         return data
+
+    @property
+    def over_limit(self) -> bool:
+        return self.limit is not None and self.size > self.limit
 
     @property
     def body(self) -> bytes:

@@ -26,7 +26,7 @@ def recorded_request(store: Store, rules: Rules, exchange_id: int) -> CanonicalR
     source = store.exchange(exchange_id)
     if source is None:
         return None
-    return RequestData.from_record(source.request, store.body(source.request.get("body"))).canonical(rules)
+    return RequestData.from_record(source.request, store.part_body(source.request)).canonical(rules)
 
 
 def recorded_canonical(store: Store, rules: Rules, exchange_id: int) -> str | None:

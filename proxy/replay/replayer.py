@@ -184,6 +184,14 @@ class Replayer:
         self._served[session].add((entry.session, entry.seq))
         self._order.ask(session, entry)
 
+    def _stands_in(self, session: str, recorded: str, exchange_id: int) -> None:
+        """A miss took the place of the recorded request nearest to it: for the order that request
+        counts as asked, so the requests after it are no departure from recorded order (a changed
+        request is one miss, not a miss and an order note for every request that follows)."""
+        entry = next((e for e in self._session(recorded)[0] if e.id == exchange_id), None)
+        if entry is not None:
+            self._order.ask(session, entry)
+
     def _order_note(self, session: str, entry: RecordedEntry) -> str | None:
         first = self._order.first_unasked(session, entry)
         if first is None:
@@ -217,6 +225,7 @@ class Replayer:
         affected = ()
         if near and near.get("session"):
             affected = self._order.affected(near["session"], near["exchange_id"], self._session(near["session"])[1])
+            self._stands_in(p.labels.session, near["session"], near["exchange_id"])
         route = f"{p.canonical.method} {p.canonical.path}"
         self.misses.append(MissReport(p.labels.session, p.labels.task, p.key, route, near, affected))
         if self._say is not None:
@@ -234,7 +243,7 @@ class Replayer:
     def _recorded_response(self, rec: dict[str, Any] | None, error: str | None) -> ResponseData:
         if rec is None:  # the recording holds a connection failure: replay it as one
             return replies.recorded_failure(error)
-        return ResponseData.from_record(rec, self.store.body(rec.get("body")))
+        return ResponseData.from_record(rec, self.store.part_body(rec))  # within its recorded size
 
     def refuse_websocket(self, request: RequestData, labels: Labels) -> ResponseData:
         """A WebSocket upgrade cannot be replayed: refused, logged and counted as a miss."""

@@ -12,10 +12,11 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from noisefloor.proxy.request import headers as headers_mod
-from noisefloor.proxy.request import secrets
+from noisefloor.proxy.request import secrets, stream_events
 from noisefloor.proxy.request.decoding import decode_body
 
 if TYPE_CHECKING:
+    from noisefloor.proxy.providers.base import Provider
     from noisefloor.proxy.request.traffic import ResponseData
 
 
@@ -33,10 +34,11 @@ def request_body(raw: bytes, decoded: bytes | None, encoding: str | None, values
     return secrets.erase(raw, values), False
 
 
-def response(resp: ResponseData, values: list[str]) -> ResponseData:
+def response(resp: ResponseData, values: list[str], provider: Provider | None = None) -> ResponseData:
     """`resp` with caller secrets (error messages echo them) erased from every header value and
-    from the body, after undoing Content-Encoding, and in a stream also where a value is split
-    across events. A stream whose body had to change is stored as one chunk."""
+    from the body, after undoing Content-Encoding, and in a stream also from the texts its events
+    assemble to (`secrets.erase_events`, as `provider` defines them). A stream whose body had to
+    change is stored as one chunk."""
     if not values:
         return resp
     headers = secrets.erase_header_values(resp.headers, values)
@@ -44,12 +46,16 @@ def response(resp: ResponseData, values: list[str]) -> ResponseData:
     if not resp.raw_body:
         return unchanged
     decoded = resp.decoded_body
-    whole = secrets.contains(decoded, values)
-    if not whole and resp.layout is None:  # the common case, on every exchange: one scan
+    content_type = resp.header("content-type")
+    framed = bool(content_type) and content_type.lower().startswith(stream_events.AWS_CONTENT_TYPE)
+    whole = not framed and secrets.contains(decoded, values)  # AWS frames: erased event by event, framed again
+    if not whole and resp.layout is None and not framed:  # the common case, on every exchange: one scan
         return unchanged
     body = secrets.erase(decoded, values) if whole else decoded
-    if resp.layout is not None:
-        body = secrets.erase_events(body, values) or body
+    if resp.layout is not None or framed:
+        body = secrets.erase_events(body, values, provider, content_type) or body
+    if framed and secrets.contains(body, values):  # frames it could not read (or a frame's header): the secret first
+        body = secrets.erase(body, values)
     if body is decoded:
         return unchanged
     headers = tuple(headers_mod.without(headers, "content-encoding", "content-length"))

@@ -90,7 +90,7 @@ def recompute(store: Any, rules: Any, entries: list[Any]) -> dict[int, tuple[int
         ex = store.exchange(e.id)
         if ex is None:
             continue
-        request = RequestData.from_record(ex.request, store.body(ex.request.get("body")))
+        request = RequestData.from_record(ex.request, store.part_body(ex.request))
         provider = providers.pick(rules.profile, request.host, request.path)
         body = store.decoded_body(ex.request) or b""
         try:

@@ -9,9 +9,9 @@ credential decoded, a Digest header's private parameters), of its secret query p
 secret-named fields of a form or multipart body. Each is erased (`erasure`) wherever the exchange
 puts text: bodies, every header value and query value whatever its name, the URL, error messages,
 replay's own answers. Searched in every form a value could take: as sent, URL-encoded (`%2B` and
-`+` spellings), with `+` read as a space, JSON-escaped, `\\u`-escaped, in the decoded body
-(Content-Encoding undone), in a stream also in the text its events assemble to, and as any run of
-`RUN` characters of it. Values shorter than `MIN_SECRET` characters are not searched for (they
+`+` spellings), with `+` read as a space, JSON-escaped, `\\u`-escaped, base64 and base64url (at
+each offset), in the decoded body (Content-Encoding undone), in a stream also in each text its
+events assemble to (`erase_events`), and as any run of `RUN` characters of it (docs/secrets.md). Values shorter than `MIN_SECRET` characters are not searched for (they
 occur by chance).
 """
 
@@ -22,13 +22,16 @@ import json
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import fields, replace
 from functools import lru_cache
 from urllib.parse import parse_qsl, quote, quote_plus, urlencode, urlsplit, urlunsplit
 
 from noisefloor.proxy import providers
-from noisefloor.proxy.request import erasure
+from noisefloor.proxy.providers.base import Provider, strings, texts_by_path
+from noisefloor.proxy.request import erasure, stream_events
 from noisefloor.proxy.request.erasure import REDACTED as REDACTED
 from noisefloor.proxy.request.erasure import RUN as RUN
+from noisefloor.proxy.request.labels import Labels
 
 # Credential headers that belong to no provider module: proxies, cookies, Vertex's IAM token,
 # Azure OpenAI (and API Management) and common gateways. Each provider module declares its own.
@@ -67,13 +70,14 @@ def scrub_headers(headers: Iterable[tuple[str, str]], values: Sequence[str] = ()
 
 
 def erase_header_values(headers: Sequence[tuple[str, str]], values: Sequence[str]) -> Sequence[tuple[str, str]]:
-    """`headers` with the secret `values` erased from each value (the same object when none holds one)."""
+    """`headers` with the secret `values` erased from each name and value (the same object when
+    none holds one): a client or an upstream can write a key into a header's name too."""
     if not values:
         return headers
     vals = tuple(values)
-    texts = [_text(v) for _, v in headers]
-    erased = [_erased(t, vals) for t in texts]
-    return tuple(zip((k for k, _ in headers), erased)) if erased != texts else headers
+    texts = [(_text(k), _text(v)) for k, v in headers]
+    erased = [(_erased(k, vals), _erased(v, vals)) for k, v in texts]
+    return tuple(erased) if erased != texts else headers
 
 
 _CACHED = 1024  # longer values are searched every time (a cache of them could hold megabytes)
@@ -94,6 +98,17 @@ def _erased_short(text: str, values: tuple[str, ...]) -> str:
 def _erase_or_same(text: str, values: tuple[str, ...]) -> str:
     found = erasure.spans(text, values)
     return erasure.cut(text, found) if found else text
+
+
+def erase_label(text: str | None, values: Sequence[str]) -> str | None:
+    """A short text a client chose (a label, a method) with the secret `values` erased."""
+    return _erased(text, tuple(values)) if text and values else text
+
+
+def erase_labels(labels: Labels, values: Sequence[str]) -> Labels:
+    """`labels` (session, task, replicate, condition, replay-from) with the secret `values` erased."""
+    erased = {f.name: erase_label(getattr(labels, f.name), values) for f in fields(labels)}
+    return labels if all(erased[k] is getattr(labels, k) for k in erased) else replace(labels, **erased)
 
 
 def scrub_url(url: str, values: Sequence[str] = ()) -> str:
@@ -180,13 +195,26 @@ _PLAIN = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz01234567
 
 @lru_cache(maxsize=1024)  # the same key arrives with every request: spell it out once
 def _forms(v: str) -> frozenset[str]:
-    if _PLAIN.issuperset(v):  # most API keys: every spelling is the value itself
-        return frozenset((v,))
     b = v.encode("utf-8", "surrogateescape")  # header values are bytes: any byte may be in a key
+    if _PLAIN.issuperset(v):  # most API keys: every URL and JSON spelling is the value itself
+        return frozenset((v, *_base64_forms(b)))
     out = {v, v.replace(" ", "+"), v.replace("+", " "), quote(b, safe=""), quote_plus(b), quote(b, safe="/+=")}
     out |= {json.dumps(f)[1:-1] for f in list(out)}
     out |= {json.dumps(f, ensure_ascii=False)[1:-1] for f in list(out)}
-    return frozenset(out)
+    return frozenset(out | _base64_forms(b))
+
+
+def _base64_forms(b: bytes) -> set[str]:
+    """The value as base64 and base64url, wherever it starts in the encoded bytes: at each of the
+    three offsets a byte string can start at within base64's 3-byte groups, the characters that
+    encode its bytes alone (those shared with a neighbour's bits left off), so a key inside a
+    longer base64 text (a Basic credential, an echoed blob) is found too."""
+    out = set()
+    for shift in range(3):
+        encoded = base64.b64encode(bytes(shift) + b).decode()
+        core = encoded[-(-8 * shift // 6):(8 * (shift + len(b))) // 6]  # chars of the value's bits only
+        out |= {core, core.replace("+", "-").replace("/", "_")}
+    return {f for f in out if len(f) >= MIN_SECRET}
 
 
 @lru_cache(maxsize=1)
@@ -220,51 +248,41 @@ def erase_text(text: str, values: Iterable[str]) -> str:
     return erasure.erase(text, values)
 
 
-def erase_events(body: bytes, values: Iterable[str]) -> bytes | None:
-    """An event stream with secret values erased from the text its events assemble to.
+def erase_events(body: bytes, values: Iterable[str], provider: Provider | None = None,
+                 content_type: str | None = None) -> bytes | None:
+    """A streamed answer with secret values erased from the texts its events assemble to, as
+    `provider` defines them (`Provider.stream_texts`: a choice's content deltas, a tool call's
+    argument deltas; the generic provider's when None).
 
-    A model echoing a key token by token spreads it over several `data:` events, none of which
-    holds it whole. The string fields of all JSON events are read in order as one text; where a
-    secret spans fields, the first keeps the redaction mark and the rest lose their part. Returns
-    None when nothing was found."""
-    lines = body.split(b"\n")
-    docs: dict[int, object] = {}
-    leaves: list[tuple[int, tuple[object, ...], str]] = []
-    for i, line in enumerate(lines):
-        if not line.startswith(b"data:"):
-            continue
-        try:
-            doc = json.loads(line[5:])
-        except (ValueError, RecursionError):
-            continue
-        docs[i] = doc
-        leaves.extend((i, path, s) for path, s in _strings(doc, ()))
-    text = "".join(s for _, _, s in leaves)
-    spans = erasure.spans(text, values)
-    if not spans:
+    A model echoing a key token by token spreads it over several events, none of which holds it
+    whole, with other strings (ids, model names) between its pieces. Where a secret spans pieces,
+    the first keeps the redaction mark and the rest lose their part. AWS event-stream frames
+    (whose lengths and CRCs a cut in place would break) get every string of every event erased
+    too, and are framed again. Returns None when nothing was found."""
+    vals = tuple(values)
+    events = stream_events.read(body, content_type)
+    if events is None or not vals:
         return None
-    changed: set[int] = set()
-    pos = 0
-    for i, path, s in leaves:
-        new = _cut(s, pos, spans)
-        if new != s:
-            docs[i] = _set(docs[i], path, new)
-            changed.add(i)
-        pos += len(s)
-    for i in changed:
-        lines[i] = b"data: " + json.dumps(docs[i], ensure_ascii=False).encode("utf-8", "surrogateescape")
-    return b"\n".join(lines)
-
-
-def _strings(doc: object, path: tuple[object, ...]) -> Iterable[tuple[tuple[object, ...], str]]:
-    if isinstance(doc, str):
-        yield path, doc
-    elif isinstance(doc, dict):
-        for k, v in doc.items():
-            yield from _strings(v, (*path, k))
-    elif isinstance(doc, list):
-        for i, v in enumerate(doc):
-            yield from _strings(v, (*path, i))
+    if events.kind == "aws":
+        for i, doc in enumerate(events.docs):
+            for path, s in list(strings(doc)):
+                new = erasure.erase(s, vals)
+                if new != s:
+                    events.set(i, path, new)
+    try:
+        threads = (provider or providers.PROVIDERS["generic"]).stream_texts(events.docs)
+    except (TypeError, ValueError, AttributeError, KeyError):  # an upstream's odd event (an unhashable index)
+        threads = texts_by_path(events.docs)
+    for thread in threads:
+        leaves = [(i, path, stream_events.get(events.docs[i], path)) for i, path in thread]
+        found = erasure.spans("".join(s for _, _, s in leaves), vals)
+        pos = 0
+        for i, path, s in leaves if found else ():
+            new = _cut(s, pos, found)
+            if new != s:
+                events.set(i, path, new)
+            pos += len(s)
+    return events.rebuilt() if events.changed else None
 
 
 def _cut(s: str, offset: int, spans: list[tuple[int, int]]) -> str:
@@ -281,11 +299,3 @@ def _cut(s: str, offset: int, spans: list[tuple[int, int]]) -> str:
         i = hi
     out.append(s[i:])
     return "".join(out)
-
-
-def _set(doc: object, path: tuple[object, ...], value: str) -> object:
-    if not path:
-        return value
-    head, rest = path[0], path[1:]
-    doc[head] = _set(doc[head], rest, value)  # type: ignore[index]
-    return doc

@@ -11,7 +11,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from noisefloor.proxy.request import _stored_copy as stored_copy
@@ -21,6 +21,9 @@ from noisefloor.proxy.request.decoding import decode_body
 from noisefloor.proxy.request.headers import HOP_BY_HOP
 from noisefloor.proxy.request.keys import CanonicalRequest, Rules, canonicalize, sha256_hex
 from noisefloor.proxy.request.labels import Labels
+
+if TYPE_CHECKING:
+    from noisefloor.proxy.providers.base import Provider
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,7 @@ class RequestData:
         if self._stored[1]:  # stored decoded: the encoding no longer describes it
             headers = headers_mod.without(headers, "content-encoding", "content-length")
         return {
-            "method": self.method,
+            "method": secrets.erase_label(self.method, self.secret_values),
             "url": secrets.scrub_url(self.url, self.secret_values),
             "headers": headers,
             "body": self.stored_digest if self.raw_body else None,
@@ -111,9 +114,10 @@ class ResponseData:
         """Header fields as a proxy sends them; cached with a replayed answer that is served again."""
         return tuple((k.encode("utf-8", "surrogateescape"), v.encode("utf-8", "surrogateescape")) for k, v in self.headers)
 
-    def without(self, values: list[str]) -> ResponseData:
-        """A copy safe to store: caller secrets echoed back are erased (`stored_copy.response`)."""
-        return stored_copy.response(self, values)
+    def without(self, values: list[str], provider: Provider | None = None) -> ResponseData:
+        """A copy safe to store: caller secrets echoed back are erased (`stored_copy.response`; a
+        stream's texts as `provider` assembles them)."""
+        return stored_copy.response(self, values, provider)
 
     def record(self) -> dict[str, Any]:
         rec: dict[str, Any] = {
@@ -188,7 +192,15 @@ class Counters:
 
 
 def prepare(request: RequestData, labels: Labels, rules: Rules, counters: Counters) -> Prepared:
+    """Key and number a request. Its labels and keying notes (a client writes both: an x-nf-task
+    header, a Content-Encoding a note quotes) lose the request's secret values here, so every
+    record, index row and listing of it, in record and in replay alike, holds them erased."""
     canon = request.canonical(rules)
+    values = request.secret_values
+    if values:
+        labels = secrets.erase_labels(labels, values)
+        if canon.notes:
+            canon = replace(canon, notes=tuple(secrets.erase_text(n, values) for n in canon.notes))
     key = canon.key
     occurrence, seq = counters.next(labels.session, key)
     return Prepared(request, labels, canon, key, occurrence, seq, request.arrived)

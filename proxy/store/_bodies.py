@@ -20,6 +20,11 @@ _MAX_REF_DEPTH = 32  # a body compressed against others is refused past this man
 _REF_CACHE = 256  # referenced bodies kept decoded
 
 
+class BodyOverLimit(StoreError):
+    """A stored body larger than this reader's --max-body-mb (a recorder with a higher limit kept
+    it): a setting to raise, not damage."""
+
+
 class Bodies:
     """Reading the `bodies` table (a part of Store: it brings the environment, codec and checks)."""
 
@@ -42,7 +47,10 @@ class Bodies:
                              f"{_MAX_REF_DEPTH} bodies (damaged: a cycle?); restore the store from a copy")
         where = " ".join(x for x in (f"exchange {exchange_id}" if exchange_id is not None else "",
                                      f"{part} body" if part else "body", digest[:16]) if x)
-        limit = self.max_body if size is None else min(size, self.max_body)
+        if size is not None and size > self.max_body:  # recorded under a higher limit: not damage, a setting
+            raise BodyOverLimit(f"store {self.path}: {where} is {size / (1 << 20):.1f} MiB, over --max-body-mb "
+                             f"{self.max_body >> 20}; read it with --max-body-mb {-(-size >> 20)}")
+        limit = self.max_body if size is None else size
         with self._reading(where), self._env.begin(db=self._bodies) as txn:
             raw = txn.get(bytes.fromhex(digest))
             if raw is None:
@@ -53,8 +61,13 @@ class Bodies:
             try:
                 data = self._codec.decode(raw, limit, self._resolver(_depth, exchange_id))
             except codec.TooLarge as exc:
-                bound = ("its recorded size" if size is not None and size <= self.max_body
-                         else f"--max-body-mb {self.max_body >> 20}")
+                if size is None and exc.declared is not None:  # no recorded size (a referenced body): its frame's
+                    raise BodyOverLimit(f"store {self.path}: {where} decompresses past --max-body-mb "
+                                        f"{self.max_body >> 20} (declares {exc.declared / (1 << 20):.1f} MiB): read "
+                                        f"it with --max-body-mb {-(-exc.declared >> 20)} if the store was recorded "
+                                        "under that limit, else it is damaged or planted; restore it from a copy") \
+                        from None
+                bound = "its recorded size" if size is not None else f"--max-body-mb {self.max_body >> 20}"
                 raise StoreError(f"store {self.path}: {where} decompresses past {bound} ({exc}): damaged or "
                                  "planted; restore the store from a copy") from None
         if hashlib.sha256(data).hexdigest() != digest:

@@ -45,7 +45,12 @@ BATCH_BYTES = 32 << 20  # and at most about this much in one batch (memory stays
 
 
 class TooLarge(ValueError):
-    """A stored value that would decompress to more than its bound."""
+    """A stored value that would decompress to more than its bound (`declared`: the size its frame
+    declares, when it declares one)."""
+
+    def __init__(self, message: str, declared: int | None = None) -> None:
+        super().__init__(message)
+        self.declared = declared
 
 
 class UnknownDictionary(KeyError):
@@ -304,7 +309,7 @@ def _against_prefix(frame: bytes, prefix: bytes, limit: int) -> bytes | None:
         return None
     declared = zstandard.frame_content_size(frame)
     if declared > limit:
-        raise TooLarge(f"declares {declared} bytes, more than the {limit} allowed")
+        raise TooLarge(f"declares {declared} bytes, more than the {limit} allowed", declared)
     if declared < 0:
         return None
     dctx = getattr(_reused, "dctx", None)
@@ -347,7 +352,7 @@ def _bounded(dctx: zstandard.ZstdDecompressor, frame: bytes, limit: int) -> byte
     read as a stream, one byte past the limit at most."""
     declared = zstandard.frame_content_size(frame)
     if declared > limit:
-        raise TooLarge(f"declares {declared} bytes, more than the {limit} allowed")
+        raise TooLarge(f"declares {declared} bytes, more than the {limit} allowed", declared)
     if declared >= 0:
         return dctx.decompress(frame)
     with dctx.stream_reader(frame) as reader:

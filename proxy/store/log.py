@@ -72,6 +72,7 @@ from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store._ahead import CHAIN_DEPTH, AheadBodies
 from noisefloor.proxy.store._bodies import Bodies
+from noisefloor.proxy.store._bodies import BodyOverLimit as BodyOverLimit
 from noisefloor.proxy.store._dicts import Dictionaries
 from noisefloor.proxy.store._index import IndexLookups
 from noisefloor.proxy.store._records import Joins
@@ -159,6 +160,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False,
              max_body: int = DEFAULT_MAX_BODY) -> Store:
+        """The store at `path`, read-only or for writing (`create`: a new one where there is none);
+        how a store is opened (`noisefloor.open_store` for a Python user). Close it, or use `with`."""
         p = Path(path)
         check_path(p, write, create)
         env, needed = open_env(p, write)

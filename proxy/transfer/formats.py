@@ -64,7 +64,7 @@ def _har_headers(headers: Iterable[Any]) -> list[dict[str, str]]:
 def har_entry(store: Store, ex: Exchange) -> dict[str, Any]:
     """One exchange as a HAR entry; bodies are the stored bytes (as on the wire)."""
     req = ex.request
-    body = store.body(req.get("body")) or b""
+    body = store.part_body(req, ex.id, "request") or b""
     text, enc = _text_or_base64(body, bool(header(req["headers"], "content-encoding")))
     request: dict[str, Any] = {
         "method": req["method"], "url": req["url"], "httpVersion": "HTTP/1.1", "cookies": [],
@@ -88,7 +88,7 @@ def har_entry(store: Store, ex: Exchange) -> dict[str, Any]:
                              "content": {"size": 0, "mimeType": ""}, "redirectURL": "", "headersSize": -1,
                              "bodySize": -1, "_error": ex.error}
         return entry
-    rbody = store.body(resp.get("body")) or b""
+    rbody = store.part_body(resp, ex.id, "response") or b""
     rtext, renc = _text_or_base64(rbody, bool(header(resp["headers"], "content-encoding")))
     content: dict[str, Any] = {"size": len(rbody), "mimeType": header(resp["headers"], "content-type") or ""}
     if rbody:
@@ -169,6 +169,7 @@ class Incoming:
 class ImportResult:
     exchanges: int
     sessions: tuple[str, ...]
+    upstream: str | None = None  # the origin the store now remembers for replay (None: none set here)
 
 
 def import_into(path: str | os.PathLike[str], items: Iterable[Incoming | Checked], session: str,
@@ -182,10 +183,42 @@ def import_into(path: str | os.PathLike[str], items: Iterable[Incoming | Checked
     sessions: list[str] = []
     with Store.open(path, write=True, create=True) as store:
         store.lock_for_recording()
+        upstream = _upstream_to_remember(store, ready)
         recorder = Recorder(store, rules)
         with store.batch():  # committed hundreds at a time: an import is not a proxy answering
             _record_all(recorder, ready, session, sessions)
-    return ImportResult(len(ready), tuple(sessions))
+        if upstream is not None:
+            store.set_meta("upstream", upstream)
+    return ImportResult(len(ready), tuple(sessions), upstream)
+
+
+def _upstream_to_remember(store: Store, ready: list[Checked]) -> str | None:
+    """The origin a replay of this store answers for, as a reverse-mode recording remembers its
+    --upstream: set when the import fills an empty store from one origin, so replaying it in any
+    form (base URL or wrapped command) needs no --upstream the recording did not need. Several
+    origins (a forward-proxy capture) set none: such a store replays as a forward proxy."""
+    if len(store) or store.meta("upstream"):
+        return None
+    origins = {_origin(item.url) for item, _, _ in ready}
+    return origins.pop() if len(origins) == 1 else None
+
+
+_HOST = re.compile(r"[A-Za-z0-9.\-]+|\[[0-9A-Fa-f:.]+\]")
+
+
+def _origin(url: str) -> str | None:
+    """scheme://host[:port] of an http(s) URL, as --upstream takes it (never its user or password);
+    None for anything else."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    host = parts.hostname or ""
+    host = f"[{host}]" if ":" in host else host
+    if parts.scheme not in ("http", "https") or not _HOST.fullmatch(host):
+        return None
+    return f"{parts.scheme}://{host}" + (f":{port}" if port is not None else "")
 
 
 def _record_all(recorder: Recorder, ready: list[Checked], session: str, sessions: list[str]) -> None:

@@ -30,6 +30,7 @@ _SURFACE = {
     "OutcomeSet": "noisefloor.analyzer.outcomes",
     "Row": "noisefloor.analyzer.outcomes",
     "load_outcomes": "noisefloor.api",
+    "open_store": "noisefloor.api",
     "build_outcomes": ("noisefloor.analyzer.outcomes", "build"),
     "CanonicalRequest": "noisefloor.proxy.request.keys",
     "Rules": "noisefloor.proxy.request.keys",
@@ -47,7 +48,7 @@ __all__ = [  # written out so that tools see the names the lazy loader serves
     "Analysis", "CanonicalRequest", "CaseCounts", "CaseVerdict", "Exchange", "GateResult", "GateSettings",
     "GradeOptions", "OutcomeError", "OutcomeSet", "Planning", "Row", "Rules", "Sandbox", "SandboxError", "Settings", "StampError",
     "Store", "StoreError", "__version__", "analyze", "build_outcomes", "canonicalize", "code_grader", "gate",
-    "load_outcomes",
+    "load_outcomes", "open_store",
 ]
 
 
@@ -86,7 +87,7 @@ if TYPE_CHECKING:
     from noisefloor.analyzer.ladder import Planning
     from noisefloor.analyzer.outcomes import OutcomeSet, Row
     from noisefloor.analyzer.outcomes import build as build_outcomes
-    from noisefloor.api import analyze, gate, load_outcomes
+    from noisefloor.api import analyze, gate, load_outcomes, open_store
     from noisefloor.outcome_rows import OutcomeError
     from noisefloor.proxy.request.keys import CanonicalRequest, Rules, canonicalize
     from noisefloor.proxy.store.exchange import Exchange

@@ -50,13 +50,18 @@ class OneLineErrors:
         except NoisefloorError as exc:
             raise click.ClickException(visible(str(exc))) from None
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        super().format_epilog(ctx, formatter)  # type: ignore[misc]
+        with formatter.section("Exit statuses (the same for every noisefloor command; docs/exit-codes.md)"):
+            formatter.write_dl(exit_codes.help_rows())
+
 
 class Command(OneLineErrors, click.Command):
     pass
 
 
 class Group(OneLineErrors, click.Group):
-    pass
+    command_class = Command  # its subcommands' --help lists the exit statuses too
 
 
 class OneLineUsage(click.UsageError):

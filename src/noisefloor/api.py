@@ -47,6 +47,16 @@ def _rows(source: Any) -> list[Any]:
     raise TypeError(f"cannot read outcome rows from {type(source).__name__}; give a path, a Store or an OutcomeSet")
 
 
+def open_store(path: PathLike, *, write: bool = False) -> Store:
+    """The nfproxy store at `path` (a folder with data.mdb), read-only unless `write`; use it as a
+    context manager (`with noisefloor.open_store("nf-demo/log.lmdb") as store:`). Its exchanges are
+    `store.exchanges()`, one by id `store.exchange(n)`, its outcome rows `store.outcome_rows()`;
+    every value is verified as it is read. A missing or damaged store raises `StoreError` naming it."""
+    from noisefloor.proxy.store.log import Store
+
+    return Store.open(path, write=write)
+
+
 def load_outcomes(source: PathLike | Store | Sequence[PathLike], *, missing_tasks: str = "intersect",
                   unbalanced: str = "trim") -> OutcomeSet:
     """Outcome rows from a JSON Lines / CSV file or the graded rows kept in a store (or several),

@@ -3,7 +3,8 @@ the one helper every renderer uses, for the terminal and for Markdown.
 
 A label is data, not instructions to the terminal: every control character (C0, DEL, C1, so
 every ESC, CSI and OSC sequence, which all begin with one), and the bidirectional overrides that
-reorder what a reader sees, is written as a visible escape (`\\x1b`, `\\n`, `\\u202e`). Values of
+reorder what a reader sees, is written as a visible escape (`\\x1b`, `\\n`, `\\u202e`); so is a
+lone surrogate (a JSON `\\ud800` escape with no pair), which no UTF-8 terminal or file can take. Values of
 credential-named environment variables (OPENAI_API_KEY, ...) are erased too, so a report never
 prints a key a grader or an agent copied into a label or a detail. Markdown additionally gets its
 punctuation backslash-escaped, so a label can neither break a table nor become a link or HTML.
@@ -15,7 +16,7 @@ import re
 
 from noisefloor.proxy.request import erasure, secrets
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 _RAW_IN_JSON = re.compile("[\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")  # JSON escapes C0
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 _MD = re.compile(r"([\\`*_{}\[\]<>()#+!|~&])")
@@ -63,6 +64,17 @@ class Visible:
                 self._seen.clear()
             shown = self._seen[value] = _visible(value, self._env)
         return shown
+
+
+def visible_lines(text: str) -> str:
+    """A block of several lines (a design's report section) made `visible` line by line."""
+    return "\n".join(visible(line) for line in text.split("\n"))
+
+
+def md_block(text: str) -> str:
+    """A preformatted text block (a terminal table) as Markdown: an indented code block, in which
+    nothing is markup, each line `visible`."""
+    return "\n".join(f"    {visible(line)}" for line in text.split("\n"))
 
 
 def md(value: object) -> str:

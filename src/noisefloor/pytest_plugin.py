@@ -13,6 +13,14 @@ that passes offline leaves them byte-identical. A miss fails the test, with the 
 request and the diff of the two in pytest's report. Each test gets its own proxies on port 0 and
 its own temporary folders, so the plugin works under pytest-xdist.
 
+Tests may share one recording (`recording=PATH` on several markers), also across xdist workers:
+in the record modes, every read and write of a recording holds the lock of the folder it is in
+(`file_lock`; no file is added there), and a save adds what the test recorded to the recording as
+it is NOW (not as it was when the test began), written whole beside it and renamed into place.
+Under `all`, the first save of a run replaces what earlier runs recorded and the later saves of
+the same run add to it: a recording keeps the id of the run that wrote it (store meta
+`pytest_run`; xdist's workers share their controller's id). In `none` mode no lock is taken.
+
 Loaded by every pytest run where noisefloor is installed (a `pytest11` entry point): it imports
 nothing heavy until a test asks for a proxy.
 """
@@ -23,6 +31,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +42,9 @@ import pytest
 MODES = ("none", "once", "new_episodes", "all")
 MARKER = "nfproxy"
 _STASH: pytest.StashKey[Any] = pytest.StashKey()
+_RUN_ID: pytest.StashKey[str] = pytest.StashKey()
+SAVE_WAIT = 600.0  # seconds a save waits for another worker's save into the same folder
+RUN_META = "pytest_run"  # the store meta key holding the id of the run that wrote a recording
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -48,6 +60,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # one id for the whole run: xdist's workers share the controller's, a plain run makes its own
+    config.stash[_RUN_ID] = str(getattr(config, "workerinput", {}).get("testrunuid") or uuid.uuid4().hex)
     config.addinivalue_line(
         "markers", "nfproxy(upstream=URL, recording=PATH, record_mode=MODE, args=()): run the test behind an "
                    "nfproxy that records to or strictly replays from its own recording (see --nf-record-mode)")
@@ -73,6 +87,7 @@ class _Run:
     record_mode: str
     proxy_mode: str
     work: Path
+    run_id: str = ""
     replay: Any = None  # RunningProxy
     record: Any = None
     front: Any = None  # Episodes
@@ -98,7 +113,12 @@ class _Run:
                 self.problems.append(f"the recording nfproxy exited with status {code} (the recording was not "
                                      f"changed): {self.record.output[-2000:]}")
                 return
-            _save(self)
+            from noisefloor.errors import NoisefloorError
+
+            try:
+                _save(self)
+            except NoisefloorError as exc:  # a lock another process never gave up: one line, not a traceback
+                self.problems.append(f"the recording was not changed: {exc}")
 
 
 def _mode(config: pytest.Config, marker: pytest.Mark | None) -> str:
@@ -138,8 +158,14 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     extra = [str(a) for a in kwargs.get("args", ())]
     upstream = (kwargs.get("upstream") or (marker.args[0] if marker and marker.args else None)
                 or request.config.getini("nf_upstream") or None)
-    have = (recording / "data.mdb").is_file()
     work = tmp_path_factory.mktemp("nfproxy")
+    replay_copy = work / "replay.lmdb"
+    from noisefloor.errors import NoisefloorError
+
+    try:  # `all` replays nothing: it records every request again
+        have = mode != "all" and _copy_for_replay(recording, replay_copy, locked=mode != "none")
+    except NoisefloorError as exc:  # another worker's save never let go of the folder: one line
+        pytest.fail(str(exc), pytrace=False)
     # one CA per pytest process (each xdist worker has its own base folder): made by the first
     # proxy, only read by the rest, so no test pays for generating a key again
     ca = tmp_path_factory.getbasetemp() / "nfproxy-ca"
@@ -153,12 +179,11 @@ def nfproxy(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
         pytest.fail(f"--nf-record-mode={mode} needs the upstream: @pytest.mark.nfproxy(upstream=URL) "
                     "or nf_upstream in the ini file", pytrace=False)
     proxy_mode = "new_episodes" if replaying and recording_too else ("replay" if replaying else "record")
-    run = _Run(recording, mode, proxy_mode, work)
+    run = _Run(recording, mode, proxy_mode, work, request.config.stash[_RUN_ID])
     request.node.stash[_STASH] = run
     try:
-        if replaying:
-            shutil.copytree(recording, work / "replay.lmdb")  # replay's own log goes to the copy
-            run.replay = start("--mode", "replay", "--strict", "--replay-log-in-store", "--store", str(work / "replay.lmdb"),
+        if replaying:  # replay's own log goes to the copy
+            run.replay = start("--mode", "replay", "--strict", "--replay-log-in-store", "--store", str(replay_copy),
                               "--confdir", str(ca), *extra)
         if recording_too:
             run.record = start("--mode", "record", "--upstream", str(upstream), "--store", str(work / "record.lmdb"),
@@ -241,28 +266,82 @@ def _misses(store_path: Path) -> list[str]:
     return out
 
 
+def _aside(recording: Path, what: str) -> Path:
+    return recording.with_name(f"{recording.name}.{what}")
+
+
+def _recover(recording: Path) -> None:
+    """Finish a save that stopped between its two renames (the recording moved aside, the new one
+    not yet in place): the moved-aside recording goes back. Called holding the lock."""
+    old = _aside(recording, "old")
+    if old.is_dir() and not recording.exists():
+        os.replace(old, recording)
+
+
+def _copy_for_replay(recording: Path, copy: Path, *, locked: bool) -> bool:
+    """Copy the recording for a replay (when there is one); whether there was. In the record modes
+    the copy holds the recording's lock, so it never reads one that another worker is swapping."""
+    if not locked or not recording.parent.is_dir():
+        have = (recording / "data.mdb").is_file()
+        if have:
+            shutil.copytree(recording, copy)
+        return have
+    from noisefloor.file_lock import held
+
+    with held(recording.parent, timeout=SAVE_WAIT):
+        _recover(recording)
+        have = (recording / "data.mdb").is_file()
+        if have:
+            shutil.copytree(recording, copy)
+    return have
+
+
 def _save(run: _Run) -> None:
-    """The recording, written whole beside the old one and swapped in: compact (only used pages),
-    with the old exchanges kept under new_episodes."""
+    """Add what the test recorded to the recording as it is now (or, the first save of an `all`
+    run, replace it), holding the lock of its folder: written whole beside the old one (compact,
+    only used pages) and renamed into place."""
+    from noisefloor.file_lock import held
+    from noisefloor.proxy.store.log import Store
+
+    recorded = run.work / "record.lmdb"
+    with Store.open(recorded, write=True) as store:
+        empty = len(store) == 0
+        store.set_meta(RUN_META, run.run_id)
+    run.recording.parent.mkdir(parents=True, exist_ok=True)
+    with held(run.recording.parent, timeout=SAVE_WAIT):
+        _recover(run.recording)
+        pristine = None
+        if (run.recording / "data.mdb").is_file():
+            pristine = run.work / "pristine.lmdb"  # read as a copy: the recording is never opened
+            shutil.rmtree(pristine, ignore_errors=True)
+            shutil.copytree(run.recording, pristine)
+            if run.record_mode == "all":  # `all` replaces what earlier runs recorded, once
+                with Store.open(pristine, write=False) as store:
+                    pristine = pristine if store.meta(RUN_META) == run.run_id else None
+        if empty and pristine is not None:
+            return  # nothing new: the recording stays as it was, byte for byte
+        _write(run, recorded, pristine)
+
+
+def _write(run: _Run, recorded: Path, pristine: Path | None) -> None:
+    """The recording made from `recorded` (merged after `pristine`, a copy of the recording as it
+    is, when given), written beside it and swapped in. Called holding the lock of its folder."""
     from noisefloor.proxy.store.log import Store
     from noisefloor.proxy.store.merge.run import merge
 
-    recorded = run.work / "record.lmdb"
-    with Store.open(recorded, write=False) as store:
-        if len(store) == 0 and run.proxy_mode == "new_episodes":
-            return  # nothing new: the recording stays as it was, byte for byte
     source = recorded
-    if run.proxy_mode == "new_episodes":
-        pristine = run.work / "pristine.lmdb"
-        shutil.copytree(run.recording, pristine)
+    if pristine is not None:
         source = run.work / "merged.lmdb"
+        shutil.rmtree(source, ignore_errors=True)
         merge(source, [pristine, recorded], lambda s: None)
-    fresh = run.recording.with_name(run.recording.name + ".new")
+        with Store.open(source, write=True) as store:
+            store.set_meta(RUN_META, run.run_id)
+    fresh = _aside(run.recording, "new")
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
     with Store.open(source, write=False) as store:
         store.copy_to(fresh)
-    old = run.recording.with_name(run.recording.name + ".old")
+    old = _aside(run.recording, "old")
     if run.recording.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.replace(run.recording, old)

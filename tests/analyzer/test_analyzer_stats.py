@@ -169,12 +169,15 @@ def test_judge_paper_scale_counts():
     assert j.disagreement_ci[0] == pytest.approx(0.175, abs=0.012) and j.disagreement_ci[1] == pytest.approx(0.295, abs=0.012)
     cond = a.condition("judge_t0")
     assert cond.stats.w == 0.0 and cond.stats.budget == 1
-    # no verdict changed in 200 x 20: the bootstrap's [0, 0] is replaced by the exact bound
-    # 1 - 0.025^(1/4000) on the flip rate m, and w <= m (1 - m)
+    # no verdict changed in 200 x 20: the bootstrap's [0, 0] is replaced by the exact bounds:
+    # 1 - 0.025^(1/4000) on the flip rate m (these tasks: w <= m (1 - m)) and 1 - 0.025^(1/200) on
+    # the share q of tasks that vary (the task population: w <= q / (4 (1 - 2^-19))), the larger
     m = 1 - 0.025 ** (1 / 4000)
+    q = 1 - 0.025 ** (1 / 200)
     assert cond.w_interval.bootstrap == (0.0, 0.0) and cond.w_interval.method == "exact_bound"
-    assert cond.w_ci == (0.0, pytest.approx(m * (1 - m), rel=1e-9))
-    assert "no task varied in 200 x 20 outcomes: w <= 0.000921 at 95%" in cond.w_interval.note
+    assert cond.w_interval.bound.variance_upper == pytest.approx(m * (1 - m), rel=1e-9)
+    assert cond.w_ci == (0.0, pytest.approx(q / (4 * (1 - 2.0**-19)), rel=1e-9))
+    assert "no task varied in 200 x 20 outcomes: w <= 0.00457 at 95%" in cond.w_interval.note
 
 
 def test_leave_one_out_closed_form():

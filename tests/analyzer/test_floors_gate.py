@@ -282,6 +282,66 @@ def test_operating_characteristics_match_a_simulation_of_the_gate(rate, n):
     assert risk.false_regressed_escalated >= risk.false_regressed
 
 
+def test_wilson_bounds_are_exact_at_zero_and_all_passes():
+    """The score interval's arithmetic leaves 3e-18 above 0 (and 1e-16 under 1) for some n: with
+    --slack 0 a baseline at 0/n then had a positive floor and a candidate at 0/n was `regressed`."""
+    s = GateSettings(slack=0.0)
+    for n in range(1, 400):
+        assert wilson_lower(0, n) == 0.0 and wilson_upper(n, n) == 1.0
+        assert case_verdict("c", CaseCounts(0, n), CaseCounts(0, n), CaseCounts(0, n), s).verdict == "within_noise"
+    assert case_risk("c", 0.0, 9, 9, 9, s).false_regressed == 0.0
+
+
+def escalated_verdict(a: CaseCounts, b: CaseCounts, c: CaseCounts, extra_passes: int, s: GateSettings) -> str:
+    """The gate design's two passes: an inconclusive candidate keeps its runs and adds escalate_at - n more."""
+    v = case_verdict("c", a, b, c, s).verdict
+    if v != "inconclusive":
+        return v
+    return case_verdict("c", a, b, CaseCounts(c.passes + extra_passes, s.escalate_at), s).verdict
+
+
+@pytest.mark.parametrize("n,s", [((8, 8, 8), GateSettings()), ((8, 12, 5), GateSettings()),
+                                 ((6, 6, 6), GateSettings(slack=0.0, flake_band=0.2, escalate_at=10)),
+                                 ((12, 12, 12), GateSettings(z=1.6448536269514722))])
+@pytest.mark.parametrize("rate", [0.3, 0.75, 0.9])
+def test_escalated_risk_is_the_verdict_function_summed_over_every_outcome(n, s, rate):
+    """Every (k_a, k_b, k_c, extra passes) through the verdict function itself, weighted by its
+    binomial probability: the closed form must equal it (not a fresh escalate_at-run draw)."""
+    from scipy import stats
+
+    na, nb, nc = n
+    extra = s.escalate_at - nc
+    pa, pb, pc, px = (stats.binom.pmf(np.arange(m + 1), m, rate) for m in (na, nb, nc, extra))
+    reg = esc = quar = 0.0
+    for ka in range(na + 1):
+        for kb in range(nb + 1):
+            for kc in range(nc + 1):
+                w = pa[ka] * pb[kb] * pc[kc]
+                a, b, c = CaseCounts(ka, na), CaseCounts(kb, nb), CaseCounts(kc, nc)
+                first = case_verdict("c", a, b, c, s).verdict
+                reg += w * (first == "regressed")
+                quar += w * (first == "quarantine")
+                esc += w * sum(px[x] for x in range(extra + 1) if escalated_verdict(a, b, c, x, s) == "regressed")
+    risk = case_risk("c", rate, na, nb, nc, s)
+    assert risk.false_regressed == pytest.approx(reg, abs=1e-12)
+    assert risk.false_regressed_escalated == pytest.approx(esc, abs=1e-12)
+    assert risk.false_quarantine == pytest.approx(quar, abs=1e-12)
+
+
+def test_printed_suite_risk_is_within_monte_carlo_error_of_the_gate_design():
+    """40 unchanged cases at 0.75, k=8, escalated to 16 keeping the first 8: about 0.575 block."""
+    s, rng, trials, cases = GateSettings(), np.random.default_rng(11), 2000, 40
+    k = rng.binomial(8, 0.75, size=(trials, cases, 3))
+    x = rng.binomial(8, 0.75, size=(trials, cases))
+    blocked = [any(escalated_verdict(CaseCounts(int(a), 8), CaseCounts(int(b), 8), CaseCounts(int(c), 8),
+                                     int(e), s) == "regressed" for (a, b, c), e in zip(k[t], x[t])) for t in range(trials)]
+    counts = {f"c{i}": CaseCounts(6, 8) for i in range(cases)}
+    oc = operating_characteristics(counts, counts, counts, s)
+    se = math.sqrt(0.25 / trials)
+    assert oc.suite_false_block_escalated == pytest.approx(np.mean(blocked), abs=3.5 * se)
+    assert oc.suite_false_block_escalated == pytest.approx(0.5754, abs=5e-4)
+
+
 def test_forty_low_rate_cases_block_an_unchanged_model_and_the_plan_fixes_it():
     rates = np.linspace(0.1, 0.2, 40)
     counts = {f"c{i}": CaseCounts(round(r * 8), 8) for i, r in enumerate(rates)}

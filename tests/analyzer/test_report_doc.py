@@ -73,3 +73,14 @@ def test_nfladder_and_nfanalyze_reports_have_the_same_keys_and_drift_warning(tmp
     assert drift == [w for w in alone["warnings"] if "served model changed" in w]
     assert len(drift) == 1 and drift[0].startswith("live / ") and "served-0, served-1" in drift[0], drift
     assert alone["conditions"] == ladder["conditions"] and alone["provenance"] == ladder["provenance"]
+
+
+def test_a_log_whose_answers_reported_no_usage_says_so_instead_of_zero_tokens():
+    from noisefloor.analyzer import report
+
+    counted = {"exchanges": 3, "misses": 0, "order_violations": 0, "errors": 0, "truncated": 0, "models": ["m"]}
+    silent = {"conditions": {"live": {**counted, "input_tokens": 0, "output_tokens": 0}}}
+    told = {"conditions": {"live": {**counted, "input_tokens": 30, "output_tokens": 0}}}
+    text = report.table(_analysis(), silent)
+    assert "tokens not reported by the answers" in text and "0/0" not in text
+    assert "tokens in/out 30/0" in report.table(_analysis(), told)

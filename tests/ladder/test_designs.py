@@ -20,6 +20,7 @@ from noisefloor.ladder import designs
 from noisefloor.ladder.conditions import Condition, ConditionError, Override, Registry
 from noisefloor.ladder.judge_study import parse_verdict
 from noisefloor.ladder.pipeline import drift
+from tests import report_walk
 from tests.conftest import ROOT, SHARED_DATA, wait_until
 
 BOOT = "1000"
@@ -35,6 +36,13 @@ def alone(out: Path) -> dict:
     r = tool("nfanalyze", str(out / "log.lmdb"), "--json", "-", "--bootstrap", BOOT, "--seed", "0", "--allow-drift")
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout)
+
+
+@pytest.fixture(scope="module")
+def ladder_demo(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ladder") / "out"
+    r = tool("nfladder", "demo", "--design", "ladder", "--out", str(out), "-j", "2", "--bootstrap", BOOT)
+    return r, out
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +70,13 @@ def audit_demo(tmp_path_factory):
     return r, out
 
 
+def opens_with_its_own_section(r: subprocess.CompletedProcess[str], out: Path, title: str) -> None:
+    """A design's printed and written report opens with its own result; the ladder of its conditions follows."""
+    assert r.stdout.index("Determinism ladder: ") > 0 and not r.stdout.startswith("Determinism ladder"), r.stdout[:300]
+    md = (out / "report.md").read_text()
+    assert md.startswith(f"# {title}\n") and md.index("## Determinism ladder of the study's conditions") > len(title)
+
+
 def test_judge_demo_t0_has_no_verdict_variance_and_the_disagreement_interval_holds_the_truth(judge_demo):
     r, out = judge_demo
     assert r.returncode == 0, r.stderr[-3000:]
@@ -77,6 +92,9 @@ def test_judge_demo_t0_has_no_verdict_variance_and_the_disagreement_interval_hol
     rows = [json.loads(line) for line in (out / "outcomes.jsonl").read_text().splitlines()]
     assert all(r["reference"] in (0, 1) and r["grader_version"] == designs.JUDGE_VERSION for r in rows)
     assert "known truth" in r.stdout and "Provenance" in r.stdout
+    opens_with_its_own_section(r, out, "Judge study")
+    for cond, j in doc["judge"].items():  # printed as the JSON has it, at the printed precision
+        assert f"mean confidence {j['mean_confidence']:.3f}" in r.stdout, (cond, j)
     again = alone(out)
     assert again["judge"] == doc["judge"] and again["conditions"] == doc["conditions"]
     assert again["provenance"] == doc["provenance"] and again["judge_parse"] == doc["judge_parse"]
@@ -94,6 +112,7 @@ def test_gate_demo_reruns_inconclusive_cases_to_16_and_exits_1_on_the_known_regr
     truth = doc["truth"]
     assert truth["caught"] and not truth["false_blocks"]
     assert "true base -> candidate" in r.stdout
+    opens_with_its_own_section(r, out, "Regression gate")
     again = alone(out)
     assert again["gate"] == gate
     # the collections are stamped alike: nfanalyze gate compares them as they are (exit 1: regressed)
@@ -112,8 +131,41 @@ def test_audit_demo_perturbation_multiple_above_one_as_the_truth_says(audit_demo
     rows = [json.loads(line) for line in (out / "outcomes.jsonl").read_text().splitlines()]
     assert {r["variant"] for r in rows} == {"main", *designs.PERTURBATIONS}
     assert all(r["temperature"] == 0.0 and r["model"] == "nf-builtin-1" for r in rows)
+    opens_with_its_own_section(r, out, "Tool-calling audit")
+    for cond, counted in doc["log"]["conditions"].items():  # tool-call answers report their usage too
+        assert counted["input_tokens"] > 0 and counted["output_tokens"] > 0, (cond, counted)
+        assert f"tokens in/out {counted['input_tokens']}/{counted['output_tokens']}" in r.stdout
     again = alone(out)
     assert again["floors"] == doc["floors"] and again["conditions"] == doc["conditions"]
+
+
+# the pairs each demo's JSON must hold at least (so the walk cannot pass by finding nothing)
+MIN_PAIRS = {"ladder_demo": 18, "judge_demo": 11, "gate_demo": 15, "audit_demo": 30}
+
+
+@pytest.mark.parametrize("demo", list(MIN_PAIRS))
+def test_no_estimate_lies_outside_its_interval_in_any_design_report(demo, request):
+    """Every (estimate, interval) pair in the report's JSON, its Markdown and its terminal text
+    (tests/report_walk.py says how they are found): the estimate inside, up to printed rounding."""
+    r, out = request.getfixturevalue(demo)
+    assert r.returncode in (0, exit_codes.REGRESSED), r.stderr[-3000:]
+    pairs = list(report_walk.json_pairs(json.loads((out / "report.json").read_text())))
+    assert len(pairs) >= MIN_PAIRS[demo], [p.where for p in pairs]
+    texts = [(out / "report.md").read_text(), r.stdout]
+    printed = [p for t in texts for p in report_walk.text_pairs(t)]
+    assert len(printed) >= len(texts)
+    assert [p for p in pairs + printed if not p.inside] == []
+
+
+def test_the_report_walk_finds_an_estimate_outside_its_interval():
+    doc = {"floors": {"e": {"perturbation": {"median_aggregate_sd": 0.0268, "ci": {"median_aggregate_sd": [0.03, 0.0955]}}}},
+           "conditions": {"c": {"tasks": 38, "variable_tasks": 2, "variable_tasks_ci": [0.006, 0.177], "w": 0.3,
+                                "w_ci": [0.3, "Infinity"]}}}
+    found = {p.where: p.inside for p in report_walk.json_pairs(doc)}
+    assert found == {"/floors/e/perturbation/ci/median_aggregate_sd": False, "/conditions/c/variable_tasks_ci": True,
+                     "/conditions/c/w_ci": True}
+    text = "SD 0.0268 [0.0300, 0.0955]; 7.75 [2.42, 7.68]x; 20.0% [0.000, 0.500]; 2/38 [0.006, 0.177]; 0.1 [0.10, inf)"
+    assert [p.inside for p in report_walk.text_pairs(text)] == [False, False, True, True, True]
 
 
 def test_judge_design_against_an_openai_compatible_url_and_a_study_file(tmp_path):
@@ -124,7 +176,7 @@ def test_judge_design_against_an_openai_compatible_url_and_a_study_file(tmp_path
     provider = BuiltinProvider(builtin_suite(), seed=4).start()
     study = tmp_path / "judge.toml"
     study.write_text(f'design = "judge"\nprovider = "{provider.url}"\ntasks = 4\njudge-repeats = 3\n'
-                     f'judge-temperatures = [0.7, 0]\nbootstrap = 200\njobs = 2\nout = "out"\n')
+                     f'judge-temperatures = [0.7, 0]\nbootstrap = 200\njobs = 2\nout = "{{study_dir}}/out"\n')
     try:
         r = tool("nfladder", "run", str(study))
     finally:
@@ -178,10 +230,15 @@ def test_drift_is_per_requested_model():
     assert drift({("live", "gpt-x"): {"gpt-x-2024", "gpt-x-2025"}}) == {"live / gpt-x": ["gpt-x-2024", "gpt-x-2025"]}
 
 
-def test_readme_exit_code_table_is_the_modules():
-    readme = (ROOT / "README.md").read_text()
-    assert exit_codes.markdown_table() in readme
+def test_the_exit_code_page_and_every_help_list_the_modules_table():
+    page = (ROOT / "docs" / "exit-codes.md").read_text()
+    assert exit_codes.markdown_table() in page
     assert len({c for c, _ in exit_codes.TABLE}) == len(exit_codes.TABLE)
+    for command in ("nfproxy", "nfverify", "nfanalyze", "nfladder", "nfview"):
+        shown = " ".join(tool(command, "--help").stdout.split())  # the help's wrapping undone
+        assert all(f"{code} {' '.join(meaning.split())}" in shown for code, meaning in exit_codes.TABLE), command
+    shown = " ".join(tool("nfladder", "run", "--help").stdout.split())
+    assert f"{exit_codes.REGRESSED} {dict(exit_codes.TABLE)[exit_codes.REGRESSED]}" in shown
 
 
 def test_sigterm_exits_143_and_stops_the_proxy(tmp_path):
@@ -242,6 +299,35 @@ def test_a_study_file_with_an_unknown_key_is_refused_in_one_line(tmp_path):
     study.write_text('design = "judge"\n[[condition]]\nname = "x"\n')
     r = tool("nfladder", "run", str(study), "--out", str(tmp_path / "o"))
     assert r.returncode == exit_codes.INPUT and "declare a ladder's conditions" in r.stderr
+
+
+def _merged_out(study: Path, cwd: Path, monkeypatch) -> Path:
+    from noisefloor.ladder import cli, study_file
+
+    monkeypatch.chdir(cwd)
+    ctx = cli.run_cmd.make_context("run", [str(study)])
+    return Path(study_file.merge(study, ctx.params, ctx)["out"]).resolve()
+
+
+def test_a_study_writes_its_outputs_relative_to_the_current_folder(tmp_path, monkeypatch):
+    """A study kept in a repository writes nothing into the repository unless it says `{study_dir}`;
+    the files it reads stay relative to the study itself."""
+    repo, here = tmp_path / "repo" / "studies", tmp_path / "work"
+    repo.mkdir(parents=True)
+    here.mkdir()
+    study = repo / "s.toml"
+    study.write_text('design = "ladder"\nout = "nf-s"\nperturb-file = "v.json"\n')
+    assert _merged_out(study, here, monkeypatch) == (here / "nf-s").resolve()
+    from noisefloor.ladder import cli, study_file
+
+    ctx = cli.run_cmd.make_context("run", [str(study)])
+    assert Path(study_file.merge(study, ctx.params, ctx)["perturb_file"]).resolve() == (repo / "v.json").resolve()
+    study.write_text('design = "ladder"\nout = "{study_dir}/nf-s"\n')
+    assert _merged_out(study, here, monkeypatch) == (repo / "nf-s").resolve()
+    study.write_text('design = "ladder"\nout = "x/{study_dir}"\n')
+    r = tool("nfladder", "run", str(study))
+    assert r.returncode == exit_codes.INPUT and "{study_dir} may only start the path" in r.stderr
+    assert r.stderr.strip().count("\n") == 0
 
 
 TWO_MODEL_AGENT = '''

@@ -4,7 +4,7 @@ run of the same command did (a stub executor stands in for the agent runs; the r
 from __future__ import annotations
 
 import json
-import re
+import time
 from dataclasses import asdict
 from types import SimpleNamespace
 
@@ -24,15 +24,23 @@ class Finishing:
         return 0
 
 
-def test_progress_counts_and_eta():
-    p = _Progress(4, every=0.0)
-    first = p.step(False)
-    assert re.fullmatch(r"1/4 runs \(25%\), [\d.]+ runs/s, \d+s so far, ETA \d+s", first), first
-    assert p.due()
-    p.step(True)
-    p.step(False)
-    last = p.step(False)
-    assert last.startswith("4/4 runs (100%), 1 failed,") and "ETA" not in last
+def test_progress_counts_and_shows_an_eta_only_once_runs_give_a_rate(monkeypatch):
+    """A slow start (imports, the proxy, the first connection) is no rate: the ETA waits for
+    `RATE_RUNS` runs and is measured from the first one on."""
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    p = _Progress(20, every=0.0)
+    lines = []
+    for n in range(8):
+        now[0] += 60.0 if n == 0 else 1.0  # a minute to the first run, then one a second
+        lines.append(p.step(n == 2))
+    assert lines[0] == "1/20 runs (5%), 0.02 runs/s, 1m00s so far", lines[0]
+    assert all("ETA" not in line for line in lines[:_Progress.RATE_RUNS - 1]), lines
+    assert lines[4].endswith(", ETA 15s"), lines[4]  # 15 left at one a second, not at 5 per 64 s
+    assert lines[7].startswith("8/20 runs (40%), 1 failed,") and lines[7].endswith("ETA 12s"), lines[7]
+    for _ in range(12):
+        last = p.step(False)
+    assert last.startswith("20/20 runs (100%), 1 failed,") and "ETA" not in last
 
 
 def test_resume_says_what_was_done_before(tmp_path):

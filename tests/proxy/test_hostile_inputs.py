@@ -6,6 +6,7 @@ naming the file and the fix, exit 1, no traceback, nothing half-written, peak RS
 from __future__ import annotations
 
 import json
+import re
 import struct
 import subprocess
 import sys
@@ -164,3 +165,51 @@ def test_output_paths_are_checked_before_any_work_and_written_atomically(tmp_pat
     assert result.exit_code == 0, result.output
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["o.jsonl", "r.json", "r.png"]  # no temporary left
+
+
+def test_a_lone_surrogate_and_markup_in_labels_reach_no_terminal_or_report_raw(tmp_path):
+    """A task id holding a lone surrogate (a JSON `\\ud800` with no pair) and a condition name
+    holding HTML, in a real nfanalyze process: exit 0, the id printed as its escape (no traceback),
+    and no Markdown field of report.md (the table, the interval notes, the carriers, the warnings)
+    writes the markup raw."""
+    tag = '<img src=x onerror="alert(1)">'
+    rows = [{"task_id": f"t{i}\ud800" if i == 1 else f"t{i}", "condition": "live" if c == "live" else tag,
+             "replicate": r, "outcome": r % 2 if c == "live" and i == 1 else i % 2}  # only t1 varies, in live
+            for c in ("live", "replay") for i in range(4) for r in range(3)]
+    rows = [r for r in rows if not (r["condition"] == tag and r["task_id"] == "t3")]  # a warning naming t3
+    f = tmp_path / "o.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    exe = Path(sys.executable).with_name("nfanalyze")
+    md = tmp_path / "r.md"
+    r = subprocess.run([str(exe), "--outcomes", str(f), "--bootstrap", "200", "--markdown", str(md)],
+                       capture_output=True, timeout=120)
+    out = r.stdout.decode() + r.stderr.decode()
+    assert r.returncode == 0 and "Traceback" not in out, out
+    assert "t1\\ud800 carries 100%" in out
+    text = md.read_text()
+    assert "t1\\\\ud800" in text  # Markdown's own escape of the backslash
+    assert re.search(r"(?<!\\)<", text) is None, text  # every "<" escaped: no tag
+    assert text.count("\\<img src=x onerror=\"alert\\(1\\)\"\\>") >= 6  # table, 3 notes, contrast, warning
+    assert "interval" in text.split("| MDE |")[1].split("##")[0]  # the notes under the table name the condition
+
+
+def test_the_provenance_and_a_designs_section_are_escaped_in_report_md_and_on_the_terminal():
+    """nfladder's report.md: the provenance names models as the provider and the answers named
+    them (an upstream's text) and the judge / gate sections are terminal tables of task ids; no
+    field of them reaches Markdown as markup or a terminal as an escape sequence."""
+    from noisefloor.display import md_block, visible_lines
+    from noisefloor.ladder import provenance
+
+    tag = "<script>alert(1)</script>\x1b]0;t\x07"
+    m = {"models": {"requested": [tag], "served": ["m`x`"], "provider_lists": {"models": ["[a](http://e.x)"]}},
+         "sampling": [{"condition": tag, "temperature": 0, "top_p": None, "seed": None}],
+         "task_set": {"tasks": 1, "sha256": "0" * 64}, "dataset": {"path": "/d/<b>.jsonl", "sha256": None},
+         "grader": ["g*1*"], "recording_id": "r", "recorded_exchanges": 1, "coupling": "c",
+         "bootstrap": {"resamples": 10, "seed": 0}, "versions": {"noisefloor": "0"}}
+    doc = provenance.markdown(m)
+    assert re.search(r"(?<!\\)[<`\[*]", doc) is None, doc
+    assert "\\<script\\>" in doc and "\\\\x1b\\]0;t\\\\x07" in doc
+    shown = provenance.text(m) + visible_lines(f"judge {tag}\n  task {tag}")
+    assert "\x1b" not in shown and "\x07" not in shown and "\\x1b]0;t\\x07" in shown
+    block = md_block(f"Gate: case {tag}\n{tag} regressed")
+    assert all(line.startswith("    ") for line in block.splitlines()) and "\x1b" not in block  # a code block: inert

@@ -100,6 +100,29 @@ def test_ctrl_c_of_nfladder_exits_130_without_a_traceback_and_the_rerun_resumes(
     assert doc["conditions"]["live"]["tasks"] == 3 and doc["conditions"]["live"]["replicates"] == 4
 
 
+def test_runs_cut_off_by_their_proxys_interrupt_are_not_failed_runs_and_run_again(tmp_path):
+    """nfladder started where SIGINT is ignored (a script's background job) while Ctrl-C reaches its
+    proxy: the runs the proxy's end cut off are neither reported nor kept as failed."""
+    out = tmp_path / "o"
+    p = subprocess.Popen(_nfladder(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len(_finished(out)) < 2 and p.poll() is None:
+            time.sleep(0.1)
+        assert p.poll() is None, "nfladder ended before it could be interrupted"
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait(10)
+    assert p.returncode == exit_codes.INTERRUPTED, err[-3000:]
+    done = _finished(out)
+    assert 2 <= len(done) < 12 and all(a["returncode"] == 0 for a in done), done
+    assert f"[live] interrupted: {len(done)}/12 runs" in err and "failed" not in err, err[-3000:]
+
+
 STUCK = '''
 import pathlib, sys, time
 from noisefloor._cli import exit_on_sigterm

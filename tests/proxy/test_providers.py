@@ -288,3 +288,30 @@ def test_a_registered_provider_is_asked_before_the_generic_one_and_rewrites_its_
     finally:
         providers.credential_headers.cache_clear()
         providers.terminal_events.cache_clear()
+
+
+USAGE_SHAPES = {  # one answer as each API writes it, 3 tokens in and 4 out
+    "openai": {"model": "gpt-x", "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+               "choices": [{"finish_reason": "stop"}]},
+    "openai-responses": {"model": "gpt-x", "usage": {"input_tokens": 3, "output_tokens": 4}, "status": "completed"},
+    "anthropic": {"model": "claude-x", "usage": {"input_tokens": 3, "output_tokens": 4}, "stop_reason": "end_turn"},
+    "gemini": {"modelVersion": "gemini-x", "usageMetadata": {"promptTokenCount": 3, "candidatesTokenCount": 4},
+               "candidates": [{"finishReason": "STOP"}]},
+    "mistral": {"model": "mistral-x", "usage": {"prompt_tokens": 3, "completion_tokens": 4},
+                "choices": [{"finish_reason": "stop"}]},
+    "bedrock": {"output": {"message": {"role": "assistant", "content": [{"text": "hi"}]}}, "stopReason": "max_tokens",
+                "usage": {"inputTokens": 3, "outputTokens": 4, "totalTokens": 7}},
+    "generic": {"model": "local-x", "usage": {"prompt_tokens": 3, "completion_tokens": 4}},
+}
+
+
+def test_every_provider_module_reads_the_token_counts_of_its_answers():
+    """What the log keeps of an answer's usage, from each provider module (a report's "tokens
+    in/out" is their sum: a module that reads none makes it 0/0)."""
+    from noisefloor.proxy.providers import PROVIDERS
+
+    assert set(USAGE_SHAPES) == set(PROVIDERS), "a provider module without an answer shape here"
+    for name, doc in USAGE_SHAPES.items():
+        got = PROVIDERS[name].served_doc(doc)
+        assert (got.input_tokens, got.output_tokens) == (3, 4), (name, got)
+    assert PROVIDERS["bedrock"].served_doc(USAGE_SHAPES["bedrock"]).truncated  # Converse's max_tokens

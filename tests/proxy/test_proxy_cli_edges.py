@@ -190,3 +190,30 @@ def test_the_cli_starts_without_numpy_or_aiohttp():
     code = "import sys, noisefloor.proxy.cli; print(sorted(m for m in ('numpy', 'aiohttp') if m in sys.modules))"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
+
+
+def test_every_store_command_takes_the_store_first_and_store_as_the_same(tmp_path, upstream, proxies):
+    """One convention: `nfproxy CMD STORE ...` as `nfanalyze STORE` and `nfview STORE`; `--store STORE`
+    says the same; both at once is a usage error in one line."""
+    store = tmp_path / "s.lmdb"
+    rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", upstream.url)
+    proxies.append(rec)
+    assert loopback.post(rec.url + "/v1/chat/completions", json={"model": "m", "messages": []}, timeout=20).status_code == 200
+    assert rec.stop() == 0
+    for first, alias in ((("log", str(store)), ("log", "--store", str(store))),
+                         (("show", str(store), "1"), ("show", "1", "--store", str(store))),
+                         (("export", str(store), "--format", "jsonl"), ("export", "--store", str(store), "--format", "jsonl"))):
+        a, b = _run(*first), _run(*alias)
+        assert a.returncode == b.returncode == 0 and a.stdout == b.stdout and a.stdout, (first, a.stderr, b.stderr)
+    har = tmp_path / "s.har"
+    assert _run("export", str(store), "-o", str(har)).returncode == 0
+    for n, args in enumerate((("import", str(tmp_path / "i0.lmdb"), str(har)), ("import", "--store", str(tmp_path / "i1.lmdb"), str(har)))):
+        assert _run(*args).returncode == 0, args
+        with Store.open(tmp_path / f"i{n}.lmdb", write=False) as imported:
+            assert len(imported) == 1
+    for args in (("compact", str(store)), ("repair", "--store", str(store))):
+        assert _run(*args).returncode == 0, args
+    twice = _run("log", str(store), "--store", str(store))
+    assert twice.returncode == exit_codes.USAGE and "unexpected arguments" in twice.stderr
+    nothing = _run("import", str(tmp_path / "i2.lmdb"))
+    assert nothing.returncode == exit_codes.USAGE and "Traceback" not in nothing.stderr

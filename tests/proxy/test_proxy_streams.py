@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from noisefloor import exit_codes
 from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import ProxyProcess, nfproxy_argv, start_nfproxy, wait_until
@@ -298,8 +299,9 @@ def test_wrapped_agent_records_then_replays_and_a_changed_prompt_fails(tmp_path,
     assert "ANSWER answer number 1" in r.stdout
     r = wrapped("--mode", "replay", "--replay-log-in-store", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
                 "add three numbers", cwd=tmp_path)
-    assert r.returncode != 0
+    assert r.returncode == exit_codes.WRAPPED_FAILED, r.stderr  # the agent's own 1 is not "a case regressed"
     assert "agent error: 404 miss" in r.stdout and "replay miss" in r.stderr
+    assert f"exited 1; nfproxy exits {exit_codes.WRAPPED_FAILED}" in r.stderr
     r = wrapped("--mode", "replay", "--replay-log-in-store", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
                 "add three numbers", "--swallow", cwd=tmp_path)
     assert r.returncode == 3, "a strict replay with a miss fails even when the agent exits 0"
@@ -454,3 +456,23 @@ def test_the_google_genai_sdk_unchanged_through_the_wrap_form(tmp_path, upstream
     with Store.open(Path(store), write=False) as s:
         assert not any(b"AIza-genai" in body for body in s.bodies())
         assert all("AIza-genai" not in json.dumps(ex.request) for ex in s.exchanges())
+
+
+def test_the_wrap_form_listens_on_a_free_port_by_default(tmp_path, upstream):
+    """No --listen with a command to wrap: a free port, told to the command, so a busy 8080 (another
+    proxy, a dev server) is no reason to refuse."""
+    held = socket.socket()
+    try:
+        held.bind(("127.0.0.1", 8080))
+        held.listen()
+    except OSError:
+        pass  # busy already: the same situation
+    try:
+        agent = tmp_path / "agent.py"
+        agent.write_text(AGENT)
+        r = wrapped("--mode", "record", "--upstream", upstream.url, "--store", str(tmp_path / "log.lmdb"), "--",
+                    sys.executable, str(agent), "add two numbers", cwd=tmp_path)
+    finally:
+        held.close()
+    assert r.returncode == 0, r.stderr
+    assert "ANSWER answer number 1" in r.stdout and ":8080" not in r.stderr

@@ -119,3 +119,120 @@ def test_record_replay_miss_and_new_episodes(pytester: pytest.Pytester, upstream
     _run(pytester, "-k", "test_agent").assert_outcomes(passed=1)
     assert len(upstream.requests) == 4 and _digest(recordings) == grown
 
+
+
+SHARING = '''
+import json
+import os
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+UPSTREAM = os.environ["NF_PLUGIN_UPSTREAM"]
+BARRIER = Path(os.environ["NF_PLUGIN_BARRIER"])
+SHARED = os.environ["NF_PLUGIN_SHARED"]  # "pair": test i of each module shares pair-i; else one for all
+ROUND = os.environ["NF_PLUGIN_ROUND"]
+
+
+def meet():
+    """Arrive, then wait for the other worker's test: both tests end, and save, at the same moment."""
+    k = 1
+    while True:
+        try:
+            os.close(os.open(BARRIER / str(k), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            break
+        except FileExistsError:
+            k += 1
+    partner = BARRIER / str(k + 1 if k % 2 else k - 1)
+    deadline = time.monotonic() + 60
+    while not partner.exists():
+        assert time.monotonic() < deadline, "the other xdist worker's test never arrived"
+        time.sleep(0.005)
+
+
+def ask(text):
+    body = json.dumps({{"model": "gpt-4o-mini", "messages": [{{"role": "user", "content": text}}]}}).encode()
+    req = urllib.request.Request(os.environ["NFPROXY_URL"] + "/v1/chat/completions", data=body,
+                                 headers={{"content-type": "application/json", "authorization": "Bearer sk-x"}})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return json.load(resp)["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("n", [
+    pytest.param(n, marks=pytest.mark.nfproxy(upstream=UPSTREAM, recording=f"pair-{{n}}.lmdb" if SHARED == "pair"
+                                              else "shared.lmdb")) for n in range(2)])
+def test_episode(n):
+    assert ask(f"{module} episode {{n}} round {{ROUND}}").startswith("answer number")
+    meet()
+'''
+
+
+def _exchanges(path: Path) -> int:
+    from noisefloor.proxy.store.log import Store
+
+    with Store.open(path, write=False) as store:
+        return len(store)
+
+
+@pytest.mark.slow
+def test_xdist_workers_sharing_one_recording_lose_nothing(pytester: pytest.Pytester, upstream: FakeUpstream,
+                                                          monkeypatch: pytest.MonkeyPatch):
+    """Two xdist workers (one test module each, `--dist loadscope`) whose tests end together and save
+    into one recording at the same moment, in every record mode: every episode is kept, and a
+    strict run of the result passes."""
+    pytest.importorskip("xdist")
+    pytester.makepyfile(test_a=SHARING.format(module="a"), test_b=SHARING.format(module="b"))
+    pytester.makeini(INI.format(upstream=upstream.url))
+
+    def run(mode: str, shared: str, round_: int, **outcomes: int) -> None:
+        barrier = pytester.mkdir(f"barrier-{len(list(pytester.path.glob('barrier-*')))}")
+        monkeypatch.setenv("NF_PLUGIN_BARRIER", str(barrier))
+        monkeypatch.setenv("NF_PLUGIN_SHARED", shared)
+        monkeypatch.setenv("NF_PLUGIN_ROUND", str(round_))
+        r = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "--dist", "loadscope",
+                                          f"--nf-record-mode={mode}", timeout=300)
+        r.assert_outcomes(**outcomes)
+
+    # once: each pair of tests (one per worker) records into a recording neither found
+    run("once", "pair", 1, passed=4)
+    assert [_exchanges(pytester.path / f"pair-{n}.lmdb") for n in range(2)] == [2, 2]
+    # new_episodes: into no recording, then (new prompts) into the one the first run left
+    run("new_episodes", "shared", 1, passed=4)
+    assert _exchanges(pytester.path / "shared.lmdb") == 4
+    run("new_episodes", "shared", 2, passed=4)
+    assert _exchanges(pytester.path / "shared.lmdb") == 8
+    # all: the run's first save replaces the earlier runs' recording, its later saves add to it
+    run("all", "shared", 2, passed=4)
+    assert _exchanges(pytester.path / "shared.lmdb") == 4
+    sent = len(upstream.requests)
+    run("none", "shared", 2, passed=4)
+    assert len(upstream.requests) == sent
+    # nothing beside the recordings: no lock file, no half-written or moved-aside copy
+    assert sorted(p.name for p in pytester.path.iterdir() if "lmdb" in p.name or "lock" in p.name) == [
+        "pair-0.lmdb", "pair-1.lmdb", "shared.lmdb"]
+
+
+def test_a_save_stopped_between_its_renames_is_put_back_and_a_held_folder_times_out(tmp_path):
+    """A save killed after moving the recording aside and before moving the new one in: the next
+    record-mode use puts the recording back before reading it. A folder another process holds
+    locked past the wait is one error naming it, not a hang."""
+    import fcntl
+    import os
+
+    from noisefloor.file_lock import LockTimeout, held
+    from noisefloor.pytest_plugin import _copy_for_replay
+
+    recording = tmp_path / "r.lmdb"
+    (tmp_path / "r.lmdb.old").mkdir()
+    (tmp_path / "r.lmdb.old" / "data.mdb").write_bytes(b"recorded")
+    assert _copy_for_replay(recording, tmp_path / "copy", locked=True)
+    assert (recording / "data.mdb").read_bytes() == b"recorded" and (tmp_path / "copy" / "data.mdb").exists()
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # another process's save, in effect (flock is per open file)
+        with pytest.raises(LockTimeout, match=f"{tmp_path} stayed locked"), held(tmp_path, timeout=0.2):
+            pass
+    finally:
+        os.close(fd)

@@ -116,6 +116,7 @@ def test_a_changed_request_costs_only_itself(recording, proxies):
     line = next(ln for ln in rep.output.splitlines() if ln.startswith("nfproxy: replay miss "))
     assert "session S" in line and "differs first at /body/messages/0/content" in line, line
     assert "3 hits, 1 misses, 0 order violations" in rep.output
+    assert "0 order notes" in rep.output  # the miss took its recorded request's place: nothing was reordered
     assert "no recorded request carries its answer" in rep.output
     # replay wrote nothing into the recording
     assert hashlib.sha256((store / "data.mdb").read_bytes()).hexdigest() == before

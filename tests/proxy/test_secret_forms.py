@@ -16,14 +16,12 @@ from pathlib import Path
 from urllib.parse import quote, quote_plus
 
 import httpx
-import lmdb
 import pytest
-import zstandard
 
 from noisefloor.proxy.request import erasure, secrets
-from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy
+from tests.secret_scan import every_value
 
 BEARER = "sk-proj-PLANTEDbearerKEY0123456789abcdefghijklmnopqrstuvwx"
 QUERY = "AIzaPLANTEDqueryKEY0123456789abcdefghij"
@@ -47,35 +45,6 @@ def leaks(data: bytes) -> list[str]:
         if any(f in data for f in spellings(s)) or any(r in data for r in runs):
             found.append(s)
     return found
-
-
-def every_value(store: Path) -> bytes:
-    """Every value of every LMDB table, zstd-decoded where it is zstd, then gzip-decoded too."""
-    env = lmdb.open(str(store), readonly=True, lock=False, max_dbs=16, subdir=True)
-    chunks: list[bytes] = []
-    with env.begin() as txn:
-        names = [k for k, _ in txn.cursor()]
-        for name in names:
-            db = env.open_db(name, txn=txn, create=False)
-            for k, v in txn.cursor(db):
-                chunks += [k, v]
-                try:
-                    v = zstandard.ZstdDecompressor().decompressobj().decompress(v)
-                    chunks.append(v)
-                except zstandard.ZstdError:
-                    pass
-                try:
-                    chunks.append(gzip.decompress(v))
-                except (OSError, EOFError):
-                    pass
-    env.close()
-    # values the store encodes itself (dictionaries, bodies chained to their session's previous
-    # exchange) are read back through its own verified decoder too
-    with Store.open(store, write=False) as s:
-        chunks += list(s.bodies())
-        chunks += [json.dumps(e.to_json()).encode() for e in s.exchanges()]
-    assert len(chunks) > 20, "the scan read nothing"
-    return b"\n".join(chunks)
 
 
 class HostileUpstream:
@@ -248,3 +217,129 @@ def test_runs_inside_a_long_base64_stretch_are_found_exactly():
             assert hit and hit[0][0] <= at and at + n <= hit[0][1], (n, start, at)
         else:
             assert not hit, (n, start, at)
+
+
+def _spelled(name: str) -> tuple[bytes, bytes]:
+    """A body holding BEARER spelled as docs/secrets.md's row `name` says, and what it becomes."""
+    k = BEARER
+    if name == "raw":
+        return f'{{"echo": "{k}"}}'.encode(), b'{"echo": "[redacted]"}'
+    if name == "url":
+        return f"next?to={k[:3]}%{ord(k[3]):02X}{k[4:]}&x=1".encode(), b"next?to=[redacted]&x=1"
+    if name == "json":  # SLASHED's "/" written as JSON may write it
+        return b'{"echo": "' + SLASHED.replace("/", "\\/").encode() + b'"}', b'{"echo": "[redacted]"}'
+    if name == "unicode-escape":
+        return ('"' + k[:2] + "".join(f"\\u{ord(c):04x}" for c in k[2:9]) + k[9:] + '"').encode(), b'"[redacted]"'
+    if name in ("base64", "base64url"):
+        enc = base64.b64encode if name == "base64" else base64.urlsafe_b64encode
+        blob = enc(b"prefix\xfb\xff" + k.encode() + b"suffix\xfb\xff")
+        return blob, b"[redacted]"  # checked below: the key's characters are gone from the blob
+    if name == "split across chunks":
+        events = "".join(f'data: {json.dumps({"id": "c-1", "model": "m", "choices": [{"delta": {"content": k[i:i + 3]}}]})}\n\n'
+                         for i in range(0, len(k), 3))
+        return events.encode(), b"[redacted]"
+    if name == "partial echo":
+        return f"...{k[10:31]}...".encode(), b"...[redacted]..."
+    if name == "content-encoding":
+        return gzip.compress(f'{{"echo": "{k}"}}'.encode()), b'{"echo": "[redacted]"}'
+    raise AssertionError(name)
+
+
+SLASHED = "sk-with/slash+plus0123456789abcdefgh"
+SPELLINGS = ("raw", "url", "json", "unicode-escape", "base64", "base64url", "split across chunks", "partial echo",
+             "content-encoding")
+
+
+def test_the_docs_list_exactly_the_spellings_tested():
+    doc = (Path(__file__).parent.parent / "docs" / "secrets.md").read_text()
+    table = doc.split("| spelling |")[1].split("\n\n")[0]
+    rows = [line.split("|")[1].strip() for line in table.splitlines()[2:]]
+    assert tuple(rows) == SPELLINGS
+
+
+@pytest.mark.parametrize("name", SPELLINGS)
+def test_each_spelling_is_erased(name):
+    """One row of docs/secrets.md each, through the path a recorded answer takes (`without`)."""
+    from noisefloor.proxy.providers import PROVIDERS
+    from noisefloor.proxy.request.traffic import ResponseData
+
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}"), ("api-key", SLASHED)])
+    body, expected = _spelled(name)
+    headers = (("content-type", "text/event-stream" if name == "split across chunks" else "application/json"),)
+    if name == "content-encoding":
+        headers += (("content-encoding", "gzip"),)
+    layout = ((0.0, len(body)),) if name == "split across chunks" else None
+    stored = ResponseData(200, headers, body, layout).without(values, PROVIDERS["openai"]).raw_body
+    if name.startswith("base64"):
+        dec = base64.b64decode if name == "base64" else base64.urlsafe_b64decode
+        assert b"[redacted]" in stored and BEARER[2:12].encode() not in dec(stored.replace(b"[redacted]", b"")[:16])
+        assert not any(f.encode() in stored for f in secrets._base64_forms(BEARER.encode()))
+    elif name == "split across chunks":
+        text = "".join(json.loads(line[6:])["choices"][0]["delta"]["content"]
+                       for line in stored.split(b"\n") if line.startswith(b"data: "))
+        assert text == "[redacted]"
+    else:
+        assert stored == expected
+
+
+def test_a_key_split_across_plain_text_events_is_erased():
+    """Server-sent events whose data is text, not JSON (an API nfproxy has no module for): the
+    generic provider assembles the text events' data, so a key spread over them is found."""
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}")])
+    text = f"the key {BEARER} ends here"
+    body = "".join(f"event: token\r\ndata: {text[i:i + 4]}\r\n\r\n" for i in range(0, len(text), 4)).encode()
+    erased = secrets.erase_events(body, values, None, "text/event-stream")
+    assert erased is not None and BEARER[:8].encode() not in erased
+    data = [line[6:].rstrip("\r") for line in erased.decode().split("\n") if line.startswith("data: ")]
+    assert "".join(data) == "the key [redacted] ends here"
+
+
+def test_aws_frames_with_a_text_payload_or_unreadable_keep_no_key():
+    """Bedrock's event-stream frames: a payload that is not JSON is erased as text and framed
+    again; frames that cannot be read at all lose the key all the same (their framing second)."""
+    import struct
+    import zlib
+
+    from noisefloor.proxy.providers import PROVIDERS
+    from noisefloor.proxy.request.traffic import ResponseData
+
+    def frame(payload: bytes) -> bytes:
+        prelude = struct.pack(">II", 16 + len(payload), 0)
+        prelude += struct.pack(">I", zlib.crc32(prelude))
+        return prelude + payload + struct.pack(">I", zlib.crc32(prelude + payload))
+
+    values = secrets.secret_values("https://h/p", [("x-amz-security-token", BEARER)])
+    kind = (("content-type", "application/vnd.amazon.eventstream"),)
+    body = frame(f"plain text {BEARER} echoed".encode()) + frame(b'{"delta": {"text": "ok"}}')
+    stored = ResponseData(200, kind, body, ((0.0, len(body)),)).without(values, PROVIDERS["bedrock"]).raw_body
+    total = struct.unpack_from(">I", stored)[0]
+    assert stored[12:total - 4] == b"plain text [redacted] echoed"
+    assert zlib.crc32(stored[:total - 4]) == struct.unpack_from(">I", stored, total - 4)[0]
+    broken = body[:-3]  # the last frame cut short: no frame is read
+    stored = ResponseData(200, kind, broken, ((0.0, len(broken)),)).without(values, PROVIDERS["bedrock"]).raw_body
+    assert BEARER[:20].encode() not in stored and b"[redacted]" in stored
+
+
+def test_a_key_written_as_a_header_name_is_erased_in_both_directions():
+    """A header's name is written by the client (request) or the upstream (response) as freely
+    as its value."""
+    from noisefloor.proxy.request.traffic import RequestData, ResponseData
+
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}")])
+    request = RequestData("POST", "https://h/p", "h", "/p", (("authorization", f"Bearer {BEARER}"),
+                                                              (f"x-{BEARER}", "1")), b"")
+    assert BEARER[:20] not in json.dumps(request.record())
+    response = ResponseData(200, ((f"x-echo-{BEARER}", "1"), ("content-type", "text/plain")), b"ok").without(values)
+    assert BEARER[:20] not in json.dumps(response.record()) and "[redacted]" in json.dumps(response.record())
+
+
+def test_a_stream_with_odd_event_fields_is_still_searched():
+    """A hostile upstream's events whose choice index is a list (unhashable): the texts are found
+    by path instead, and the key erased; the recorder never fails on them."""
+    from noisefloor.proxy.providers import PROVIDERS
+
+    values = secrets.secret_values("https://h/p", [("authorization", f"Bearer {BEARER}")])
+    body = "".join(f'data: {json.dumps({"choices": [{"index": [1], "delta": {"content": BEARER[i:i + 5]}}]})}\n\n'
+                   for i in range(0, len(BEARER), 5)).encode()
+    erased = secrets.erase_events(body, values, PROVIDERS["openai"], "text/event-stream")
+    assert erased is not None and b"[redacted]" in erased and BEARER[:10].encode() not in erased

@@ -149,6 +149,44 @@ def test_mitmproxy_flow_file_imports(tmp_path):
         assert [ex.session for ex in got] == ["import-flows", "import-flows"] and [ex.seq for ex in got] == [0, 1]
         assert [ex.model for ex in got] == ["m-1", "m-1"] and len({ex.key for ex in got}) == 2
         assert all(SECRET not in json.dumps(ex.to_json()) for ex in got)
+    assert "replay answers for https://api.example.com" in r.stderr
+
+
+def test_an_imported_store_replays_with_nothing_the_recording_did_not_need(tmp_path, proxies):
+    """A capture of api.example.com imported into a new store remembers its origin as a recording
+    remembers --upstream: a strict replay needs no --upstream (the issue: all misses, "differs
+    first at /host"). Two origins (a forward-proxy capture) remember none."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "alpha"}]}
+    one = [_entry(request={**_entry()["request"], "url": "https://api.example.com:8443/v1/chat/completions",
+                           "postData": {"mimeType": "application/json", "text": json.dumps(body)}})]
+    har = tmp_path / "one.har"
+    har.write_text(json.dumps({"log": {"entries": one}}))
+    store = tmp_path / "one.lmdb"
+    r = nfproxy("import", str(store), str(har))
+    assert r.returncode == 0 and "replay answers for https://api.example.com:8443" in r.stderr, r.stderr
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
+    proxies.append(rep)
+    got = loopback.post(rep.url + "/v1/chat/completions", json=body, timeout=20)
+    assert got.status_code == 200 and got.headers["x-nf-replay"] == "hit", got.text
+    assert rep.stop() == 0, rep.output
+    two = [*one, _entry(request={**one[0]["request"], "url": "https://other.example.org/v1/chat/completions"})]
+    har.write_text(json.dumps({"log": {"entries": two}}))
+    r = nfproxy("import", str(tmp_path / "two.lmdb"), str(har))
+    assert r.returncode == 0 and "replay answers for" not in r.stderr
+    with Store.open(tmp_path / "two.lmdb", write=False) as s:
+        assert s.meta("upstream") is None
+
+
+def test_a_hostile_url_is_never_remembered_as_an_upstream():
+    from noisefloor.proxy.transfer.formats import _origin
+
+    assert _origin("https://user:pw@api.example.com/v1") == "https://api.example.com"
+    assert _origin("http://[::1]:9100/x") == "http://[::1]:9100"
+    assert _origin("ftp://api.example.com/") is None and _origin("https://bad host\x1b]/") is None
+    assert _origin("https://api.example.com:99999/") is None
+
+
+def test_a_file_that_is_not_har_is_one_line(tmp_path):
     bad = tmp_path / "bad.har"
     bad.write_text("{not json")
     r = nfproxy("import", str(tmp_path / "x.lmdb"), str(bad))

@@ -248,3 +248,82 @@ def test_merge_carries_the_miss_index_and_accepts_the_earlier_rules_id(tmp_path)
         s.set_meta("rules_id", "0123456789abcdef")
     with pytest.raises(StoreError, match="normalization rules 0123456789abcdef"):
         merge(tmp_path / "refused.lmdb", [paths[0], other])
+
+
+def _forge_body(path: Path, key: bytes | None = None, under: bytes | None = None) -> bytes:
+    """Rewrite one body of the store at `path` (`key`; None: the first compressed one) as other
+    content under the same digest, in the store's own framing with a CRC that matches, as a hostile
+    shard's author would; with `under`, add it as a body no exchange names, under that digest.
+    Returns the digest."""
+    import zstandard
+
+    from noisefloor.proxy.store._codec import PLAIN, checked
+
+    forged = checked(bytes([PLAIN]) + zstandard.ZstdCompressor().compress(b'{"forged": "other content"}'))
+    env = lmdb.open(str(path), max_dbs=16)
+    try:
+        with env.begin(write=True) as txn:
+            db = env.open_db(b"bodies", txn=txn)
+            key = under or key or next(k for k, v in txn.cursor(db=db) if v[5:6] == bytes([PLAIN]))
+            txn.put(key, forged, db=db)
+    finally:
+        env.close()
+    return key
+
+
+def _body_keys(path: Path) -> set[bytes]:
+    with Store.open(path, write=False) as s:
+        return {k for k, _ in s.raw_table("bodies")}
+
+
+def _merge(out: Path, *paths: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([NFPROXY, "merge", str(out), *map(str, paths)], capture_output=True, text=True, timeout=120)
+
+
+def test_a_body_forged_under_a_good_digest_is_refused_in_either_order(tmp_path, shards):
+    """A shard holding another content under the digest of a body the other shard shares, with a
+    valid CRC: merged first it used to win, and the good shard's exchanges read as damaged in OUT.
+    Refused by name, whatever the order, into a fresh OUT (which is then not made) or a used one
+    (left byte-identical); a forged body that no exchange names, too."""
+    shared = _body_keys(shards[0]) & _body_keys(shards[1])
+    assert len(shared) == 1
+    forged = tmp_path / "forged.lmdb"
+    shutil.copytree(shards[1], forged)
+    _forge_body(forged, next(iter(shared)))
+    for order in ([forged, shards[0]], [shards[0], forged]):
+        out = tmp_path / f"fresh-{len(list(tmp_path.iterdir()))}.lmdb"
+        r = _merge(out, *order)
+        assert r.returncode == 5 and f"{forged}" in r.stderr and "does not match its sha256" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and not out.exists()
+    used = tmp_path / "used.lmdb"
+    assert _merge(used, shards[0]).returncode == 0
+    before = {p.name: p.read_bytes() for p in used.iterdir() if p.name != "lock.mdb"}
+    r = _merge(used, forged)
+    assert r.returncode == 5 and f"{forged}" in r.stderr and "does not match its sha256" in r.stderr, r.stderr
+    assert {p.name: p.read_bytes() for p in used.iterdir() if p.name != "lock.mdb"} == before
+    orphan = tmp_path / "orphan.lmdb"
+    shutil.copytree(shards[1], orphan)
+    _forge_body(orphan, under=next(iter(_body_keys(shards[0]) - shared)))  # named by no exchange of its own
+    out = tmp_path / "fresh-orphan.lmdb"
+    r = _merge(out, orphan, shards[0])
+    assert r.returncode == 5 and f"{orphan}" in r.stderr and "does not match its sha256" in r.stderr, r.stderr
+    assert not out.exists()  # refused before OUT was made
+
+
+def test_a_dictionary_forged_under_another_ones_key_is_refused_before_writing(tmp_path, shards):
+    """A shard's compression dictionary whose bytes do not hash to its key (it would win that key
+    in a fresh OUT, and another shard's bodies compressed with the real one would not decode)."""
+    from noisefloor.proxy.store._codec import dict_key
+
+    forged = tmp_path / "forged.lmdb"
+    shutil.copytree(shards[1], forged)
+    env = lmdb.open(str(forged), max_dbs=16)
+    try:
+        with env.begin(write=True) as txn:
+            txn.put(dict_key(b"the real dictionary"), b"another dictionary", db=env.open_db(b"dicts", txn=txn))
+    finally:
+        env.close()
+    out = tmp_path / "fresh.lmdb"
+    r = _merge(out, forged, shards[0])
+    assert r.returncode == 5 and f"{forged}" in r.stderr and "dictionary" in r.stderr, r.stderr
+    assert not out.exists()  # refused before OUT was made

@@ -98,16 +98,17 @@ def test_a_damaged_or_oversized_body_is_refused_by_merge_by_name(tmp_path, how):
         s.part_body(s.exchange(exchange_id).response, exchange_id, "response")
 
 
-def test_a_body_forged_with_a_matching_crc_is_copied_but_never_read_as_the_recording(tmp_path):
-    """Merge's check is the CRC (damage); the content address is every reader's: the forged body
-    is refused by name wherever it is read, in the shard and in OUT."""
+def test_a_body_forged_with_a_matching_crc_is_refused_by_merge_and_every_reader(tmp_path):
+    """The content address is merge's check as it is every reader's: a forged body behind a valid
+    CRC is refused by name, in the shard and by merge, before OUT is made."""
     a, b, exchange_id, digest = _damaged(tmp_path, "forged")
     out = tmp_path / "out.lmdb"
-    merge(out, [a, b])
-    for store in (a, out):
-        with Store.open(store, write=False) as s, pytest.raises(StoreError, match="does not match its sha256"):
-            s.part_body(s.exchange(exchange_id).response, exchange_id, "response")
-    shown = run([*nfproxy_argv(), "show", str(exchange_id), "--store", str(out)])
+    with pytest.raises(StoreError, match="does not match its sha256.*nothing was merged"):
+        merge(out, [a, b])
+    assert not out.exists()
+    with Store.open(a, write=False) as s, pytest.raises(StoreError, match="does not match its sha256"):
+        s.part_body(s.exchange(exchange_id).response, exchange_id, "response")
+    shown = run([*nfproxy_argv(), "show", str(exchange_id), "--store", str(a)])
     assert shown.returncode != 0 and "does not match its sha256" in shown.stderr
     assert len(shown.stderr.strip().splitlines()) == 1
 

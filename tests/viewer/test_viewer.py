@@ -115,7 +115,11 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         {"case_id": TASK, "verdict": "regressed", "base_a": case, "base_b": case, "candidate": {"passes": 0, "n": 4},
          "floor": 0.41}], "counts": {"regressed": 1}}))
     rows = [{"task_id": TASK, "condition": "live", "replicate": 0, "outcome": 1, "session": "live-r0-0",
-             "detail": BODY}]
+             "detail": BODY},
+            {"task_id": "T2", "condition": "live", "replicate": 0, "outcome": 1, "session": "live-r0-1"},
+            {"task_id": "T2", "condition": "live", "replicate": 1, "outcome": 1},
+            {"task_id": TASK, "condition": "live", "replicate": 1, "outcome": 0},
+            {"task_id": TASK, "condition": "t0", "replicate": 0, "outcome": 1, "session": "t0-r0-2"}]
     (out / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     yield out
 
@@ -125,10 +129,10 @@ def before(folder: Path) -> dict[str, str]:
     return _digest(folder)
 
 
-@pytest.fixture(scope="module")
-def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(folder), "--listen", "127.0.0.1:0"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def start_viewer(folder: Path, *args: str) -> tuple[subprocess.Popen[str], str, list[str]]:
+    """A real nfview on `folder` (port 0): the process, its URL and its output lines so far (growing)."""
+    proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(folder), "--listen", "127.0.0.1:0",
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     ready = threading.Event()
 
@@ -142,8 +146,13 @@ def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
 
     threading.Thread(target=pump, daemon=True).start()
     assert ready.wait(30) and proc.poll() is None, "".join(lines)
-    url = lines[-1].split()[1]
-    yield url.rstrip("/")
+    return proc, lines[-1].split()[1].rstrip("/"), lines
+
+
+@pytest.fixture(scope="module")
+def viewer(folder: Path, before: dict[str, str]) -> Iterator[str]:
+    proc, url, lines = start_viewer(folder)
+    yield url
     proc.terminate()
     assert proc.wait(10) == 0, "".join(lines)
 
@@ -221,6 +230,45 @@ def test_report_renders_with_intervals_plot_gate_and_planted_names_as_text(brows
     assert gate[0][:2] == [TASK, "regressed"]
     assert BODY in d.find_element("id", "warnings").text
     assert "replay_source" in d.find_element("id", "provenance").text
+
+
+@needs_browser
+def test_the_report_opens_with_each_conditions_outcome_grid_flipping_tasks_first(browser, viewer):
+    d = visit(browser, viewer + "/#/report")
+    first = d.execute_script("return document.querySelector('#main h2').textContent")
+    assert first.startswith("Outcomes: tasks"), first
+    live = d.find_element("css selector", ".grid[data-condition='live']")
+    tasks = d.execute_script("return [...arguments[0].querySelectorAll('.grid-row')].map(r => [r.dataset.task, "
+                             "r.classList.contains('flips'), [...r.querySelectorAll('a.cell')].map(a => a.className)])", live)
+    assert tasks == [[TASK, True, ["cell cell-P", "cell cell-F"]], ["T2", False, ["cell cell-P", "cell cell-P"]]], tasks
+    live.find_element("css selector", ".flips a.cell[data-replicate='0']").click()
+    settle(d)
+    assert {r[3] for r in rows(d, "exchange-list")} == {"live-r0-0"}  # that run's exchanges
+
+
+@pytest.fixture(scope="module")
+def big_viewer(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """An output folder of 10,000 runs: 2,000 tasks x 5 replicates, every tenth task flipping."""
+    out = tmp_path_factory.mktemp("nfview-big")
+    with (out / "outcomes.jsonl").open("w") as fh:
+        for t in range(2000):
+            for r in range(5):
+                fh.write(json.dumps({"task_id": f"task/{t}", "condition": "live", "replicate": r,
+                                     "outcome": int(t % 10 == 0 and r % 2 == 0 or t % 10 != 0), "session": f"s{t}-{r}"}) + "\n")
+    proc, url, lines = start_viewer(out)
+    yield url
+    proc.terminate()
+    assert proc.wait(10) == 0, "".join(lines)
+
+
+@needs_browser
+def test_the_outcome_grid_stays_usable_for_thousands_of_runs(browser, big_viewer):
+    d = visit(browser, big_viewer + "/#/report", "grid-10k")
+    shown = d.execute_script("return [...document.querySelectorAll('.grid .grid-row')].map(r => r.dataset.task)")
+    assert len(shown) == 100 and shown[:3] == ["task/0", "task/10", "task/20"]  # the 200 flipping tasks first
+    assert "200 of 2000 tasks flip across 5 replicates (10000 runs)" in d.find_element("id", "grid").text
+    d.find_element("css selector", "button.grid-all").click()
+    assert d.execute_script("return document.querySelectorAll('.grid a.cell').length") == 10_000
 
 
 @needs_browser
@@ -420,3 +468,82 @@ def test_a_folder_is_read_by_what_its_files_hold(tmp_path):
 def _empty(root: Path) -> Path:
     (root / "empty").mkdir()
     return root / "empty"
+
+
+def test_the_grid_codes_each_run_and_puts_flipping_tasks_first():
+    from noisefloor.viewer.grid import grid
+
+    rows = [{"task_id": "t/10", "condition": "c", "replicate": 0, "outcome": 1},
+            {"task_id": "t/10", "condition": "c", "replicate": 2, "outcome": 1},
+            {"task_id": "t/2", "condition": "c", "replicate": 0, "outcome": 0, "session": "s0"},
+            {"task_id": "t/2", "condition": "c", "replicate": 1, "outcome": 1, "session": "s1"},
+            {"task_id": "t/9", "condition": "c", "replicate": 1, "outcome": 0, "failure": "agent_error"},
+            {"task_id": "t/3", "condition": "c", "replicate": 0, "outcome": 1, "failure": "pass"},  # a grader's word
+            {"task_id": "t/3", "condition": "c", "replicate": 1, "outcome": 0, "failure": "wrong_output"},
+            # hostile rows are skipped, never a huge grid or a traceback
+            {"task_id": "t/1", "condition": "c", "replicate": 10**9, "outcome": 1},
+            {"task_id": "t/1", "condition": "c", "replicate": True, "outcome": 1},
+            {"task_id": "t/1", "condition": "c", "replicate": "0", "outcome": 1}, ["not", "a", "row"],
+            {"task_id": "t/4", "condition": "d", "replicate": 0, "outcome": "1"}]
+    (c, d) = grid(rows)["conditions"]  # type: ignore[arg-type]
+    assert [(t["task"], t["flips"], t["cells"]) for t in c["tasks"]] == [
+        ("t/2", True, "FP."), ("t/3", True, "PF."), ("t/9", False, ".E."), ("t/10", False, "P.P")]
+    assert c["tasks"][0]["sessions"] == ["s0", "s1", None] and c["tasks"][1]["sessions"] is None
+    assert (c["replicates"], c["flipping"], c["runs"]) == (3, 2, 7)
+    assert d["tasks"] == [{"task": "t/4", "flips": False, "cells": ".", "sessions": None}]
+
+
+def test_links_out_of_the_folder_nan_outcomes_and_bad_requests(tmp_path):
+    """A folder whose ladder.png and report.json are links to files outside it, whose outcome rows
+    hold NaN, and a client that sends no Host: nothing outside is served, the API answers 200, and
+    nfview's output has one line per bad request, no traceback."""
+    private = tmp_path / "private"
+    private.mkdir()
+    (private / "id_rsa").write_text("PRIVATE KEY")
+    (private / "report.json").write_text(json.dumps({"conditions": {"secret": {}}}))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "ladder.png").symlink_to(private / "id_rsa")
+    (out / "report.json").symlink_to(private / "report.json")
+    (out / "inside.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (out / "also.png").symlink_to("inside.png")  # a link within the folder is fine
+    rows = [{"task_id": "t", "condition": "c", "replicate": 0, "outcome": float("nan")},
+            {"task_id": "t", "condition": "c", "replicate": 1, "outcome": float("inf"), "confidence": float("-inf")}]
+    (out / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc, url, lines = start_viewer(out)
+    try:
+        summary = loopback.get(url + "/api/summary").json()
+        assert summary["source"]["plots"] == ["also.png", "inside.png"] and summary["report"] is None
+        assert loopback.get(url + "/plot/ladder.png").status_code == 404
+        assert loopback.get(url + "/plot/also.png").content == b"\x89PNG\r\n\x1a\n"
+        (out / "inside.png").unlink()
+        (out / "inside.png").symlink_to(private / "id_rsa")  # swapped for a link after the start
+        assert loopback.get(url + "/plot/inside.png").status_code == 404
+        assert b"PRIVATE" not in loopback.get(url + "/plot/also.png").content
+        got = loopback.get(url + "/api/outcomes")
+        assert got.status_code == 200, got.text
+        assert [(r["outcome"], r.get("confidence")) for r in got.json()["items"]] == [("nan", None), ("inf", "-inf")]
+        assert _raw(url, "/api/summary", None) == 400
+        time.sleep(0.5)
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0
+    text = "".join(lines)
+    assert "Traceback" not in text and "PRIVATE" not in text, text
+    (bad,) = [line for line in lines if "Host" in line]
+    assert bad.startswith("nfview: ") and bad.count("\n") == 1, text
+
+
+def test_a_port_out_of_range_or_taken_is_one_line(tmp_path):
+    (tmp_path / "report.json").write_text(json.dumps({"conditions": {}}))
+    proc, url, lines = start_viewer(tmp_path)
+    try:
+        for listen, status, words in (("127.0.0.1:99999", 64, "port from 0 to 65535"),
+                                      (url.removeprefix("http://"), 5, "cannot listen on 127.0.0.1:")):
+            r = subprocess.run([sys.executable, "-m", "noisefloor.viewer.cli", str(tmp_path), "--listen", listen],
+                               capture_output=True, text=True, timeout=60)
+            assert r.returncode == status and words in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

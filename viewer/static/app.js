@@ -184,13 +184,74 @@ function gateSection(gate) {
   return out;
 }
 
+// -- the outcome grid: tasks x replicates per condition, flipping tasks first ---------------------
+
+const GRID_SHOWN = 100;  // tasks drawn per condition before "show all" (a study of thousands stays quick)
+const CELL_WORD = {P: "pass", F: "fail", E: "run failed", ".": "no outcome"};
+
+function gridRow(cond, t, rep0) {
+  const cells = [...String(t.cells)].map((code, r) => {
+    const session = t.sessions ? t.sessions[r] : null;
+    const to = session ? route("exchanges", {session: session}) : route("exchanges", {condition: cond, task: t.task});
+    const word = CELL_WORD[code] || "no outcome";
+    return el("a", {href: to, class: "cell cell-" + (code === "." ? "none" : code),
+      title: t.task + " · replicate " + (r + rep0) + " · " + word, "data-replicate": r}, "");
+  });
+  return el("div", {class: "grid-row" + (t.flips ? " flips" : ""), "data-task": t.task},
+    el("span", {class: "cells"}, cells),
+    el("span", {class: "task", title: t.task}, t.flips ? el("span", {class: "flip-mark", title: "outcome flips across replicates"}, "◆ ") : null,
+      String(t.task)));
+}
+
+function plural(n, word) {
+  return num(n) + " " + word + (n === 1 ? "" : "s");
+}
+
+function gridTable(c, i) {
+  const body = el("div", {id: "grid-" + i, class: "grid", "data-condition": c.name});
+  const show = n => body.replaceChildren(...c.tasks.slice(0, n).map(t => gridRow(c.name, t, 0)));
+  show(GRID_SHOWN);
+  const kids = [el("h3", {}, String(c.name)),
+    el("p", {class: "note grid-count"}, num(c.flipping) + " of " + plural(c.tasks.length, "task") + " flip across " +
+      plural(c.replicates, "replicate") + " (" + plural(c.runs, "run") + ")"), body];
+  if (c.tasks.length > GRID_SHOWN) {
+    const all = el("button", {type: "button", class: "grid-all"}, "show all " + c.tasks.length + " tasks");
+    all.addEventListener("click", () => { show(c.tasks.length); all.remove(); });
+    kids.push(all);
+  }
+  return el("div", {class: "grid-block"}, kids);
+}
+
+async function gridSection(order) {
+  const g = await api("/api/grid");
+  if (!g.conditions.length) return [];
+  const rank = name => { const i = order.indexOf(name); return i < 0 ? order.length : i; };
+  g.conditions.sort((a, b) => rank(a.name) - rank(b.name));  // the report's order (live, t0, replay), else as found
+  const key = el("p", {class: "note grid-key"}, el("span", {class: "cell cell-P"}), " pass ",
+    el("span", {class: "cell cell-F"}), " fail ", el("span", {class: "cell cell-E"}), " run failed ",
+    el("span", {class: "cell cell-none"}), " no outcome · ◆ the task's outcome flips across replicates (listed first) · " +
+    "a cell opens that run's exchanges");
+  return [el("h2", {}, "Outcomes: tasks × replicates"), key,
+    el("div", {id: "grid", class: "grids"}, g.conditions.map(gridTable))];
+}
+
+const DESIGN_TITLES = {judge: "Judge study", audit: "Tool-calling audit", gate: "Regression gate"};
+
 async function reportPage(main) {
   const s = await summary();
   const r = s.report;
-  const parts = [el("h1", {}, "Report")];
-  if (!r) parts.push(el("p", {class: "note"}, "No report.json here: this is a store. Its sessions and exchanges are under the tabs above."));
+  const parts = [el("h1", {}, r && DESIGN_TITLES[r.design] ? DESIGN_TITLES[r.design] : "Report")];
+  if (!r) parts.push(el("p", {class: "note"}, s.source.store ? "No report.json here: this is a store. Its sessions and " +
+    "exchanges are under the tabs above." : "No report.json here: the outcome rows alone."));
+  parts.push(...await gridSection(r && r.conditions ? Object.keys(r.conditions) : []));
+  // a design's own result before the ladder of its conditions
+  if (r && r.judge && Object.keys(r.judge).length) parts.push(el("h2", {}, "Judge"), el("div", {id: "judge"}, tree(r.judge)));
+  if (r && r.floors) parts.push(el("h2", {}, "Floors"), el("div", {id: "floors"}, tree(r.floors)));
+  const gate = s.gate || (r && r.gate);
+  if (gate && typeof gate === "object") parts.push(...gateSection(gate));
   if (r && r.conditions) {
-    parts.push(el("h2", {}, "Determinism ladder"), conditionsTable(r.conditions), ...carriers(r.conditions));
+    parts.push(el("h2", {}, DESIGN_TITLES[r.design] ? "Determinism ladder of the study's conditions" : "Determinism ladder"),
+      conditionsTable(r.conditions), ...carriers(r.conditions));
   }
   if (r && Array.isArray(r.contrasts) && r.contrasts.length) {
     parts.push(el("h3", {}, "Contrasts of w (A − B)"), table("contrasts", ["A", "B", "estimate", "95% interval"],
@@ -201,10 +262,6 @@ async function reportPage(main) {
     parts.push(el("figure", {}, el("img", {src: "/plot/" + encodeURIComponent(name), alt: name, class: "plot"}),
       el("figcaption", {}, name)));
   }
-  if (r && r.judge && Object.keys(r.judge).length) parts.push(el("h2", {}, "Judge"), el("div", {id: "judge"}, tree(r.judge)));
-  if (r && r.floors) parts.push(el("h2", {}, "Floors"), el("div", {id: "floors"}, tree(r.floors)));
-  const gate = s.gate || (r && r.gate);
-  if (gate && typeof gate === "object") parts.push(...gateSection(gate));
   if (r && r.warnings && r.warnings.length) {
     parts.push(el("h2", {}, "Warnings"), el("ul", {id: "warnings"}, r.warnings.map(w => el("li", {}, String(w)))));
   }

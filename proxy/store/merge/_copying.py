@@ -442,10 +442,10 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
     """A fresh OUT's bodies, every shard's, written once and in key order before any record (a
     k-way merge of the shards' bodies tables, each in key order; a digest two shards hold taken
     from the first), with every dictionary they may be compressed with: instead of inserting each
-    batch's bodies at random places and copying them again at the refill. Each value is checked
-    as the shard check checks a body (its CRC and declared size; else read whole, verified). A
-    merge killed here leaves bodies that no record names yet: the next merge keeps them and writes
-    the records (the old way: OUT is no longer fresh). Returns how many bodies were written."""
+    batch's bodies at random places and copying them again at the refill. Every value was read
+    whole and hashed before OUT was made (`verify_bodies`, which `merge` runs first for a fresh OUT).
+    A merge killed while writing leaves bodies that no record names yet: the next merge keeps them
+    and writes the records (the old way: OUT is no longer fresh). Returns how many bodies were written."""
     import heapq
     from operator import itemgetter
 
@@ -454,7 +454,7 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
         for src in srcs:
             rows = list(src.raw_table("dicts"))
             dest._write(lambda txn, rows=rows: [txn.put(k, v, db=dest._dicts, overwrite=False) for k, v in rows])
-        merged = heapq.merge(*(_checked_bodies(src, dest.max_body) for src in srcs), key=itemgetter(0))
+        merged = heapq.merge(*(src.raw_table("bodies") for src in srcs), key=itemgetter(0))
         written, last, rows = 0, None, []
         for k, v in merged:
             if k == last:
@@ -467,11 +467,19 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
         return written + (dest.append_rows("bodies", lambda: [rows]) if rows else 0)
 
 
-def _checked_bodies(src: Store, limit: int) -> Iterator[tuple[bytes, bytes]]:
-    for k, v in src.raw_table("bodies"):
-        if not codec.sound_as_stored(v, limit):
-            src.body(k.hex())  # a raw value, or damage: read whole, verified (StoreError naming it)
-        yield k, v
+def verify_bodies(paths: list[Path]) -> None:
+    """Every body of every shard read whole and hashed (`Store.body`), the ones no exchange names
+    too, and every compression dictionary against its key: a forged one would win its digest in a
+    fresh OUT (the first shard's copy is taken) and the other shard's exchanges would read another
+    content. StoreError naming the store and the body or dictionary."""
+    for p in paths:
+        with Store.open(p, write=False) as src:
+            for k, _ in src.raw_table("bodies"):
+                src.body(k.hex())
+            for k, v in src.raw_table("dicts"):
+                if codec.dict_key(v) != k:
+                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} does not match its hash "
+                                     "(tampered or damaged); restore the store from a copy")
 
 
 def mergeable(layout: int | None) -> bool:

@@ -2,9 +2,12 @@
 
 A shard is checked whole before anything of it is written: every exchange must decode as an
 exchange record and every body it names must be present, within its recorded size, with the
-sha256 it is stored under, so a shard damaged on a lost node is refused by name (store and
-exchange), never half merged. A noisefloor-log/6 body is checked by its CRC as stored
-(`MergeIO._check_body`); its sha256 is checked wherever it is read. Sessions are the unit: a session's exchanges (with the bodies they
+sha256 it is stored under (decompressed and hashed: a CRC alone passes a body forged to other
+content under a good digest), so a shard damaged on a lost node or forged is refused by name
+(store and exchange), never half merged, whatever the order of the shards. Into a used OUT each
+body an exchange names is hashed by the check (`MergeIO._check_body`); into a fresh one, which
+takes every body, the whole bodies table of each shard is, once, the ones no exchange names too,
+before OUT is made (`merge_copy.verify_bodies`). Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
 index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,
@@ -75,25 +78,28 @@ class _Shard:
     last_id: int
 
 
-def _check_range(path: str, start: int, stop: int) -> merge_sessions.Scanned:
-    """Exchanges start <= id < stop, every record and body checked (a worker's share)."""
+def _check_range(path: str, start: int, stop: int, hashed: bool = True) -> merge_sessions.Scanned:
+    """Exchanges start <= id < stop, every record and body checked (a worker's share); each body's
+    content hashed too unless `hashed` is False (the whole bodies table is, by `verify_bodies`)."""
     with Store.open(path, write=False) as s:
+        s.hash_bodies = hashed
         plans = bytearray()  # what the copy takes of this check
         return merge_sessions.scan(s.merge_scan(start, stop, plans=plans), plans)
 
 
-def _check_all(path: Path, last_id: int, jobs: int, meanwhile: Callable[[], None]) -> merge_sessions.Sessions:
+def _check_all(path: Path, last_id: int, jobs: int, meanwhile: Callable[[], None],
+               hashed: bool = True) -> merge_sessions.Sessions:
     """Every session of a shard, checked by `jobs` processes at once (each a range of ids) when the
     shard is large enough to pay for starting them, while this process runs `meanwhile` (the
     lookups' check); the records' damage is reported first, as when run one after the other."""
     jobs = merge_copy.workers(jobs, last_id)
     if not jobs:
-        scanned = _check_range(str(path), 1, last_id + 1)
+        scanned = _check_range(str(path), 1, last_id + 1, hashed)
         meanwhile()
         return merge_sessions.sessions(path, scanned)
     bounds = [1 + last_id * i // jobs for i in range(jobs)] + [last_id + 1]
     with merge_copy.pool(jobs) as pool:  # forked before this process opens the shard
-        running = pool.starmap_async(_check_range, [(str(path), bounds[i], bounds[i + 1]) for i in range(jobs)])
+        running = pool.starmap_async(_check_range, [(str(path), bounds[i], bounds[i + 1], hashed) for i in range(jobs)])
         failed: StoreError | None = None
         try:
             meanwhile()
@@ -112,7 +118,7 @@ def _name_of(sessions: merge_sessions.Sessions, s: int) -> str:
     return ex.session if ex is not None else f"#{s}"
 
 
-def _read_shard(path: Path, jobs: int) -> _Shard:
+def _read_shard(path: Path, jobs: int, hashed: bool = True) -> _Shard:
     """Check one shard; StoreError names it (and the exchange) when anything in it is damaged."""
     with Store.open(path, write=False) as s:
         s.refuse_unfinished("merge")
@@ -124,7 +130,7 @@ def _read_shard(path: Path, jobs: int) -> _Shard:
                 s.checked_lookups()
 
     try:
-        sessions = _check_all(path, last_id, jobs, lookups)
+        sessions = _check_all(path, last_id, jobs, lookups, hashed)
     except StoreError as exc:
         raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
     return _Shard(path, sessions, rules_id, rules, meta, last_id)
@@ -137,11 +143,17 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
     jobs = default_jobs() if jobs is None else jobs
     with _no_gc():  # millions of short-lived objects and no cycles: the collector only costs time
         shards = []
+        whole_table = _empty(Path(out))  # a fresh OUT takes every body: hashed once, table by table
         for p in shard_paths:
             if Path(p).resolve() == Path(out).resolve():
                 raise StoreError(f"{p} is the output store itself; give OUT a new path or leave it out of the shards")
             progress(f"checking {p}")
-            shards.append(_read_shard(Path(p), jobs))
+            shards.append(_read_shard(Path(p), jobs, hashed=not whole_table))
+        if whole_table:
+            try:  # before OUT is made: a forged body (one no exchange names too) leaves nothing behind
+                merge_copy.verify_bodies([shard.path for shard in shards])
+            except StoreError as exc:
+                raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
         with Store.open(out, write=True, create=True) as dest:
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
             interrupted.finish(dest, progress)  # what a killed proxy or merge left in OUT, before any merged in
@@ -176,6 +188,14 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
                 _refill(dest, out, deferred, progress)
     return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], rows)
+
+
+def _empty(out: Path) -> bool:
+    """Whether OUT holds no exchange and no body yet (or does not exist)."""
+    if not (out / "data.mdb").exists():
+        return True
+    with Store.open(out, write=False) as s:
+        return len(s) == 0 and s.body_count() == 0
 
 
 def _bodies_first(dest: Store, shards: list[_Shard], plan: Any, progress: Callable[[str], None]) -> int | None:

@@ -101,6 +101,8 @@ class MergeIO:
     recorded_entries_by_id: Any
     exchange: Any
 
+    hash_bodies = True  # `_check_body` hashes each body (merge turns it off when it hashes the whole table)
+
     def recent_bodies(self) -> _Recent:
         """The verified bodies a check keeps while it reads (`_check_body`)."""
         recent = _Recent(lambda ref: self.body(ref.hex(), exchange_id=recent.exchange_id, part="referenced"))
@@ -108,19 +110,18 @@ class MergeIO:
 
     def _check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
                     recent: _Recent) -> None:
-        """One body checked as `body` checks it; on any failure `body` itself reads it again, to
-        raise its one-line error. A noisefloor-log/6 body is checked as stored: its CRC-32 and its
-        frame's declared size within the recorded one (a damaged byte fails the CRC), not
-        decompressed: what it decompresses to is hashed and bounded on every read of it
-        (`Bodies.body`: show, export, replay, verify), so a body forged with a matching CRC is copied
-        but never served."""
+        """One body checked as `body` checks it: decompressed within its recorded size and hashed
+        against the digest it is stored under (a CRC alone would pass a body forged to another
+        content under a good digest, and OUT would then serve it in place of the real one to every
+        exchange that shares that digest); on any failure `body` itself reads it again, to raise
+        its one-line error."""
         digest = bytes.fromhex(hexdigest)
         if digest in recent.data:
             return
         raw = txn.get(digest, db=self._bodies)
         limit = self.max_body if size is None else min(size, self.max_body)
-        if raw is not None and codec.sound_as_stored(raw, limit):
-            return
+        if not self.hash_bodies and raw is not None and codec.sound_as_stored(raw, limit):
+            return  # its content is hashed by merge's pass over the whole bodies table (`verify_bodies`)
         data = None
         if raw is not None:
             recent.exchange_id = exchange_id

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES, task_bootstrap
+from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES, canonical_order, task_bootstrap
 from noisefloor.analyzer.intervals import Interval, ci_json, percentile
 from noisefloor.analyzer.judge import JudgeStats, judge_columns, judge_stats
 from noisefloor.analyzer.ladder import (
@@ -186,19 +186,29 @@ class _Intervals:
     values: dict[str, np.ndarray]
 
 
+_ORDER = "\0order"  # a group's first column in grouped runs: each task's rank in the whole set's order
+
+
 def _draws(columns: dict[str, np.ndarray], keep: Sequence[str], settings: Settings,
            progress: Callable[[int, int], None] | None) -> _Intervals:
     """The joint task bootstrap of `columns`, in groups that hold at most DRAWS_HELD resampled means
-    (the `keep` columns first, and their draws kept): every group draws the same task multiplicities
-    from the same seed, so every column sees the same resamples, and memory does not grow with the
-    number of conditions."""
+    (the `keep` columns first, and their draws kept), so that memory does not grow with the number
+    of conditions. The bootstrap puts the tasks in an order of the values it is given
+    (`bootstrap.canonical_order`): each group is given first every task's rank in the order of all
+    the columns, so every group puts the tasks in that one order and draws the same multiplicities
+    of the same tasks from the same seed: every column sees the same resamples, as in one group."""
     b, alpha = settings.resamples, settings.plan.alpha
-    size = max(1, DRAWS_HELD // b)
+    size = max(2, DRAWS_HELD // b)
+    lead: dict[str, np.ndarray] = {}
     if len(columns) <= size:  # one group, in the columns' own order
         groups = [list(columns)]
     else:
+        whole = np.column_stack([np.asarray(v, dtype=float) for v in columns.values()])
+        rank = np.empty(len(whole))
+        rank[canonical_order(whole)] = np.arange(len(whole))
+        lead = {_ORDER: rank}
         rest = [k for k in columns if k not in set(keep)]
-        groups = ([list(keep)] if keep else []) + [rest[i:i + size] for i in range(0, len(rest), size)]
+        groups = ([list(keep)] if keep else []) + [rest[i:i + size - 1] for i in range(0, len(rest), size - 1)]
     cis: dict[str, Interval] = {}
     values: dict[str, np.ndarray] = {}
     for g, group in enumerate(groups):
@@ -206,7 +216,7 @@ def _draws(columns: dict[str, np.ndarray], keep: Sequence[str], settings: Settin
             if progress is not None:
                 progress(g * total + done, len(groups) * total)
 
-        draws = task_bootstrap({k: columns[k] for k in group}, b, settings.seed, step)
+        draws = task_bootstrap(lead | {k: columns[k] for k in group}, b, settings.seed, step)
         cis.update({k: draws.ci(k, alpha) for k in group})
         if g == 0:
             values.update({k: draws.values[k] for k in keep})

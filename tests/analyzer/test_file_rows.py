@@ -178,19 +178,27 @@ def many(n_conditions: int, n_tasks: int, replicates: int, seed: int = 1) -> lis
 @pytest.mark.parametrize("replicates", [2, 7])
 def test_the_bootstrap_in_bounded_groups_gives_the_one_group_intervals(tmp_path, monkeypatch, replicates):
     """Forced into groups of 4 columns (30 conditions: 60 columns), each group holds at most that
-    many draws, the contrasts' own first; every interval is the one-group interval (to the last bit
-    where the means are exact sums, R = 2; within float rounding otherwise)."""
+    many draws (the tasks' rank in the whole order among them), the contrasts' own first; every
+    interval is the one-group interval (to the last bit where the means are exact sums, R = 2;
+    within float rounding otherwise): every group resampled the same tasks."""
     cols = file_rows.read(write_csv(tmp_path / "o.csv", many(30, 40, replicates)))
     assert cols is not None
     data = build_columns(cols)
     settings = Settings(resamples=400, contrasts=(("c3", "c17"), ("c0", "c29")))
     whole = analyze(data, settings)
     sizes: list[int] = []
+    ordered: list[bool] = []
     real = analysis.task_bootstrap
-    monkeypatch.setattr(analysis, "task_bootstrap", lambda cols, *a, **k: sizes.append(len(cols)) or real(cols, *a, **k))
+
+    def spy(cols, *a, **k):
+        sizes.append(len(cols))
+        ordered.append(next(iter(cols)) == analysis._ORDER)  # every group led by the tasks' one order
+        return real(cols, *a, **k)
+
+    monkeypatch.setattr(analysis, "task_bootstrap", spy)
     monkeypatch.setattr(analysis, "DRAWS_HELD", 4 * 400)
     grouped = analyze(data, settings)
-    assert sizes[0] == 4 and max(sizes[1:]) <= 4 and sum(sizes) == 60
+    assert all(ordered) and sizes[0] == 4 + 1 and max(sizes[1:]) <= 4 and sum(sizes) == 60 + len(sizes)
     exact = replicates == 2
 
     def close(a, b):

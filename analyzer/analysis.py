@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES, task_bootstrap
+from noisefloor.analyzer.bootstrap import DEFAULT_RESAMPLES, canonical_order, task_bootstrap
 from noisefloor.analyzer.intervals import Interval, ci_json, percentile
 from noisefloor.analyzer.judge import JudgeStats, judge_columns, judge_stats
 from noisefloor.analyzer.ladder import (
@@ -143,15 +143,20 @@ def _contrast_json(c: Contrast) -> dict[str, Any]:
     }
 
 
+DEFAULT_PAIRS_UP_TO = 20  # conditions up to which every pair is contrasted when none is asked for (190 pairs)
+DRAWS_HELD = 1 << 23  # resampled means held at once (64 MB), beyond the draws the contrasts need
+
+
 def analyze(
     data: OutcomeSet, settings: Settings = Settings(), progress: Callable[[int, int], None] | None = None
 ) -> Analysis:
     names = list(data.conditions)
-    pairs = _pairs(names, settings, [c for c, d in data.conditions.items() if d.reference is not None])
+    judged_names = [c for c, d in data.conditions.items() if d.reference is not None]
+    pairs = _pairs(names, settings, judged_names)
     s2 = {c: task_variances(d.outcomes) for c, d in data.conditions.items()}
     judged = {c: judge_columns(d.outcomes, d.reference) for c, d in data.conditions.items() if d.reference is not None}
-    draws = task_bootstrap(_columns(data, s2, judged), settings.resamples, settings.seed, progress)
-    alpha = settings.plan.alpha
+    contrasted = [x for pair in [*pairs, *([settings.batches] if settings.batches else [])] for x in pair]
+    draws = _draws(_columns(data, s2, judged), [f"w:{c}" for c in dict.fromkeys(contrasted)], settings, progress)
     results = [_condition(data, c, s2[c], draws, settings) for c in data.conditions]
     by_name = {r.name: r for r in results}
 
@@ -159,7 +164,7 @@ def analyze(
         return _contrast(data.tasks, by_name[a], by_name[b], s2, draws, settings)
 
     judge = {
-        c: judge_stats(j, draws.ci(f"judge:{c}", alpha), data.conditions[c].confidence) for c, j in judged.items()
+        c: judge_stats(j, draws.cis[f"judge:{c}"], data.conditions[c].confidence) for c, j in judged.items()
     }
     return Analysis(
         tasks=data.tasks,
@@ -168,9 +173,64 @@ def analyze(
         batches=contrast(*settings.batches) if settings.batches else None,
         judge=judge,
         settings=settings,
-        warnings=data.warnings,
+        warnings=data.warnings + _unpaired(names, settings, judged_names),
         dropped_tasks=dict(data.dropped_tasks),
     )
+
+
+@dataclass(frozen=True)
+class _Intervals:
+    """Every column's percentile interval, and the draws themselves of the columns contrasts need."""
+
+    cis: dict[str, Interval]  # at the settings' alpha
+    values: dict[str, np.ndarray]
+
+
+_ORDER = "\0order"  # a group's first column in grouped runs: each task's rank in the whole set's order
+
+
+def _draws(columns: dict[str, np.ndarray], keep: Sequence[str], settings: Settings,
+           progress: Callable[[int, int], None] | None) -> _Intervals:
+    """The joint task bootstrap of `columns`, in groups that hold at most DRAWS_HELD resampled means
+    (the `keep` columns first, and their draws kept), so that memory does not grow with the number
+    of conditions. The bootstrap puts the tasks in an order of the values it is given
+    (`bootstrap.canonical_order`): each group is given first every task's rank in the order of all
+    the columns, so every group puts the tasks in that one order and draws the same multiplicities
+    of the same tasks from the same seed: every column sees the same resamples, as in one group."""
+    b, alpha = settings.resamples, settings.plan.alpha
+    size = max(2, DRAWS_HELD // b)
+    lead: dict[str, np.ndarray] = {}
+    if len(columns) <= size:  # one group, in the columns' own order
+        groups = [list(columns)]
+    else:
+        whole = np.column_stack([np.asarray(v, dtype=float) for v in columns.values()])
+        rank = np.empty(len(whole))
+        rank[canonical_order(whole)] = np.arange(len(whole))
+        lead = {_ORDER: rank}
+        rest = [k for k in columns if k not in set(keep)]
+        groups = ([list(keep)] if keep else []) + [rest[i:i + size - 1] for i in range(0, len(rest), size - 1)]
+    cis: dict[str, Interval] = {}
+    values: dict[str, np.ndarray] = {}
+    for g, group in enumerate(groups):
+        def step(done: int, total: int, g: int = g) -> None:
+            if progress is not None:
+                progress(g * total + done, len(groups) * total)
+
+        draws = task_bootstrap(lead | {k: columns[k] for k in group}, b, settings.seed, step)
+        cis.update({k: draws.ci(k, alpha) for k in group})
+        if g == 0:
+            values.update({k: draws.values[k] for k in keep})
+    return _Intervals(cis, values)
+
+
+def _unpaired(names: Sequence[str], settings: Settings, judged: Sequence[str]) -> tuple[str, ...]:
+    """A line saying that no contrast was computed because none was asked for among many conditions."""
+    if settings.contrasts or len(names) <= DEFAULT_PAIRS_UP_TO:
+        return ()
+    n = len(names) - len(judged)
+    return (f"{len(names)} conditions: contrasts are computed only when asked for (--contrast A:B; every pair, "
+            f"{n * (n - 1) // 2 + len(judged) * (len(judged) - 1) // 2}, is the default up to "
+            f"{DEFAULT_PAIRS_UP_TO} conditions)",)
 
 
 def _columns(data: OutcomeSet, s2: dict[str, np.ndarray], judged: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -184,16 +244,16 @@ def _columns(data: OutcomeSet, s2: dict[str, np.ndarray], judged: dict[str, Any]
     return columns
 
 
-def _condition(data: OutcomeSet, c: str, s2: np.ndarray, draws: Any, settings: Settings) -> ConditionResult:
+def _condition(data: OutcomeSet, c: str, s2: np.ndarray, draws: _Intervals, settings: Settings) -> ConditionResult:
     d = data.conditions[c]
     alpha, plan, n = settings.plan.alpha, settings.plan, len(data.tasks)
-    wi = w_interval(d.outcomes, draws.ci(f"w:{c}", alpha), alpha)
+    wi = w_interval(d.outcomes, draws.cis[f"w:{c}"], alpha)
     one = n < 2  # one task: every interval over tasks is undefined
     return ConditionResult(
         name=c,
         stats=condition_stats(d.outcomes, plan),
         w_interval=wi,
-        score_ci=None if one else draws.ci(f"score:{c}", alpha),
+        score_ci=None if one else draws.cis[f"score:{c}"],
         budget_ci=None if one else Interval(int(budget(wi.ci[0], n, plan)), int(budget(wi.ci[1], n, plan))),
         carriers=leave_one_out(data.tasks, s2, settings.top_tasks),
         failures=dict(d.failures),
@@ -201,7 +261,7 @@ def _condition(data: OutcomeSet, c: str, s2: np.ndarray, draws: Any, settings: S
     )
 
 
-def _contrast(tasks: Sequence[str], ra: ConditionResult, rb: ConditionResult, s2: dict[str, np.ndarray], draws: Any,
+def _contrast(tasks: Sequence[str], ra: ConditionResult, rb: ConditionResult, s2: dict[str, np.ndarray], draws: _Intervals,
               settings: Settings) -> Contrast:
     a, b = ra.name, rb.name
     boot = percentile(draws.values[f"w:{a}"] - draws.values[f"w:{b}"], settings.plan.alpha)
@@ -227,12 +287,15 @@ def contrast_bounds(boot: Interval, wa: WInterval, wb: WInterval) -> Interval:
 
 
 def _pairs(names: Sequence[str], settings: Settings, judged: Sequence[str] = ()) -> list[tuple[str, str]]:
-    """The contrasts asked for, else every pair of comparable conditions: generation conditions
-    with each other, judge conditions (rows with a reference) with each other, never across (a
-    judge's verdict variance and an agent's outcome variance are different quantities)."""
+    """The contrasts asked for, else (up to DEFAULT_PAIRS_UP_TO conditions) every pair of comparable
+    conditions: generation conditions with each other, judge conditions (rows with a reference)
+    with each other, never across (a judge's verdict variance and an agent's outcome variance are
+    different quantities). Past that many conditions every pair would grow with their square: only
+    the contrasts asked for are computed (`_unpaired` says so in the report)."""
     gen = [n for n in names if n not in judged]
     jud = [n for n in names if n in judged]
-    wanted = list(settings.contrasts) or [*combinations(gen, 2), *combinations(jud, 2)]
+    every = [*combinations(gen, 2), *combinations(jud, 2)] if len(names) <= DEFAULT_PAIRS_UP_TO else []
+    wanted = list(settings.contrasts) or every
     if settings.batches:
         wanted = [p for p in wanted if set(p) != set(settings.batches)]
     for a, b in [*wanted, *([settings.batches] if settings.batches else [])]:

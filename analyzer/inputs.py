@@ -40,6 +40,10 @@ def gather(o: AnalyzeOptions) -> Inputs:
         if o.logs:
             return Inputs([], log_doc, kept)
         raise _no_rows(where)
+    if o.outcomes and not o.logs:
+        columns = _file_columns(o)
+        if columns is not None:
+            return Inputs(columns)
     if o.example:
         from noisefloor.analyzer.simulate import example
 
@@ -59,6 +63,20 @@ def gather(o: AnalyzeOptions) -> Inputs:
 def _no_rows(where: str) -> InputError:
     return InputError(f"{where} holds exchanges but no graded outcome rows; grade them with "
                       f"`nfverify SUITE {where}` (which keeps the rows in the log) or pass --outcomes FILE")
+
+
+def _file_columns(o: AnalyzeOptions) -> RowColumns | None:
+    """An outcomes file's rows as columns when it is the only source and the ladder is all it
+    feeds (no floors, no gate); None when the rows are to be read the full way."""
+    if o.example or o.inspect_specs or o.floors or o.outcomes is None:
+        return None
+    from noisefloor.analyzer import file_rows
+    from noisefloor.analyzer.gate import GATE_CONDITIONS
+
+    columns = file_rows.read(o.outcomes)
+    if columns is None or set(GATE_CONDITIONS) <= set(columns.conditions):
+        return None
+    return columns
 
 
 def _columns(o: AnalyzeOptions) -> RowColumns | None:

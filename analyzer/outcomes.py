@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from noisefloor.analyzer.outcome_columns import NONE, Cells, RowColumns, cells, failure_counts, of_rows
+from noisefloor.analyzer.outcome_columns import NONE, Cells, RowColumns, by_condition, cells, failure_counts, of_rows
 from noisefloor.outcome_rows import OutcomeError, OutcomeRow, read, unique_rows
 
 Row = OutcomeRow  # the analyzer reads the one row type the graders write
@@ -62,11 +62,12 @@ def build_columns(cols: RowColumns, *, missing_tasks: str = "intersect", unbalan
     present[cols.condition, cols.task] = True
     names = cols.tasks
     warnings: list[str] = []
-    all_tasks = sorted(range(len(names)), key=lambda i: _natural(names[i]))
+    all_tasks = np.array(sorted(range(len(names)), key=lambda i: _natural(names[i])), dtype=np.intp)
     # a 2-D array's all(axis=0) is 1-D; numpy's stubs type it as maybe a scalar (a 1-D array's)
     in_all = cast("np.ndarray", present[np.array([code[c] for c in order], dtype=np.intp)].all(axis=0))
-    common = [i for i in all_tasks if in_all[i]]
-    dropped = {c: tuple(names[i] for i in all_tasks if not present[code[c], i]) for c in order}
+    common = all_tasks[in_all[all_tasks]].tolist()
+    dropped = {} if len(common) == len(names) else {
+        c: tuple(names[i] for i in all_tasks[~present[code[c], all_tasks]]) for c in order}
     dropped = {c: ts for c, ts in dropped.items() if ts}
     if dropped:
         detail = "; ".join(f"{c} lacks {len(ts)} ({', '.join(ts[:3])}{'...' if len(ts) > 3 else ''})" for c, ts in dropped.items())
@@ -77,7 +78,9 @@ def build_columns(cols: RowColumns, *, missing_tasks: str = "intersect", unbalan
         raise OutcomeError("no task appears in every condition; check the condition and task_id columns")
     place = np.full(len(names), -1, dtype=np.int64)
     place[common] = np.arange(len(common))
-    conditions = {c: _matrix(c, cols, cells(cols, code[c], place, len(common)), unbalanced, warnings) for c in order}
+    rows_of = by_condition(cols)
+    conditions = {c: _matrix(c, cols, cells(cols, rows_of[code[c]], place, len(common)), unbalanced, warnings)
+                  for c in order}
     return OutcomeSet(tuple(names[i] for i in common), conditions, dropped, tuple(warnings), len(cols))
 
 

@@ -60,8 +60,9 @@ def decoded(texts: list[bytes]) -> list[Any] | None:  # _Stored rows: a type bui
     return rows if len(rows) == len(texts) else None
 
 
-class _Reader:
-    """Columns gathered chunk by chunk, the texts numbered across every chunk and store."""
+class RowsReader:
+    """Decoded rows gathered into columns chunk by chunk, the texts numbered across every chunk and
+    source (the stores here, a JSON Lines file in `file_rows`)."""
 
     def __init__(self) -> None:
         self.conds, self.tasks, self.fails = Numbering(), Numbering(), Numbering()
@@ -76,17 +77,24 @@ class _Reader:
         replicate = [r.replicate for r in rows]
         if max(replicate) >= _EXACT or min(replicate) <= -_EXACT:
             return False
+        self.add_columns([r.condition for r in rows], [r.task_id for r in rows], replicate, [r.outcome for r in rows],
+                         [NONE if r.reference is None else r.reference for r in rows],
+                         [r.confidence for r in rows], [r.failure for r in rows])  # a confidence None -> NaN
+        return True
+
+    def add_columns(self, cond: list[str], task: list[str], replicate: list[int], outcome: list[int],
+                    reference: list[int], confidence: Sequence[float | None], failure: Sequence[str | None]) -> None:
+        """Keep one chunk of rows given as columns, values already checked (a falsy failure: none)."""
         fails = self.fails
         self.parts.append((
-            np.array(self.conds.of(r.condition for r in rows), dtype=np.int32),
-            np.array(self.tasks.of(r.task_id for r in rows), dtype=np.int32),
+            np.array(self.conds.of(cond), dtype=np.int32),
+            np.array(self.tasks.of(task), dtype=np.int32),
             np.array(replicate, dtype=np.int64),
-            np.array([r.outcome for r in rows], dtype=np.int8),
-            np.array([NONE if r.reference is None else r.reference for r in rows], dtype=np.int8),
-            np.array([r.confidence for r in rows], dtype=float),  # None -> NaN
-            np.array([fails.of((r.failure,))[0] if r.failure else NONE for r in rows], dtype=np.int32),
+            np.array(outcome, dtype=np.int8),
+            np.array(reference, dtype=np.int8),
+            np.array(confidence, dtype=float),
+            np.array([fails.of((f,))[0] if f else NONE for f in failure], dtype=np.int32),
         ))
-        return True
 
     def columns(self) -> RowColumns | None:
         """All rows as columns; None when a task or condition is empty or a row's key repeats."""
@@ -112,7 +120,7 @@ def repeats(cols: RowColumns) -> bool:
 def read(paths: Sequence[Path]) -> RowColumns | None:
     """The rows kept in the stores, in the order `logstats.outcome_rows` gives them, as columns;
     None when the full parse is needed (see the module's docstring)."""
-    reader = _Reader()
+    reader = RowsReader()
     for p in paths:
         # the chunks' read is closed before the store is; outcome_texts is a generator, though the
         # store annotates it as an Iterator

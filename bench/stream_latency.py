@@ -7,6 +7,7 @@ recording, and replayed (at once and with the recorded gaps). Interleaved rounds
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import statistics
 import sys
@@ -70,11 +71,12 @@ def main() -> None:
         up.stop()
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{a.events}-event SSE stream, upstream pause {a.pause_ms} ms between events, {a.rounds} interleaved rounds "
-          "(medians)\n")
-    print(f"{'path':<34}{'first chunk ms':>15}{'total ms':>10}{'bytes':>8}")
+          "(medians, minimum in brackets)\n")
+    print(f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+    print(f"{'path':<34}{'first chunk ms (min)':>22}{'total ms (min)':>16}{'bytes':>8}")
     for k, xs in res.items():
-        print(f"{k:<34}{statistics.median(x[0] for x in xs) * 1000:>15.2f}"
-              f"{statistics.median(x[1] for x in xs) * 1000:>10.1f}{xs[0][2]:>8}")
+        print(f"{k:<34}{statistics.median(x[0] for x in xs) * 1000:>13.2f} ({min(x[0] for x in xs) * 1000:5.2f})"
+              f"{statistics.median(x[1] for x in xs) * 1000:>8.1f} ({min(x[1] for x in xs) * 1000:5.1f}){xs[0][2]:>8}")
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ def audit_tasks(folder: Path | None, categories: str, per_category: int) -> tupl
 
 def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Executor,
               say: Callable[[str], None]) -> pipeline.LadderResult:
-    from noisefloor.verifier.bfcl import grade_response
+    from noisefloor.verifier.bfcl import TaskGrader
     from noisefloor.verifier.rows import with_verdict
 
     ladder = pipeline.start(cfg, executor, builtin, say)
@@ -64,7 +64,7 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
     if builtin is not None:
         builtin.stop()
     say("grading tool calls (BFCL AST checker)")
-    by_id = {t.task_id: t for t in cfg.tasks}
+    graders = {t.task_id: TaskGrader(t.tool) for t in cfg.tasks}
     found = ladder.candidates()
     rows: list[OutcomeRow] = []
     for session, att in ladder.study_attempts():
@@ -73,7 +73,7 @@ def run_audit(cfg: Config, design: Design, builtin: Any | None, executor: Execut
         if cand is None or cand.body is None:
             rows.append(unanswered(base, att))
             continue
-        rows.append(with_verdict(base, grade_response(by_id[att.task_id].tool, cand.body)))
+        rows.append(with_verdict(base, graders[att.task_id].grade_response(cand.body)))
     pipeline.keep_rows(ladder, rows)
     say("analyzing")
     audits = audit_mod.audit(rows, seed=cfg.seed, resamples=cfg.bootstrap)

@@ -17,6 +17,9 @@ module must reproduce, and how they were made). The rules, in the checker's orde
   matches (first-fit, order-dependent, as BFCL does); `parallel="bipartite"` finds a matching
   whenever one exists (departs from BFCL). Both are at most n^2 call checks.
 
+Grading many candidates of one task, a `TaskGrader` works out the answer's side of every check
+once (`bfcl_expected`); `grade` and `grade_response` grade one candidate the same way.
+
 Bounds: tool-call arguments over MAX_ARGUMENT_CHARS, or nested past what the JSON parser takes,
 are malformed (no BFCL answer is near either).
 
@@ -28,18 +31,24 @@ wrong number of calls).
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from noisefloor.errors import InputError
+from noisefloor.verifier.bfcl_expected import (
+    COMPARE_ERRORS,
+    SHAPE,
+    TYPES,
+    answer_type,
+    clean,
+    cleaned,
+    compile_expected,
+    items,
+)
 from noisefloor.verifier.datasets import ToolTask
 
 MAX_ARGUMENT_CHARS = 1 << 16
-_STRIP = re.compile(r"[ ,./\-_*^]")
-_TYPES: dict[str, type] = {"string": str, "integer": int, "float": float, "boolean": bool, "array": list,
-                           "tuple": list, "dict": dict, "any": str}
 
 
 @dataclass(frozen=True)
@@ -145,26 +154,9 @@ def spelled(declared: str, rules: Rules = BFCL) -> str:
     return declared.replace(".", "_") if rules.names == "underscore" else declared
 
 
-def _clean(s: str) -> str:
-    return _STRIP.sub("", s).lower().replace("'", '"')
-
-
-def _cleaned(v: Any) -> Any:
-    return _clean(v) if type(v) is str else v
-
-
-def _items(a: Any) -> list[Any]:
-    """The elements of an answer by index (a string gives its characters, as the checker's indexing does)."""
-    return [a[j] for j in range(len(a))]
-
-
-def _answer_type(allowed: Sequence[Any]) -> type | None:
-    return next((type(a) for a in allowed if a != ""), None)
-
-
 def _typed(value: Any, allowed: Sequence[Any], expected: type[Any], inner: type | None) -> tuple[bool, bool]:
     """(type accepted, value is a "variable": compared by equality) for one argument."""
-    atype = _answer_type(allowed)
+    atype = answer_type(allowed)
     variable = atype is not None and atype is not expected
     if type(value) is expected:
         if inner is None:
@@ -182,7 +174,7 @@ def _dict_ok(value: dict[str, Any], allowed: Sequence[Any]) -> bool:
     for option in allowed:
         if option == "":
             continue
-        if all(k in option and _cleaned(v) in [_cleaned(x) for x in _items(option[k])] for k, v in value.items()) \
+        if all(k in option and cleaned(v) in [cleaned(x) for x in items(option[k])] for k, v in value.items()) \
                 and all(k in value or "" in opts for k, opts in option.items()):
             return True
     return False
@@ -194,13 +186,13 @@ def _dict_list_ok(value: list[Any], allowed: Sequence[Any]) -> bool:
 
 
 def _list_ok(value: list[Any], allowed: Sequence[Any]) -> bool:
-    return [_cleaned(v) for v in value] in [[_cleaned(x) for x in _items(option)] for option in allowed]
+    return [cleaned(v) for v in value] in [[cleaned(x) for x in items(option)] for option in allowed]
 
 
 def _argument_ok(value: Any, allowed: Sequence[Any], schema: dict[str, Any]) -> bool:
     declared = schema["type"]
-    expected = _TYPES[declared]
-    inner = _TYPES[schema["items"]["type"]] if declared in ("array", "tuple") else None
+    expected = TYPES[declared]
+    inner = TYPES[schema["items"]["type"]] if declared in ("array", "tuple") else None
     if declared == "float" and type(value) is int:
         value = float(value)
     ok, variable = _typed(value, allowed, expected, inner)
@@ -212,7 +204,7 @@ def _argument_ok(value: Any, allowed: Sequence[Any], schema: dict[str, Any]) -> 
         if expected is list and inner is dict:
             return _dict_list_ok(value, allowed)
         if expected is str:
-            return _clean(value) in [_clean(a) for a in allowed if type(a) is str]
+            return clean(value) in [clean(a) for a in allowed if type(a) is str]
         if expected is list:
             return _list_ok(value, allowed)
     return value in allowed
@@ -239,8 +231,8 @@ def check(call: Call, schema: dict[str, Any] | None, answer: dict[str, Any], rul
         for p, options in allowed.items():
             if p not in call.arguments and "" not in options:
                 return f"argument {p!r} missing"
-    except (KeyError, TypeError, AttributeError, IndexError, OverflowError, RecursionError, StopIteration):
-        return "arguments of a shape the answer cannot be compared with"
+    except COMPARE_ERRORS:
+        return SHAPE
     return None
 
 
@@ -248,25 +240,85 @@ def _schema(task: ToolTask, declared: str) -> dict[str, Any] | None:
     return next((f for f in task.functions if isinstance(f, dict) and f.get("name") == declared), None)
 
 
-def _pair(task: ToolTask, call: Call, answer: dict[str, Any], rules: Rules) -> str | None:
-    return check(call, _schema(task, next(iter(answer))), answer, rules)
+class TaskGrader:
+    """One task's expected calls compiled once (`bfcl_expected`), to grade many candidates under `rules`.
+
+    The task is read when the grader is made: a grader stands for the task as it was then."""
+
+    def __init__(self, task: ToolTask, rules: Rules = BFCL) -> None:
+        self.task, self.rules = task, rules
+        self._names = frozenset(spelled(n, rules) for entry in task.ground_truth for n in entry)
+        self._checks = [self._compiled(answer) for answer in task.ground_truth]
+        self._parallel = "parallel" in task.category
+
+    def _compiled(self, answer: dict[str, Any]) -> Callable[[Call], str | None]:
+        """The check of one expected call: compiled, or `check` on the raw task for a shape it does not hold."""
+        task, rules = self.task, self.rules
+        try:
+            schema = _schema(task, next(iter(answer)))
+            expected = None if schema is None else compile_expected(schema, answer, spelled(schema["name"], rules))
+        except (*COMPARE_ERRORS, ValueError):
+            expected = None
+        if expected is None:
+            return lambda call: check(call, _schema(task, next(iter(answer))), answer, rules)
+        why = expected.why
+        return lambda call: why(call.name, call.arguments)
+
+    def grade_response(self, body: dict[str, Any] | None) -> ToolVerdict:
+        if not isinstance(body, dict):
+            return ToolVerdict(self.task.task_id, 0, "malformed_output", "no response body")
+        try:
+            calls = calls_from_response(body)
+        except Malformed as exc:
+            return ToolVerdict(self.task.task_id, 0, "malformed_output", str(exc))
+        return self.grade(calls)
+
+    def grade(self, calls: Sequence[Call]) -> ToolVerdict:
+        task_id, checks = self.task.task_id, self._checks
+        if not calls:
+            return ToolVerdict(task_id, 0, "malformed_output", "no tool call in the response")
+        bad = next((c.name for c in calls if c.name not in self._names), None)
+        if bad is not None:
+            return ToolVerdict(task_id, 0, "wrong_function", f"unexpected function {bad[:80]}")
+        if len(calls) != len(checks):
+            return ToolVerdict(task_id, 0, "other", f"{len(calls)} calls, expected {len(checks)}")
+        if self._parallel:
+            ok, reasons = (_bipartite if self.rules.parallel == "bipartite" else _first_fit)(checks, calls)
+        else:  # multiple (and simple): the one call against the one expected call
+            why = checks[0](calls[0])
+            ok, reasons = why is None, [why] if why else []
+        if ok:
+            return ToolVerdict(task_id, 1, "correct")
+        if reasons and all(r.startswith("function") for r in reasons):
+            return ToolVerdict(task_id, 0, "wrong_function", reasons[0])
+        detail = next((r for r in reasons if not r.startswith("function")), "no call matches")
+        if self._parallel:
+            detail = f"an expected call matches no remaining call ({detail})"
+        return ToolVerdict(task_id, 0, "wrong_arguments", detail)
 
 
-def _first_fit(task: ToolTask, calls: Sequence[Call], rules: Rules) -> tuple[bool, list[str]]:
+_Check = Callable[[Call], str | None]
+
+
+def _first_fit(checks: Sequence[_Check], calls: Sequence[Call]) -> tuple[bool, list[str]]:
     """BFCL's parallel rule: each expected call takes the first unmatched call that matches it."""
     free = list(range(len(calls)))
-    for answer in task.ground_truth:
-        why = [(i, _pair(task, calls[i], answer, rules)) for i in free]
-        hit = next((i for i, w in why if w is None), None)
-        if hit is None:
-            return False, [w for _, w in why if w]
-        free.remove(hit)
+    for check_one in checks:
+        reasons = []
+        for i in free:
+            why = check_one(calls[i])
+            if why is None:
+                free.remove(i)
+                break
+            reasons.append(why)
+        else:
+            return False, reasons
     return True, []
 
 
-def _bipartite(task: ToolTask, calls: Sequence[Call], rules: Rules) -> tuple[bool, list[str]]:
+def _bipartite(checks: Sequence[_Check], calls: Sequence[Call]) -> tuple[bool, list[str]]:
     """A perfect matching of calls to expected calls if any exists (augmenting paths: n^2 checks, n^3 steps)."""
-    why = [[_pair(task, c, answer, rules) for c in calls] for answer in task.ground_truth]
+    why = [[check_one(c) for c in calls] for check_one in checks]
     owner: dict[int, int] = {}  # call index -> expected index
 
     def augment(k: int, seen: set[int]) -> bool:
@@ -285,38 +337,13 @@ def _bipartite(task: ToolTask, calls: Sequence[Call], rules: Rules) -> tuple[boo
 
 
 def grade(task: ToolTask, calls: Sequence[Call], rules: Rules = BFCL) -> ToolVerdict:
-    expected = task.ground_truth
-    if not calls:
-        return ToolVerdict(task.task_id, 0, "malformed_output", "no tool call in the response")
-    names = {spelled(n, rules) for entry in expected for n in entry}
-    bad = next((c.name for c in calls if c.name not in names), None)
-    if bad is not None:
-        return ToolVerdict(task.task_id, 0, "wrong_function", f"unexpected function {bad[:80]}")
-    if len(calls) != len(expected):
-        return ToolVerdict(task.task_id, 0, "other", f"{len(calls)} calls, expected {len(expected)}")
-    if "parallel" in task.category:
-        ok, reasons = (_bipartite if rules.parallel == "bipartite" else _first_fit)(task, calls, rules)
-    else:  # multiple (and simple): the one call against the one expected call
-        why = _pair(task, calls[0], expected[0], rules)
-        ok, reasons = why is None, [why] if why else []
-    if ok:
-        return ToolVerdict(task.task_id, 1, "correct")
-    if reasons and all(r.startswith("function") for r in reasons):
-        return ToolVerdict(task.task_id, 0, "wrong_function", reasons[0])
-    detail = next((r for r in reasons if not r.startswith("function")), "no call matches")
-    if "parallel" in task.category:
-        detail = f"an expected call matches no remaining call ({detail})"
-    return ToolVerdict(task.task_id, 0, "wrong_arguments", detail)
+    """One candidate's calls (a TaskGrader grades many of one task without compiling it each time)."""
+    return TaskGrader(task, rules).grade(calls)
 
 
 def grade_response(task: ToolTask, body: dict[str, Any] | None, rules: Rules = BFCL) -> ToolVerdict:
-    if not isinstance(body, dict):
-        return ToolVerdict(task.task_id, 0, "malformed_output", "no response body")
-    try:
-        calls = calls_from_response(body)
-    except Malformed as exc:
-        return ToolVerdict(task.task_id, 0, "malformed_output", str(exc))
-    return grade(task, calls, rules)
+    """One candidate's response body (a TaskGrader grades many of one task without compiling it each time)."""
+    return TaskGrader(task, rules).grade_response(body)
 
 
 def ground_truth_calls(task: ToolTask, rules: Rules = BFCL) -> list[Call]:

@@ -123,18 +123,20 @@ def code_rows(suite: str, diff: Any, logs: Sequence[Path], samples: Path | None,
 
 def bfcl_rows(logs: Sequence[Path], dataset: Path | None, progress: Progress, rules: Any) -> list[OutcomeRow]:
     """BFCL: each session's tool calls checked against its task's answers, one candidate at a time."""
-    from noisefloor.verifier.bfcl import grade_response
+    from noisefloor.verifier.bfcl import TaskGrader
     from noisefloor.verifier.datasets import load_bfcl
 
     tasks = {t.task_id: t for cat in ("multiple", "parallel") for t in load_bfcl(cat, dataset)}
     refs, progress.where = log_sessions(logs, {tid: t.question[-1][-1]["content"] for tid, t in tasks.items()})
     keys = []
+    graders: dict[str, TaskGrader] = {}  # a task compiled at its first candidate
     for c in log_candidates(matching(refs, tasks, "BFCL")):
         row = candidate_row(c, endpoint=c.condition, variant=c.exchange.perturbation if c.exchange else None)
         keys.append(_key(row))
         if keys[-1] not in progress.done:
             assert c.task_id is not None  # matching() kept only the sessions of a task
-            progress.add(with_verdict(row, grade_response(tasks[c.task_id], c.body, rules)))
+            grader = graders.get(c.task_id) or graders.setdefault(c.task_id, TaskGrader(tasks[c.task_id], rules))
+            progress.add(with_verdict(row, grader.grade_response(c.body)))
     return [progress.done[k] for k in keys]
 
 

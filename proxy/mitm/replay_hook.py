@@ -66,6 +66,12 @@ class Replay:
         port = await self.streams.ready()
         flow.request.headers[TICKET_HEADER] = self.streams.register(plan)
         flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", port
+        # the stream server needs the ticket only: the prompt (often hundreds of kB from an agent) is
+        # neither copied to it nor read by it before the first chunk
+        for h in ("content-encoding", "transfer-encoding"):
+            flow.request.headers.pop(h, None)
+        flow.request.raw_content = b""
+        flow.request.headers["content-length"] = "0"
         flow.metadata[SPLIT] = [n for _, n in resp.layout]
 
     def _announce(self) -> None:

@@ -163,7 +163,6 @@ class StreamServer:
         plan = self._plans.pop(request.headers.get(TICKET_HEADER, ""), None)
         if plan is None:
             return web.Response(status=500, text="nfproxy: unknown stream ticket")
-        await request.read()
         headers = [(k, v) for k, v in plan.headers if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"]
         resp = web.StreamResponse(status=plan.status, headers=headers)
         resp.enable_chunked_encoding()

@@ -113,6 +113,40 @@ def test_replayed_stream_is_byte_identical_with_the_same_chunks(store, upstream,
     assert rep.stop() == 0
 
 
+def test_the_stream_server_answers_a_ticket_without_waiting_for_a_request_body():
+    """A replayed stream's request reaches the in-process stream server with its ticket; its first
+    chunk does not wait for the request body (the prompt, which the server does not need). Here
+    the body never comes at all."""
+    import asyncio
+
+    from noisefloor.proxy.record.sse import TICKET_HEADER, StreamPlan, StreamServer
+
+    async def scenario() -> bytes:
+        server = StreamServer()
+        port = await server.ready()
+        plan = StreamPlan(200, (("content-type", "text/event-stream"),), b"data: a\n\ndata: b\n\n",
+                          ((0.0, 9), (1.0, 9)), timed=False)
+        ticket = server.register(plan)
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{TICKET_HEADER}: {ticket}\r\n"
+                     "Content-Length: 100\r\n\r\n".encode())  # ...and no body
+        await writer.drain()
+        got = b""
+        try:
+            while b"data: a" not in got:
+                chunk = await asyncio.wait_for(reader.read(4096), 5)
+                if not chunk:
+                    break
+                got += chunk
+        finally:
+            writer.close()
+            await server.stop()
+        return got
+
+    got = asyncio.run(scenario())
+    assert got.startswith(b"HTTP/1.1 200") and b"data: a" in got
+
+
 def test_sdk_streams_that_hang_up_after_the_closing_event_are_complete(store, upstream, proxies):
     """openai-python closes the connection once it has read [DONE]: that stream is whole, not an error."""
     rec = record(store, upstream, proxies)

@@ -24,8 +24,8 @@ from collections import Counter
 
 import pytest
 
-from noisefloor.verifier import bfcl
-from noisefloor.verifier.bfcl import Call, Rules, grade, grade_response
+from noisefloor.verifier import bfcl, bfcl_expected
+from noisefloor.verifier.bfcl import Call, Rules, TaskGrader, grade, grade_response
 from noisefloor.verifier.datasets import ToolTask, load_bfcl
 from tests.conftest import DATA, needs_bfcl
 
@@ -51,13 +51,36 @@ def _body(calls: list[list[str]]) -> dict:
 
 
 @needs_bfcl
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "general"])
 @pytest.mark.parametrize(("config", "rules"), [("fc", Rules()), ("prompt", Rules(names="declared"))])
-def test_every_candidate_gets_the_official_verdict(corpus, config, rules):
+def test_every_candidate_gets_the_official_verdict(corpus, monkeypatch, config, rules, compiled):
+    """Both ways of checking an expected call: compiled (every published task compiles) and the
+    general `check` on the raw task (what an entry of a shape the compiler does not hold gets)."""
     tasks, rows = corpus
     assert len(rows) == 34482
+    if not compiled:
+        monkeypatch.setattr(bfcl, "compile_expected", lambda *a: None)
+    graders = {tid: TaskGrader(t, rules) for tid, t in tasks.items()}
     wrong = [(r["id"], r["m"], r[config]) for r in rows
-             if bool(grade_response(tasks[r["id"]], _body(r["calls"]), rules).outcome) != r[config]]
+             if bool(graders[r["id"]].grade_response(_body(r["calls"])).outcome) != r[config]]
     assert not wrong, f"{len(wrong)} disagreements with the official checker, e.g. {wrong[:5]}"
+
+
+@needs_bfcl
+def test_compiled_and_general_checks_give_the_same_verdicts_and_details(corpus, monkeypatch):
+    """The verdict's class and detail too, not only the outcome, and one-off `grade_response` alike."""
+    tasks, rows = corpus
+    made = []
+    real = bfcl.compile_expected
+    monkeypatch.setattr(bfcl, "compile_expected", lambda *a: made.append(real(*a)) or made[-1])
+    compiled = {tid: TaskGrader(t) for tid, t in tasks.items()}
+    assert len(made) > 700 and all(e is not None for e in made)  # every corpus task compiles
+    monkeypatch.setattr(bfcl, "compile_expected", lambda *a: None)
+    general = {tid: TaskGrader(t) for tid, t in tasks.items()}
+    differ = [(r["id"], r["m"]) for r in rows[::3]
+              if compiled[r["id"]].grade_response(_body(r["calls"])) != general[r["id"]].grade_response(_body(r["calls"]))
+              or grade_response(tasks[r["id"]], _body(r["calls"])) != general[r["id"]].grade_response(_body(r["calls"]))]
+    assert not differ, differ[:5]
 
 
 @needs_bfcl
@@ -125,8 +148,8 @@ def test_eight_calls_cost_at_most_n_squared_checks(monkeypatch, parallel):
     calls = [Call("shop_order", {"item": f"item {k}", "qty": k}) for k in reversed(range(8))]
     calls[0] = Call("shop_order", {"item": "item 7", "qty": 99})
     seen = []
-    real = bfcl.check
-    monkeypatch.setattr(bfcl, "check", lambda *a, **k: seen.append(1) or real(*a, **k))
+    real = bfcl_expected.Expected.why
+    monkeypatch.setattr(bfcl_expected.Expected, "why", lambda *a, **k: seen.append(1) or real(*a, **k))
     assert grade(task, calls, Rules(parallel=parallel)).failure == "wrong_arguments"
     assert 0 < len(seen) <= 64
 
@@ -143,3 +166,41 @@ def test_bounds_make_oversized_or_deep_arguments_malformed():
     assert grade_response(task, huge).failure == "malformed_output"
     good = _body([["shop_order", json.dumps({"item": "Tea", "qty": 1})]])
     assert grade_response(task, good).failure == "correct"
+
+
+_ODD = [  # declarations and answers of shapes the compiler does not hold, or holds only partly
+    ({"item": {"type": "str"}}, {"item": ["tea"]}),  # a type BFCL does not name
+    ({"item": {"type": "array"}}, {"item": [["tea"]]}),  # an array without its items' type
+    ({"item": {"type": "string"}}, {"item": "tea"}),  # allowed values not a list
+    ({"item": {"type": "array", "items": {"type": "string"}}}, {"item": [5, ["Tea"]]}),  # an int among lists
+    ({"item": {"type": "dict"}}, {"item": [{"k": 5}]}),  # a nested answer that is not a list
+    ({"item": {"type": "dict"}}, {"item": ["abc", {"k": ["A b"]}]}),  # a non-dict nested answer
+    ({"item": {"type": "array", "items": {"type": "dict"}}}, {"item": [[{"k": ["x"]}, ""], "ab", {"k": 1}]}),
+    ({"item": {"type": "float"}}, {"item": [1e308, ""], "extra": 3}),  # an undeclared answer that is no list
+    # and shapes it compiles: strings among list answers, "" among dict answers, "any", tuples, int for float
+    ({"item": {"type": "integer"}}, {"item": [2, "", True]}),
+    ({"item": {"type": "array", "items": {"type": "string"}}}, {"item": ["ab", ["A", "b"], ""]}),
+    ({"item": {"type": "tuple", "items": {"type": "float"}}}, {"item": [[1, 2.0], ""]}),
+    ({"item": {"type": "any"}}, {"item": ["", 5, "X y"]}),
+    ({"item": {"type": "dict"}}, {"item": ["", {"k": ["", "A"], "j": [1]}]}),
+    ({"item": {"type": "array", "items": {"type": "dict"}}}, {"item": ["", [{"k": ["x", ""]}]]}),
+    ({"item": {"type": "float"}}, {"item": [1, 2.5]}),
+]
+_VALUES = ["tea", "Tea.", ["tea"], ["Tea"], [], {"k": "a b"}, {"k": 5}, {}, [{"k": "x"}], [{"k": "X"}, {}],
+           [{"k": 1}], ["a", "b"], "ab", 5, 2, 1.0, True, 10**400, None, [[["deep"]]], [{"k": "x"}, "s"], ["s"],
+           [1, 2], [1.0, 2], {"k": "A", "j": 1}, {"j": 1.0}, 2.5, 1, "x y"]
+
+
+@pytest.mark.parametrize(("params", "answer"), _ODD)
+def test_odd_shapes_get_the_general_checks_verdicts(monkeypatch, params, answer):
+    """Whatever a task's shape, a grader's verdicts (class and detail) are the general check's."""
+    for category in ("multiple", "parallel"):
+        task = _task(category, [{"shop.order": answer}], params, [])
+        graders = [TaskGrader(task)]
+        with monkeypatch.context() as m:
+            m.setattr(bfcl, "compile_expected", lambda *a: None)
+            graders.append(TaskGrader(task))
+        for value in _VALUES:
+            for args in ({"item": value}, {}, {"item": value, "extra": 3}):
+                calls = [Call("shop_order", args)]
+                assert graders[0].grade(calls) == graders[1].grade(calls), (params, answer, args)

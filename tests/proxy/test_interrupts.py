@@ -69,11 +69,13 @@ def _finished(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def test_ctrl_c_of_nfladder_exits_130_without_a_traceback_and_the_rerun_resumes(tmp_path):
-    out = tmp_path / "o"
-    # a terminal's Ctrl-C reaches the whole foreground group: nfladder, its proxy and its agents
+def _interrupted_after_two_runs(out: Path, ignore_sigint: bool = False) -> tuple[subprocess.Popen[str], str]:
+    """nfladder in its own process group, sent SIGINT once two runs finished (as a terminal's Ctrl-C
+    reaches the whole foreground group); `ignore_sigint`: nfladder itself ignores it (a script's
+    background job), so only its proxy and agents get it. The process and its stderr."""
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_sigint else None
     p = subprocess.Popen(_nfladder(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=ignore)
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and len(_finished(out)) < 2 and p.poll() is None:
@@ -85,6 +87,13 @@ def test_ctrl_c_of_nfladder_exits_130_without_a_traceback_and_the_rerun_resumes(
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(10)
+    return p, err
+
+
+def test_ctrl_c_of_nfladder_exits_130_without_a_traceback_and_the_rerun_resumes(tmp_path):
+    out = tmp_path / "o"
+    # a terminal's Ctrl-C reaches the whole foreground group: nfladder, its proxy and its agents
+    p, err = _interrupted_after_two_runs(out)
     assert p.returncode == exit_codes.INTERRUPTED, err[-3000:]
     assert "Traceback" not in err and "Error" not in err, err[-3000:]
     assert err.rstrip().endswith("interrupted; the agent runs that finished are kept in --out: the same command "
@@ -104,19 +113,7 @@ def test_runs_cut_off_by_their_proxys_interrupt_are_not_failed_runs_and_run_agai
     """nfladder started where SIGINT is ignored (a script's background job) while Ctrl-C reaches its
     proxy: the runs the proxy's end cut off are neither reported nor kept as failed."""
     out = tmp_path / "o"
-    p = subprocess.Popen(_nfladder(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and len(_finished(out)) < 2 and p.poll() is None:
-            time.sleep(0.1)
-        assert p.poll() is None, "nfladder ended before it could be interrupted"
-        os.killpg(p.pid, signal.SIGINT)
-        _, err = p.communicate(timeout=120)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait(10)
+    p, err = _interrupted_after_two_runs(out, ignore_sigint=True)
     assert p.returncode == exit_codes.INTERRUPTED, err[-3000:]
     done = _finished(out)
     assert 2 <= len(done) < 12 and all(a["returncode"] == 0 for a in done), done

@@ -381,6 +381,8 @@ class _Ready:
         host, port = addrs[0][:2]
         s = self.serve
         target = f"-> {s.upstream}" if s.upstream else "(regular proxy)"
+        if s.mode == "replay" and s.upstream:  # a replay answers from the store: never an arrow to a live host
+            target = f"for {s.upstream} (answered from the store, nothing sent there)"
         where = "" if s.mode == "passthrough" else f", store {s.store_path}"
         if not s.quiet:
             click.echo(f"nfproxy {s.mode} listening on http://{host}:{port} {target}{where}"

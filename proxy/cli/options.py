@@ -35,6 +35,8 @@ def default_confdir(store_path: Path) -> Path:
 MAX_BODY_HELP = ("Largest body, in MiB: a request body after undoing Content-Encoding (a larger one gets 413 and "
                  "is not forwarded), an answer the recorder keeps (a larger one is recorded as an error, its body "
                  "not kept) and a stored body a reader takes: the one limit from record to every reader.")
+READ_MAX_BODY_HELP = ("Largest stored body to read, in MiB: a body recorded under a higher limit is refused with "
+                      "one line naming the --max-body-mb that reads it.")
 
 
 @dataclass(frozen=True)
@@ -115,7 +117,7 @@ def split_store(words: tuple[str, ...], store_opt: Path | None, after: tuple[int
 def max_body_option(f: Any) -> Any:
     """`--max-body-mb` for a command that reads stored bodies (show, log, export, nfview)."""
     return click.option("--max-body-mb", "max_body_mb", default=_D.max_body >> 20, show_default=True,
-                        type=click.IntRange(min=1), help=MAX_BODY_HELP)(f)
+                        type=click.IntRange(min=1), help=READ_MAX_BODY_HELP)(f)
 
 
 def listen_option(f: Any) -> Any:

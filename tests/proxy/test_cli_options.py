@@ -50,3 +50,17 @@ def test_nfanalyze_parses_to_the_analysis_defaults():
         analyze_from_cli(**_params(analyze_cmd, []))
     with pytest.raises(click.BadParameter, match="is not A:B"):
         analyze_from_cli(**_params(analyze_cmd, ["--example", "--contrast", "live"]))
+
+
+def test_readers_help_for_max_body_speaks_of_reading_not_of_forwarding():
+    """show, log, export and nfview only read a store: their --max-body-mb help says what a reader
+    does with a larger body, never what the recording proxy does (413, not forwarded)."""
+    from noisefloor.viewer.cli import main as nfview
+
+    readers = [proxy_cli.main.commands[name] for name in ("show", "log", "export")] + [nfview]
+    for command in readers:
+        (option,) = [p for p in command.params if p.name == "max_body_mb"]
+        assert "413" not in option.help and "forwarded" not in option.help, command.name
+        assert "read" in option.help, command.name
+    (run_option,) = [p for p in proxy_cli.main.commands["run"].params if p.name == "max_body_mb"]
+    assert "413" in run_option.help  # the proxy itself does answer a larger request body with 413

@@ -297,6 +297,9 @@ def test_wrapped_agent_records_then_replays_and_a_changed_prompt_fails(tmp_path,
                 "add two numbers", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "ANSWER answer number 1" in r.stdout
+    # the upstream is down and nothing is sent to it: the first line draws no arrow to a live host
+    assert f"for {upstream.url} (answered from the store, nothing sent there)" in r.stderr
+    assert f"-> {upstream.url}" not in r.stderr
     r = wrapped("--mode", "replay", "--replay-log-in-store", "--store", store, "--listen", "127.0.0.1:0", "--", py, str(agent),
                 "add three numbers", cwd=tmp_path)
     assert r.returncode == exit_codes.WRAPPED_FAILED, r.stderr  # the agent's own 1 is not "a case regressed"

@@ -272,6 +272,15 @@ def test_the_outcome_grid_stays_usable_for_thousands_of_runs(browser, big_viewer
 
 
 @needs_browser
+def test_numbers_read_as_the_command_line_prints_them_ties_included(browser, viewer):
+    d = visit(browser, viewer + "/#/report")
+    cases = [(0.40625, 4), (-0.40625, 4), (0.125, 2), (0.375, 2), (2.5, 0), (3.5, 0), (0.0729166, 5), (0.1, 4),
+             (1e-07, 4), (0.18761, 3), (1 / 3, 6)]
+    shown = d.execute_script("return arguments[0].map(([x, n]) => num(x, n))", [list(c) for c in cases])
+    assert shown == [f"{x:.{n}f}" for x, n in cases]
+
+
+@needs_browser
 def test_a_report_row_links_to_the_sessions_behind_it(browser, viewer):
     d = visit(browser, viewer + "/#/report")
     d.find_element("css selector", "#conditions tr[data-condition='live'] a.to-sessions").click()

@@ -50,10 +50,18 @@ async function api(path, params) {
   return resp.json();
 }
 
+// A number as the command line prints it: Python's format rounds an exact tie to the even digit,
+// where toFixed rounds it away from zero (0.40625 is 0.4062 in the terminal, so here too).
 function num(x, digits) {
   if (x === null || x === undefined) return "–";
   if (typeof x !== "number") return String(x);
-  return Number.isInteger(x) ? String(x) : x.toFixed(digits === undefined ? 4 : digits);
+  if (Number.isInteger(x) || !Number.isFinite(x)) return String(x);
+  const d = digits === undefined ? 4 : digits;
+  const exact = x.toFixed(Math.min(100, d + 30));
+  const dot = exact.indexOf(".");
+  const kept = d === 0 ? exact.slice(0, dot) : exact.slice(0, dot + 1 + d);
+  const tie = /^50*$/.test(exact.slice(dot + 1 + d));
+  return tie && "02468".includes(kept[kept.length - 1]) ? kept : x.toFixed(d);
 }
 
 function ci(pair, digits) {

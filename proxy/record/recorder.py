@@ -150,9 +150,11 @@ class Writer:
         left = self._left_out.get(keys)
         if left is None:
             left = self._left_out[keys] = exchange_record.left_out_of(self._request_keys | set(keys))
-        return Head(0, a.started, a.key, a.occurrence, None if response is None else response.status, usage,
-                    truncated, record["error"], record["notes"], a.session, a.task, a.replicate, a.condition,
-                    "record", a.method, a.url, model, fingerprint, None), left
+        return Head(id=0, time=a.started, key=a.key, occurrence=a.occurrence,
+                    status=None if response is None else response.status, usage=usage, truncated=truncated,
+                    error=record["error"], notes=record["notes"], session=a.session, task=a.task,
+                    replicate=a.replicate, condition=a.condition, mode="record", method=a.method, url=a.url,
+                    model=model, fingerprint=fingerprint, replay_result=None), left
 
 
 class Recorder:

@@ -35,8 +35,13 @@ HEAD_AT = 8  # after the two CRCs
 HEX_KEY = re.compile(r"[0-9a-f]{64}")  # a sha256 in hex: a request key, a body digest
 _ENCODE = msgspec.msgpack.Encoder().encode
 # the fields a head shares with other exchanges, each set stored once: its labels, then its route
-_LABELS = attrgetter("session", "task", "replicate", "condition")
-_ROUTE = attrgetter("mode", "method", "url", "model", "fingerprint", "replay_result")
+_LABEL_FIELDS = ("session", "task", "replicate", "condition")
+_ROUTE_FIELDS = ("mode", "method", "url", "model", "fingerprint", "replay_result")
+_LABELS, _ROUTE = attrgetter(*_LABEL_FIELDS), attrgetter(*_ROUTE_FIELDS)
+# `head` passes a set's strings to Head in its field order (by keyword it costs twice as much, on
+# every head a listing reads): a Head whose fields no longer end with the sets' fields stops the import
+if Head.__struct_fields__[-len(_LABEL_FIELDS + _ROUTE_FIELDS):] != _LABEL_FIELDS + _ROUTE_FIELDS:
+    raise ImportError("exchange.Head's last fields are not the heads table's labels and route, in order")
 Row = tuple[bytes, bytes, bytes]  # a head before its sets are numbered: (labels, route, the value less CRC and ids)
 
 
@@ -159,8 +164,11 @@ def parts_of(head: Head) -> Parts:
 def head(exchange_id: int, p: Parts) -> Head:
     s, shared, route = p
     usage = s.usage
+    session, task, replicate, condition = shared
+    mode, method, url, model, fingerprint, replay_result = route
     return Head(exchange_id, s.time, s.key.hex() if s.other_key is None else s.other_key, s.occurrence, s.status,
-                usage_dict(usage), s.truncated, s.error, s.notes, *shared, *route)
+                usage_dict(usage), s.truncated, s.error, s.notes, session, task, replicate, condition,
+                mode, method, url, model, fingerprint, replay_result)
 
 
 def usage_dict(usage: Any) -> dict[str, Any] | None:

@@ -292,3 +292,20 @@ def test_a_transaction_undone_by_an_error_takes_its_label_numbers_with_it(tmp_pa
         s.append_many([(record, {}, None)])
         (head,) = list(s.heads())
         assert (head.session, head.condition, head.url) == ("fresh", "c", "http://127.0.0.1:9/v1/chat/completions")
+
+
+def test_a_head_read_back_from_its_table_value_has_every_field_where_it_was():
+    """Each field holds a value no other field holds, so a set's strings handed to the wrong field
+    (a reordered Head or route) would show as a difference here."""
+    h = exchange_record.Head(
+        id=7, time=1.25, key="k-not-hex", occurrence=3, status=201, usage={"input": 5, "output": 6},
+        truncated=True, error="err", notes=["n"], session="sess", task="task", replicate="rep",
+        condition="cond", mode="record", method="POST", url="https://x.test/v1", model="model",
+        fingerprint="fp", replay_result="hit")
+    r = store_heads.row(h, 0, b"stored")
+    assert r is not None
+    value = store_heads.seal(_U64.pack(7), 1, 2, r[2])
+    labels = {1: store_heads.SETS["labels"].decode(r[0])}
+    routes = {2: store_heads.SETS["routes"].decode(r[1])}
+    back = store_heads.head(7, store_heads.parts(value, labels, routes))
+    assert {f: getattr(back, f) for f in h.__struct_fields__} == {f: getattr(h, f) for f in h.__struct_fields__}

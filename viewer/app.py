@@ -19,7 +19,7 @@ from aiohttp import web
 from noisefloor.display import visible
 from noisefloor.errors import NoisefloorError, StateError
 from noisefloor.proxy.cli.listing import FilterError
-from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
+from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, BodyOverLimit, Store
 from noisefloor.viewer import grid, pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
 
@@ -119,7 +119,10 @@ async def summary(request: web.Request) -> web.Response:
             from noisefloor.analyzer.logstats import steps_of
             from noisefloor.analyzer.trajectories import summarize
 
-            doc["trajectories"] = summarize(steps_of(store)).to_json()
+            try:
+                doc["trajectories"] = summarize(steps_of(store)).to_json()
+            except BodyOverLimit as exc:  # one answer past this viewer's --max-body-mb: the rest still shows
+                doc["trajectories_note"] = f"Trajectories not computed: {exc}"
     return _json(doc)
 
 

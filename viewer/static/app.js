@@ -253,6 +253,7 @@ async function reportPage(main) {
   if (gate && typeof gate === "object") parts.push(...gateSection(gate));
   if (r && r.compare) parts.push(el("h2", {}, "Compare"), el("div", {id: "compare"}, tree(r.compare)));
   if (s.trajectories) parts.push(el("h2", {}, "Trajectories"), el("div", {id: "trajectories"}, tree(s.trajectories)));
+  if (s.trajectories_note) parts.push(el("h2", {}, "Trajectories"), el("p", {class: "note"}, s.trajectories_note));
   if (r && r.conditions) {
     parts.push(el("h2", {}, DESIGN_TITLES[r.design] ? "Determinism ladder of the study's conditions" : "Determinism ladder"),
       conditionsTable(r.conditions), ...carriers(r.conditions));

@@ -121,6 +121,9 @@ def _viewer(store: Path, limit: str) -> tuple[dict, list[int]]:
         assert page.status_code == 200, page.text
         search = loopback.get(url + "/api/exchanges", params={"q": "big please"})
         assert search.status_code == 200, search.text
+        answer = loopback.get(url + "/api/exchanges", params={"q": "0123456789abcdef"}).json()  # in the big answer
+        # found where the limit lets it be read, else named as not searched (never a silent "no match")
+        assert (answer["items"] != []) != (answer["unsearched"] == [1]), answer
         return page.json(), [x["id"] for x in search.json()["items"]]
     finally:
         proc.terminate()

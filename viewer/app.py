@@ -67,7 +67,9 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     # `<` escaped too: even a JSON body sniffed as markup holds no tag; a NaN or infinity anywhere (an
     # outcome row or a report may hold one) as the string JSON can hold
     text = json.dumps(_finite(doc), ensure_ascii=False, allow_nan=False, default=str).replace("<", "\\u003c")
-    return web.Response(text=text, status=status, content_type="application/json")
+    # a lone surrogate (JSON rows may spell one with a \u escape) has no UTF-8: written back as that escape
+    return web.Response(body=text.encode("utf-8", "backslashreplace"), status=status, content_type="application/json",
+                        charset="utf-8")
 
 
 def _int(request: web.Request, name: str, default: int) -> int:

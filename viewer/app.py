@@ -19,7 +19,7 @@ from aiohttp import web
 from noisefloor.display import visible
 from noisefloor.errors import NoisefloorError, StateError
 from noisefloor.proxy.cli.listing import FilterError
-from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
+from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, BodyOverLimit, Store
 from noisefloor.viewer import grid, pages
 from noisefloor.viewer.source import Source, page_rows, read_json, read_outcomes
 
@@ -67,7 +67,9 @@ def _json(doc: Any, status: int = 200) -> web.Response:
     # `<` escaped too: even a JSON body sniffed as markup holds no tag; a NaN or infinity anywhere (an
     # outcome row or a report may hold one) as the string JSON can hold
     text = json.dumps(_finite(doc), ensure_ascii=False, allow_nan=False, default=str).replace("<", "\\u003c")
-    return web.Response(text=text, status=status, content_type="application/json")
+    # a lone surrogate (JSON rows may spell one with a \u escape) has no UTF-8: written back as that escape
+    return web.Response(body=text.encode("utf-8", "backslashreplace"), status=status, content_type="application/json",
+                        charset="utf-8")
 
 
 def _int(request: web.Request, name: str, default: int) -> int:
@@ -119,7 +121,10 @@ async def summary(request: web.Request) -> web.Response:
             from noisefloor.analyzer.logstats import steps_of
             from noisefloor.analyzer.trajectories import summarize
 
-            doc["trajectories"] = summarize(steps_of(store)).to_json()
+            try:
+                doc["trajectories"] = summarize(steps_of(store)).to_json()
+            except BodyOverLimit as exc:  # one answer past this viewer's --max-body-mb: the rest still shows
+                doc["trajectories_note"] = f"Trajectories not computed: {exc}"
     return _json(doc)
 
 

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from noisefloor.proxy.cli.listing import SHOWN_BODY, Filters, order_note, result_of, row
+from noisefloor.proxy.cli.listing import SHOWN_BODY, Filters, order_note, result_of, row, unsearched
 from noisefloor.proxy.replay.diagnosis import recorded_canonical
 from noisefloor.proxy.request.headers import header
 from noisefloor.proxy.request.keys import Rules
@@ -42,9 +42,12 @@ def exchange_page(store: Store, after: int, limit: int, filters: Filters) -> dic
     limit = max(1, min(limit, MAX_LIMIT))
     items: list[dict[str, Any]] = []
     last, scanned, ended = after, 0, True
+    skipped: list[int] = []  # searched by their other fields only: a body over --max-body-mb
     for ex, ok in _scan(store, after, filters):
         scanned += 1
         last = ex.id
+        if not ok and filters.q and unsearched(ex, store):
+            skipped.append(ex.id)
         if ok:
             items.append(row(ex))
             if len(items) == limit:
@@ -52,7 +55,8 @@ def exchange_page(store: Store, after: int, limit: int, filters: Filters) -> dic
                 break
     else:
         ended = scanned < (SCAN_SEARCH if filters.q else SCAN)
-    return {"items": items, "next": None if ended else last, "scanned": scanned, "total": len(store)}
+    return {"items": items, "next": None if ended else last, "scanned": scanned, "total": len(store),
+            "unsearched": skipped, "max_body_mb": store.max_body >> 20}
 
 
 def session_page(store: Store, after: int, filters: Filters) -> dict[str, Any]:

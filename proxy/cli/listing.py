@@ -120,6 +120,11 @@ def _mentions(ex: Exchange, store: Store, needle: str) -> bool:
     return False
 
 
+def unsearched(ex: Exchange, store: Store) -> bool:
+    """Whether a body of `ex` is over this reader's --max-body-mb, so a text search could not read it."""
+    return any(part and (part.get("body_size") or 0) > store.max_body for part in (ex.request, ex.response))
+
+
 def row(ex: Exchange) -> dict[str, Any]:
     """One line of the exchange list."""
     return {"id": ex.id, "time": ex.time, "mode": ex.mode, "session": ex.session, "task": ex.task,

@@ -134,6 +134,7 @@ class Replayer:
         """Key the request and pick its recorded answer (a miss is answered at once). The request
         counts as asked from here on, so requests waiting for it can go ahead."""
         p = prepare(request, labels, self.rules, self.counters)
+        labels = p.labels  # erased of the request's secrets: a session name reaches the summary on screen
         candidates = self._candidates(p.key, labels)
         self.trajectories.asked(labels.session, (e.session for e in candidates) if p.seq == 0 else ())
         if self.order == "recorded":

@@ -18,6 +18,7 @@ occur by chance).
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import os
 import re
@@ -277,20 +278,25 @@ def erase_events(body: bytes, values: Iterable[str], provider: Provider | None =
     for thread in threads:
         leaves = [(i, path, stream_events.get(events.docs[i], path)) for i, path in thread]
         found = erasure.spans("".join(s for _, _, s in leaves), vals)
+        ends = [b for _, b in found]
         pos = 0
         for i, path, s in leaves if found else ():
-            new = _cut(s, pos, found)
+            new = _cut(s, pos, found, ends)
             if new != s:
                 events.set(i, path, new)
             pos += len(s)
     return events.rebuilt() if events.changed else None
 
 
-def _cut(s: str, offset: int, spans: list[tuple[int, int]]) -> str:
+def _cut(s: str, offset: int, spans: list[tuple[int, int]], ends: list[int]) -> str:
     """`s` (starting at `offset` of the assembled text) with the spans' characters removed and the
-    mark put where a span starts."""
+    mark put where a span starts. `spans` are merged and sorted (`ends`: their ends): only those
+    reaching into `s` are visited, so a stream echoing a key at every turn costs linear time."""
     out, i = [], 0
-    for a, b in spans:
+    k, stop = bisect.bisect_right(ends, offset), offset + len(s)
+    while k < len(spans) and spans[k][0] < stop:
+        a, b = spans[k]
+        k += 1
         lo, hi = max(a - offset, 0), min(b - offset, len(s))
         if lo >= hi:
             continue

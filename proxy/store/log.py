@@ -73,6 +73,7 @@ from noisefloor.proxy.store.replay_index import RecordedEntry
 
 DEFAULT_MAX_BODY = 64 << 20  # --max-body-mb's default: the most a stored body may decompress to
 _U64 = struct.Struct(">Q")
+_ID_END = 1 << 64  # ids are 8-byte keys: an id below 0 or from here on names no exchange (absent, not damage)
 _CHAINS = 4096  # sessions whose last exchange's bodies are kept for that (an LRU)
 
 
@@ -491,6 +492,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         return ex
 
     def exchange(self, exchange_id: int) -> Exchange | None:
+        if not 0 <= exchange_id < _ID_END:
+            return None
         with self._reading(f"exchange {exchange_id}"), self._env.begin(db=self._exchanges) as txn:
             raw = txn.get(_U64.pack(exchange_id))
             return None if raw is None else self._decode_record(exchange_id, raw, txn=txn)
@@ -499,7 +502,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         """Every exchange in write order (a consistent snapshot), from id `start` on."""
         with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
             cur = txn.cursor()
-            if not cur.set_range(_U64.pack(start)):
+            if start >= _ID_END or not cur.set_range(_U64.pack(max(start, 0))):
                 return
             for k, raw in cur:
                 yield self._decode_record(_U64.unpack(k)[0], raw, txn=txn)
@@ -566,7 +569,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         """(id, the stored record's JSON bytes) in write order, decoded but not parsed: for copying."""
         with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
             cur = txn.cursor()
-            if not cur.set_range(_U64.pack(start)):
+            if start >= _ID_END or not cur.set_range(_U64.pack(max(start, 0))):
                 return
             for k, raw in cur:
                 yield _U64.unpack(k)[0], self._text_of(txn, k, raw)

@@ -93,6 +93,9 @@ def test_an_answer_kept_under_a_higher_limit_is_served_or_named_by_every_reader(
         assert (body["kind"], body["size"] > len(BIG)) == (("json", True) if served else ("over_limit", True)), body
         assert served or "--max-body-mb 2" in body["text"]
         assert found == [1]  # search by text still answers, the big body searched where the limit allows it
+        summary = _summary(store, limit)  # the front page: one big answer does not take it down
+        assert summary["store"]["exchanges"] == 2, summary
+        assert ("trajectories" in summary) if served else "--max-body-mb 2" in summary["trajectories_note"], summary
         rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), "--max-body-mb", limit)
         try:
             answer = _ask(rep.url, "big please")
@@ -118,7 +121,25 @@ def _viewer(store: Path, limit: str) -> tuple[dict, list[int]]:
         assert page.status_code == 200, page.text
         search = loopback.get(url + "/api/exchanges", params={"q": "big please"})
         assert search.status_code == 200, search.text
+        answer = loopback.get(url + "/api/exchanges", params={"q": "0123456789abcdef"}).json()  # in the big answer
+        # found where the limit lets it be read, else named as not searched (never a silent "no match")
+        assert (answer["items"] != []) != (answer["unsearched"] == [1]), answer
         return page.json(), [x["id"] for x in search.json()["items"]]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _summary(store: Path, limit: str) -> dict:
+    """nfview's /api/summary (the report page) under --max-body-mb `limit`."""
+    proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(store), "--listen", "127.0.0.1:0",
+                             "--max-body-mb", limit], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split()[1].rstrip("/")
+        got = loopback.get(url + "/api/summary")
+        assert got.status_code == 200, got.text
+        return got.json()
     finally:
         proc.terminate()
         proc.wait(10)

@@ -342,3 +342,36 @@ def test_a_stream_with_odd_event_fields_is_still_searched():
                    for i in range(0, len(BEARER), 5)).encode()
     erased = secrets.erase_events(body, values, PROVIDERS["openai"], "text/event-stream")
     assert erased is not None and b"[redacted]" in erased and BEARER[:10].encode() not in erased
+
+
+def test_a_stream_echoing_the_key_at_every_turn_is_erased_in_linear_work(monkeypatch):
+    """An upstream echoing the key in 3-character deltas hundreds of times: every echo erased, and
+    each event's cut visits only the spans reaching into it (not all of them for every event, which
+    made a 20 MB stream take minutes to record)."""
+    key = "sk-proj-Q7ZX4KW9MB2RT6VN8HJ3PL5CD1FG0YSA9EU7IO4TZ"
+    echoes = 400
+    text = ("say " + key + " again ") * echoes
+    events = [{"id": "c", "model": "m", "choices": [{"index": 0, "delta": {"content": text[i:i + 3]}}]}
+              for i in range(0, len(text), 3)]
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    visits = [0]
+
+    class Counted(list):  # the spans erase_events walks, counting each one it looks at
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for item in super().__iter__():
+                visits[0] += 1
+                yield item
+
+        def __getitem__(self, k):  # type: ignore[no-untyped-def]
+            visits[0] += 1
+            return super().__getitem__(k)
+
+    real = erasure.spans
+    monkeypatch.setattr(erasure, "spans", lambda *a, **kw: Counted(real(*a, **kw)))
+    out = secrets.erase_events(body, [key])
+    assert out is not None
+    assembled = "".join(json.loads(line[6:])["choices"][0]["delta"]["content"]
+                        for line in out.split(b"\n\n") if line.startswith(b"data: {"))
+    assert key[:12] not in assembled and assembled.count(secrets.REDACTED) == echoes
+    assert assembled.replace(secrets.REDACTED, key) == text
+    assert visits[0] <= 4 * (len(events) + echoes), visits[0]  # linear, not len(events) * echoes

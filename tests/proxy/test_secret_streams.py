@@ -355,3 +355,23 @@ def _viewer_pages(store: Path) -> dict[str, bytes]:
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+@pytest.mark.slow
+def test_a_replay_keeps_the_key_in_labels_off_the_screen(recorded):
+    """Strict replay of the recorded streams with the key in the labels, one hit and one miss: its
+    summary names the replay sessions (followed, diverged, served nothing) with the key erased, and
+    the session is one session, not one under its raw name and another under its erased one."""
+    store, _, _ = recorded
+    rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store))
+    try:
+        with loopback.client(timeout=30) as c:
+            path, body, creds = CALLS[0]
+            assert c.post(rep.url + path, json=body, headers={**creds, **LABELS}).status_code == 200
+            miss = {**body, "messages": [{"role": "user", "content": "not recorded"}]}
+            assert c.post(rep.url + path, json=miss, headers={**creds, **LABELS}).status_code != 200
+    finally:
+        rep.stop()
+    assert leaked(rep.output.encode()) == [] and KEY[:12] not in rep.output, rep.output
+    assert [line for line in rep.output.splitlines() if line.startswith("  replay session")] == [
+        "  replay session 's-[redacted]' followed recorded session 's-[redacted]' (1 answer)"], rep.output

@@ -177,3 +177,31 @@ def test_a_body_is_verified_and_bounded_in_the_library_too(recorded, tmp_path):
         good = s.exchange(1)
         data = s.part_body(good.response, good.id, "response")
         assert hashlib.sha256(data).hexdigest() == good.response["body"]
+
+
+def test_an_id_no_store_can_hold_is_absent_not_damage(recorded):
+    """An id below 0 or past 8 bytes (typed by a user, or in nfview's URL) names no exchange: the
+    store is not called damaged, `show` says there is no such exchange and nfview answers 404."""
+    from noisefloor.proxy.store.log import Store
+
+    huge = 10 ** 30
+    with Store.open(recorded, write=False) as s:
+        assert s.exchange(-1) is None and s.exchange(huge) is None and s.exchange(1 << 64) is None
+        assert list(s.exchanges(huge)) == [] and [e.id for e in s.exchanges(-3)][:1] == [1]
+        assert list(s.record_texts(huge)) == []
+    shown = subprocess.run([*nfproxy_argv(), "show", str(huge), "--store", str(recorded)], capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode != 0 and "damaged" not in shown.stderr and str(huge) in shown.stderr, shown.stderr
+    proc = subprocess.Popen([sys.executable, "-m", "noisefloor.viewer.cli", str(recorded), "--listen", "127.0.0.1:0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        url = proc.stdout.readline().split()[1].rstrip("/")
+        for target in (f"/api/exchange/{huge}", "/api/exchange/-1"):
+            got = loopback.get(url + target)
+            assert got.status_code == 404 and "damaged" not in got.text, (target, got.status_code, got.text)
+        got = loopback.get(url + f"/api/exchanges?after={huge}")
+        assert got.status_code == 200 and got.json()["items"] == [], got.text
+    finally:
+        proc.terminate()
+        proc.wait(10)

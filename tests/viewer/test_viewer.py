@@ -517,7 +517,8 @@ def test_links_out_of_the_folder_nan_outcomes_and_bad_requests(tmp_path):
     (out / "inside.png").write_bytes(b"\x89PNG\r\n\x1a\n")
     (out / "also.png").symlink_to("inside.png")  # a link within the folder is fine
     rows = [{"task_id": "t", "condition": "c", "replicate": 0, "outcome": float("nan")},
-            {"task_id": "t", "condition": "c", "replicate": 1, "outcome": float("inf"), "confidence": float("-inf")}]
+            {"task_id": "t", "condition": "c", "replicate": 1, "outcome": float("inf"), "confidence": float("-inf")},
+            {"task_id": "\ud800", "condition": "c", "replicate": 2, "outcome": 1}]  # a lone surrogate, as JSON may say
     (out / "outcomes.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc, url, lines = start_viewer(out)
     try:
@@ -531,7 +532,9 @@ def test_links_out_of_the_folder_nan_outcomes_and_bad_requests(tmp_path):
         assert b"PRIVATE" not in loopback.get(url + "/plot/also.png").content
         got = loopback.get(url + "/api/outcomes")
         assert got.status_code == 200, got.text
-        assert [(r["outcome"], r.get("confidence")) for r in got.json()["items"]] == [("nan", None), ("inf", "-inf")]
+        assert [(r["outcome"], r.get("confidence")) for r in got.json()["items"]] == [("nan", None), ("inf", "-inf"),
+                                                                                       (1, None)]
+        assert got.json()["items"][2]["task_id"] == "\ud800"  # escaped as JSON escapes it: valid UTF-8
         assert _raw(url, "/api/summary", None) == 400
         time.sleep(0.5)
     finally:

@@ -261,6 +261,7 @@ async function reportPage(main) {
   if (gate && typeof gate === "object") parts.push(...gateSection(gate));
   if (r && r.compare) parts.push(el("h2", {}, "Compare"), el("div", {id: "compare"}, tree(r.compare)));
   if (s.trajectories) parts.push(el("h2", {}, "Trajectories"), el("div", {id: "trajectories"}, tree(s.trajectories)));
+  if (s.trajectories_note) parts.push(el("h2", {}, "Trajectories"), el("p", {class: "note"}, s.trajectories_note));
   if (r && r.conditions) {
     parts.push(el("h2", {}, DESIGN_TITLES[r.design] ? "Determinism ladder of the study's conditions" : "Determinism ladder"),
       conditionsTable(r.conditions), ...carriers(r.conditions));
@@ -339,6 +340,7 @@ async function exchangesPage(main, params) {
   const more = el("button", {id: "more", type: "button"}, "Load more");
   const info = el("p", {id: "scan-info", class: "note"});
   let cursor = 0, shown = 0;
+  const unsearched = [];
   const load = async () => {
     more.disabled = true;
     const page = await api("/api/exchanges", Object.assign({after: cursor, limit: 100}, filters));
@@ -362,6 +364,9 @@ async function exchangesPage(main, params) {
     cursor = page.next === null ? cursor : page.next;
     info.textContent = shown + " shown of " + page.total + " exchanges in the store" +
       (page.next === null ? " (end of the store)" : "; read up to exchange " + page.next);
+    unsearched.push(...(page.unsearched || []));
+    if (unsearched.length) info.textContent += "; the text of exchanges " + unsearched.join(", ") + " was not searched: " +
+      "a body over --max-body-mb " + page.max_body_mb + " (start nfview with a higher one to search it)";
     more.hidden = page.next === null;
     more.disabled = false;
   };

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from noisefloor.proxy.store.log import Store
-from tests.conftest import nfproxy_argv, start_nfproxy
+from tests.conftest import ROOT, nfproxy_argv, start_nfproxy
 
-AGENTS = Path(__file__).resolve().parent / "current_sdk_agents.py"
+AGENTS = ROOT / "tests" / "current_sdk_agents.py"
 # the import that says the SDK is there, and the version line it must be (the current one)
 SDKS = {
     "openai": ("openai", "3"),

@@ -16,9 +16,9 @@ import json
 import struct
 import subprocess
 import sys
-import threading
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from noisefloor.proxy.request import erasure
 from noisefloor.proxy.store.log import Store
 from tests import loopback
 from tests.conftest import nfproxy_argv, start_nfproxy
+from tests.fake_upstream import FakeUpstream
 from tests.secret_scan import every_value
 
 KEY = "sk-proj-Q7ZX4KW9MB2RT6VN8HJ3PL5CD1FG0YSA9EU7IO4TZ"
@@ -132,43 +133,12 @@ def invoke_stream() -> bytes:
                     for e in anthropic_events())
 
 
-class StreamingUpstream:
-    """A real aiohttp server on loopback answering each provider's streaming route, in pieces."""
+@dataclass
+class StreamingUpstream(FakeUpstream):
+    """The tests' loopback upstream, answering each provider's streaming route in pieces."""
 
-    def __init__(self) -> None:
-        self.port = 0
-        self._ready = threading.Event()
-
-    def __enter__(self) -> StreamingUpstream:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        assert self._ready.wait(10), "upstream did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._loop.call_soon_threadsafe(self._stop.set)
-        self._thread.join(10)
-
-    def _run(self) -> None:
-        import asyncio
-
-        self._loop = asyncio.new_event_loop()
-        self._loop.run_until_complete(self._serve())
-
-    async def _serve(self) -> None:
-        import asyncio
-
-        self._stop = asyncio.Event()
-        app = web.Application()
+    def _routes(self, app: web.Application) -> None:
         app.router.add_route("POST", "/{tail:.*}", self._answer)
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self._ready.set()
-        await self._stop.wait()
-        await runner.cleanup()
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         doc = await request.json()
@@ -282,8 +252,9 @@ def pieces_left(text: str) -> list[str]:
 def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, list[bytes]]]:
     where = tmp_path_factory.mktemp("streams")
     store, mistral = where / "s.lmdb", where / "m.lmdb"
-    with StreamingUpstream() as up:
-        url = f"http://127.0.0.1:{up.port}"
+    up = StreamingUpstream().start()
+    try:
+        url = up.url
         rec = start_nfproxy("--mode", "record", "--store", str(store), "--upstream", url)
         try:
             got = _send(rec.url, CALLS)
@@ -294,6 +265,8 @@ def recorded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, P
             got += _send(rec.url, CALLS[:2])
         finally:
             assert rec.stop() == 0, rec.output
+    finally:
+        up.stop()
     assert KEY.encode() in got[0] or KEY[:3].encode() in got[0]  # the client got the answer as sent
     yield store, mistral, got
 

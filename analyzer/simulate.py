@@ -1,4 +1,5 @@
-"""Ladder-shaped outcomes with known truth, for the built-in example and for checking estimators.
+"""Outcomes with known truth, for the built-in example and for checking estimators: ladder-shaped
+conditions, and reruns whose dependence between runs is known (`reruns`).
 
 Each task has a pass probability per condition; outcomes are independent Bernoulli draws, so the
 true within-task variance of a condition is mean_i p_i (1 - p_i).
@@ -48,3 +49,41 @@ def simulate(p: dict[str, np.ndarray], replicates: int, seed: int) -> SimulatedL
 
 def example(n_tasks: int = 40, replicates: int = 10, seed: int = 7) -> SimulatedLadder:
     return simulate(ladder_probabilities(n_tasks, np.random.default_rng(seed)), replicates, seed + 1)
+
+
+# Reruns with known dependence, for checking the dependence diagnostic:
+# name: (what it is, dependent between runs given the instance?)
+RERUN_KINDS = {
+    "homogeneous": ("independent cells, every instance at 0.7", False),
+    "heterogeneous": ("independent reruns, instance rates from Beta(0.5, 0.5)", False),
+    "instance_effect": ("a latent instance effect shared by all runs (independent given the instance)", False),
+    "run_effect": ("each run's logit shifted by N(0, 0.5^2) on every instance", True),
+    "run_effect_weak": ("each run's logit shifted by N(0, 0.25^2)", True),
+    "duplicated": ("the last run a copy of the run before", True),
+    "sticky": ("each rerun repeats the previous outcome with probability 0.2", True),
+    "sticky_weak": ("... with probability 0.1", True),
+    "drift": ("accuracy 0.45 + 0.03 per run", True),
+}
+
+
+def reruns(kind: str, rng: np.random.Generator, n: int = 150, r: int = 10) -> np.ndarray:
+    """n instances x r runs of outcomes of one of the RERUN_KINDS (instance pass rates from
+    Beta(0.5, 0.5) where the kind does not say otherwise)."""
+    p = rng.beta(0.5, 0.5, n)
+    if kind == "homogeneous":
+        return (rng.random((n, r)) < 0.7).astype(float)
+    if kind == "instance_effect":
+        return (rng.normal(size=n)[:, None] * 2.5 + rng.normal(size=(n, r)) > -0.8).astype(float)
+    if kind == "drift":
+        return (rng.random((n, r)) < 0.45 + 0.03 * np.arange(r)).astype(float)
+    if kind.startswith("run_effect"):
+        logit = np.log(p / (1 - p))[:, None] + rng.normal(0, 0.25 if kind.endswith("weak") else 0.5, r)[None, :]
+        return (rng.random((n, r)) < 1 / (1 + np.exp(-logit))).astype(float)
+    y = (rng.random((n, r)) < p[:, None]).astype(float)
+    if kind == "duplicated":
+        y[:, -1] = y[:, -2]
+    elif kind.startswith("sticky"):
+        for j in range(1, r):
+            keep = rng.random(n) < (0.1 if kind.endswith("weak") else 0.2)
+            y[keep, j] = y[keep, j - 1]
+    return y

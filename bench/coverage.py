@@ -38,6 +38,7 @@ from noisefloor.analyzer.analysis import contrast_bounds  # noqa: E402
 from noisefloor.analyzer.bootstrap import task_bootstrap  # noqa: E402
 from noisefloor.analyzer.intervals import FEW_VARYING, percentile  # noqa: E402
 from noisefloor.analyzer.ladder import TASK_BOOTSTRAP, task_variances, w_interval  # noqa: E402
+from noisefloor.analyzer.simulate import RERUN_KINDS, reruns  # noqa: E402
 
 # (N, R, share of flipping tasks, their pass probability): the four regimes of issue 26, then
 # three with more variation, then issue 43's rare flippers that flip often when they exist
@@ -84,41 +85,6 @@ def run(regime: tuple[int, int, float, float], studies: int, resamples: int, see
     return out
 
 
-KINDS = {  # name: (what it is, dependent between runs given the instance?)
-    "homogeneous": ("independent cells, every instance at 0.7", False),
-    "heterogeneous": ("independent reruns, instance rates from Beta(0.5, 0.5)", False),
-    "instance_effect": ("a latent instance effect shared by all runs (independent given the instance)", False),
-    "run_effect": ("each run's logit shifted by N(0, 0.5^2) on every instance", True),
-    "run_effect_weak": ("each run's logit shifted by N(0, 0.25^2)", True),
-    "duplicated": ("the last run a copy of the run before", True),
-    "sticky": ("each rerun repeats the previous outcome with probability 0.2", True),
-    "sticky_weak": ("... with probability 0.1", True),
-    "drift": ("accuracy 0.45 + 0.03 per run", True),
-}
-
-
-def runs(kind: str, rng: np.random.Generator, n: int = 150, r: int = 10) -> np.ndarray:
-    """Reruns of one of the KINDS: n instances, r runs."""
-    p = rng.beta(0.5, 0.5, n)
-    if kind == "homogeneous":
-        return (rng.random((n, r)) < 0.7).astype(float)
-    if kind == "instance_effect":
-        return (rng.normal(size=n)[:, None] * 2.5 + rng.normal(size=(n, r)) > -0.8).astype(float)
-    if kind == "drift":
-        return (rng.random((n, r)) < 0.45 + 0.03 * np.arange(r)).astype(float)
-    if kind.startswith("run_effect"):
-        logit = np.log(p / (1 - p))[:, None] + rng.normal(0, 0.25 if kind.endswith("weak") else 0.5, r)[None, :]
-        return (rng.random((n, r)) < 1 / (1 + np.exp(-logit))).astype(float)
-    y = (rng.random((n, r)) < p[:, None]).astype(float)
-    if kind == "duplicated":
-        y[:, -1] = y[:, -2]
-    elif kind.startswith("sticky"):
-        for j in range(1, r):
-            keep = rng.random(n) < (0.1 if kind.endswith("weak") else 0.2)
-            y[keep, j] = y[keep, j - 1]
-    return y
-
-
 def dependence_table(studies: int, seed: int) -> None:
     """How often the permutation diagnostic calls the reruns dependent, and the trend ratio."""
     from noisefloor.analyzer import floors
@@ -128,10 +94,10 @@ def dependence_table(studies: int, seed: int) -> None:
           "| paired / (sqrt2 x marginal), mean [5%, 95%] |")
     print("|---|---|---|---|---|")
     rng = np.random.default_rng(seed)
-    for kind, (what, truth) in KINDS.items():
+    for kind, (what, truth) in RERUN_KINDS.items():
         dep, corr, ratio = [], [], []
         for i in range(studies):
-            f = floors.rerun_floor(runs(kind, rng), resamples=1, seed=i)
+            f = floors.rerun_floor(reruns(kind, rng), resamples=1, seed=i)
             dep.append(bool(f.dependence.dependent))
             corr.append(f.dependence.mean_correlation)
             ratio.append(f.paired_to_marginal)

@@ -30,6 +30,7 @@ from noisefloor.analyzer.intervals import (
 from noisefloor.analyzer.ladder import w_interval
 from noisefloor.analyzer.outcomes import Row, build
 from noisefloor.analyzer.report import table
+from noisefloor.analyzer.simulate import reruns
 
 
 def groq_8b() -> np.ndarray:
@@ -253,36 +254,9 @@ def test_ratio_closed_form_is_a_trend_statistic():
     assert f.paired_to_marginal**2 == pytest.approx(closed, rel=1e-12)
 
 
-def _runs(kind: str, rng: np.random.Generator, n: int = 150, r: int = 10) -> np.ndarray:
-    """Reruns of n instances, r runs, with instance pass rates from Beta(0.5, 0.5) (easy and hard
-    instances), except `homogeneous` (every cell a 0.7 coin) and `instance_effect` (a latent
-    instance effect shared by all runs: heterogeneous rates, runs still independent given the
-    instance). Run-level dependence: `run_effect` (each run's logit shifted by N(0, 0.5^2) for every
-    instance), `duplicated` (the last run a copy of the one before), `sticky` (each rerun repeats
-    the previous run's outcome with probability 0.2), `drift` (accuracy +0.03 per run)."""
-    p = rng.beta(0.5, 0.5, n)
-    if kind == "homogeneous":
-        return (rng.random((n, r)) < 0.7).astype(float)
-    if kind == "instance_effect":
-        return (rng.normal(size=n)[:, None] * 2.5 + rng.normal(size=(n, r)) > -0.8).astype(float)
-    if kind == "drift":
-        return (rng.random((n, r)) < 0.45 + 0.03 * np.arange(r)).astype(float)
-    if kind == "run_effect":
-        logit = np.log(p / (1 - p))[:, None] + rng.normal(0, 0.5, r)[None, :]
-        return (rng.random((n, r)) < 1 / (1 + np.exp(-logit))).astype(float)
-    y = (rng.random((n, r)) < p[:, None]).astype(float)
-    if kind == "duplicated":
-        y[:, -1] = y[:, -2]
-    elif kind == "sticky":
-        for j in range(1, r):
-            keep = rng.random(n) < 0.2
-            y[keep, j] = y[keep, j - 1]
-    return y
-
-
 def _called_dependent(kind: str, studies: int, seed: int) -> float:
     rng = np.random.default_rng(seed)
-    return float(np.mean([dependence(_runs(kind, rng), permutations=199, seed=i).dependent for i in range(studies)]))
+    return float(np.mean([dependence(reruns(kind, rng), permutations=199, seed=i).dependent for i in range(studies)]))
 
 
 @pytest.mark.parametrize("kind", ["heterogeneous", "instance_effect", "homogeneous"])
@@ -299,12 +273,12 @@ def test_dependence_power_at_least_eighty_percent_for_run_level_dependence(kind)
 
 def test_dependence_null_keeps_each_instances_pass_rate_and_the_ratio_still_sees_only_a_trend():
     rng = np.random.default_rng(12)
-    y = _runs("instance_effect", rng)
+    y = reruns("instance_effect", rng)
     d = dependence(y, permutations=50)
     assert not d.dependent and d.mean_correlation > 0.4  # instances differ a lot; runs are independent
     assert [c.name for c in d.checks] == ["run_spread", "closest_pair", "adjacent_agreement"]
     assert all(c.null.low <= c.null_mean <= c.null.high and 0 < c.p_value <= 1 for c in d.checks)
-    assert floors.rerun_floor(_runs("drift", rng), resamples=50, permutations=0).paired_to_marginal < 0.8
+    assert floors.rerun_floor(reruns("drift", rng), resamples=50, permutations=0).paired_to_marginal < 0.8
     # a matrix whose instances never vary has no order to test
     const = np.repeat(rng.integers(0, 2, size=(40, 1)), 5, axis=1).astype(float)
     assert dependence(const).dependent is None

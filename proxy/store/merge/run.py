@@ -47,6 +47,7 @@ from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _copying as merge_copy
+from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.merge import _outcomes as merge_outcomes
 from noisefloor.proxy.store.merge import _sessions as merge_sessions
 
@@ -157,7 +158,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
             interrupted.finish(dest, progress)  # what a killed proxy or merge left in OUT, before any merged in
             rules = _rules(dest, shards)
-            present = merge_sessions.sessions(Path(out), merge_sessions.scan(dest.merge_scan(bodies=False)))
+            present, catch_up = _present(dest, Path(out), shards)
             try:  # every refusal comes before the first write
                 plan = merge_sessions.plan(present, [shard.sessions for shard in shards], _name_of)
             except ValueError as exc:
@@ -165,6 +166,8 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             merge_outcomes.check(dest, [shard.path for shard in shards])
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
+            if catch_up is not None:  # OUT's sessions table brought up to its last exchange
+                dest.add_known(*catch_up)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
             coming = sum(int(shard.sessions.counts[plan.brings[i]].sum()) for i, shard in enumerate(shards))
             refill = bool(coming) and coming * _REFILL >= len(dest) + coming  # written out of key order
@@ -187,6 +190,32 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
                 _refill(dest, out, deferred, progress)
     return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], rows)
+
+
+def _present(dest: Store, out: Path, shards: list[_Shard]) -> tuple[merge_sessions.Sessions, Any]:
+    """OUT's sessions that some shard has too (a shard's session OUT lacks needs nothing of OUT),
+    read from OUT's sessions table (`_known`): a point read per shard session, and the exchanges
+    after the table's mark read through their heads (those a proxy recorded into OUT since the
+    last merge; every exchange, once, where OUT has no table yet or one that does not check).
+    Also what `Store.add_known` then writes to bring the table up to OUT's last exchange (None:
+    nothing)."""
+    covered, last = dest.known_covered(), dest.last_id()
+    keys = {bytes(k) for shard in shards for k in shard.sessions.keys}
+    for again in (covered is None, True):
+        since = 0 if again else covered
+        tail = merge_sessions.sessions(out, merge_sessions.scan(dest.merge_scan(since + 1, bodies=False)))
+        tail_at = {bytes(k): s for s, k in enumerate(tail.keys)}
+        try:
+            held = {} if again else dest.known_rows(sorted(keys | tail_at.keys()), since)
+        except known.Damaged:
+            continue  # the table is written again from every exchange
+        rows = [(k, known.joined(held.get(k), merge_sessions.row(tail, s)[1])) for k, s in tail_at.items()]
+        wanted = {k: row for k, row in held.items() if k in keys} | {k: row for k, row in rows if k in keys}
+        present = merge_sessions.of_rows(out, list(wanted.items()))
+        catch_up = ([(k, merge_sessions.row(tail, s)[1]) for k, s in tail_at.items()], last, again) \
+            if last > since or (again and covered is not None) else None
+        return present, catch_up
+    raise AssertionError("not reached: the second pass reads every exchange")
 
 
 def _empty(out: Path) -> bool:
@@ -267,11 +296,12 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
     size = min(_BATCH_MAX, max(_BATCH, int(ss.counts[brings].sum()) // 8))
     grouped = list(merge_sessions.batches(ss, brings, size))
     batches = [ids for ids, _ in grouped]
-    sessions = iter(n for _, n in grouped)
+    sessions = iter(len(taken) for _, taken in grouped)
     following = dest.last_id() + 1  # OUT is locked: the batches take the next ids, in this order
     if batches:
         olds = np.concatenate(batches)
         new_ids[olds] = np.arange(following, following + len(olds), dtype=np.uint64)
+    rows = [[merge_sessions.row(ss, s, new_ids[ss.ids(s)]) for s in taken.tolist()] for _, taken in grouped]
     with Store.open(shard.path, write=False) as src:
         dest.adopt_dictionaries(src)
 
@@ -283,7 +313,7 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
         progress(f"{shard.path}: {added['exchanges']} exchanges merged")
 
     return merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done,
-                                  ss.plans_of, defer, bodies_copied)
+                                  ss.plans_of, defer, bodies_copied, rows)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:

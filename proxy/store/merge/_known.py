@@ -34,7 +34,7 @@ _LANES = 32
 Row = tuple[np.ndarray, np.ndarray]  # a session's four lane sums (uint64) and its ids (uint64, ascending)
 
 
-class Damaged(ValueError):
+class Damaged(Exception):
     """A row of the table that does not check (the table is written again from the exchanges)."""
 
 

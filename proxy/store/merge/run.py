@@ -11,7 +11,8 @@ before OUT is made (`merge_copy.verify_bodies`). Sessions are the unit: a sessio
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
 index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,
-whole, ids mapped (`merge_copy.copy_lookups`); where most of OUT is new, every shard's lookups
+whole, ids mapped (`merge_copy.copy_lookups`); where OUT held little (at most a quarter of what
+the merge brings: the refill then costs what is merged), every shard's lookups
 are written once, merged in key order (`merge_copy.merged_lookups`): into a fresh OUT, whose every
 table went in in key order, appended last (read and merged by a second process) and the file cut
 to its pages; else by the refill, with OUT's own, not copied into OUT and then again. Until they are in, OUT is
@@ -19,6 +20,11 @@ marked, replay refuses it, and the next merge first writes the missing lookups f
 or in another shard with different exchanges is a clash and is refused, as are shards recorded
 under different normalization rules. Bodies are copied as stored (with the compression
 dictionaries they name) and only when OUT lacks them (content addressing deduplicates across shards).
+
+What a merge reads of OUT follows what it merges, not what OUT holds: OUT's sessions come from
+its sessions table (`_known`: a point read per session a shard has, and the exchanges recorded
+into OUT since the last merge), each outcome row is looked up by key, and a larger OUT is not
+refilled.
 
 Memory does not grow with bodies, records or outcome rows: a shard is checked through its heads
 (`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
@@ -53,8 +59,9 @@ from noisefloor.proxy.store.merge import _sessions as merge_sessions
 
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
-_REFILL = 4  # a merge that brought at least 1/4 of OUT's exchanges ends with OUT's pages refilled
-# (`compact.refill`): its bodies went in by hash, in random order, leaving pages a third empty
+_REFILL = 4  # a merge into an OUT holding at most 1/4 of what it brings ends with OUT's pages refilled
+# (`compact.refill`): its bodies went in by hash, in random order, leaving pages a third empty. A
+# larger OUT is not: the refill would cost what OUT holds (`nfproxy compact` refills it). 0: never
 
 
 @dataclass(frozen=True)
@@ -170,7 +177,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
                 dest.add_known(*catch_up)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
             coming = sum(int(shard.sessions.counts[plan.brings[i]].sum()) for i, shard in enumerate(shards))
-            refill = bool(coming) and coming * _REFILL >= len(dest) + coming  # written out of key order
+            refill = bool(coming) and _REFILL > 0 and len(dest) * _REFILL <= coming  # out of key order, OUT small
             copied = _bodies_first(dest, shards, plan, progress)
             deferred = [d for i, shard in enumerate(shards) if (d := _copy_shard(
                 dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs, refill,

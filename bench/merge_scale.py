@@ -14,7 +14,7 @@ import path, as bench/readers_scale.py does), interleaved round by round so both
         # merged one at a time into one OUT per revision, the two revisions interleaved step by step
 
 Per run: wall seconds, CPU seconds (user + system, worker processes included), exchanges per
-wall second and per CPU second, and the most private memory seen (RssAnon of the merging process,
+wall second and per CPU second, the megabytes it wrote to disk, and the most private memory seen (RssAnon of the merging process,
 and of it and its workers summed: forked workers share its pages, so the sum counts those twice).
 """
 
@@ -66,6 +66,7 @@ def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int, 
         raise RuntimeError(f"nfproxy merge {' '.join(map(str, stores))} exited {proc.returncode}")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return {"wall_s": wall, "cpu_s": cpu, "per_wall_s": exchanges / wall, "per_cpu_s": exchanges / cpu,
+            "written_mb": (after.ru_oublock - before.ru_oublock) * 512 / 1e6,  # to disk (512-byte blocks)
             "private_mb": main_kb / 1024, "private_with_workers_mb": all_kb / 1024,
             "load": float(Path("/proc/loadavg").read_text().split()[0])}
 

@@ -8,7 +8,8 @@ read by `store_merge_scan`); a store's outcome rows one at a time. Writing: one 
 that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
 recording writes them (or, between stores of one packed layout, entries as stored, the lookups copied after
 the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
-is killed between), bodies copied as stored (never recompressed) when this store lacks them.
+is killed between), bodies copied as stored (never recompressed) when this store lacks them, and
+the batch's sessions added to the sessions table (`_known`) where it is complete up to the batch.
 """
 
 from __future__ import annotations
@@ -342,8 +343,9 @@ class MergeIO:
 
     def absorb(self, batch: Batch, source: Any) -> int:
         """Merge: one batch of another store's exchanges (`Batch`), with the encoded bodies they need
-        and those bodies' dictionaries, from `source`, in one transaction. Returns how many bodies
-        were new here."""
+        and those bodies' dictionaries, from `source`, and its sessions' rows in the sessions table
+        where the table is complete through the exchange before the batch (else they are left for
+        the next merge to read), in one transaction. Returns how many bodies were new here."""
         dicts = {}
         of = self._codec.dictionary_of
         wanted = {k for raw in batch.bodies.values() if raw and (k := of(raw))}

@@ -85,7 +85,10 @@ def migrate(path: Path, progress: Callable[[str], None] = lambda s: None) -> com
     try:
         with _record_lock(path):
             _convert(path, work, fmt, progress)
-        done = compact.rewrite(work, progress)
+        try:
+            done = compact.rewrite(work, progress)
+        except StoreError as exc:  # found by today's reader in the converted copy: the old store's damage
+            raise StoreError(f"{str(exc).replace(str(work), str(path))}; nothing was changed") from None
         compact.swap_in(work, path)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -201,13 +204,13 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
         with env.begin(write=True) as txn:
             for k, raw in batch:
                 exchange_id = _U64.unpack(k)[0]
-                text = decoder.decode(_tagged(raw), DEFAULT_MAX_BODY)
                 try:
+                    text = decoder.decode(_tagged(raw), DEFAULT_MAX_BODY)
                     exchange_record.parse(text)
                     checked = exchange_record.checked_head(text)
-                except (TypeError, ValueError) as exc:
-                    raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc}); restore it from "
-                                     "a copy; nothing was changed") from None
+                except (TypeError, ValueError, *DAMAGE) as exc:
+                    raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: "
+                                     f"{exc}); restore it from a copy; nothing was changed") from None
                 stored, r = store_records.encoded(decoder, None, text, checked)
                 txn.put(k, stored, db=dbs["exchanges"], append=True)
                 txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)

@@ -502,7 +502,7 @@ def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
 def write_shard(dest: Store, path: Path, batches: list[Any], jobs: int, new_ids: Any,
                 moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None],
                 plans: Callable[[Any], bytes | None] = lambda olds: None, defer: bool = False,
-                bodies_copied: bool = False, sessions: list[list[tuple[bytes, Any]]] | None = None) -> Deferred | None:
+                bodies_copied: bool = False, sessions: list[list[tuple[bytes, bytes]]] | None = None) -> Deferred | None:
     """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,

@@ -49,9 +49,15 @@ def _opened(key: bytes, value: Any) -> bytes:
     return value[4:]
 
 
-def pack(key: bytes, row: Row) -> bytes:
+def packed(row: Row) -> bytes:
+    """A row's value less its CRC (what `rows_of` makes for many at once)."""
     lanes, ids = row
-    return _sealed(key, lanes.astype("<u8").tobytes() + ids.astype("<u8").tobytes())
+    return lanes.astype("<u8").tobytes() + ids.astype("<u8").tobytes()
+
+
+def unpacked(rest: bytes) -> Row:
+    return np.frombuffer(rest, dtype="<u8", count=4).astype(np.uint64), np.frombuffer(
+        rest, dtype="<u8", offset=_LANES).astype(np.uint64)
 
 
 def unpack(key: bytes, value: Any, covered: int) -> Row:
@@ -59,10 +65,28 @@ def unpack(key: bytes, value: Any, covered: int) -> Row:
     rest = _opened(key, value)
     if len(key) != 16 or len(rest) < _LANES + 8 or (len(rest) - _LANES) % 8:
         raise Damaged(key.hex())
-    ids = np.frombuffer(rest, dtype="<u8", offset=_LANES).astype(np.uint64)
+    lanes, ids = unpacked(rest)
     if int(ids[-1]) > covered or (len(ids) > 1 and not (ids[1:] > ids[:-1]).all()):
         raise Damaged(key.hex())
-    return np.frombuffer(rest, dtype="<u8", count=4).astype(np.uint64), ids
+    return lanes, ids
+
+
+def rows_of(keys: np.ndarray, lanes: np.ndarray, counts: np.ndarray, ids: np.ndarray) -> list[tuple[bytes, bytes]]:
+    """Sessions' rows as `put_rows` takes them, (key, value less its CRC), made in one pass: their
+    name hashes (V16), lane sums ((n, 4) uint64), counts, and ids (as OUT numbers them, grouped by
+    session in this order, ascending within one)."""
+    n = len(keys)
+    if not n:
+        return []
+    counts = counts.astype(np.int64)
+    ends = np.cumsum(counts + 4)
+    starts = ends - counts - 4  # in 8-byte words: a session's lanes, then its ids
+    words = np.empty(int(ends[-1]), dtype="<u8")
+    words[(starts[:, None] + np.arange(4)).ravel()] = lanes.reshape(-1)
+    before = np.cumsum(counts) - counts
+    words[np.repeat(starts + 4 - before, counts) + np.arange(int(counts.sum()))] = ids
+    buf = words.tobytes()
+    return [(k, buf[8 * a:8 * b]) for k, a, b in zip(keys.tolist(), starts.tolist(), ends.tolist())]
 
 
 def pack_covered(last: int) -> bytes:
@@ -95,19 +119,22 @@ def covered_in(txn: Any, db: Any) -> int | None:
         return None
 
 
-def put_rows(txn: Any, db: Any, rows: list[tuple[bytes, Row]], covered: int) -> bool:
-    """Sessions' rows added in `txn` (to a session's row where it has one: its exchanges after
-    the table's `COVERED`), and `COVERED` moved to `covered`; where a row held does not check,
-    `COVERED` is deleted instead (the next merge writes the table again) and False returned."""
-    packed = []
+def put_rows(txn: Any, db: Any, rows: list[tuple[bytes, bytes]], covered: int) -> bool:
+    """Sessions' rows (`rows_of`) added in `txn` (to a session's row where it has one: its
+    exchanges after the table's `COVERED`), and `COVERED` moved to `covered`; where a row held
+    does not check, `COVERED` is deleted instead (the next merge writes the table again) and
+    False returned."""
+    sealed = []
     try:
-        for key, row in rows:
+        for key, rest in rows:
             old = txn.get(key, db=db)
-            packed.append((key, pack(key, joined(None if old is None else unpack(key, old, covered), row))))
+            if old is not None:
+                rest = packed(joined(unpack(key, old, covered), unpacked(rest)))
+            sealed.append((key, _sealed(key, rest)))
     except Damaged:
         txn.delete(COVERED, db=db)
         return False
     with txn.cursor(db=db) as cur:
-        cur.putmulti(packed)
+        cur.putmulti(sealed)
     txn.put(COVERED, pack_covered(covered), db=db)
     return True

@@ -125,9 +125,9 @@ def of_rows(path: Path, rows: list[tuple[bytes, tuple[np.ndarray, np.ndarray]]])
                     np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
 
 
-def row(sessions: Sessions, s: int, ids: np.ndarray | None = None) -> tuple[bytes, tuple[np.ndarray, np.ndarray]]:
-    """Session `s`'s row for OUT's table (`_known`): its name hash, lane sums and ids (`ids`: as OUT numbers them)."""
-    return bytes(sessions.keys[s]), (sessions.marks[s], sessions.ids(s) if ids is None else ids)
+def row(sessions: Sessions, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """Session `s`'s lane sums and ids (a row of OUT's table, `_known`)."""
+    return sessions.marks[s], sessions.ids(s)
 
 
 @dataclass(frozen=True)

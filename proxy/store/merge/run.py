@@ -215,11 +215,11 @@ def _present(dest: Store, out: Path, shards: list[_Shard]) -> tuple[merge_sessio
             held = {} if again else dest.known_rows(sorted(keys | tail_at.keys()), since)
         except known.Damaged:
             continue  # the table is written again from every exchange
-        rows = [(k, known.joined(held.get(k), merge_sessions.row(tail, s)[1])) for k, s in tail_at.items()]
-        wanted = {k: row for k, row in held.items() if k in keys} | {k: row for k, row in rows if k in keys}
+        wanted = {k: row for k, row in held.items() if k in keys} | {
+            k: known.joined(held.get(k), merge_sessions.row(tail, s)) for k, s in tail_at.items() if k in keys}
         present = merge_sessions.of_rows(out, list(wanted.items()))
-        catch_up = ([(k, merge_sessions.row(tail, s)[1]) for k, s in tail_at.items()], last, again) \
-            if last > since or (again and covered is not None) else None
+        rows = known.rows_of(tail.keys, tail.marks, tail.counts, tail.order)
+        catch_up = (rows, last, again) if last > since or (again and covered is not None) else None
         return present, catch_up
     raise AssertionError("not reached: the second pass reads every exchange")
 
@@ -307,7 +307,7 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
     if batches:
         olds = np.concatenate(batches)
         new_ids[olds] = np.arange(following, following + len(olds), dtype=np.uint64)
-    rows = [[merge_sessions.row(ss, s, new_ids[ss.ids(s)]) for s in taken.tolist()] for _, taken in grouped]
+    rows = [known.rows_of(ss.keys[taken], ss.marks[taken], ss.counts[taken], new_ids[olds]) for olds, taken in grouped]
     with Store.open(shard.path, write=False) as src:
         dest.adopt_dictionaries(src)
 

@@ -138,7 +138,7 @@ class MergeIO:
                     out[key] = known.unpack(key, value, covered)
         return out
 
-    def add_known(self, rows: list[tuple[bytes, known.Row]], covered: int, again: bool) -> None:
+    def add_known(self, rows: list[tuple[bytes, bytes]], covered: int, again: bool) -> None:
         """Sessions' rows of the exchanges after the table's mark, the mark moved to `covered`, in
         one transaction; `again`: the table emptied first (written again from every exchange)."""
         db = self._known_db(create=True)
@@ -413,7 +413,7 @@ class Batch:
     bodies: dict[bytes, bytes | None] = field(default_factory=dict)  # by 32-byte digest
     moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 or -3 entries as OUT stores them
     heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order
-    sessions: list[tuple[bytes, Any]] = field(default_factory=list)  # their sessions' rows for OUT's table (`_known`)
+    sessions: list[tuple[bytes, bytes]] = field(default_factory=list)  # their sessions' rows for OUT's table (`_known.rows_of`)
 
 
 def stored_request_near(rules: Any, request: dict[str, Any], body: bytes | None) -> Near:

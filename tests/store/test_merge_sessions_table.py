@@ -188,3 +188,27 @@ def _many(path: Path) -> Path:
                                                  "POST h /p", rec["time"], rec["time"] + 1)))
         s.append_many(items)
     return path
+
+
+@pytest.mark.parametrize("forged", ["a plain value", "a table of duplicates"])
+def test_a_sessions_entry_that_is_not_merges_table_is_refused_by_one_line(shards, tmp_path, forged):
+    out = tmp_path / "out.lmdb"
+    merge(out, shards[:1])
+    env = lmdb.open(str(out), max_dbs=32)
+    try:
+        with env.begin(write=True) as txn:
+            txn.drop(env.open_db(known.TABLE, txn=txn, create=False), delete=True)
+        if forged == "a plain value":
+            with env.begin(write=True) as txn:
+                txn.put(known.TABLE, b"not a table")
+        else:
+            env.open_db(known.TABLE, dupsort=True)
+    finally:
+        env.close()
+    r = subprocess.run([NFPROXY, "merge", str(out), str(shards[1])], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert f"{known.TABLE.decode()} entry is not the table merge writes" in r.stderr and "nfproxy compact" in r.stderr
+    with Store.open(out, write=False) as s:
+        assert len(s) == 60  # nothing of the second shard written
+    subprocess.run([NFPROXY, "compact", str(out)], capture_output=True, text=True, timeout=120, check=True)
+    assert merge(out, [shards[1]]).exchanges_added == 60  # as the line says

@@ -109,8 +109,16 @@ class MergeIO:
         if db is None:
             try:
                 db = self._env.open_db(known.TABLE, create=create)
+                with self._env.begin() as txn:
+                    kind = db.flags(txn)
             except lmdb.NotFoundError:
                 return None
+            except lmdb.Error as exc:  # a main-table entry of that name that is no table
+                kind = {exc.__class__.__name__: True}
+            if any(kind.values()):  # or a table of another kind (duplicates, integer keys, ...)
+                raise StoreError(f"store {self.path}: its {known.TABLE.decode()} entry is not the table merge "
+                                 f"writes ({', '.join(k for k, v in kind.items() if v)}); `nfproxy compact "
+                                 f"{self.path}` rewrites the store without it, then merge again")
             self._known_handle = db
         return db
 

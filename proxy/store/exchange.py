@@ -255,7 +255,7 @@ def request_body(text: str) -> str | None:
 
 
 class _HeadText(msgspec.Struct):
-    """What a head is read from in a stored record's JSON (stores without a heads table)."""
+    """What a head is read from in a record's JSON text (a writer given the text, not the head)."""
 
     id: int
     time: float
@@ -279,10 +279,9 @@ class _HeadText(msgspec.Struct):
 
 class Head(msgspec.Struct, gc=False, frozen=True):
     """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
-    status and identity. Kept beside the record in a store's heads table (`store_heads`), read from
-    the record's JSON where a store has none. The fields after `notes` are those an exchange shares
-    with others: its labels (with its session), then its route (with most of the store), which the
-    heads table stores once per distinct set."""
+    status and identity. Kept beside the record in a store's heads table (`store_heads`). The
+    fields after `notes` are those an exchange shares with others: its labels (with its session),
+    then its route (with most of the store), which the heads table stores once per distinct set."""
 
     id: int
     time: float

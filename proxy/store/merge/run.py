@@ -307,7 +307,10 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
     if batches:
         olds = np.concatenate(batches)
         new_ids[olds] = np.arange(following, following + len(olds), dtype=np.uint64)
-    rows = [known.rows_of(ss.keys[taken], ss.marks[taken], ss.counts[taken], new_ids[olds]) for olds, taken in grouped]
+
+    def rows(n: int) -> list[tuple[bytes, bytes]]:  # batch n's sessions' rows, made as it is written
+        olds, taken = grouped[n]
+        return known.rows_of(ss.keys[taken], ss.marks[taken], ss.counts[taken], new_ids[olds])
     with Store.open(shard.path, write=False) as src:
         dest.adopt_dictionaries(src)
 

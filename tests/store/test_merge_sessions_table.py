@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,8 +20,8 @@ from bench.store_traffic import record
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.merge.run import merge
-
-NFPROXY = str(Path(sys.executable).with_name("nfproxy"))
+from tests.conftest import nfproxy_argv
+from tests.store.store_fixtures import run
 
 
 def _recorded(path: Path, n: int, seed: int, prefix: str) -> Path:
@@ -157,7 +156,8 @@ def test_a_damaged_row_or_a_forged_mark_has_the_table_written_again(shards, tmp_
 def test_a_merge_killed_between_batches_leaves_the_table_true_to_the_exchanges(tmp_path):
     big = _many(tmp_path / "big.lmdb")
     out = tmp_path / "out.lmdb"
-    proc = subprocess.Popen([NFPROXY, "merge", "--jobs", "1", str(out), str(big)], stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([*nfproxy_argv(), "merge", "--jobs", "1", str(out), str(big)], stderr=subprocess.PIPE,
+                            text=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # killed after its first committed batch
         line = proc.stderr.readline()
@@ -205,10 +205,10 @@ def test_a_sessions_entry_that_is_not_merges_table_is_refused_by_one_line(shards
             env.open_db(known.TABLE, dupsort=True)
     finally:
         env.close()
-    r = subprocess.run([NFPROXY, "merge", str(out), str(shards[1])], capture_output=True, text=True, timeout=120)
+    r = run([*nfproxy_argv(), "merge", str(out), str(shards[1])])
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert f"{known.TABLE.decode()} entry is not the table merge writes" in r.stderr and "nfproxy compact" in r.stderr
     with Store.open(out, write=False) as s:
         assert len(s) == 60  # nothing of the second shard written
-    subprocess.run([NFPROXY, "compact", str(out)], capture_output=True, text=True, timeout=120, check=True)
+    assert run([*nfproxy_argv(), "compact", str(out)]).returncode == 0
     assert merge(out, [shards[1]]).exchanges_added == 60  # as the line says

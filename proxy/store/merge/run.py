@@ -208,7 +208,7 @@ def _present(dest: Store, out: Path, shards: list[_Shard]) -> tuple[merge_sessio
     covered, last = dest.known_covered(), dest.last_id()
     keys = {bytes(k) for shard in shards for k in shard.sessions.keys}
     for again in (covered is None, True):
-        since = 0 if again else covered
+        since = 0 if again or covered is None else covered
         tail = merge_sessions.sessions(out, merge_sessions.scan(dest.merge_scan(since + 1, bodies=False)))
         tail_at = {bytes(k): s for s, k in enumerate(tail.keys)}
         try:

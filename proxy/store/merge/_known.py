@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from noisefloor.proxy.store.env import StoreError
+
 TABLE = b"merge_sessions"
 COVERED = b"\x00covered"  # 9 bytes: no session's key (16)
 _U32 = struct.Struct(">I")
@@ -34,8 +36,9 @@ _LANES = 32
 Row = tuple[np.ndarray, np.ndarray]  # a session's four lane sums (uint64) and its ids (uint64, ascending)
 
 
-class Damaged(Exception):
-    """A row of the table that does not check (the table is written again from the exchanges)."""
+class Damaged(StoreError):
+    """A row of the table that does not check (merge writes the table again from the exchanges:
+    never shown, but one root all the same should it escape)."""
 
 
 def _sealed(key: bytes, rest: bytes) -> bytes:

@@ -11,6 +11,7 @@ one of them breaks one module, and `probe()` (run by the tests) names which.
 from __future__ import annotations
 
 import inspect
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -125,19 +126,45 @@ def _streamed_answers() -> None:
             return (yield from plain(self, already_streamed))
         chunks, due = planned
         client = self.context.client
+        sock = _client_socket(client)
+        _cork(sock, True)  # the head leaves with the first chunk, in one segment
         yield SendHttp(ResponseHeaders(self.stream_id, self.flow.response, False), client)
         start = time.monotonic()
         for i, chunk in enumerate(chunks):
             wait = 0.0 if due is None else due[i] - (time.monotonic() - start)
             if wait > 0:
+                _cork(sock, False)
                 pause = commands.RequestWakeup(wait)
                 pause.blocking = True
                 yield pause
             yield SendHttp(ResponseData(self.stream_id, chunk), client)
+            if i == 0:
+                _cork(sock, False)
+        _cork(sock, False)  # no chunk at all: the head alone
         return (yield from plain(self, already_streamed=True))
 
     send_response.nf_streamed = True  # type: ignore[attr-defined]
     HttpStream.send_response = send_response
+
+
+def _client_socket(client: Any) -> Any:
+    """The socket under a client connection (its handler's transport); None if there is none."""
+    handler = ctx.master.addons.get("proxyserver").connections.get(client.id)
+    io = None if handler is None else handler.transports.get(client)
+    return None if io is None or io.writer is None else io.writer.get_extra_info("socket")
+
+
+def _cork(sock: Any, on: bool) -> None:
+    """TCP_CORK on (held back) or off (sent now) for a client's socket.
+
+    Each SendData is its own write: a streamed answer's head would leave alone, wake the client,
+    and on a busy host the proxy may then wait for a CPU before its first chunk follows. Corked,
+    the two leave in one segment, as a provider's server sends them."""
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, on)
+        except OSError:  # not TCP (a test's socket pair), or closed already: nothing to hold back
+            pass
 
 
 class FlowFileError(InputError):
@@ -342,6 +369,16 @@ def _fields(dotted: str, names: tuple[str, ...]) -> Callable[[], None]:
     return check
 
 
+def _connections_by_client_id() -> None:
+    from mitmproxy.addons.proxyserver import Proxyserver
+    from mitmproxy.proxy import mode_servers
+
+    if not isinstance(getattr(Proxyserver(), "connections", None), dict):
+        raise LookupError("Proxyserver.connections is no longer a dict")
+    if "register_connection(handler.layer.context.client.id" not in inspect.getsource(mode_servers):
+        raise LookupError("mode_servers no longer registers a connection by its client's id")
+
+
 def _line() -> None:
     if LINE not in SUPPORTED_LINES:
         raise LookupError(f"mitmproxy {VERSION} is not a tested line ({', '.join(map(str, SUPPORTED_LINES))})")
@@ -391,6 +428,8 @@ INTERNALS: dict[str, Callable[[], None]] = {
     "mitmproxy.proxy.commands.RequestWakeup(delay), events.Wakeup(command) (a paced stream's pause)": lambda: (
         _params("mitmproxy.proxy.commands.RequestWakeup.__init__", ("delay",))(),
         _fields("mitmproxy.proxy.events.Wakeup", ("command",))()),
+    "mitmproxy.addons.proxyserver.Proxyserver.connections, by the client's id (a streamed answer's socket)":
+        _connections_by_client_id,
     "mitmproxy.certs.CertStore.from_store(path, basename, key_size)": _params(
         "mitmproxy.certs.CertStore.from_store", ("path", "basename", "key_size")),
 }

@@ -137,10 +137,12 @@ def _streamed_answers() -> None:
                 pause = commands.RequestWakeup(wait)
                 pause.blocking = True
                 yield pause
+                _cork(sock, True)
             yield SendHttp(ResponseData(self.stream_id, chunk), client)
-            if i == 0:
+            if i == 0:  # out now; the chunks due with it follow in as few segments as they fill
                 _cork(sock, False)
-        _cork(sock, False)  # no chunk at all: the head alone
+                _cork(sock, True)
+        _cork(sock, False)
         return (yield from plain(self, already_streamed=True))
 
     send_response.nf_streamed = True  # type: ignore[attr-defined]

@@ -92,10 +92,10 @@ _STREAMED = "nf_streamed"  # flow.metadata: the chunks (and their due times) of 
 def stream_answer(flow: http.HTTPFlow, response: http.Response, chunks: Sequence[bytes],
                   due_s: Sequence[float] | None = None) -> None:
     """Answer `flow` from the request hook with `response`'s head, then each of `chunks` as its own
-    piece of the body (an HTTP/1.1 chunk, an HTTP/2 DATA frame), sent by mitmproxy's own HTTP layer
-    on the client's connection: no second server, no connection, no parse. `due_s`: each chunk's
-    time from the head, in seconds (the layer waits, without holding the event loop, before a chunk
-    not yet due); None sends them all at once. `response`'s body is ignored: a body of unknown
+    piece of the body (an HTTP/1.1 chunk), sent by mitmproxy's own HTTP layer on the client's
+    connection: no second server, no connection, no parse. `due_s`: each chunk's time from the
+    head, in seconds (the layer waits, without holding the event loop, before a chunk not yet
+    due); None sends them all at once. `response`'s body is ignored: a body of unknown
     length, chunked on HTTP/1.1. Needs `lean_master`'s (`_streamed_answers`) layer in place."""
     response.headers["transfer-encoding"] = "chunked"
     response.raw_content = b""

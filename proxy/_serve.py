@@ -231,7 +231,7 @@ class _Serve:
         )
         if self.o.upstream_ca:
             master.options.update(ssl_verify_upstream_trusted_ca=self.o.upstream_ca)
-        streams = await self._add_addons(master, engine, stats)
+        self._add_addons(master, engine, stats)
         loop = asyncio.get_running_loop()
 
         def stop(sig: int) -> None:
@@ -248,11 +248,9 @@ class _Serve:
         finally:  # asyncio.run cancels what is left after this, with its own handler: keep that quiet too
             gc.enable()
             loop.set_exception_handler(_quiet_cancellations(lambda lp, ctx: lp.default_exception_handler(ctx)))
-            if streams is not None:
-                await streams.stop()
 
-    async def _add_addons(self, master: Any, engine: Any, stats: Stats) -> Any:
-        """The noisefloor addons of this mode, as one chain entry; replay's stream server, if any."""
+    def _add_addons(self, master: Any, engine: Any, stats: Stats) -> None:
+        """The noisefloor addons of this mode, as one chain entry."""
         from noisefloor.proxy.mitm.addon import (
             BodyLimit,
             BodyRewrites,
@@ -264,22 +262,19 @@ class _Serve:
         )
         from noisefloor.proxy.mitm.record_hook import Record
         from noisefloor.proxy.mitm.replay_hook import Replay
-        from noisefloor.proxy.record.sse import StreamServer
 
         o = self.o
         addons: list[Any] = [BodyLimit(o.max_body, stats), SessionLabels(o.labels),
                              BodyRewrites(list(o.overrides), o.variant), TlsFailures(stats)]
-        streams = None
         if self.mode == "record":
-            addons += [Record(engine, lambda: bool(self.signal)), Streams(o.stream_timeout, capture=True, limit=o.max_body)]
+            addons += [Record(engine, lambda: bool(self.signal)),
+                       Streams(o.stream_timeout, capture=True, limit=o.max_body, timed=o.record_timing)]
         elif self.mode == "replay":
-            streams = StreamServer()  # listens from the first replayed stream on
-            addons.append(Replay(engine, streams, o.replay_timed, o.order_wait))
-            master.addons.add(NoUpstream(streams, stats))  # its own chain entry: independent of the group
+            addons.append(Replay(engine, o.replay_timed, o.order_wait))
+            master.addons.add(NoUpstream(stats))  # its own chain entry: independent of the group
         else:
             addons.append(Streams(o.stream_timeout, capture=False))
         master.addons.add(Group(*addons, _Ready(self, master)))
-        return streams
 
     def environment(self, port: int) -> dict[str, str]:
         url = f"http://{self.host}:{port}"

@@ -141,7 +141,7 @@ def chunks_view(store: Store, response: dict[str, Any] | None) -> list[dict[str,
     for offset_ms, length in response["chunks"]:
         piece = data[pos:pos + int(length)]
         pos += int(length)
-        out.append({"offset_ms": float(offset_ms), "size": len(piece), "text": piece.decode("utf-8", "replace")})
+        out.append({"offset_ms": None if offset_ms is None else float(offset_ms), "size": len(piece), "text": piece.decode("utf-8", "replace")})
     return out
 
 

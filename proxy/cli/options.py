@@ -53,6 +53,7 @@ class ServeOptions:
     replay_sessions: tuple[str, ...] = ()  # or ("next",) / ("first",): the recorded runs in turn (replay/turns.py)
     new_session: bool = False  # record: a session name the store holds starts NAME-2, ... instead of a refusal
     replay_timed: bool = False  # replay streams with the recorded gaps
+    record_timing: bool = False  # record each streamed chunk's offset (what replay_timed imposes)
     order_wait: float = 5.0
     replay_order: str = "content"  # how replayed requests are paired with recorded answers (replayer.py)
     replay_log: Path | None = None  # where replay writes its own exchange records; None: nowhere
@@ -168,7 +169,11 @@ serve_options = options(
                       "'next': the next recorded session no earlier run replayed (remembered beside the store, "
                       "so each proxy start or wrapped command takes the next run); 'first': start over."),
     click.option("--replay-timing", type=click.Choice(["none", "recorded"]), default="none", show_default=True,
-                 help="Replay streams at once, or with the recorded gaps between chunks."),
+                 help="Replay streams at once, or with the recorded gaps between chunks (streams recorded with "
+                      "--record-timing; others are replayed at once)."),
+    click.option("--record-timing", is_flag=True,
+                 help="Record: keep each streamed chunk's time offset, for --replay-timing recorded. Default: only "
+                      "the chunks' sizes (replay keeps the chunk boundaries either way)."),
     click.option("--replay-order", type=click.Choice(["content", "recorded"]), default=_D.replay_order,
                  show_default=True,
                  help="Replay pairing: by content (a request waits for nothing; only one that carries an answer not "

@@ -17,7 +17,6 @@ PENDING = "nf_pending"
 LABELS = "nf_labels"
 STAMP = "nf_stamp"
 CAPTURE = "nf_capture"
-SPLIT = "nf_split"
 STALLED = "nf_stalled"
 DECODED = "nf_decoded"
 

@@ -21,7 +21,6 @@ from noisefloor.proxy.mitm._flows import (
     CAPTURE,
     DECODED,
     LABELS,
-    SPLIT,
     STALLED,
     STAMP,
     decoded_body,
@@ -31,11 +30,7 @@ from noisefloor.proxy.mitm._flows import (
     where,
 )
 from noisefloor.proxy.mitm.compat import ServerHook, http  # mitmproxy's public flow types
-from noisefloor.proxy.record.sse import (
-    ChunkCapture,
-    StreamServer,
-    is_stream,
-)
+from noisefloor.proxy.record.sse import ChunkCapture, is_stream
 from noisefloor.proxy.request import decoding, perturb
 from noisefloor.proxy.request import overrides as ov
 from noisefloor.proxy.request.labels import LABEL_HEADERS, Labels, split_label_prefix
@@ -142,23 +137,25 @@ class BodyRewrites:
 
 
 class Streams:
-    """Forwards streamed responses as they arrive; with a recorder, captures their chunks.
+    """Forwards streamed responses as they arrive; with a recorder, captures their chunks (and,
+    `timed`, each chunk's offset from the start).
 
     A stream that stalls for longer than `timeout` seconds has its upstream connection closed, so
     the client sees the stream end and the log gets an error exchange instead of a hung request.
     """
 
-    def __init__(self, timeout: float, capture: bool, limit: int | None = None) -> None:
+    def __init__(self, timeout: float, capture: bool, limit: int | None = None, timed: bool = False) -> None:
         self.timeout = timeout
         self.capture = capture
+        self.timed = timed
         self.limit = limit  # bytes a capture keeps at most (--max-body-mb)
         self._watchers: set[asyncio.Task[None]] = set()
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         assert flow.response is not None
-        if flow.metadata.get(SPLIT) is not None or not is_stream(tuple(flow.response.headers.items(multi=True))):
+        if not is_stream(tuple(flow.response.headers.items(multi=True))):
             return
-        capture = ChunkCapture(limit=self.limit if self.capture else None)
+        capture = ChunkCapture(limit=self.limit if self.capture else None, timed=self.capture and self.timed)
         flow.response.stream = capture
         if self.capture:
             flow.metadata[CAPTURE] = capture
@@ -178,17 +175,14 @@ class Streams:
 
 
 class NoUpstream:
-    """Replay's safety net: refuses every upstream connection but the one to the in-process
-    `StreamServer`. Replay answers in the request hook, so this never fires unless something
-    went wrong before an answer was set; then the client gets an error, not a live answer."""
+    """Replay's safety net: refuses every upstream connection. Replay answers in the request hook
+    (streams too), so this never fires unless something went wrong before an answer was set; then
+    the client gets an error, not a live answer."""
 
-    def __init__(self, streams: StreamServer, stats: Stats) -> None:
-        self.streams = streams
+    def __init__(self, stats: Stats) -> None:
         self.stats = stats
 
     def server_connect(self, data: ServerHook) -> None:
-        if tuple(data.server.address or ())[:2] == ("127.0.0.1", self.streams.port):
-            return
         data.server.error = "nfproxy replay never connects upstream"
         self.stats.errors += 1
         log.error("nfproxy: refused an upstream connection to %s in replay mode", data.server.address)

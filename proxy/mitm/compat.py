@@ -2,17 +2,19 @@
 
 nfproxy runs on mitmproxy 11.0 (Python 3.11) and 12.3 (Python 3.12+). The flow API addons see
 (`flow.request`, `flow.response`, `flow.metadata`) is mitmproxy's public contract; what is not —
-the master built by hand, the connection table a stalled stream is cut through, the direct
-`Response` constructor, `CertStore` and the CA's file name, the flow-file reader — lives here and nowhere else, so an
-upgrade that moves one of them breaks one module, and `probe()` (run by the tests) names which.
+the master built by hand, the connection table a stalled stream is cut through, the HTTP stream
+that sends a replayed stream chunk by chunk, the direct `Response` constructor, `CertStore` and
+the CA's file name, the flow-file reader — lives here and nowhere else, so an upgrade that moves
+one of them breaks one module, and `probe()` (run by the tests) names which.
 """
 
 from __future__ import annotations
 
 import inspect
+import socket
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any, BinaryIO
 
@@ -80,6 +82,91 @@ def close_server_connection(flow: http.HTTPFlow, reason: str) -> bool:
                 io.handler.cancel(reason)
             return True
     return False
+
+
+# -- streamed answers an addon sets --------------------------------------------------------------
+
+_STREAMED = "nf_streamed"  # flow.metadata: the chunks (and their due times) of a streamed answer
+
+
+def stream_answer(flow: http.HTTPFlow, response: http.Response, chunks: Sequence[bytes],
+                  due_s: Sequence[float] | None = None) -> None:
+    """Answer `flow` from the request hook with `response`'s head, then each of `chunks` as its own
+    piece of the body (an HTTP/1.1 chunk), sent by mitmproxy's own HTTP layer on the client's
+    connection: no second server, no connection, no parse. `due_s`: each chunk's time from the
+    head, in seconds (the layer waits, without holding the event loop, before a chunk not yet
+    due); None sends them all at once. `response`'s body is ignored: a body of unknown
+    length, chunked on HTTP/1.1. Needs `lean_master`'s (`_streamed_answers`) layer in place."""
+    response.headers["transfer-encoding"] = "chunked"
+    response.raw_content = b""
+    flow.response = response
+    flow.metadata[_STREAMED] = (chunks, due_s)
+
+
+def _streamed_answers() -> None:
+    """Teach mitmproxy's HTTP stream to send a `stream_answer`: once per process.
+
+    mitmproxy sends an answer an addon sets in one piece (`HttpStream.send_response`); a streamed
+    one is sent here as mitmproxy sends a stream from a server: its head, its chunks, then the
+    response hook and the end of the message. A chunk not yet due parks this one stream (a
+    blocking `RequestWakeup`: the layer resumes it from a timer, other streams and connections go
+    on) rather than the event loop."""
+    from mitmproxy.proxy import commands, events
+    from mitmproxy.proxy.layers.http import HttpStream, ResponseData, ResponseHeaders, SendHttp
+
+    plain = HttpStream.send_response
+    if getattr(plain, "nf_streamed", False):
+        return
+    if not hasattr(events.Wakeup, "reply"):  # the layer resumes a paused generator with `event.reply`
+        events.Wakeup.reply = None  # type: ignore[attr-defined]
+
+    def send_response(self: Any, already_streamed: bool = False) -> Any:
+        planned = None if already_streamed else self.flow.metadata.pop(_STREAMED, None)
+        if planned is None:
+            return (yield from plain(self, already_streamed))
+        chunks, due = planned
+        client = self.context.client
+        sock = _client_socket(client)
+        _cork(sock, True)  # the head leaves with the first chunk, in one segment
+        yield SendHttp(ResponseHeaders(self.stream_id, self.flow.response, False), client)
+        start = time.monotonic()
+        for i, chunk in enumerate(chunks):
+            wait = 0.0 if due is None else due[i] - (time.monotonic() - start)
+            if wait > 0:
+                _cork(sock, False)
+                pause = commands.RequestWakeup(wait)
+                pause.blocking = True
+                yield pause
+                _cork(sock, True)
+            yield SendHttp(ResponseData(self.stream_id, chunk), client)
+            if i == 0:  # out now; the chunks due with it follow in as few segments as they fill
+                _cork(sock, False)
+                _cork(sock, True)
+        _cork(sock, False)
+        return (yield from plain(self, already_streamed=True))
+
+    send_response.nf_streamed = True  # type: ignore[attr-defined]
+    HttpStream.send_response = send_response
+
+
+def _client_socket(client: Any) -> Any:
+    """The socket under a client connection (its handler's transport); None if there is none."""
+    handler = ctx.master.addons.get("proxyserver").connections.get(client.id)
+    io = None if handler is None else handler.transports.get(client)
+    return None if io is None or io.writer is None else io.writer.get_extra_info("socket")
+
+
+def _cork(sock: Any, on: bool) -> None:
+    """TCP_CORK on (held back) or off (sent now) for a client's socket.
+
+    Each SendData is its own write: a streamed answer's head would leave alone, wake the client,
+    and on a busy host the proxy may then wait for a CPU before its first chunk follows. Corked,
+    the two leave in one segment, as a provider's server sends them."""
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, on)
+        except OSError:  # not TCP (a test's socket pair), or closed already: nothing to hold back
+            pass
 
 
 class FlowFileError(InputError):
@@ -157,6 +244,7 @@ def lean_master(log_to: IO[str] | None = None, *, lazy_ca: bool = False) -> Any:
     from mitmproxy.master import Master
     from mitmproxy.options import Options
 
+    _streamed_answers()
     master = Master(Options())
     master.addons.add(
         core.Core(),
@@ -283,6 +371,16 @@ def _fields(dotted: str, names: tuple[str, ...]) -> Callable[[], None]:
     return check
 
 
+def _connections_by_client_id() -> None:
+    from mitmproxy.addons.proxyserver import Proxyserver
+    from mitmproxy.proxy import mode_servers
+
+    if not isinstance(getattr(Proxyserver(), "connections", None), dict):
+        raise LookupError("Proxyserver.connections is no longer a dict")
+    if "register_connection(handler.layer.context.client.id" not in inspect.getsource(mode_servers):
+        raise LookupError("mode_servers no longer registers a connection by its client's id")
+
+
 def _line() -> None:
     if LINE not in SUPPORTED_LINES:
         raise LookupError(f"mitmproxy {VERSION} is not a tested line ({', '.join(map(str, SUPPORTED_LINES))})")
@@ -322,6 +420,18 @@ INTERNALS: dict[str, Callable[[], None]] = {
     "mitmproxy.addons.tlsconfig.TlsConfig.configure(updated), .running(), .certstore": _exists(
         "mitmproxy.addons.tlsconfig.TlsConfig.configure", "mitmproxy.addons.tlsconfig.TlsConfig.running",
         "mitmproxy.addons.tlsconfig.TlsConfig.certstore"),
+    "mitmproxy.proxy.layers.http.HttpStream.send_response(already_streamed) (a streamed answer)": _params(
+        "mitmproxy.proxy.layers.http.HttpStream.send_response", ("already_streamed",)),
+    "mitmproxy.proxy.layers.http.ResponseHeaders(stream_id, response, end_stream)": _fields(
+        "mitmproxy.proxy.layers.http.ResponseHeaders", ("stream_id", "response", "end_stream")),
+    "mitmproxy.proxy.layers.http.ResponseData(stream_id, data), SendHttp(event, connection)": lambda: (
+        _fields("mitmproxy.proxy.layers.http.ResponseData", ("stream_id", "data"))(),
+        _fields("mitmproxy.proxy.layers.http.SendHttp", ("event", "connection"))()),
+    "mitmproxy.proxy.commands.RequestWakeup(delay), events.Wakeup(command) (a paced stream's pause)": lambda: (
+        _params("mitmproxy.proxy.commands.RequestWakeup.__init__", ("delay",))(),
+        _fields("mitmproxy.proxy.events.Wakeup", ("command",))()),
+    "mitmproxy.addons.proxyserver.Proxyserver.connections, by the client's id (a streamed answer's socket)":
+        _connections_by_client_id,
     "mitmproxy.certs.CertStore.from_store(path, basename, key_size)": _params(
         "mitmproxy.certs.CertStore.from_store", ("path", "basename", "key_size")),
 }

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from noisefloor.proxy.mitm._flows import LABELS, SPLIT, is_websocket, log, request_data, scrub, to_mitmproxy, where
+from noisefloor.proxy.mitm import compat as mitm
+from noisefloor.proxy.mitm._flows import LABELS, is_websocket, log, request_data, scrub, to_mitmproxy, where
 from noisefloor.proxy.mitm.compat import http
-from noisefloor.proxy.record.sse import TICKET_HEADER, ChunkSplitter, StreamPlan, StreamServer
+from noisefloor.proxy.record.sse import stream_pieces
 from noisefloor.proxy.replay.replayer import Answer, Matched, Replayer
 
 WAIT_HEADER = "x-nf-wait-ms"  # on every replayed answer: milliseconds the proxy held the request
@@ -17,15 +18,15 @@ class Replay:
 
     A request whose recorded predecessors (requests of its recorded session that had their answer
     before it was asked) have not all been asked in this replay yet waits for them, up to
-    `order_wait` seconds: under a concurrent harness they are usually a moment behind. Streamed
-    answers are handed to the loopback `StreamServer` (inside this process) so their chunks can
-    be sent one by one; everything else is answered directly.
+    `order_wait` seconds: under a concurrent harness they are usually a moment behind. A streamed
+    answer is sent by mitmproxy itself, chunk by chunk as recorded (`compat.stream_answer`), at
+    once or (`timed`) each at its recorded offset.
     """
 
-    def __init__(self, replayer: Replayer, streams: StreamServer, timed: bool, order_wait: float = 5.0) -> None:
+    def __init__(self, replayer: Replayer, timed: bool, order_wait: float = 5.0) -> None:
         self.replayer = replayer
-        self.streams = streams
         self.timed = timed
+        self._untimed_said = False  # the warning for a stream without recorded offsets, given once
         self.order_wait = order_wait
         self._asked = asyncio.Event()  # replaced, and the old one set, whenever a request is asked
 
@@ -62,17 +63,12 @@ class Replay:
             flow.response = to_mitmproxy(resp)
             flow.response.headers[held[0]] = held[1]
             return
-        plan = StreamPlan(resp.status, (*resp.headers, held), resp.raw_body, resp.layout, self.timed)
-        port = await self.streams.ready()
-        flow.request.headers[TICKET_HEADER] = self.streams.register(plan)
-        flow.request.scheme, flow.request.host, flow.request.port = "http", "127.0.0.1", port
-        # the stream server needs the ticket only: the prompt (often hundreds of kB from an agent) is
-        # neither copied to it nor read by it before the first chunk
-        for h in ("content-encoding", "transfer-encoding"):
-            flow.request.headers.pop(h, None)
-        flow.request.raw_content = b""
-        flow.request.headers["content-length"] = "0"
-        flow.metadata[SPLIT] = [n for _, n in resp.layout]
+        if self.timed and not resp.timed and not self._untimed_said:
+            self._untimed_said = True
+            log.warning("nfproxy: a stream recorded without --record-timing is replayed at once (%s)", where(flow))
+        chunks, due_s = stream_pieces(resp.raw_body, resp.layout, self.timed and resp.timed)
+        mitm.stream_answer(flow, mitm.build_response(resp.status, resp.wire_headers, b""), chunks, due_s)
+        flow.response.headers[held[0]] = held[1]
 
     def _announce(self) -> None:
         old, self._asked = self._asked, asyncio.Event()
@@ -92,8 +88,3 @@ class Replay:
                 await asyncio.wait_for(self._asked.wait(), left)
             except TimeoutError:
                 break
-
-    def responseheaders(self, flow: http.HTTPFlow) -> None:
-        sizes = flow.metadata.get(SPLIT)
-        if sizes is not None and flow.response is not None:
-            flow.response.stream = ChunkSplitter(sizes)

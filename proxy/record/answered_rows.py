@@ -48,7 +48,7 @@ class Answered(msgspec.Struct, frozen=True, array_like=True, gc=False):
     status: int | None  # None: no response (a connection error)
     headers: list[tuple[str, str]]
     body: bytes  # as sent on the wire
-    layout: list[tuple[float, int]] | None  # streamed: (offset_ms, length) per chunk
+    layout: list[tuple[float | None, int]] | None  # streamed: (offset_ms, length) per chunk; None: not recorded
     partial: bool
     error: str | None
     latency_ms: float | None

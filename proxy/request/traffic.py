@@ -95,8 +95,14 @@ class ResponseData:
     status: int
     headers: tuple[tuple[str, str], ...]
     raw_body: bytes  # as sent on the wire (still content-encoded), so replay is byte-identical
-    layout: tuple[tuple[float, int], ...] | None = None  # streamed: (offset_ms, length) per chunk
+    # streamed: (offset_ms, length) per chunk; an offset is None where timing was not recorded
+    layout: tuple[tuple[float | None, int], ...] | None = None
     partial: bool = False  # the stream ended early (client gone, upstream stalled)
+
+    @property
+    def timed(self) -> bool:
+        """A stream whose every chunk has its recorded offset (`--record-timing`)."""
+        return self.layout is not None and all(t is not None for t, _ in self.layout)
 
     def header(self, name: str) -> str | None:
         return headers_mod.header(self.headers, name)
@@ -142,7 +148,8 @@ class ResponseData:
         body = body or b""
         layout = rec.get("chunks")
         if layout is not None:
-            return cls(rec["status"], kept, body, tuple((float(t), int(n)) for t, n in layout), rec.get("partial", False))
+            return cls(rec["status"], kept, body, tuple((None if t is None else float(t), int(n)) for t, n in layout),
+                       rec.get("partial", False))
         return cls(rec["status"], kept + (("content-length", str(len(body))),), body)
 
 

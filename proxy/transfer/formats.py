@@ -339,14 +339,14 @@ def _number(value: Any, where: str, name: str) -> float:
     return float(value)
 
 
-def _layout(value: Any, where: str) -> tuple[tuple[float, int], ...] | None:
+def _layout(value: Any, where: str) -> tuple[tuple[float | None, int], ...] | None:
     if value is None:
         return None
     if not isinstance(value, list) or not all(
             isinstance(c, list) and len(c) == 2 and isinstance(c[1], int) and not isinstance(c[1], bool)
             for c in value):
         raise TransferError(f"{where}: _noisefloor.chunks must be a list of [time, size] pairs")
-    return tuple((_number(t, where, "a chunk time"), n) for t, n in value)
+    return tuple((None if t is None else _number(t, where, "a chunk time"), n) for t, n in value)  # None: not timed
 
 
 _DECODED_DROP = ("content-encoding", "content-length")

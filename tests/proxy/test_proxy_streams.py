@@ -113,38 +113,67 @@ def test_replayed_stream_is_byte_identical_with_the_same_chunks(store, upstream,
     assert rep.stop() == 0
 
 
-def test_the_stream_server_answers_a_ticket_without_waiting_for_a_request_body():
-    """A replayed stream's request reaches the in-process stream server with its ticket; its first
-    chunk does not wait for the request body (the prompt, which the server does not need). Here
-    the body never comes at all."""
-    import asyncio
+def test_chunk_times_are_recorded_only_with_record_timing(store, upstream, proxies):
+    """Without --record-timing the log keeps each chunk's size and no time (an offset of None);
+    with it, each chunk's offset from the start, growing with the upstream's pauses."""
+    body = dict(STREAM, x_events=4, x_pause_ms=40)
+    plain = record(store, upstream, proxies, "--session", "plain")
+    chunked_frames(plain.port, body)
+    assert plain.stop() == 0
+    timed = record(store, upstream, proxies, "--session", "timed", "--record-timing")
+    frames = chunked_frames(timed.port, body)
+    assert timed.stop() == 0
+    with Store.open(store, write=False) as s:
+        by_session = {ex.session: ex.response["chunks"] for ex in s.exchanges()}
+    sizes = [len(d) for _, d in frames]
+    assert by_session["plain"] == [[None, n] for n in sizes]
+    offsets = [t for t, _ in by_session["timed"]]
+    assert [n for _, n in by_session["timed"]] == sizes
+    assert all(isinstance(t, float) for t in offsets) and offsets == sorted(offsets)
+    assert offsets[-1] - offsets[0] >= 4 * 40  # five 40 ms pauses between the six events (timers round)
 
-    from noisefloor.proxy.record.sse import TICKET_HEADER, StreamPlan, StreamServer
 
-    async def scenario() -> bytes:
-        server = StreamServer()
-        port = await server.ready()
-        plan = StreamPlan(200, (("content-type", "text/event-stream"),), b"data: a\n\ndata: b\n\n",
-                          ((0.0, 9), (1.0, 9)), timed=False)
-        ticket = server.register(plan)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{TICKET_HEADER}: {ticket}\r\n"
-                     "Content-Length: 100\r\n\r\n".encode())  # ...and no body
-        await writer.drain()
-        got = b""
-        try:
-            while b"data: a" not in got:
-                chunk = await asyncio.wait_for(reader.read(4096), 5)
-                if not chunk:
-                    break
-                got += chunk
-        finally:
-            writer.close()
-            await server.stop()
-        return got
+def test_a_replayed_stream_is_sent_by_the_proxy_itself_never_upstream(store, upstream, proxies):
+    """Strict replay answers a stream without any connection: the upstream, still up, sees no
+    request; a request not recorded gets the miss answer and the run fails (3)."""
+    rec = record(store, upstream, proxies)
+    recorded = chunked_frames(rec.port, dict(STREAM, x_events=6, x_pause_ms=5))
+    assert rec.stop() == 0
+    asked = len(upstream.requests)
+    rep = replay(store, proxies, "--strict", "--replay-log-in-store")
+    replayed = chunked_frames(rep.port, dict(STREAM, x_events=6, x_pause_ms=5))
+    assert [d for _, d in replayed] == [d for _, d in recorded]
+    r = loopback.post(rep.url + "/v1/chat/completions", json=dict(STREAM, x_events=7), timeout=10)
+    assert r.status_code == 404 and r.headers["x-nf-replay"] == "miss"
+    assert rep.stop() == 3
+    assert len(upstream.requests) == asked
+    with Store.open(store, write=False) as s:
+        results = [ex.replay_result for ex in s.exchanges() if ex.mode == "replay"]
+    assert sorted(results) == ["hit", "miss"] and len(recorded) >= 8  # 6 deltas and the closing events
 
-    got = asyncio.run(scenario())
-    assert got.startswith(b"HTTP/1.1 200") and b"data: a" in got
+
+def test_a_replayed_streams_head_leaves_with_its_first_chunk(store, upstream, proxies):
+    """The head and the first chunk reach a client waiting in recv() in one piece (as a provider's
+    server sends them), not the head alone with the chunk a scheduling delay behind."""
+    rec = record(store, upstream, proxies)
+    body = dict(STREAM, x_events=30, x_pause_ms=0)
+    chunked_frames(rec.port, body)
+    rec.stop()
+    rep = replay(store, proxies, "--allow-reuse")
+    payload = json.dumps(body).encode()
+    request = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               f"Content-Length: {len(payload)}\r\n\r\n").encode() + payload
+    with socket.create_connection(("127.0.0.1", rep.port), timeout=10) as sock:
+        for _ in range(8):
+            sock.sendall(request)
+            first = sock.recv(1 << 20)  # blocked before the answer exists: woken by its first segment
+            assert first.startswith(b"HTTP/1.1 200") and b"\r\n\r\n" in first
+            assert b"data: " in first.split(b"\r\n\r\n", 1)[1], first
+            rest = first
+            deadline = time.monotonic() + 10
+            while not rest.endswith(b"\r\n0\r\n\r\n") and time.monotonic() < deadline:
+                rest += sock.recv(1 << 20)
+    assert rep.stop() == 0
 
 
 def test_sdk_streams_that_hang_up_after_the_closing_event_are_complete(store, upstream, proxies):
@@ -163,22 +192,63 @@ def test_sdk_streams_that_hang_up_after_the_closing_event_are_complete(store, up
 
 
 def test_replay_timing_recorded_reproduces_the_gaps(store, upstream, proxies):
-    rec = record(store, upstream, proxies)
+    rec = record(store, upstream, proxies, "--record-timing")
     body = dict(STREAM, x_events=4, x_pause_ms=150)
-    chunked_frames(rec.port, body)
     chunked_frames(rec.port, body)
     rec.stop()
     fast = replay(store, proxies)
-    chunked_frames(fast.port, body)  # the first stream also starts replay's stream server: not timed
     quick = chunked_frames(fast.port, body)
     fast.stop()
     timed = replay(store, proxies, "--replay-timing", "recorded")
-    chunked_frames(timed.port, body)  # the first recorded answer
     slow = chunked_frames(timed.port, body)
     gaps = [b - a for (a, _), (b, _) in zip(slow, slow[1:])]
+    assert [d for _, d in slow] == [d for _, d in quick]
     assert quick[-1][0] < 0.4
+    assert slow[0][0] < 0.4  # the first chunk is not held behind the rest
     assert slow[-1][0] > 0.6
     assert sum(0.1 < g < 0.3 for g in gaps) >= 4, gaps
+    assert timed.stop() == 0
+
+
+def test_a_stream_recorded_without_times_is_replayed_at_once_when_timing_is_asked(store, upstream, proxies):
+    rec = record(store, upstream, proxies)
+    body = dict(STREAM, x_events=4, x_pause_ms=150)
+    recorded = chunked_frames(rec.port, body)
+    rec.stop()
+    timed = replay(store, proxies, "--replay-timing", "recorded")
+    got = chunked_frames(timed.port, body)
+    assert [d for _, d in got] == [d for _, d in recorded]
+    assert got[-1][0] < 0.4
+    assert timed.stop() == 0
+    assert "recorded without --record-timing is replayed at once" in timed.output
+
+
+def test_a_client_that_leaves_a_timed_replay_early_leaves_the_proxy_serving(store, upstream, proxies):
+    """A client hangs up after the first chunk of a stream paced over seconds: the proxy drops that
+    stream and answers the next request at once."""
+    rec = record(store, upstream, proxies, "--record-timing")
+    body = dict(STREAM, x_events=6, x_pause_ms=400)
+    chunked_frames(rec.port, body)
+    plain = {"model": "m", "messages": []}
+    assert loopback.post(rec.url + "/v1/chat/completions", json=plain, timeout=10).status_code == 200
+    rec.stop()
+    rep = replay(store, proxies, "--replay-timing", "recorded", "--allow-reuse")
+    payload = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", rep.port), timeout=10)
+    sock.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    got = b""
+    deadline = time.monotonic() + 10
+    while b"data:" not in got and time.monotonic() < deadline:
+        got += sock.recv(4096)
+    sock.close()
+    assert b" 200 " in got and b"data:" in got
+    start = time.monotonic()
+    r = loopback.post(rep.url + "/v1/chat/completions", json=plain, timeout=10)
+    assert r.status_code == 200 and time.monotonic() - start < 2
+    again = chunked_frames(rep.port, body)
+    assert len(again) >= 8 and again[-1][0] > 1.5  # paced again, from the start
+    assert rep.stop() == 0
 
 
 def test_sdks_stream_through_record_and_replay_with_usage_in_the_log(store, upstream, proxies):

@@ -79,7 +79,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     store = out / "log.lmdb"
     upstream = FakeUpstream(responder=lambda doc, n: ANSWER).start()
     try:
-        rec = start_nfproxy("--mode", "record", "--upstream", upstream.url, "--store", str(store))
+        rec = start_nfproxy("--mode", "record", "--upstream", upstream.url, "--store", str(store), "--record-timing")
         try:
             auth = {"authorization": f"Bearer {SECRET}"}
             with loopback.client(base_url=rec.url, timeout=20) as c:

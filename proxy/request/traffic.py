@@ -10,7 +10,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -54,7 +54,11 @@ class RequestData:
             body, note = self.decoded, None
         else:
             body, note = decode_body(self.raw_body, self.header("content-encoding"))
-        canon = canonicalize(self.method, self.host, self.path, self.headers, body, rules)
+        args = (self.method, self.host, self.path, self.headers, body, rules)
+        try:
+            canon = _canonical(*args) if len(body) <= _REMEMBERED_BODY else canonicalize(*args)
+        except TypeError:  # headers given as lists: not a cache key
+            canon = canonicalize(*args)
         return replace(canon, notes=canon.notes + (note,)) if note else canon
 
     @cached_property
@@ -88,6 +92,12 @@ class RequestData:
             "body": self.stored_digest if self.raw_body else None,
             "body_size": len(self.raw_body),
         }
+
+
+# A request asked again (a rerun's replicates, a retry) is keyed from its remembered canonical form:
+# `canonicalize` is a pure function of these arguments, and what it returns is only read.
+_REMEMBERED_BODY = 32 << 10  # larger bodies are keyed afresh (the cache holds them as its keys)
+_canonical = lru_cache(maxsize=512)(canonicalize)
 
 
 @dataclass(frozen=True)

@@ -45,10 +45,11 @@ def body(i: int) -> bytes:
                        "temperature": 0.7}).encode()
 
 
-def sequential(url: str, n: int) -> list[float]:
+def sequential(url: str, n: int, first: int = 0) -> list[float]:
+    """Latencies of `n` requests sent one after another, bodies `first` to `first + n - 1`."""
     lat = []
     with httpx.Client(timeout=30) as client:
-        for i in range(n):
+        for i in range(first, first + n):
             t = time.perf_counter()
             r = client.post(url + "/v1/chat/completions", content=body(i), headers={"content-type": "application/json"})
             lat.append((time.perf_counter() - t) * 1000)
@@ -121,12 +122,16 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8, help="0: no throughput runs")
     ap.add_argument("--only", default="", help="comma-separated paths to run (default: all)")
     ap.add_argument("--baseline", default="", help="a git revision whose record mode runs beside this one's")
+    ap.add_argument("--distinct", action="store_true",
+                    help="every request body new (default: each round sends the same bodies again, as a rerun does)")
     args = ap.parse_args()
     only = {x.strip() for x in args.only.split(",") if x.strip()}
     unknown = only - set(PATHS)
     if unknown:
         ap.error(f"unknown path(s) {sorted(unknown)}; known: {', '.join(PATHS)}")
     wanted = only or set(PATHS)
+    if args.distinct and wanted & {"nfproxy replay", "mitmdump --server-replay"}:
+        ap.error("--distinct sends bodies no recording holds: leave the replay paths out (--only)")
     n, rounds, conc = args.requests, args.rounds, args.concurrency
     per_round = n // rounds
     tmp = Path(tempfile.mkdtemp(prefix="nfbench-"))
@@ -183,7 +188,7 @@ def main() -> None:
             targets["mitmdump --server-replay"], pids["mitmdump --server-replay"] = url, rep.pid
 
         for u in targets.values():
-            sequential(u, 20)  # warm-up
+            sequential(u, 20, first=10**6)  # warm-up
         lat: dict[str, list[float]] = {k: [] for k in targets}
         round_p50: dict[str, list[float]] = {k: [] for k in targets}
         cpu: dict[str, float] = {k: 0.0 for k in pids}
@@ -193,7 +198,7 @@ def main() -> None:
         for r in range(rounds):  # interleaved, so machine noise hits every path alike
             for name in order[r % len(order):] + order[: r % len(order)]:
                 before = cpu_seconds(pids[name]) if name in pids else 0.0
-                xs = sequential(targets[name], per_round)
+                xs = sequential(targets[name], per_round, first=r * per_round if args.distinct else 0)
                 if name in pids:
                     used = cpu_seconds(pids[name]) - before
                     cpu[name] += used
@@ -224,8 +229,8 @@ def main() -> None:
         return f"{cpu[a] / cpu[b]:.2f} (rounds {rs[0]:.2f}-{rs[-1]:.2f})"
 
     print(f"{len(lat['direct'])} sequential requests per path in {rounds} interleaved rounds; "
-          f"{f'throughput at concurrency {conc}' if conc else 'no throughput runs'}; loopback, {per_round} distinct "
-          "~0.5 kB chat bodies")
+          f"{f'throughput at concurrency {conc}' if conc else 'no throughput runs'}; loopback, ~0.5 kB chat bodies, "
+          + (f"all {n} distinct" if args.distinct else f"the same {per_round} each round"))
     print(f"load average (1, 5, 15 min) before each round and after the last: {'; '.join(loads)}\n")
     print(f"{'path':<28}{'p50 ms':>9}{'p99 ms':>9}{'req/s':>9}{'p50 / direct':>14}{'CPU ms/req':>12}")
     for name in targets:

@@ -1,6 +1,4 @@
-"""Replay start-up, hit and miss latency against store size, with the LMDB lookup rows (what
-replay uses now) and with the whole index loaded in memory (what it did before them, and still
-does for stores recorded before them).
+"""Replay start-up, hit and miss latency against store size, through the LMDB lookup rows.
 
 Stores are written through the real recorder: sessions of four-turn conversations (each turn
 carries the earlier answers), a 0.8 kB system prompt, ~0.4 kB answers (~2.5 kB requests). A miss is a recorded request
@@ -9,7 +7,7 @@ on a shared machine they move much less); "found" says how often the nearest rec
 request named in the miss answer is the one that was changed. Each measurement runs in a fresh
 process, so its peak RSS is its own.
 
-    python bench/replay_miss.py [--sizes 10000,100000] [--queries 200] [--kinds lmdb,memory]
+    python bench/replay_miss.py [--sizes 10000,100000] [--queries 200]
 """
 
 from __future__ import annotations
@@ -86,7 +84,7 @@ def _rss_mb() -> float:
         return round(next(int(line.split()[1]) for line in fh if line.startswith("VmRSS")) / 1024, 1)
 
 
-def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
+def measure(path: Path, n: int, queries: int) -> dict[str, float]:
     from noisefloor.proxy.replay.replayer import Replayer
     from noisefloor.proxy.request.keys import Rules
     from noisefloor.proxy.request.labels import Labels
@@ -94,8 +92,6 @@ def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
 
     rss0 = _rss_mb()
     with Store.open(path, write=False) as s:
-        if memory:
-            s.has_replay_index = lambda: False  # type: ignore[method-assign]
         t = time.perf_counter()
         rep = Replayer(s, Rules(), log=lambda build: None)
         start = time.perf_counter() - t
@@ -104,8 +100,6 @@ def measure(path: Path, n: int, queries: int, memory: bool) -> dict[str, float]:
         picks = [divmod(rng.randrange(n), TURNS) for _ in range(queries)]
         hits, misses, found = [], [], 0
         cpu_hits = cpu_misses = 0.0
-        if memory:  # a scan per miss: a few are enough to see its cost
-            picks = picks[:max(5, queries // 20)]
         for q, (session, turn) in enumerate(picks):
             req = chat(session, turn)
             t, c = time.perf_counter(), time.process_time()
@@ -134,12 +128,11 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", default="10000,100000")
     ap.add_argument("--queries", type=int, default=200)
-    ap.add_argument("--kinds", default="lmdb,memory", help="lmdb (the lookup rows), memory (the whole index loaded)")
-    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        path, n, kind = args.child
-        print(json.dumps(measure(Path(path), int(n), args.queries, kind == "memory")))
+        path, n = args.child
+        print(json.dumps(measure(Path(path), int(n), args.queries)))
         return
     for n in (int(x) for x in args.sizes.split(",")):
         with tempfile.TemporaryDirectory(prefix="nf-replay-miss-") as tmp:
@@ -147,10 +140,9 @@ def main() -> None:
             took = build(path, n)
             size = (path / "data.mdb").stat().st_size >> 20
             print(f"{n} exchanges: recorded in {took:.1f} CPU s ({n / took:.0f}/CPU s), file {size} MB", flush=True)
-            for kind in args.kinds.split(","):
-                out = subprocess.run([sys.executable, __file__, "--queries", str(args.queries), "--child", str(path),
-                                      str(n), kind], capture_output=True, text=True, check=True)
-                print(f"  {kind:6s} {out.stdout.strip()}", flush=True)
+            out = subprocess.run([sys.executable, __file__, "--queries", str(args.queries), "--child", str(path),
+                                  str(n)], capture_output=True, text=True, check=True)
+            print(f"  {out.stdout.strip()}", flush=True)
 
 
 if __name__ == "__main__":

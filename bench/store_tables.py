@@ -13,7 +13,7 @@ from pathlib import Path
 
 import lmdb
 
-TABLES = ("meta", "bodies", "exchanges", "dicts", "recorded", "outcomes", "rindex", "lookups", "index_routes", "heads", "labels", "routes")
+TABLES = ("meta", "bodies", "exchanges", "dicts", "recorded", "outcomes", "lookups", "index_routes", "heads", "labels", "routes")
 
 
 def _pages(stat: dict[str, int]) -> int:

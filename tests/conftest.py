@@ -175,22 +175,15 @@ def store(tmp_path: Path) -> Path:
     return tmp_path / "log.lmdb"
 
 
-def recorded_shards(where: Path, exchanges: int, fmt: str | None = None) -> list[Path]:
+def recorded_shards(where: Path, exchanges: int) -> list[Path]:
     """Two stores of `exchanges` each, recorded through the real recorder (bench/store_traffic's
-    multi-turn sessions, different in each shard): what the merge tests merge. `fmt`: a store
-    format of the heads table (noisefloor-log/4 or today's) that the stores are marked with before
-    the first exchange, which a store keeps writing in."""
+    multi-turn sessions, different in each shard): what the merge tests merge."""
     from bench.store_traffic import record
     from noisefloor.proxy.store.log import Store
-    from noisefloor.proxy.store.migrate import OLDER
 
     paths = [where / "a.lmdb", where / "b.lmdb"]
     for seed, path in enumerate(paths):
         with Store.open(path, write=True, create=True) as s:
-            if fmt is not None:
-                s.set_meta("format", fmt)
-        with Store.open(path, write=True, older=OLDER) as s:
-            assert s.format == (fmt or s.format)
             record(s, exchanges, seed=seed, prefix=f"sh{seed}")
     return paths
 

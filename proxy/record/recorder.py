@@ -179,12 +179,8 @@ class Recorder:
         self.recovered = self.writer.finish_unwritten()[0]
         self.numbered = False  # --new-session: a name the store holds starts NAME-2, NAME-3, ... instead
         self._sessions: dict[str, str] = {}  # session named by this run -> the session it records into
-        if store.has_replay_index():  # a session's earlier exchanges are looked up when it reappears
-            self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq)
-                                                           for e in store.session_entries(name)])
-        else:  # a store older than the index rows: read whole, once
-            self.counters = Counters()
-            self.counters.seed((e.session, e.key, e.occurrence, e.seq) for e in store.recorded_entries())
+        # a session's earlier exchanges are looked up when it reappears
+        self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq) for e in store.session_entries(name)])
 
     def session_for(self, name: str) -> str | None:
         """The session a run naming `name` records into: `name` itself when the store does not hold it

@@ -98,7 +98,7 @@ class Replayer:
         self.order = order
         self.stats = Stats()
         self.counters = Counters()
-        self.index = replay_index.open_index(store, rules)
+        self.index = replay_index.open_index(store)
         self.sources = frozenset(sources)
         if self.sources and all(self.index.first_id(s) is None for s in self.sources):
             raise InputError(f"no recorded session named {sorted(self.sources)} in {store.path}; "

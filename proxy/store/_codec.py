@@ -15,7 +15,6 @@ exchanges gives every frame that shared start. The stored value says how it was 
   0x04 + CRC-32 + value           a body: any of the above (but 0x00) behind
                                   a CRC-32 of its bytes as stored, so `nfproxy merge` checks a
                                   shard's bodies without decompressing them (`checked`)
-  zstd frame (magic 28 b5 2f fd)  an untagged value, as the earliest stores kept (read for `migrate`)
 
 A dictionary's key is the start of its sha256, so a value copied to another store (merge) stays
 readable once its dictionary is copied with it. Decoding refuses a frame that declares, or turns
@@ -37,7 +36,6 @@ from noisefloor.errors import InputError, NoisefloorError
 
 RAW, PLAIN, DICT, REF, CHECKED = 0, 1, 2, 3, 4
 _CRC = 5  # bytes of a CHECKED value before the value it wraps
-LEGACY_MAGIC = b"\x28\xb5\x2f\xfd"
 KEY_SIZE = 8
 LEVEL = 3
 DICT_SIZE = 64 << 10  # bytes; trained on about 100-200x as much sample data
@@ -70,7 +68,8 @@ def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
         return None
     size = min(size, max(4096, sum(map(len, samples)) // 16))
     try:
-        return zstandard.train_dictionary(size, samples, k=200, d=8).as_bytes()
+        given: list[Any] = list(samples)
+        return zstandard.train_dictionary(size, given, k=200, d=8).as_bytes()
     except zstandard.ZstdError:
         return None
 
@@ -151,8 +150,6 @@ class Codec:
             if fast is not None:
                 return fast
             return _bounded(zstandard.ZstdDecompressor(dict_data=_raw_dict(prefix)), frame, limit)
-        if value[:4] == LEGACY_MAGIC:
-            return _bounded(self._plain_d, value, limit)
         if tag == RAW:
             if len(value) - 1 > limit:
                 raise TooLarge(f"{len(value) - 1} bytes, more than the {limit} allowed")
@@ -189,7 +186,8 @@ class Codec:
         for key, where in groups.items():
             try:
                 dctx = self._decompressor(key) if key else self._plain_d
-                texts = dctx.multi_decompress_to_buffer([values[i][1 + len(key):] for i in where], threads=1)
+                frames: list[Any] = [values[i][1 + len(key):] for i in where]
+                texts: Any = dctx.multi_decompress_to_buffer(frames, threads=1)
             except Exception:  # a frame that is not what it declares: each read alone, to find which
                 texts = [self._decoded_or_none(values[i], limit) for i in where]
             for i, text in zip(where, texts, strict=True):
@@ -213,7 +211,8 @@ class Codec:
             return None
         try:
             dctx = self._decompressor(bytes(start[1:])) if tag == DICT else self._plain_d
-            return [t.tobytes() for t in dctx.multi_decompress_to_buffer(frames, threads=1)]
+            buffers: Any = dctx.multi_decompress_to_buffer(list[Any](frames), threads=1)
+            return [t.tobytes() for t in buffers]
         except Exception:  # a frame that is not what it declares: `decode_many` reads each alone
             return None
 

@@ -4,8 +4,7 @@ replicate), and as its value the row without the three fields its key already ho
 A row whose first three fields are task_id, condition and replicate, in that order (every row
 nfverify and nfladder write), is kept as `KEYED` and the JSON of its other fields (a study's row
 shrinks from ~80 bytes to ~15); read back, the three are put first again from the key, so the row
-and its JSON text are exactly those `json.dumps` wrote whole. Any other row, and every row of a
-store before /7, is kept whole.
+and its JSON text are exactly those `json.dumps` wrote whole. Any other row is kept whole.
 """
 
 from __future__ import annotations
@@ -28,10 +27,10 @@ def key(row: Mapping[str, Any]) -> bytes:
     return json.dumps(row_key(row)).encode()
 
 
-def value(row: Mapping[str, Any], keyed: bool) -> bytes:
-    """A row as the table keeps it (`keyed`: a /7 store's, without its key's fields where it leads with them)."""
+def value(row: Mapping[str, Any]) -> bytes:
+    """A row as the table keeps it: without its key's fields where it leads with them."""
     whole = dict(row)
-    if keyed and tuple(islice(whole, 3)) == _LEAD:
+    if tuple(islice(whole, 3)) == _LEAD:
         return KEYED + json.dumps({k: v for k, v in whole.items() if k not in _LEAD}).encode()
     return json.dumps(whole).encode()
 

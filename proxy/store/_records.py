@@ -5,8 +5,8 @@ So a record is not stored twice over with its head, and `nfproxy merge` copies i
 under a new id without decompressing it. A record whose head was written from a record checked
 against the record type (its `left_out` is not NOT_LISTED) keeps only the rest (`stripped`). A
 record no head can stand for (a string msgpack cannot hold: no head; keys this version does not
-know or another layout: NOT_LISTED) is stored whole, id included; its head says which. Reading joins the two (`joined`) after both
-are verified: the head's CRC over its exchange's key, its CRC of the record as stored, the
+know or another layout: NOT_LISTED) is stored whole, id included; its head says which. Reading
+joins the two (`joined`) after both are verified: the head's CRC over its exchange's key, its CRC of the record as stored, the
 record's own decoding; a record without its head is a StoreError naming the exchange.
 """
 
@@ -94,18 +94,19 @@ def _own(exchange_id: int, s: store_heads.Stored) -> _Own:
                 store_heads.usage_dict(s.usage), s.truncated, s.error, s.notes)
 
 
-def encoded(codec: Any, key: bytes | None, doc: bytes, checked: tuple[Head, int] | None,
-            strip: bool) -> tuple[bytes, store_heads.Row | None]:
+def encoded(codec: Any, key: bytes | None, doc: bytes,
+            checked: tuple[Head, int] | None) -> tuple[bytes, store_heads.Row | None]:
     """A record's JSON text (`doc`, id included) as a store stores it, and its head's row:
-    stripped (`strip`: a /5 store) where its head can stand for the rest (`checked`: the head and
-    the fields it leaves out; None: the text's head cannot be held, the record is kept whole)."""
+    stripped where its head can stand for the rest (`checked`: the head and the fields it leaves
+    out; None: the text's head cannot be held, the record is kept whole)."""
     r = store_heads.row(*checked, b"") if checked is not None else None
-    whole = not strip or r is None or checked is None or checked[1] == NOT_LISTED
+    whole = r is None or checked is None or checked[1] == NOT_LISTED
     text = doc
     if not whole:
         try:
             text = stripped(doc)
         except msgspec.DecodeError:  # a lone surrogate (a header byte not UTF-8), which json reads: kept whole,
+            assert checked is not None
             r = store_heads.row(checked[0], NOT_LISTED, b"")  # listed by the full parse, as checked_head's None
     stored = codec.encode(text, key)
     return stored, None if r is None else tied(r, stored)
@@ -131,7 +132,7 @@ def _damaged_text(path: Any, exchange_id: int, text: bytes) -> None:
 
 
 class Joins:
-    """Reading a /5 record joined with its head (a part of Store)."""
+    """Reading a record joined with its head (a part of Store)."""
 
     _env: Any
     _heads: Any
@@ -139,17 +140,14 @@ class Joins:
     _codec: Any
     path: Any
     max_body: int
-    _joins: bool
     _joined_sets: dict[tuple[str, int], tuple[Any, ...]]
     _shared_text: dict[tuple[int, int, int], bytes]
 
     def _text_of(self, txn: Any, k: bytes, raw: Any, value: Any = False) -> bytes:
-        """A record's whole JSON text, id first: decoded (zstd's errors as raised) and, in a /5
-        store, joined with its head (read here unless given: None, no head row), both checked;
-        StoreError naming the exchange where the head is missing, damaged or not the record's."""
+        """A record's whole JSON text, id first: decoded (zstd's errors as raised) and joined with
+        its head (read here unless given: None, no head row), both checked; StoreError naming the
+        exchange where the head is missing, damaged or not the record's."""
         text = self._codec.decode(raw, self.max_body)
-        if not self._joins:
-            return text
         if value is False:
             value = txn.get(k, db=self._heads)
         exchange_id = _U64.unpack(k)[0]

@@ -30,7 +30,6 @@ BATCH = 256  # entries read from each table at once
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
 Batch = tuple[Sequence[int], Sequence[bytes], Sequence[bytes]]  # ids, heads, records as stored
-_COMPACT = "`nfproxy compact` rewrites the heads from the records"
 
 
 def _good(heads: list[Any], records: list[Any]) -> int:
@@ -62,8 +61,6 @@ class Walks:
     _reading: Any
     _decode_record: Any
     _sets_of: Any
-    _record_heads: Any
-    _joins: bool
     _join: Any
     _join_into: Any
     _stored: Any
@@ -97,16 +94,9 @@ class Walks:
         if wrong == "record":
             self._decode_record(exchange_id, raw)  # a damaged record says what is wrong with it
             raise StoreError(f"store {self.path}: exchange {exchange_id}'s head and record do not match (one "
-                             "was changed after the other was written); restore the store from a copy, or "
-                             f"{_COMPACT}")  # (a /5 store's record read says so itself, with its own advice)
+                             f"was changed after the other was written); {RESTORE}")
         raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its "
-                         f"checksum does not match); {self._fix}")
-
-    @property
-    def _fix(self) -> str:
-        """What a damaged head's message advises: rewrite the heads from the records, unless the
-        head is the one copy of its fields."""
-        return RESTORE if self._joins else _COMPACT
+                         f"checksum does not match); {RESTORE}")
 
     def _unpaired(self, head_key: bytes | None, record_key: bytes | None) -> None:
         """A head without its record or a record without its head: the first such exchange, named."""
@@ -115,7 +105,7 @@ class Walks:
         which = "record" if record_key is None or (head_key is not None and bytes(head_key) < bytes(record_key)) \
             else "head"
         raise StoreError(f"store {self.path}: exchange {exchange_id} has no {which} (the heads table and the records "
-                         f"differ); {self._fix}")
+                         f"differ); {RESTORE}")
 
     # -- heads ---------------------------------------------------------------------------------
 
@@ -124,11 +114,6 @@ class Walks:
         the labels and route as tuples shared by every head with the same, so that a reader can
         group by them), a batch at a time; checked as `heads`. A batch with a head that does not
         decode is handed on one head at a time, up to that head's StoreError."""
-        if self._heads is None:
-            heads = self._record_heads()
-            while batch := list(islice(heads, BATCH)):
-                yield [h.id for h in batch], [store_heads.parts_of(h) for h in batch]
-            return
         labels, routes = self._sets_of("labels"), self._sets_of("routes")
         for ids, values, raws in self._paired_batches("heads"):
             parts = store_heads.parts_many(values, labels, routes)
@@ -139,8 +124,7 @@ class Walks:
                 yield (exchange_id,), (self._head_part(exchange_id, value, raw, labels, routes),)
 
     def head_sets(self) -> tuple[dict[int, tuple[Any, ...]], dict[int, tuple[Any, ...]]]:
-        """The heads' labels and routes by number, each table checked and read whole (empty in a
-        store without heads)."""
+        """The heads' labels and routes by number, each table checked and read whole."""
         return self._sets_of("labels"), self._sets_of("routes")
 
     def stored_head_batches(self, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]
@@ -149,11 +133,7 @@ class Walks:
         by their sets' numbers (nfanalyze) instead of building a tuple per head: (the batch's heads
         as stored, ()) where each decodes as `head_part_batches` decodes it and its sets are in
         `labels` / `routes` (from `head_sets`), else ((), its parts) one head at a time up to that
-        head's StoreError; the walk checked as `head_part_batches`. A store without heads: ((), parts)."""
-        if self._heads is None:
-            for _, parts in self.head_part_batches():
-                yield (), parts
-            return
+        head's StoreError; the walk checked as `head_part_batches`."""
         for ids, values, raws in self._paired_batches("heads"):
             stored = store_heads.stored_many(values, labels, routes)
             if stored is not None:
@@ -163,12 +143,7 @@ class Walks:
                 yield (), (self._head_part(exchange_id, value, raw, labels, routes),)
 
     def head_parts(self) -> Iterator[tuple[int, store_heads.Parts]]:
-        """`head_part_batches` one exchange at a time (nfanalyze's counts, `heads`); a store
-        without heads read one record at a time, so that a reader that stops early reads no further."""
-        if self._heads is None:
-            for h in self._record_heads():
-                yield h.id, store_heads.parts_of(h)
-            return
+        """`head_part_batches` one exchange at a time (nfanalyze's counts, `heads`)."""
         for ids, parts in self.head_part_batches():
             yield from zip(ids, parts)
 
@@ -187,7 +162,7 @@ class Walks:
         """Every exchange record in write order as one line of JSON with every field (the object
         `Exchange.json_bytes` gives), for `nfproxy log --json --limit`: the stored text passed
         through, checked against the record type when it was written (its head says what it
-        leaves out, and is tied to its bytes) or, in a store without heads, now; a record only
+        leaves out, and is tied to its bytes); a record only
         `exchange()` can read is read by it (so a damaged one is the same StoreError). One record
         decompressed at a time: a listing that stops early reads no further."""
         decode, limit = self._codec.decode, self.max_body
@@ -196,8 +171,7 @@ class Walks:
                 text = decode(raw, limit)
             except DAMAGE:
                 text = None
-            if self._joins:
-                text = self._joined((exchange_id,), (value,), [text])[0]
+            text = self._joined((exchange_id,), (value,), [text])[0]
             left = self._left_out(exchange_id, value) if value else exchange_record.NOT_LISTED
             yield self._listed(exchange_id, text, left, raw)
 
@@ -214,11 +188,7 @@ class Walks:
             texts = decode_many(raws, limit)
             out = bytearray()
             try:
-                if self._joins:
-                    self._joined_chunk(ids, values, raws, texts, tails, out)
-                else:
-                    for line in zip(ids, values, raws, texts):
-                        self._line_into(out, tails, *line)
+                self._joined_chunk(ids, values, raws, texts, tails, out)
             except StoreError:
                 if out:
                     yield bytes(out)
@@ -227,7 +197,7 @@ class Walks:
 
     def _joined_chunk(self, ids: Sequence[int], values: Sequence[Any], raws: Sequence[Any],
                       texts: list[bytes | None], tails: dict[int, bytes], out: bytearray) -> None:
-        """A /5 batch's lines onto `out`: a stripped record joined with its head as it is written; a
+        """A batch's lines onto `out`: a stripped record joined with its head as it is written; a
         record stored whole, or one whose head does not decode, read as `listed_records` reads it."""
         with self._env.begin() as txn:
             for exchange_id, value, raw, text in zip(ids, values, raws, texts):
@@ -282,7 +252,7 @@ class Walks:
             raise self._damaged_head(exchange_id, exc) from None
 
     def _damaged_head(self, exchange_id: int, exc: BaseException) -> StoreError:
-        return StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); {self._fix}")
+        return StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged ({exc}); {RESTORE}")
 
     def _listed(self, exchange_id: int, text: bytes | None, left: int, raw: bytes) -> bytes:
         """One record's line (`listed_records`): passed through where its head allows, else checked now."""

@@ -1,11 +1,10 @@
-"""`nfproxy compact`: rewrite a store whole in today's format and encoding; and refill its pages.
+"""`nfproxy compact`: rewrite a store whole, smaller; and refill its pages.
 
 Every value is read verified (a damaged store is refused by name before anything is replaced),
 dictionaries are trained again on a sample spread over the whole store, every body and record is
 encoded with them, and the result is written to a new file of exactly the pages it uses, which
-then replaces the store's data file in one rename. A store of an earlier format comes out in
-today's (its replay index in layout 4); a store of today's format comes out smaller
-(dictionaries trained on all of it, pages full, no reserved map beyond its data). Killed at any
+then replaces the store's data file in one rename. The store comes out smaller (dictionaries
+trained on all of it, pages full, no reserved map beyond its data). Killed at any
 point, the store is as it was (the rewrite happens beside it), and running it again starts over.
 Readers that had the store open keep reading the old file until they close it.
 
@@ -21,9 +20,8 @@ import json
 import os
 import shutil
 import struct
-import tempfile
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -37,8 +35,7 @@ from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
-from noisefloor.proxy.store._index import put_entry
-from noisefloor.proxy.store.env import DAMAGE, FORMAT, Holds
+from noisefloor.proxy.store.env import DAMAGE, FORMAT
 from noisefloor.proxy.store.log import Store, StoreError
 
 _SAMPLES = 4000  # values of each kind sampled for training
@@ -65,13 +62,11 @@ def _every(n: int, want: int) -> int:
     return max(1, n // want)
 
 
-def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
-            older: Mapping[str, Holds] | None = None) -> Rewritten:
-    """The store at `path` rewritten whole in today's format (`older`: the earlier formats it may
-    be of, from the migration; else one of those is refused by name)."""
+def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rewritten:
+    """The store at `path` (of today's format) rewritten whole."""
     path = Path(path)
     before = (path / "data.mdb").stat().st_size if (path / "data.mdb").exists() else 0
-    with Store.open(path, write=True, older=older) as src:
+    with Store.open(path, write=True) as src:
         src.lock_for_recording()  # no proxy records into it while it is rewritten
         interrupted.finish(src, progress)  # what a killed proxy or merge left: the rewritten store replays whole
         fmt = src.meta("migrated_from") or src.format
@@ -100,14 +95,11 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
                         txn.put(keys[kind], trained, db=dbs["dicts"])
             _copy_bodies(src, env, dbs["bodies"], codec.Codec(dicts.get, LEVELS["body"]), keys.get("body"), progress)
             _copy_records(src, env, dbs, codec.Codec(dicts.get, LEVELS["record"]), keys.get("record"), progress)
-            # the replay index, in layout 4 (a compacted store replays without loading it)
-            indexed = _copy_index(src, env, dbs, progress)
+            _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
                 for db_name, items in (("outcomes", _outcomes(src)), ("meta", src.raw_table("meta"))):
                     for k, v in items:
                         txn.put(k, v, db=dbs[db_name])
-                if indexed:
-                    txn.put(b"replay_index", json.dumps(replay_index.VERSION).encode(), db=dbs["meta"])
                 txn.put(b"format", json.dumps(FORMAT).encode(), db=dbs["meta"])
                 txn.put(b"dicts", json.dumps({k: v.hex() for k, v in keys.items()}).encode(), db=dbs["meta"])
                 txn.delete(b"migrated_from", db=dbs["meta"])
@@ -127,7 +119,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
     return Rewritten(n_ex, n_bodies, before, (path / "data.mdb").stat().st_size, fmt)
 
 
-def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec, key: bytes | None,
+def _copy_bodies(src: Store, env: lmdb.Environment, db: Any, out: codec.Codec, key: bytes | None,
                  progress: Callable[[str], None]) -> None:
     # compressed against other bodies: kept as it is (they are all copied); else encoded again;
     # either behind its CRC
@@ -136,7 +128,7 @@ def _copy_bodies(src: Store, env: lmdb.Environment, db: object, out: codec.Codec
     _append_batched(env, db, items, progress, "bodies")  # in digest order, appended: pages filled whole
 
 
-def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out: codec.Codec, key: bytes | None,
+def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, Any], out: codec.Codec, key: bytes | None,
                   progress: Callable[[str], None]) -> None:
     """The records encoded again, each with its head (written from the record, tied to its new
     bytes), stripped of the head's fields where the head can stand for them."""
@@ -145,7 +137,7 @@ def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, object], out
         for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
             if ex.id != i:
                 raise StoreError(f"store {src.path}: exchange {i} is listed out of order; restore it from a copy")
-            stored, r = store_records.encoded(out, key, text, src.checked_head(text, i), True)
+            stored, r = store_records.encoded(out, key, text, src.checked_head(text, i))
             yield _U64.pack(i), stored
             yield _U64.pack(i), r
 
@@ -178,42 +170,12 @@ def _as_stored(text: bytes) -> bytes:
         return text
 
 
-def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, object], progress: Callable[[str], None]) -> bool:
-    """The replay index in today's layout (4), whatever the source's: its entries in id order (pages
-    full) and its lookups in key order (a source of layout 3 keeps its lookups, its entries' sketches
-    shortened; one of layout 1 or 2 is converted: entries with their sketches, lookups gathered
-    unsorted in a scratch file, then copied in order). False: the store has no lookups to carry
-    (recorded before them), and its entries are copied as they are."""
-    indexed, layout = src.has_replay_index(), src.meta("replay_index")
-    if not indexed or layout in replay_index.ROUTED:  # entries as they are (and these lookups, already sorted)
-        entries = _verified_entries(src)
-        if indexed:
-            entries = ((k, replay_index.as_current(raw)) for k, raw in entries)
-        _append_batched(env, dbs["recorded"], entries, progress, "index entries")
-        _append_batched(env, dbs["index_routes"], src.raw_table("index_routes"), progress, "index routes")
-        if indexed:
-            _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
-        return indexed
-    with tempfile.TemporaryDirectory(dir=Path(env.path())) as tmp:
-        spill = lmdb.open(tmp, map_size=1 << 40, max_dbs=2, sync=False, metasync=False, writemap=False)
-        try:
-            unsorted = spill.open_db(b"lookups", dupsort=True, dupfixed=True)
-            entries = src.recorded_entries()
-            while batch := list(islice(entries, _BATCH)):
-                with env.begin(write=True) as txn, spill.begin(write=True, db=unsorted) as spilled:
-                    nears = replay_index.stored_near(src, [e.id for e in batch])
-                    if nears is None:
-                        raise StoreError(f"{src.path}: its index sketches cannot be converted; nothing was written")
-                    for e, near in zip(batch, nears):
-                        e = replace(e, near=near)
-                        put_entry(txn, dbs["recorded"], dbs["index_routes"], e.id, e, replay_index.VERSION)
-                        spilled.cursor().putmulti(replay_index.lookup_rows(e.id, e, replay_index.VERSION))
-                progress(f"{batch[-1].id} index entries converted")
-            with spill.begin(buffers=False, db=unsorted) as txn:
-                _append_batched(env, dbs["lookups"], iter(txn.cursor()), progress, "index lookups", append=False)
-        finally:
-            spill.close()
-    return True
+def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, Any], progress: Callable[[str], None]) -> None:
+    """The replay index as stored: its entries in id order (pages full), each decoded first, and
+    its routes and lookups in key order."""
+    _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
+    _append_batched(env, dbs["index_routes"], src.raw_table("index_routes"), progress, "index routes")
+    _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
 
 
 def _outcomes(src: Store) -> Iterator[tuple[bytes, bytes]]:
@@ -229,7 +191,7 @@ def _outcomes(src: Store) -> Iterator[tuple[bytes, bytes]]:
         if not ok:
             raise StoreError(f"store {src.path}: an outcome row is stored under another row's key; restore the "
                              "store from a copy")
-        yield k, outcome_values.value(row, keyed=True)
+        yield k, outcome_values.value(row)
 
 
 def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
@@ -247,7 +209,7 @@ def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
         yield k, raw
 
 
-def _append_batched(env: lmdb.Environment, db: object, items: Iterator[tuple[bytes, Any]],
+def _append_batched(env: lmdb.Environment, db: Any, items: Iterator[tuple[bytes, Any]],
                     progress: Callable[[str], None], what: str, append: bool = True,
                     also: Callable[[lmdb.Transaction, bytes, Any], None] | None = None,
                     settle: Callable[[bool], None] = lambda ok: None) -> None:
@@ -289,7 +251,7 @@ def tables(env: lmdb.Environment) -> list[tuple[bytes, Any, dict[str, bool]]]:
         except lmdb.Error as exc:  # a main-table key that is not a table: not a store this wrote
             raise StoreError(f"{name!r} in the store's main table is not a table ({exc})") from None
         with env.begin() as txn:
-            flags = db.flags(txn)
+            flags = db.flags(txn)  # type: ignore[call-arg]  # py-lmdb takes the transaction; its stubs do not
         out.append((name, db, {f: bool(flags.get(f)) for f in _FLAGS}))
     return out
 
@@ -330,7 +292,7 @@ def _refilled(env: lmdb.Environment, path: Path, work: Path, progress: Callable[
         out = lmdb.open(str(work), map_size=max(1 << 30, 2 * used_bytes(env)), max_dbs=16, sync=False, metasync=False)
         try:
             for name, db, flags in tables(env):
-                out_db = out.open_db(name, **flags)
+                out_db = out.open_db(name, **flags)  # type: ignore[arg-type]
                 if name in replaced:
                     _write_rows(out, out_db, replaced[name](), name.decode(errors="replace"), progress)
                 else:

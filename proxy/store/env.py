@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 
 import lmdb
@@ -33,19 +32,6 @@ class StoreError(StateError):
 FORMAT = "noisefloor-log/7"
 INDEX_LAYOUT = 4  # meta "replay_index" of a store in FORMAT (`replay_index.VERSION`)
 _PREFIX = "noisefloor-log/"
-
-
-@dataclass(frozen=True)
-class Holds:
-    """What the tables of a store of some format hold, as its reader needs to know."""
-
-    heads: bool  # a heads table (else each head is read from its record)
-    joins: bool  # records stored without their id and their head's fields (joined with the head on read)
-    checks_bodies: bool  # each body's value behind a CRC-32 of it as stored (`codec.checked`)
-    keys_outcomes: bool  # outcome rows stored without the fields their key holds (`outcome_values`)
-
-
-CURRENT = Holds(heads=True, joins=True, checks_bodies=True, keys_outcomes=True)
 
 
 def refusal(path: Path, fmt: object) -> str | None:

@@ -217,7 +217,8 @@ def body_refs(text: bytes) -> tuple[list[bytes], bool]:
     (its `replay` an object); ValueError for a text that is not a record."""
     try:
         r = _REFS.decode(text)
-        named, replay = (r.request.body, r.response.body if r.response else None), r.replay
+        named: tuple[Any, ...] = (r.request.body, r.response.body if r.response else None)
+        replay = r.replay
     except msgspec.MsgspecError:  # JSON msgspec refuses and json reads (a lone surrogate)
         doc = json.loads(text)
         named = tuple((doc.get(p) or {}).get("body") for p in ("request", "response"))
@@ -385,7 +386,7 @@ def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: 
 def _unparsed(types: tuple[type, ...]) -> Any:
     """A union msgspec checks: JSON objects and lists as such, their contents unparsed."""
     kinds = [dict[str, msgspec.Raw] if t is dict else list[msgspec.Raw] if t is list else t for t in types]
-    out = kinds[0]
+    out: Any = kinds[0]
     for k in kinds[1:]:
         out = out | k
     return out
@@ -417,7 +418,8 @@ def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         fields.append((f.name, tp, required))
         if not required:
-            value = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            factory: Any = f.default_factory
+            value = f.default if f.default is not dataclasses.MISSING else factory()
             defaults[f.name] = b',"' + f.name.encode() + b'":' + msgspec.json.encode(value)
     checker = _checker("_RecordCheck", fields, forbid_unknown_fields=True)
     return msgspec.json.Decoder(checker), checker.__struct_fields__, defaults

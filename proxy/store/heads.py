@@ -65,7 +65,7 @@ class Stored(msgspec.Struct, array_like=True, gc=False):
 _STORED = msgspec.msgpack.Decoder(Stored)
 _ARRAY = bytes([0x90 | len(Stored.__struct_fields__)])  # msgpack's header of an array of its fields
 _OPT = str | None
-SETS = {"labels": msgspec.msgpack.Decoder(tuple[str, _OPT, _OPT, _OPT]),
+SETS: dict[str, msgspec.msgpack.Decoder[Any]] = {"labels": msgspec.msgpack.Decoder(tuple[str, _OPT, _OPT, _OPT]),
         "routes": msgspec.msgpack.Decoder(tuple[str, str, str, _OPT, _OPT, _OPT])}
 
 

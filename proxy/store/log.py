@@ -65,7 +65,7 @@ from noisefloor.proxy.store._dicts import Dictionaries
 from noisefloor.proxy.store._index import IndexLookups
 from noisefloor.proxy.store._records import Joins
 from noisefloor.proxy.store._walk import Walks
-from noisefloor.proxy.store.env import CURRENT, DAMAGE, FORMAT, Holds, StoreError, check_path, grow, open_env, refusal
+from noisefloor.proxy.store.env import DAMAGE, FORMAT, StoreError, check_path, grow, open_env, refusal
 from noisefloor.proxy.store.exchange import Exchange, Head
 from noisefloor.proxy.store.merge.scan import MergeScan
 from noisefloor.proxy.store.merge.shard import MergeIO
@@ -96,18 +96,13 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         self._recorded = env.open_db(b"recorded", create=writable)
         self._outcomes: Any = self._optional_db(b"outcomes")  # created by the first outcome row
         self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
-        self._rindex: Any = self._optional_db(b"rindex")  # and before the replay index had its lookups
-        self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)  # and before layout 2
-        self._index_routes: Any = self._optional_db(b"index_routes")  # and before layout 3
+        self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)
+        self._index_routes: Any = self._optional_db(b"index_routes")
         self._answered: Any = None  # answers released before their full write (`answered_rows`): opened on use
         self._routes_known: dict[int, tuple[str, bytes]] = {}
-        self._index_v: int | None = None  # the replay index's layout (meta), read on open
-        self._heads: Any = None  # the heads table: opened once the format says the store has one
-        self._sets: dict[str, Any] = {}  # its labels and routes tables, and (a writer's) their numbering
-        self._numbering: store_heads.Sets | None = None
-        self._joins = False  # records stored without their id and their head's fields (`env.Holds`)
-        self.checks_bodies = False  # bodies stored behind a CRC-32 (`codec.checked`)
-        self.keys_outcomes = False  # outcome rows without their key's fields (`outcome_values`)
+        self._heads: Any = self._optional_db(b"heads")
+        self._sets: dict[str, Any] = {kind: self._optional_db(kind.encode()) for kind in store_heads.SETS}
+        self._numbering = store_heads.Sets(self._sets["labels"], self._sets["routes"]) if writable else None
         self._joined_sets: dict[tuple[str, int], tuple[Any, ...]] = {}  # labels / routes joins read (`_set`)
         self._shared_text: dict[tuple[int, int, int], bytes] = {}  # their fields' text, as `joined` puts it back
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
@@ -130,24 +125,17 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         except lmdb.NotFoundError:
             return None
 
-    def _open_heads(self) -> None:
-        self._heads = self._optional_db(b"heads")
-        self._sets = {kind: self._optional_db(kind.encode()) for kind in store_heads.SETS}
-        if self.writable:
-            self._numbering = store_heads.Sets(self._sets["labels"], self._sets["routes"])
-
     # -- opening -------------------------------------------------------------------------------
 
     @classmethod
     def open(cls, path: str | os.PathLike[str], *, write: bool, create: bool = False,
-             max_body: int = DEFAULT_MAX_BODY, older: Mapping[str, Holds] | None = None) -> Store:
+             max_body: int = DEFAULT_MAX_BODY) -> Store:
         """The store at `path`, read-only or for writing (`create`: a new one where there is none);
-        how a store is opened (`noisefloor.open_store` for a Python user). Close it, or use `with`.
-        `older`: for the migration only, what the tables of an earlier format hold."""
+        how a store is opened (`noisefloor.open_store` for a Python user). Close it, or use `with`."""
         p = Path(path)
         check_path(p, write, create)
         if write and (p / "data.mdb").exists():  # a store of another format is refused before anything is written
-            _refuse_other_format(p, older or {})
+            _refuse_other_format(p)
         env, needed = open_env(p, write)
         try:
             store = cls(env, p, write, needed, max_body)
@@ -155,42 +143,27 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             env.close()
             raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from exc
         try:
-            holds = store._adopt_format(older or {})
-            if holds.heads:
-                store._open_heads()
-                store._joins = holds.joins
-            store.checks_bodies = holds.checks_bodies
-            store.keys_outcomes = holds.keys_outcomes
-            store._index_v = store.meta("replay_index")
+            store._adopt_format()
             store._keys = {k: bytes.fromhex(v) for k, v in (store.meta("dicts") or {}).items()}
         except BaseException:
             store.close()
             raise
         return store
 
-    def _adopt_format(self, older: Mapping[str, Holds]) -> Holds:
-        """What this store's tables hold: a new store marked with today's format; one of another
-        format refused by one line, unless `older` (the migration's) says what it holds."""
+    def _adopt_format(self) -> None:
+        """A new store marked with today's format; one of another format refused by one line."""
         fmt = self.meta("format")
         if fmt is None and self.writable:
             self.set_meta("format", FORMAT)
-            self.set_meta("replay_index", replay_index.VERSION)  # complete from the first exchange on
-            return CURRENT
-        if isinstance(fmt, str) and fmt in older:
-            return older[fmt]
+            self.set_meta("replay_index", replay_index.VERSION)
+            return
         why = refusal(self.path, fmt)
         if why is not None:
             raise StoreError(why)
-        return CURRENT
 
     @property
     def format(self) -> str | None:
         return self.meta("format")
-
-    @property
-    def joins(self) -> bool:
-        """Whether records are stored without their id and their head's fields (`_records`)."""
-        return self._joins
 
     def lock_for_recording(self) -> None:
         """One recording proxy per store: two would number the same sessions twice and make the
@@ -440,7 +413,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
                 depth = link[4] + 1 if link is not None and link[4] < CHAIN_DEPTH else 0
             else:
                 value = self._codec.encode(data, body_key)
-            txn.put(digest, codec.checked(value) if self.checks_bodies else value, db=self._bodies)
+            txn.put(digest, codec.checked(value), db=self._bodies)
         if request is not None and recorded is not None:
             response = next((h for h in bodies if h != request), None)
             if response is not None and bodies[response]:
@@ -450,20 +423,18 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         with txn.cursor(db=self._exchanges) as cur:
             new_id = _U64.unpack(cur.key())[0] + 1 if cur.last() else 1
         doc = exchange_record.with_id(record if isinstance(record, str) else json.dumps(record), new_id).encode()
-        checked = None if self._numbering is None else head if head is not None else self.checked_head(doc, new_id)
-        stored, r = store_records.encoded(self._codec, self._keys.get("record") or None, doc, checked, self._joins)
+        checked = head if head is not None else self.checked_head(doc, new_id)
+        stored, r = store_records.encoded(self._codec, self._keys.get("record") or None, doc, checked)
         packed = _U64.pack(new_id)
         txn.put(packed, stored, db=self._exchanges, append=True)
-        if self._numbering is not None:
-            txn.put(packed, self._numbering.sealed(txn, packed, r), db=self._heads, append=True)
+        assert self._numbering is not None  # a writer's
+        txn.put(packed, self._numbering.sealed(txn, packed, r), db=self._heads, append=True)
         if recorded is not None:
             self._put_index(txn, new_id, recorded)
         return new_id
 
     def _as_stored(self, text: bytes) -> bytes:
         """A record's text as most are stored here, for the record dictionary to be trained on."""
-        if not self._joins:
-            return text
         try:
             return store_records.stripped(text)
         except (msgspec.ValidationError, msgspec.DecodeError):
@@ -474,9 +445,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         decode or does not have the record type's fields and types is never used (in a /5 store,
         joined with its head `value`, read here unless given, in `txn` or a read of its own)."""
         try:
-            if not self._joins:
-                ex = exchange_record.parse(self._codec.decode(raw, self.max_body))
-            elif txn is not None:
+            if txn is not None:
                 ex = exchange_record.parse(self._text_of(txn, _U64.pack(exchange_id), raw, value))
             else:
                 with self._env.begin() as own:
@@ -509,12 +478,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
 
     def heads(self) -> Iterator[Head]:
         """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
-        heads table (`_paired_batches`: each head checked, and its tie to its record) or, in a store
-        without one, from the records (each checked against the record type). Damage is a
+        heads table (`_paired_batches`: each head checked, and its tie to its record). Damage is a
         StoreError naming the exchange."""
-        if self._heads is None:
-            yield from self._record_heads()
-            return
         head = store_heads.head
         for exchange_id, p in self.head_parts():
             yield head(exchange_id, p)
@@ -528,8 +493,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             try:
                 return store_heads.read_sets(kind, txn.cursor())
             except ValueError as exc:
-                raise StoreError(f"store {self.path}: {exc}; " + (store_records.RESTORE if self._joins else
-                                 "`nfproxy compact` rewrites the heads from the records")) from None
+                raise StoreError(f"store {self.path}: {exc}; {store_records.RESTORE}") from None
 
     def checked_head(self, record: bytes, exchange_id: int) -> tuple[Head, int] | None:
         """A record's JSON text's head and the fields it leaves out (`exchange_record.checked_head`),
@@ -539,20 +503,6 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         except (TypeError, ValueError) as exc:
             raise StoreError(f"store {self.path}: exchange {exchange_id} is not an exchange record ({exc}); "
                              "restore the store from a copy or record it again") from None
-
-    def _record_heads(self) -> Iterator[Head]:
-        decode, parse, limit = self._codec.decode, exchange_record.parse_head, self.max_body  # a million times
-        with self._reading("exchanges"), self._env.begin(db=self._exchanges, buffers=True) as txn:
-            for k, raw in txn.cursor():
-                try:
-                    yield parse(decode(raw, limit))
-                except msgspec.DecodeError:  # JSON msgspec refuses and json reads (a lone surrogate)
-                    ex = self._decode_record(_U64.unpack(k)[0], raw)
-                    yield exchange_record.head_of(ex)
-                except (msgspec.ValidationError, *DAMAGE) as exc:
-                    raise StoreError(f"store {self.path}: exchange {_U64.unpack(k)[0]} is damaged "
-                                     f"({exc.__class__.__name__}: {exc}); restore the store from a copy or record "
-                                     "it again") from None
 
     def record_texts_of(self, ids: list[int]) -> list[bytes]:
         """The stored records' JSON bytes of these exchanges, decoded but not parsed, in one read."""
@@ -585,7 +535,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         """Graded rows, one per (condition, task, replicate); grading again replaces a row."""
         def put(txn: lmdb.Transaction) -> None:
             for r in rows:
-                txn.put(outcome_values.key(r), outcome_values.value(r, self.keys_outcomes), db=self._outcomes)
+                txn.put(outcome_values.key(r), outcome_values.value(r), db=self._outcomes)
 
         self._write(put)
 
@@ -607,8 +557,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
 
     def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
         """A table's keys and values as stored, in key order (compact copies them)."""
-        db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "rindex": self._rindex,
-              "lookups": self._lookups, "index_routes": self._index_routes, "heads": self._heads,
+        db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "lookups": self._lookups, "index_routes": self._index_routes, "heads": self._heads,
               "bodies": self._bodies, "dicts": self._dicts, **self._sets}[name]
         if db is None:
             return
@@ -685,7 +634,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             self._numbering.settle(committed)
 
 
-def _refuse_other_format(p: Path, older: Mapping[str, Holds]) -> None:
+def _refuse_other_format(p: Path) -> None:
     """A StoreError where the store at `p` is marked with a format this runtime does not write
     (read before a writer touches it; a store not marked yet is a writer's to mark)."""
     env, _ = open_env(p, False)
@@ -700,7 +649,7 @@ def _refuse_other_format(p: Path, older: Mapping[str, Holds]) -> None:
         raise StoreError(f"{p} is an LMDB environment but not an nfproxy store ({exc})") from None
     finally:
         env.close()
-    why = None if fmt is None or (isinstance(fmt, str) and fmt in older) else refusal(p, fmt)
+    why = None if fmt is None else refusal(p, fmt)
     if why is not None:
         raise StoreError(why)
 

@@ -1,30 +1,286 @@
-"""`nfproxy migrate`: a store of an earlier format rewritten whole in today's (`format.FORMAT`).
+"""`nfproxy migrate`: a store of an earlier format brought to today's (`env.FORMAT`).
 
-The one place that knows the earlier formats: what each one's tables hold, so that a store of
-it is read as written and rewritten by `compact.rewrite` in today's layout (records joined with
-their heads, bodies behind their CRC, the replay index in today's layout, outcome rows keyed).
-Killed at any point, the store is as it was (the rewrite happens beside it)."""
+The one place that knows the earlier formats. They differ from today's in five ways, each
+converted by one step over the old store's tables as written, into a new environment beside it:
+
+  values     format 1 kept zstd frames untagged: tagged as today's plain frames (`_tagged`)
+  bodies     before format 6 a body had no CRC-32 in front: wrapped (`codec.checked`)
+  records    before format 5 a record was kept whole with no head row: a head row written for it
+             and the record stored without the head's fields, as today (`_records`)
+  outcomes   before format 7 a row was kept whole: keyed (`outcome_values`)
+  index      layouts 1 and 2 (JSON or msgpack entries, `rindex` rows) and none (a store indexed in
+             memory by its reader) rebuilt as layout 4 from what their entries carry; layout 3's
+             entries get layout 4's shorter sketch, its lookups already alike (`_index_*`)
+
+The new environment is then a store of today's format, which `compact.rewrite` (today's code
+only) re-encodes with dictionaries trained on it; its data file replaces the old one in one
+rename. Killed at any point, the store is as it was, and running it again starts over.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import fcntl
+import json
+import shutil
+import struct
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
-from noisefloor.proxy.store import compact
-from noisefloor.proxy.store.env import Holds
+import lmdb
+import msgspec
 
-_NONE = Holds(heads=False, joins=False, checks_bodies=False, keys_outcomes=False)
-OLDER: dict[str, Holds] = {
-    "noisefloor-log/1": _NONE,  # untagged zstd values, no dictionaries
-    "noisefloor-log/2": _NONE,  # tagged values, the replay index's first layout
-    "noisefloor-log/3": _NONE,  # the replay index's lookups (layout 2)
-    "noisefloor-log/4": Holds(heads=True, joins=False, checks_bodies=False, keys_outcomes=False),
-    "noisefloor-log/5": Holds(heads=True, joins=True, checks_bodies=False, keys_outcomes=False),  # index layout 3
-    "noisefloor-log/6": Holds(heads=True, joins=True, checks_bodies=True, keys_outcomes=False),
-}
+from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store import _outcome_values as outcome_values
+from noisefloor.proxy.store import _records as store_records
+from noisefloor.proxy.store import compact, replay_index
+from noisefloor.proxy.store import exchange as exchange_record
+from noisefloor.proxy.store import heads as store_heads
+from noisefloor.proxy.store.env import DAMAGE, FORMAT, StoreError, check_path, refusal
+from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
+from noisefloor.proxy.store.replay_index import RecordedEntry
+
+OLDER = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4", "noisefloor-log/5",
+         "noisefloor-log/6")
+_JOINED = ("noisefloor-log/5", "noisefloor-log/6")  # records already stored as today's, with their heads
+_UNTAGGED = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic: format 1's values had no tag in front
+_BATCH = 5000
+_U64 = struct.Struct(">Q")
+
+
+class _Entry2(msgspec.Struct, array_like=True):
+    """An index entry of layout 2: id inline, route inline, the sketch's 32-bit minima."""
+
+    version: int
+    id: int
+    key: bytes
+    session: bytes
+    occurrence: int
+    seq: int
+    route: bytes
+    start: float | None
+    end: float | None
+    deps: tuple[int, ...]
+    bucket: bytes | None
+    sketch: bytes | None
 
 
 def migrate(path: Path, progress: Callable[[str], None] = lambda s: None) -> compact.Rewritten:
-    """The store at `path` in today's format: rewritten from an earlier one, or (already in it)
-    compacted."""
-    return compact.rewrite(Path(path), progress, older=OLDER)
+    """The store at `path` in today's format: converted from an earlier one, or (already in it)
+    compacted. A store of no format this knows is refused by one line."""
+    path = Path(path)
+    check_path(path, write=True, create=False)
+    fmt = _format(path)
+    if fmt == FORMAT:
+        return compact.rewrite(path, progress)
+    if fmt not in OLDER:
+        raise StoreError(refusal(path, fmt) or f"{path} is not an nfproxy store; point --store at one made by nfproxy")
+    before = (path / "data.mdb").stat().st_size
+    work = path.parent / f".{path.name}.migrate"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        with _record_lock(path):
+            _convert(path, work, fmt, progress)
+        done = compact.rewrite(work, progress)
+        compact.swap_in(work, path)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return replace(done, before_bytes=before, after_bytes=(path / "data.mdb").stat().st_size, from_format=fmt)
+
+
+def _format(path: Path) -> Any:
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=32)
+    try:
+        with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+            raw = txn.get(b"format")
+        return None if raw is None else json.loads(raw)
+    except (lmdb.Error, ValueError) as exc:
+        raise StoreError(f"{path} is an LMDB environment but not an nfproxy store ({exc})") from None
+    finally:
+        env.close()
+
+
+@contextmanager
+def _record_lock(path: Path) -> Iterator[None]:
+    """The old store's recording lock, held while it is read: no proxy records into it meanwhile."""
+    with open(path / "nfproxy-record.lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise StoreError(f"store {path} is being recorded by an nfproxy; stop it, then run migrate again") from None
+        yield
+
+
+def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None]) -> None:
+    """The old store's tables, read as written, put into a new environment at `work` as today's
+    format keeps them; a damaged value stops it by name, before anything replaces the store."""
+    old = lmdb.open(str(path), readonly=True, lock=False, max_dbs=32)
+    try:
+        _converted(old, path, work, fmt, progress)
+    except StoreError:
+        raise
+    except DAMAGE as exc:
+        raise StoreError(f"store {path} is damaged ({exc.__class__.__name__}: {exc}); restore it from a copy; "
+                         "nothing was changed") from None
+    finally:
+        old.close()
+
+
+def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress: Callable[[str], None]) -> None:
+    names = _tables(old)
+    dicts = dict(_rows(old, names.get(b"dicts")))
+    decoder = codec.Codec(dicts.get)
+    meta = {k.decode(): json.loads(v) for k, v in _rows(old, names.get(b"meta"))}
+    new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
+    try:
+        dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
+                                                    "heads", "index_routes", *store_heads.SETS)}
+        dbs["lookups"] = new.open_db(b"lookups", dupsort=True, dupfixed=True)
+        _put(new, dbs["dicts"], iter(dicts.items()))
+        _put(new, dbs["bodies"], ((k, codec.checked(_tagged(v))) for k, v in _rows(old, names.get(b"bodies"))))
+        progress("bodies converted")
+        if fmt in _JOINED:
+            for table in ("exchanges", "heads", *store_heads.SETS):
+                _put(new, dbs[table], _rows(old, names.get(table.encode())))
+        else:
+            _put_records(new, dbs, _rows(old, names.get(b"exchanges")), decoder, path)
+        progress("records converted")
+        _put(new, dbs["outcomes"], _outcomes(_rows(old, names.get(b"outcomes")), path))
+        layout = meta.get("replay_index")
+        if layout == 3:  # layout 4's but for the sketch's width
+            _put(new, dbs["recorded"], ((k, _entry3_as_4(v)) for k, v in _rows(old, names.get(b"recorded"))))
+            _put(new, dbs["index_routes"], _rows(old, names.get(b"index_routes")))
+            _put(new, dbs["lookups"], _rows(old, names.get(b"lookups")), append=False)
+        kept = {k: v for k, v in meta.items() if k not in ("format", "replay_index", "migrated_from")}
+        _put(new, dbs["meta"], ((k.encode(), json.dumps(v).encode()) for k, v in
+                                {**kept, "format": FORMAT, "replay_index": replay_index.VERSION,
+                                 "migrated_from": fmt}.items()), append=False)
+        entries = [] if layout == 3 else _old_entries(old, names, layout)
+    finally:
+        new.close()
+    if layout != 3:
+        with Store.open(work, write=True, max_body=DEFAULT_MAX_BODY) as store:
+            store.put_entries(_completed(store, entries))
+        progress("replay index rebuilt")
+
+
+def _tables(env: lmdb.Environment) -> dict[bytes, Any]:
+    with env.begin() as txn:
+        names = list(txn.cursor().iternext(values=False))
+    return {n: env.open_db(n, create=False, dupsort=n == b"lookups", dupfixed=n == b"lookups") for n in names}
+
+
+def _rows(env: lmdb.Environment, db: Any) -> Iterator[tuple[bytes, bytes]]:
+    if db is None:
+        return
+    with env.begin(db=db, buffers=False) as txn:
+        yield from txn.cursor().iternext()
+
+
+def _put(env: lmdb.Environment, db: Any, items: Iterator[tuple[bytes, bytes]], append: bool = True) -> None:
+    while batch := list(islice(items, _BATCH)):
+        with env.begin(write=True, db=db) as txn:
+            for k, v in batch:
+                txn.put(k, v, append=append)
+
+
+def _tagged(value: bytes) -> bytes:
+    """A value as today's codec reads it (format 1's untagged frame gets the plain frame's tag)."""
+    return bytes([codec.PLAIN]) + value if value[:4] == _UNTAGGED else value
+
+
+def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tuple[bytes, bytes]],
+                 decoder: codec.Codec, path: Path) -> None:
+    """Whole records (formats 1-4) stored as today's: without their head's fields, beside a head row."""
+    names = store_heads.Sets(dbs["labels"], dbs["routes"])
+    while batch := list(islice(rows, _BATCH)):
+        with env.begin(write=True) as txn:
+            for k, raw in batch:
+                exchange_id = _U64.unpack(k)[0]
+                text = decoder.decode(_tagged(raw), DEFAULT_MAX_BODY)
+                try:
+                    exchange_record.parse(text)
+                    checked = exchange_record.checked_head(text)
+                except (TypeError, ValueError) as exc:
+                    raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc}); restore it from "
+                                     "a copy; nothing was changed") from None
+                stored, r = store_records.encoded(decoder, None, text, checked)
+                txn.put(k, stored, db=dbs["exchanges"], append=True)
+                txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)
+        names.settle(True)
+
+
+def _outcomes(rows: Iterator[tuple[bytes, bytes]], path: Path) -> Iterator[tuple[bytes, bytes]]:
+    for k, v in rows:
+        row = outcome_values.row(k, v)
+        if outcome_values.key(row) != k:
+            raise StoreError(f"store {path}: an outcome row is stored under another row's key; restore it from a "
+                             "copy; nothing was changed")
+        yield k, outcome_values.value(row)
+
+
+def _entry3_as_4(raw: bytes) -> bytes:
+    """A layout-3 entry as layout 4 keeps it: its sketch cut to 16 bits a minimum."""
+    e = msgspec.msgpack.decode(raw, type=replay_index.StoredEntry)
+    if e.version == 3:
+        e.version = replay_index.VERSION
+        e.sketch = None if e.sketch is None else replay_index.short(e.sketch)
+    return msgspec.msgpack.encode(e)
+
+
+Near = tuple[bytes, tuple[bytes, ...], bytes] | None
+
+
+def _old_entries(env: lmdb.Environment, names: dict[bytes, Any], layout: Any) -> list[tuple[RecordedEntry, bool]]:
+    """Layout 1's, 2's or none's entries, each with its sketch where the store kept one, and
+    whether it did (a store without index rows kept none: its sketches are made again)."""
+    sketches: dict[int, bytes] = {}
+    buckets: dict[int, bytes] = {}
+    for k, v in _rows(env, names.get(b"rindex")):  # layout 1's rows: g + id -> sketch, b + bucket + id
+        if k[:1] == b"g" and len(k) == 9:
+            sketches[_U64.unpack(k[1:])[0]] = v
+        elif k[:1] == replay_index.BUCKET and len(k) == 17:
+            buckets.setdefault(_U64.unpack(k[9:])[0], k[1:9])
+    out = []
+    for k, raw in _rows(env, names.get(b"recorded")):
+        exchange_id = _U64.unpack(k)[0]
+        if raw[:1] == b"{":
+            doc = json.loads(raw)
+            e = RecordedEntry(exchange_id, doc["key"], doc["session"], doc["occurrence"], doc["seq"], doc["route"],
+                              doc.get("start"), doc.get("end"), tuple(doc.get("deps", ())))
+            buck, sk = buckets.get(exchange_id), sketches.get(exchange_id)
+        else:
+            e2 = msgspec.msgpack.decode(raw, type=_Entry2)
+            e = RecordedEntry(exchange_id, e2.key.hex(), _text(e2.session), e2.occurrence, e2.seq, _text(e2.route),
+                              e2.start, e2.end, e2.deps)
+            buck, sk = e2.bucket, e2.sketch
+        near: Near = None if buck is None or sk is None else (buck, replay_index.bands(buck, sk), sk)
+        out.append((replace(e, near=near), layout in (1, 2)))
+    return out
+
+
+def _text(b: bytes) -> str:
+    return b.decode("utf-8", "surrogatepass")
+
+
+def _completed(store: Store, entries: list[tuple[RecordedEntry, bool]]) -> Iterator[RecordedEntry]:
+    """Entries of a store that kept no index rows given what its reader computed in memory: each
+    request's sketch made again from its stored request, and the answers it carries (`deps`)."""
+    if all(indexed for _, indexed in entries):
+        yield from (e for e, _ in entries)
+        return
+    from noisefloor.proxy.request.dependencies import recompute
+    from noisefloor.proxy.request.keys import Rules
+    from noisefloor.proxy.store.merge.shard import stored_request_near
+
+    rules = Rules.described(store.meta("rules"))
+    plain = [e for e, _ in entries]
+    deps = recompute(store, rules, plain) if rules is not None and not any(e.deps for e in plain) else {}
+    for e, indexed in entries:
+        ex = None if indexed else store.exchange(e.id)
+        near = e.near if ex is None else stored_request_near(rules, ex.request, store.part_body(ex.request, e.id))
+        yield replace(e, near=near, deps=deps.get(e.id, e.deps))

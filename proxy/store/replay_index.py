@@ -4,45 +4,38 @@ Replay needs, for one request, the recorded answers with its key; for order note
 session's requests; for a miss, the few recorded requests most like it. None of that needs the
 whole index in memory, so start-up and memory do not grow with the store.
 
-Each recorded exchange's entry (the `recorded` table, appended in id order,
-so its pages fill whole) is a msgpack array that also carries its request's bucket and MinHash
-sketch; one LMDB table, `lookups`, sorted duplicates of fixed 4-byte exchange ids (big-endian, so
-oldest first; a store holds fewer than 2^32 exchanges) under four kinds of key:
+Each recorded exchange's entry (the `recorded` table, appended in id order, so its pages fill
+whole) is a msgpack array without its id (the table's key is the id) that also carries its
+request's bucket and MinHash sketch; its route and bucket, shared by most of a store, are a
+4-byte reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every
+store names a route alike and merge copies entries as they are; a hash already taking another
+route's row keeps its route inline). One LMDB table, `lookups`, holds sorted duplicates of fixed
+4-byte exchange ids (big-endian, so oldest first; a store holds fewer than 2^32 exchanges) under
+four kinds of key, each its kind and a `TAG`-byte hash:
 
-  k + key(first 8 bytes)   the exchanges with this request key (entries are checked for the full key)
-  s + session(8)           ... of this recorded session (sha256 of its name; entries checked for the name)
-  b + bucket(8)            ... asked on this route and model (the miss search's fallback)
-  n + band(8)              ... whose request's sketch has this band (locality-sensitive: requests
-                           that share most of their content share a band)
+  k + key         the exchanges with this request key (entries are checked for the full key)
+  s + session     ... of this recorded session (sha256 of its name; entries checked for the name)
+  b + bucket      ... asked on this route and model (the miss search's fallback)
+  n + band        ... whose request's sketch has this band (locality-sensitive: requests that
+                  share most of their content share a band)
 
 A key shared by many exchanges costs 4 bytes per exchange (LMDB keeps the ids packed under it).
+A tag shared by chance costs a read (keys and sessions are checked on their entries; a band so
+shared brings a candidate whose own sketch is then compared), never a different hit.
 
-An entry keeps no id
-(its table key is the id); its route and bucket, shared by most of a store, are a 4-byte
-reference to a row of the `index_routes` table (`route_row`: a hash of them, so that every store
-names a route alike and merge copies entries as they are; a hash already taking another route's
-row keeps its route inline); a lookup's key is its kind and 5 bytes (`TAG3`) instead of 8. A tag
-shared by chance costs a read (keys and sessions are checked on their entries; a band so shared
-brings a candidate whose own sketch is then compared), never a different hit.
-
-Each entry's sketch is kept at 16 bits a minimum (`VERSION`'s layout). The bands are taken from
-the full 32-bit minima when the exchange is recorded, so a band is never shared by chance on a
-truncated value, and the 16-bit minima are only compared once the bands found a candidate: two
-different minima agree by chance 1 time in 65,536. What a 16-bit sketch cannot give back is its
-bands: they live only in `lookups`, so merge and compact copy lookup rows rather than computing
-them again, and a repair (a merge killed before its lookups were in) computes the sketch again
-from the exchange's stored request. The earlier layouts this module still decodes (`READ`) are
-read only by the migration (`migrate`), which rewrites them in this one.
-
-Stores recorded before these rows existed are indexed in memory instead (`MemoryIndex`), with
-the content dependencies recomputed from their exchanges, and nothing is written to them.
+Each entry's sketch is kept at 16 bits a minimum. The bands are taken from the full 32-bit minima
+when the exchange is recorded, so a band is never shared by chance on a truncated value, and the
+16-bit minima are only compared once the bands found a candidate: two different minima agree by
+chance 1 time in 65,536. What a 16-bit sketch cannot give back is its bands: they live only in
+`lookups`, so merge and compact copy lookup rows rather than computing them again, and a repair
+(a merge killed before its lookups were in) computes the sketch again from the exchange's stored
+request.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
-import json
 import struct
 import sys
 import zlib
@@ -59,15 +52,12 @@ if TYPE_CHECKING:  # the store imports this module for its row layout
     from noisefloor.proxy.request.keys import CanonicalRequest
     from noisefloor.proxy.store.log import Store
 
-VERSION = INDEX_LAYOUT  # the layout a store of today's format keeps
-READ = (1, 2, 3, VERSION)  # the layouts this version reads
-PACKED = (2, 3, VERSION)  # the layouts whose lookups are `lookups`' sorted duplicates
-ROUTED = (3, VERSION)  # ... whose entries name their route by an `index_routes` row (5-byte tags)
+VERSION = INDEX_LAYOUT  # the layout of the `recorded` entries and `lookups` rows (meta "replay_index")
 _U64 = struct.Struct(">Q")
-ID = struct.Struct(">I")  # an exchange id in a layout-2 lookup
-KEY, SESSION, BUCKET, BAND, SKETCH = b"k", b"s", b"b", b"n", b"g"
-TAG = 8  # bytes of a request key or session hash in a layout-2 lookup key
-TAG3 = 5  # ... in a layout-3 one (every kind: a row under a shared tag costs a read, never an answer)
+ID = struct.Struct(">I")  # an exchange id in a lookup, and an `index_routes` row's key
+KEY, SESSION, BUCKET, BAND = b"k", b"s", b"b", b"n"
+TAG = 5  # bytes of a hash in a lookup key (every kind: a row under a shared tag costs a read, never an answer)
+LOOKUP_KEY = 1 + TAG  # bytes of a lookup's key: its kind and the tag
 MERGING = "merge_lookups_from"  # meta: a merge copying lookups after the records began at this id
 
 _HASHES = 32  # MinHash values per sketch
@@ -79,19 +69,10 @@ BAND_READ = 32  # newest ids read per band
 RANKED = 64  # candidates whose sketches are compared
 
 
-def tag(version: int | None) -> int:
-    """Bytes of a hash in a lookup key of this layout."""
-    return TAG if version == 2 else TAG3
-
-
-def lookup_key_bytes(version: int | None) -> int:
-    return 1 + tag(version)
-
-
 @dataclass(frozen=True)
 class RecordedEntry:
     """What replay needs to know about one recorded exchange, without loading it (the `recorded`
-    table's value: `entry_json` writes it, `entry` reads it)."""
+    table's value: `entry_bytes` writes it, `entry` reads it)."""
 
     id: int
     key: str
@@ -100,35 +81,15 @@ class RecordedEntry:
     seq: int
     route: str  # "METHOD host path": narrows the nearest-request search on a miss
     start: float | None = None  # when the request arrived and when its answer was complete: the
-    end: float | None = None  # recorded happens-before order (None in stores recorded before it)
+    end: float | None = None  # recorded happens-before order
     deps: tuple[int, ...] = ()  # seqs (same session) of the recorded answers this request carries
-    # the nearest-request index's entry, written with the exchange (not part of the JSON entry)
-    near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # (bucket, bands, signature)
+    # the nearest-request index's entry, written with the exchange (its sketch stored `short`)
+    near: tuple[bytes, tuple[bytes, ...], bytes] | None = None  # (bucket, bands, 32-bit sketch)
 
 
-_ENTRY_REQUIRED = ("id", "key", "session", "occurrence", "seq", "route")
-
-
-class _Entry(msgspec.Struct, array_like=True):
-    """A layout-2 entry as stored (strings as UTF-8 bytes, lone surrogates passed through)."""
-
-    version: int
-    id: int
-    key: bytes
-    session: bytes
-    occurrence: int
-    seq: int
-    route: bytes
-    start: float | None
-    end: float | None
-    deps: tuple[int, ...]
-    bucket: bytes | None
-    sketch: bytes | None
-
-
-class _Entry3(msgspec.Struct, array_like=True):
-    """A layout-3 or -4 entry as stored: no id (the table's key is it), the route and bucket inline
-    or (an int) a reference to their `index_routes` row; layout 4's sketch `SHORT` bytes."""
+class StoredEntry(msgspec.Struct, array_like=True):
+    """An entry as stored: no id (the table's key is it), the route and bucket inline or (an int)
+    a reference to their `index_routes` row, the sketch `SHORT` bytes."""
 
     version: int
     key: bytes
@@ -144,29 +105,21 @@ class _Entry3(msgspec.Struct, array_like=True):
 
 
 _ENCODE = msgspec.msgpack.Encoder()
-_DECODE = msgspec.msgpack.Decoder(_Entry)
-_DECODE3 = msgspec.msgpack.Decoder(_Entry3)
+_DECODE = msgspec.msgpack.Decoder(StoredEntry)
 
 
-_ROUTED_TAGS = (b"\x03", b"\x04")  # the version byte of a layout-3 or -4 entry (msgpack's positive fixint)
-
-
-def _decoded(raw: bytes) -> _Entry | _Entry3:
-    """A msgpack entry of layout 2, 3 or 4 (the array's first item is its version); ValueError if
-    its sketch is not its layout's width."""
-    e: _Entry | _Entry3 = _DECODE3.decode(raw) if raw[1:2] in _ROUTED_TAGS else _DECODE.decode(raw)
-    if e.sketch is not None and len(e.sketch) != sketch_width(e.version):
+def decoded_entry(raw: bytes) -> StoredEntry:
+    """A stored entry; ValueError (or msgspec's errors) where it is not one of this layout."""
+    e = _DECODE.decode(raw)
+    if e.version != VERSION:
+        raise ValueError(f"a replay-index entry of layout {e.version}")
+    if e.sketch is not None and len(e.sketch) != SHORT:
         raise ValueError(f"a replay-index sketch of {len(e.sketch)} bytes")
     return e
 
 
-def sketch_width(version: int) -> int:
-    """Bytes of a sketch as an entry of this layout stores it (a layout-4 one: `SHORT`)."""
-    return SHORT if version == VERSION else _SIG.size
-
-
 def short(sig: bytes) -> bytes:
-    """A 32-bit sketch as layout 4 stores it: each minimum's low 16 bits (its first two bytes,
+    """A 32-bit sketch as an entry stores it: each minimum's low 16 bits (its first two bytes,
     little-endian; on the record path: slices, not 32 integers)."""
     out = bytearray(SHORT)
     out[0::2], out[1::2] = sig[0::4], sig[1::4]
@@ -197,100 +150,56 @@ def route_value(value: bytes) -> tuple[str, bytes]:
     return _text(value[8:]), value[:8]
 
 
-def _route(e: _Entry | _Entry3, route_of: RouteOf) -> tuple[str, bytes | None]:
-    if isinstance(e.route, int):
-        return route_of(e.route)
-    return _text(e.route), e.bucket
-
-
 def entry(raw: bytes, exchange_id: int, route_of: RouteOf) -> RecordedEntry:
-    """A stored entry of any layout, stored under `exchange_id` (layout 1's are JSON objects;
-    layouts 1 and 2 carry their id, which is the one given; layout 3's route from `route_of`)."""
-    if raw[:1] == b"{":
-        doc = json.loads(raw)
-        return RecordedEntry(**{k: doc[k] for k in _ENTRY_REQUIRED}, start=doc.get("start"), end=doc.get("end"),
-                             deps=tuple(doc.get("deps", ())))
-    e = _decoded(raw)
-    return RecordedEntry(e.id if isinstance(e, _Entry) else exchange_id, e.key.hex(), _text(e.session), e.occurrence,
-                         e.seq, _route(e, route_of)[0], e.start, e.end, e.deps)
+    """A stored entry, stored under `exchange_id` (its route from `route_of` where it names a row)."""
+    e = decoded_entry(raw)
+    route = route_of(e.route)[0] if isinstance(e.route, int) else _text(e.route)
+    return RecordedEntry(exchange_id, e.key.hex(), _text(e.session), e.occurrence, e.seq, route, e.start, e.end,
+                         e.deps)
 
 
 def entry_sketch(raw: bytes, route_of: RouteOf) -> tuple[bytes, bytes] | None:
-    """(bucket, sketch) a layout-2, -3 or -4 entry carries (None: its request had none; a layout-4
-    sketch is `SHORT` bytes). On every miss for 64 entries: `_decoded` and `_route` written out."""
-    e = _DECODE3.decode(raw) if raw[1:2] in _ROUTED_TAGS else _DECODE.decode(raw)
+    """(bucket, sketch) an entry carries (None: its request had none). On every miss for 64
+    entries: `decoded_entry` and the route written out."""
+    e = _DECODE.decode(raw)
     sk, route = e.sketch, e.route
     if sk is None:
         return None
-    if len(sk) != sketch_width(e.version):
+    if len(sk) != SHORT:
         raise ValueError(f"a replay-index sketch of {len(sk)} bytes")
     buck = e.bucket if route.__class__ is bytes else route_of(route)[1]  # type: ignore[arg-type]
     return None if buck is None else (buck, sk)
 
 
-def moved_entry(raw: bytes, exchange_id: int) -> bytes:
-    """A layout-2, -3 or -4 entry as stored, under another id (merge): checked by decoding it as the
-    entry type (a value that does not decode is a msgspec.DecodeError, ValidationError or
-    ValueError); layout 3's and 4's, holding no id, are copied as they are."""
-    e = _decoded(raw)
-    if isinstance(e, _Entry3):  # its route's row is copied with the table (`Store.adopt_index_routes`)
-        return bytes(raw)
-    e.id = exchange_id
-    return _ENCODE.encode(e)
+def moved_entry(raw: bytes) -> bytes:
+    """An entry as stored, checked by decoding it (merge: it holds no id, so it moves under
+    another as it is; a value that does not decode is a msgspec error or ValueError)."""
+    decoded_entry(raw)
+    return bytes(raw)
 
 
-def as_current(raw: bytes) -> bytes:
-    """A layout-3 entry as layout 4 stores it (its sketch shortened: its lookups are alike); any
-    other as it is."""
-    if raw[1:2] != b"\x03":
-        return raw
-    e = _decoded(raw)
-    if not isinstance(e, _Entry3):
-        return raw
-    e.version = VERSION
-    e.sketch = None if e.sketch is None else short(e.sketch)
-    return _ENCODE.encode(e)
-
-
-def lookups_of(e: _Entry | _Entry3) -> int:
+def lookups_of(e: StoredEntry) -> int:
     """How many rows `lookup_rows` gives an entry: key and session, then bucket and bands when
     its request had a sketch."""
     bucketed = e.bucket is not None or isinstance(e.route, int)
     return 2 + (1 + _HASHES // _ROWS if bucketed and e.sketch is not None else 0)
 
 
-def entry_lookups(raw: bytes) -> int:
-    return lookups_of(_decoded(raw))
-
-
 def entry_shape(raw: bytes) -> tuple[int, int | None]:
     """An entry's lookups count and the `index_routes` row it names (None: its route is inline)."""
-    e = _decoded(raw)
+    e = decoded_entry(raw)
     return lookups_of(e), e.route if isinstance(e.route, int) else None
 
 
-def entry_bytes(exchange_id: int, e: RecordedEntry, version: int | None, ref: bytes | None = None) -> bytes:
-    """The entry as a store of this index layout keeps it (layouts 2 to 4: with its sketch, layout
-    4's `short`; layouts 3 and 4: its route and bucket as `ref`, their row's key, when given)."""
-    if version not in PACKED:
-        return entry_json(exchange_id, e)
+def entry_bytes(e: RecordedEntry, ref: bytes | None = None) -> bytes:
+    """The entry as the `recorded` table keeps it: its sketch `short`, its route and bucket as
+    `ref`, their `index_routes` row's key, when given."""
     bucket_, _, sketch_ = e.near if e.near is not None else (None, (), None)
-    if version == 2:
-        return _ENCODE.encode(_Entry(2, exchange_id, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq,
-                                     _utf8(e.route), e.start, e.end, e.deps, bucket_, sketch_))
     route: bytes | int = _utf8(e.route) if ref is None else ID.unpack(ref)[0]
-    if version == VERSION and sketch_ is not None and len(sketch_) == _SIG.size:
+    if sketch_ is not None and len(sketch_) == _SIG.size:
         sketch_ = short(sketch_)
-    return _ENCODE.encode(_Entry3(version, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq, route,
-                                  e.start, e.end, e.deps, None if ref is not None else bucket_, sketch_))
-
-
-def entry_json(exchange_id: int, e: RecordedEntry) -> bytes:
-    doc: dict[str, Any] = {"id": exchange_id, "key": e.key, "session": e.session, "occurrence": e.occurrence,
-                           "seq": e.seq, "route": e.route, "start": e.start, "end": e.end}
-    if e.deps:
-        doc["deps"] = list(e.deps)
-    return json.dumps(doc).encode()
+    return _ENCODE.encode(StoredEntry(VERSION, bytes.fromhex(e.key), _utf8(e.session), e.occurrence, e.seq, route,
+                                      e.start, e.end, e.deps, None if ref is not None else bucket_, sketch_))
 
 
 def session_tag(session: str) -> bytes:
@@ -308,37 +217,24 @@ def after(prefix: bytes) -> bytes | None:
     return None
 
 
-def rows_v1(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
-    """Layout 1's rows of one recorded exchange (a store of that layout recorded into)."""
-    idb = _U64.pack(exchange_id)
-    yield KEY + bytes.fromhex(entry.key) + idb, b""
-    yield SESSION + session_tag(entry.session) + idb, b""
-    if entry.near is not None:
-        bucket, bands, sketch_bytes = entry.near
-        yield BUCKET + bucket + idb, b""
-        for band in bands:
-            yield BAND + band + idb, b""
-        yield SKETCH + idb, sketch_bytes
+def key_tag(key: str) -> bytes:
+    return KEY + bytes.fromhex(key)[:TAG]
 
 
-def key_tag(key: str, version: int | None = VERSION) -> bytes:
-    return KEY + bytes.fromhex(key)[:tag(version)]
+def session_key(session: str) -> bytes:
+    return SESSION + session_tag(session)[:TAG]
 
 
-def session_key(session: str, version: int | None = VERSION) -> bytes:
-    return SESSION + session_tag(session)[:tag(version)]
-
-
-def lookup_rows(exchange_id: int, entry: RecordedEntry, version: int | None = VERSION) -> Iterator[tuple[bytes, bytes]]:
-    """Layout 2's or 3's lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
-    idb, n = ID.pack(exchange_id), tag(version)
-    yield key_tag(entry.key, version), idb
-    yield session_key(entry.session, version), idb
+def lookup_rows(exchange_id: int, entry: RecordedEntry) -> Iterator[tuple[bytes, bytes]]:
+    """The lookups of one recorded exchange: (key, its id), each an LMDB duplicate."""
+    idb = ID.pack(exchange_id)
+    yield key_tag(entry.key), idb
+    yield session_key(entry.session), idb
     if entry.near is not None:
         bucket, bands, _ = entry.near
-        yield BUCKET + bucket[:n], idb
+        yield BUCKET + bucket[:TAG], idb
         for band in bands:
-            yield BAND + band[:n], idb
+            yield BAND + band[:TAG], idb
 
 
 # -- the nearest-request sketch ------------------------------------------------------------------
@@ -364,8 +260,8 @@ _B = (2119253654, 1115689071, 1455360172, 1156079090, 1064680245, 1430009448, 16
       1539244850, 883014253, 1143942708, 1203318372, 632016368, 2002738074, 742244558, 782102548, 900954583,
       1604013398, 1705916142, 341563855, 1765437306, 1474081769, 1433842241, 1150346897, 1016003382, 1416561790,
       577416553, 2053460888, 552361298, 726460660, 1941780096)
-_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as computed (and stored by layouts 1-3): 32 little-endian 4-byte minima
-SHORT = 2 * _HASHES  # bytes of a layout-4 sketch as stored: each minimum's low 16 bits, little-endian
+_SIG = struct.Struct(f"<{_HASHES}I")  # a sketch as computed: 32 little-endian 4-byte minima
+SHORT = 2 * _HASHES  # bytes of a sketch as stored: each minimum's low 16 bits, little-endian
 # Up to this many features a signature is computed in plain Python (~32 operations a feature)
 # unless numpy is already loaded; above, with numpy, whose import (~0.2 CPU-s a process) is paid
 # only where bodies are large. The two give the same values (a test checks both).
@@ -513,38 +409,18 @@ def bands(buck: bytes, sig: bytes) -> tuple[bytes, ...]:
 _BAND_TAGS = [bytes([i]) for i in range(_HASHES // _ROWS)]
 
 
-def stored_near(store: Store, ids: list[int]) -> list[tuple[bytes, tuple[bytes, ...], bytes] | None] | None:
-    """The nearest-request entries of recorded exchanges as their store holds them (None for one
-    without: a body that is not JSON), to write them again elsewhere (merge, compact): the sketch
-    and its bucket, the bands computed again from both. None as a whole where a sketch keeps 16
-    bits a minimum (its bands are only in the store's lookups, not computable from it)."""
-    if not store.has_replay_index():
-        return [None] * len(ids)
-    out = []
-    for got in store.stored_sketches(ids):
-        if got is not None and len(got[1]) != _SIG.size:
-            return None
-        out.append(None if got is None else (got[0], bands(got[0], got[1]), got[1]))
-    return out
-
-
 def agreement(a: bytes, others: list[bytes]) -> list[float]:
-    """Estimated Jaccard similarity of sketch `a` (32-bit) with each of `others`: the share of
-    equal minima, compared at each stored sketch's width (a layout-4 one's low 16 bits)."""
+    """Estimated Jaccard similarity of sketch `a` (32-bit) with each of `others` (stored, `short`):
+    the share of equal minima, compared at the stored width (16 bits)."""
     if not others:
         return []
-    if all(len(o) == SHORT for o in others):
-        a, fmt = short(a), f"<{_HASHES}H"
-    elif all(len(o) == _SIG.size for o in others):
-        fmt = _SIG.format
-    else:  # a layout-4 store holding layout-3 entries (merged from an older shard): each at its width
-        return [agreement(a, [o])[0] for o in others]
+    a = short(a)
     if "numpy" in sys.modules:  # the same shares, counted at once
         import numpy as np
 
-        dtype = "<u2" if fmt.endswith("H") else "<u4"
-        rows = np.frombuffer(b"".join(others), dtype=dtype).reshape(len(others), _HASHES)
-        return ((rows == np.frombuffer(a, dtype=dtype)).sum(axis=1) / _HASHES).tolist()
+        rows = np.frombuffer(b"".join(others), dtype="<u2").reshape(len(others), _HASHES)
+        return ((rows == np.frombuffer(a, dtype="<u2")).sum(axis=1) / _HASHES).tolist()
+    fmt = f"<{_HASHES}H"
     mine = struct.unpack(fmt, a)
     return [sum(x == y for x, y in zip(mine, struct.unpack(fmt, o))) / _HASHES for o in others]
 
@@ -585,7 +461,7 @@ class _Session:
 
 
 class LmdbIndex:
-    """Lookups in the store's `rindex` rows: nothing loaded up front."""
+    """Lookups in the store's `lookups` rows: nothing loaded up front."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -618,8 +494,8 @@ class LmdbIndex:
         in recorded order. Those the bands find, or else the newest on the route and model."""
         buck, bands, mine = sketch(canonical, route)
         hits: Counter[int] = Counter()
-        for found in self.store.bands_newest(bands, BAND_READ):
-            hits.update(found)
+        for band_ids in self.store.bands_newest(bands, BAND_READ):
+            hits.update(band_ids)
         if not hits:  # nothing shares a band: the newest on the same route and model, then any
             ids = self.store.bucket_newest(buck, 4)
             if ids:
@@ -635,55 +511,7 @@ class LmdbIndex:
         return sorted(found, key=Near.rank)[:4]
 
 
-class MemoryIndex:
-    """A store without index rows (recorded before them): indexed in memory, dependencies
-    recomputed from its exchanges; the store is not written."""
-
-    def __init__(self, store: Store, rules: Any) -> None:
-        from noisefloor.proxy.request.dependencies import recompute
-
-        entries = list(store.recorded_entries())
-        deps = recompute(store, rules, entries) if not any(e.deps for e in entries) else {}
-        if deps:
-            from dataclasses import replace
-
-            entries = [replace(e, deps=deps.get(e.id, ())) for e in entries]
-        self._entries = entries
-        first: dict[str, int] = {}
-        by_session: dict[str, list[RecordedEntry]] = defaultdict(list)
-        for e in entries:
-            first.setdefault(e.session, e.id)
-            by_session[e.session].append(e)
-        self._firsts = first
-        self._by_key: dict[str, list[RecordedEntry]] = defaultdict(list)
-        for e in sorted(entries, key=lambda e: (first[e.session], e.occurrence)):
-            self._by_key[e.key].append(e)
-        self._sessions = {n: _Session(lst, {e.seq: e for e in lst}) for n, lst in by_session.items()}
-
-    def count(self) -> int:
-        return len(self._entries)
-
-    def candidates(self, key: str) -> list[RecordedEntry]:
-        return self._by_key.get(key, [])
-
-    def first_id(self, session: str) -> int | None:
-        return self._firsts.get(session)
-
-    def session(self, name: str) -> _Session:
-        return self._sessions.get(name) or _Session([], {})
-
-    def near(self, canonical: CanonicalRequest, route: str) -> list[Near]:
-        """The newest distinct requests on the same route (or any): a scan, as before the index;
-        the caller compares each with the request."""
-        latest: dict[str, RecordedEntry] = {}
-        for e in self._entries:
-            latest[e.key] = e
-        pool = [e for e in latest.values() if e.route == route]
-        same = bool(pool)
-        return sorted(Near(e.id, None, same) for e in (pool or list(latest.values()))[-RANKED:])
-
-
-def open_index(store: Store, rules: Any) -> LmdbIndex | MemoryIndex:
+def open_index(store: Store) -> LmdbIndex:
     """The store's index; refused while a merge into it has copied records but not all their
     lookups (killed: replay would miss what the merge brought)."""
     if store.meta(MERGING) is not None:
@@ -691,5 +519,5 @@ def open_index(store: Store, rules: Any) -> LmdbIndex | MemoryIndex:
 
         raise StoreError(f"store {store.path}: a merge into it was interrupted before its replay index was "
                          "complete; run the same nfproxy merge again to finish it")
-    return LmdbIndex(store) if store.has_replay_index() else MemoryIndex(store, rules)
+    return LmdbIndex(store)
 

@@ -23,7 +23,6 @@ from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.request.traffic import RequestData
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import Store
-from noisefloor.proxy.store.migrate import OLDER
 
 HERE = Path(__file__).parent
 QUERIES = range(1, 61, 2)
@@ -55,14 +54,23 @@ def answers(store: Store, queries: range = QUERIES) -> dict[str, object]:
 
 def answered(path: Path, queries: range | None = None) -> dict[str, object]:
     """`answers` of the store at `path`, opened read-only (the layout tests' one way to ask)."""
-    with Store.open(path, write=False, older=OLDER) as s:
+    with Store.open(path, write=False) as s:
         return answers(s) if queries is None else answers(s, queries)
 
 
 def layout(path: Path) -> tuple[str | None, int | None]:
-    """The store's format and its replay index's layout."""
-    with Store.open(path, write=False, older=OLDER) as s:
-        return s.format, s.meta("replay_index")
+    """The store's format and its replay index's layout, read as stored (any format's)."""
+    import json
+
+    import lmdb
+
+    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=32)
+    try:
+        with env.begin(db=env.open_db(b"meta", create=False)) as txn:
+            fmt, index = txn.get(b"format"), txn.get(b"replay_index")
+        return json.loads(fmt), None if index is None else json.loads(index)
+    finally:
+        env.close()
 
 
 def main() -> None:
@@ -70,7 +78,7 @@ def main() -> None:
         path = Path(tmp) / "s"
         with Store.open(path, write=True, create=True) as s:
             record(s, 60, seed=3, prefix="v1")
-        with Store.open(path, write=False, older=OLDER) as s:
+        with Store.open(path, write=False) as s:
             assert s.meta("replay_index") == 1
             expected = answers(s)
             target = HERE / "store-index-v1"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -170,7 +169,6 @@ def test_the_nearest_request_index_finds_the_changed_one_among_many(tmp_path):
             rec.finish(rec.begin(request("/v1/chat/completions", doc), Labels(f"S{i % 20}")),
                        response({"choices": [{"message": {"role": "assistant", "content": f"story {i}"}}]}))
     with Store.open(path, write=False) as s:
-        assert s.has_replay_index()
         rep = Replayer(s, Rules(), log=lambda build: None)
         assert isinstance(rep.index, replay_index.LmdbIndex)
         i = 137
@@ -183,30 +181,26 @@ def test_the_nearest_request_index_finds_the_changed_one_among_many(tmp_path):
         assert near["exchange_id"] == i + 1 and near["differs_at"] == "/body/messages/1/content"
 
 
-def test_a_store_without_lookup_rows_is_indexed_in_memory_with_dependencies_recomputed(tmp_path):
+def test_a_store_recorded_before_index_rows_migrates_with_its_dependencies_recomputed(tmp_path):
+    """tests/data/store-main-1704f55 (noisefloor-log/1: entries without dependencies, no lookups):
+    migrated, the request that carries an earlier answer's text names it, and replay holds it
+    to that order as it does for a store recorded today."""
+    from noisefloor.proxy.store.migrate import migrate
+    from tests.conftest import DATA
+
     path = tmp_path / "s"
-    q = [{"role": "user", "content": "hi"}]
-    calls = [(request("/v1/chat/completions", {"model": "m", "messages": q}),
-              response({"choices": [{"message": {"role": "assistant", "content": "Hello there"}}]})),
-             (request("/v1/chat/completions", {"model": "m", "messages": q + [
-                 {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "more"}]}),
-              response({"choices": [{"message": {"role": "assistant", "content": "More."}}]}))]
-    record(path, calls)
-    with Store.open(path, write=True) as s:  # as main wrote it: no deps in the entries, no lookup flag
-        s.set_meta("replay_index", None)
-        entries = list(s.recorded_entries())
-        with s._env.begin(write=True) as txn:
-            for e in entries:
-                doc = {k: v for k, v in replace(e).__dict__.items() if k in ("id", "key", "session", "occurrence",
-                                                                              "seq", "route", "start", "end")}
-                txn.put(e.id.to_bytes(8, "big"), json.dumps(doc).encode(), db=s._recorded)
+    shutil.copytree(DATA / "store-main-1704f55", path, ignore=shutil.ignore_patterns("lock.mdb"))
+    migrate(path)
     with Store.open(path, write=False) as s:
-        assert not s.has_replay_index() and not any(e.deps for e in s.recorded_entries())
-        rep = Replayer(s, Rules(), log=lambda build: None)
-        assert isinstance(rep.index, replay_index.MemoryIndex)
-        assert rep.answer(calls[1][0], Labels("R")).result == "order_violation"  # carries an unserved answer
-        assert rep.answer(calls[0][0], Labels("R")).result == "hit"
-        assert rep.answer(calls[1][0], Labels("R")).result == "hit"
+        entries = {e.id: e for e in s.recorded_entries()}
+        carried = {i: e.deps for i, e in entries.items() if e.deps}
+        assert list(carried) == [6] and len(carried[6]) == 1
+        source = next(i for i, e in entries.items() if e.seq == carried[6][0])
+        answer = json.loads(s.part_body(s.exchange(source).response, source))["choices"][0]["message"]["content"]
+        assert answer in s.part_body(s.exchange(6).request, 6).decode()  # what the dependency says, read directly
+        asked = RequestData.from_record(s.exchange(6).request, s.part_body(s.exchange(6).request, 6))
+        rep = Replayer(s, Rules.described(s.meta("rules")), log=lambda build: None)
+        assert rep.answer(asked, Labels("R")).result == "order_violation"  # carries an answer not yet served
 
 
 class AcmeUpstream(FakeUpstream):

@@ -340,13 +340,12 @@ def test_a_session_replayed_alone_gets_the_candidates_every_exchange_of_its_key_
     whose keys repeat across sessions, both give the same entries in the same order."""
     from collections import Counter
 
-    from noisefloor.proxy.request.keys import Rules
     from noisefloor.proxy.store import replay_index
     from noisefloor.proxy.store.log import Store
     from tests.conftest import recorded_shards
 
     with Store.open(recorded_shards(tmp_path, 160)[0], write=False) as s:
-        index = replay_index.open_index(s, Rules())
+        index = replay_index.open_index(s)
         entries = s.recorded_entries_by_id(list(range(1, len(s) + 1)))
         assert max(Counter(e.key for e in entries).values()) > 1  # keys shared across sessions
         for e in entries:

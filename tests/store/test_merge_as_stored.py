@@ -1,10 +1,10 @@
-"""`nfproxy merge` between noisefloor-log/5 stores copies each record as stored: its bytes
+"""`nfproxy merge` copies each record as stored: its bytes
 untouched (its id is its key, the fields its head holds are in the head alone), the shard's
 record dictionary copied into OUT by its key, the head tied to its new id. What OUT reads back is
 what the shards say, exactly as a merge that decoded, joined and re-encoded every record writes;
 a replay record's source id is still mapped, a record stored whole (keys this version does not
 know) still merged; a damaged head or a record that is not its head's is refused by name with
-nothing merged. A /4 store migrated to /5 merges the same way. Real LMDB stores recorded through
+nothing merged. Real LMDB stores recorded through
 the real recorder, real `nfproxy` processes."""
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from noisefloor.proxy.store import compact
 from noisefloor.proxy.store.log import FORMAT, Store
 from noisefloor.proxy.store.merge import scan as store_merge_scan
 from noisefloor.proxy.store.merge.run import merge
-from noisefloor.proxy.store.migrate import OLDER
 from tests.conftest import recorded_shards
 
 NFPROXY = str(Path(sys.executable).with_name("nfproxy"))
@@ -37,7 +36,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
     paths = recorded_shards(tmp_path_factory.mktemp("v5"), 150)
     for p in paths:
         compact.rewrite(p)
-        with Store.open(p, write=False, older=OLDER) as s:
+        with Store.open(p, write=False) as s:
             assert s.format == FORMAT and (s.meta("dicts") or {}).get("record")
     return paths
 
@@ -53,12 +52,12 @@ def rows(path: Path, name: str) -> list[tuple[bytes, bytes]]:
 
 def exchanges(path: Path) -> dict[tuple[str, int], dict]:
     """Every exchange as its record says, by (session, seq), without its id (ids change in a merge)."""
-    with Store.open(path, write=False, older=OLDER) as s:
+    with Store.open(path, write=False) as s:
         return {(ex.session, ex.seq): {**ex.to_json(), "id": None} for ex in s.exchanges()}
 
 
 def heads(path: Path) -> dict[tuple[str, str, int], tuple]:
-    with Store.open(path, write=False, older=OLDER) as s:
+    with Store.open(path, write=False) as s:
         return {(h.session, h.key, h.occurrence): (h.time, h.status, h.usage, h.url, h.model) for h in s.heads()}
 
 
@@ -83,7 +82,7 @@ def test_as_stored_reads_back_what_a_merge_that_re_encodes_every_record_writes(s
         mp.setattr(store_merge_scan, "checked_value", lambda k, value, raw: False)
         merge(slow, shards)
     assert rows(fast, "exchanges") != rows(slow, "exchanges")  # two ways of writing them ...
-    with Store.open(fast, write=False, older=OLDER) as a, Store.open(slow, write=False, older=OLDER) as b:
+    with Store.open(fast, write=False) as a, Store.open(slow, write=False) as b:
         assert [ex.to_json() for ex in a.exchanges()] == [ex.to_json() for ex in b.exchanges()]  # ... one store
         assert list(a.heads()) == list(b.heads())
     assert rows(fast, "recorded") == rows(slow, "recorded") and rows(fast, "lookups") == rows(slow, "lookups")
@@ -92,18 +91,18 @@ def test_as_stored_reads_back_what_a_merge_that_re_encodes_every_record_writes(s
 def test_a_replay_record_and_a_record_stored_whole_are_merged_with_their_ids_mapped(shards, tmp_path):
     shard = tmp_path / "mixed.lmdb"
     shutil.copytree(shards[1], shard)
-    with Store.open(shard, write=True, older=OLDER) as s:
+    with Store.open(shard, write=True) as s:
         first = s.exchange(1)
         base = {k: v for k, v in first.to_json().items() if k != "id"}
         s.append({**base, "session": "rp", "seq": 0, "mode": "replay", "replay": {"result": "hit", "source_id": 1}},
                  {}, None)
         whole = s.append({**base, "session": "odd", "seq": 0, "from_a_newer_writer": [1, 2]}, {}, None)
     stored = rows(shard, "exchanges")[whole - 1][1]
-    with Store.open(shard, write=False, older=OLDER) as s:  # the unknown key: its head says NOT_LISTED, the record is whole
+    with Store.open(shard, write=False) as s:  # the unknown key: its head says NOT_LISTED, the record is whole
         assert b'"id":%d' % whole in s._codec.decode(stored, 1 << 20)
     out = tmp_path / "out.lmdb"
     merge(out, [shards[0], shard])
-    with Store.open(out, write=False, older=OLDER) as s:
+    with Store.open(out, write=False) as s:
         by_session = {ex.session: ex for ex in s.exchanges()}
         source = s.exchange(by_session["rp"].replay["source_id"])
         assert (source.session, source.seq, source.key) == (first.session, first.seq, first.key)
@@ -140,16 +139,3 @@ def test_a_damaged_head_or_record_of_a_v5_shard_is_refused_by_name_nothing_merge
     assert r.returncode == 5 and said in r.stderr and "nothing was merged" in r.stderr, r.stderr
     assert str(shard) in r.stderr and len(r.stderr.strip().splitlines()) == 2  # progress, the error
     assert {name: rows(out, name) for name in before} == before
-
-
-def test_a_v4_shard_migrated_merges_as_stored_with_what_it_said(tmp_path):
-    v4 = recorded_shards(tmp_path / "v4", 60, "noisefloor-log/4")
-    said = {**exchanges(v4[0]), **exchanges(v4[1])}
-    for p in v4:
-        r = subprocess.run([NFPROXY, "migrate", "--store", str(p)], capture_output=True, text=True, timeout=60)
-        assert r.returncode == 0 and "from noisefloor-log/4 to " + FORMAT in r.stdout, r.stdout + r.stderr
-        assert exchanges(p) == {k: v for k, v in said.items() if k in exchanges(p)}
-    out = tmp_path / "out.lmdb"
-    merge(out, v4)
-    assert exchanges(out) == said
-    assert sorted(v for _, v in rows(out, "exchanges")) == sorted(v for p in v4 for _, v in rows(p, "exchanges"))

@@ -14,7 +14,6 @@ from pathlib import Path
 import lmdb
 import pytest
 
-from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import compact, replay_index
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _copying as merge_copy
@@ -28,7 +27,7 @@ TABLES = ("exchanges", "recorded", "lookups", "bodies", "outcomes")
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
-    """Two layout-2 shards recorded through the recorder (different sessions), only read by the tests."""
+    """Two shards recorded through the recorder (different sessions), only read by the tests."""
     return recorded_shards(tmp_path_factory.mktemp("bulk"), 160)
 
 
@@ -37,7 +36,7 @@ def per_exchange(shards: list[Path], tmp_path_factory: pytest.TempPathFactory) -
     """The shards merged the way merge did before the bulk path: every entry's lookups recomputed."""
     out = tmp_path_factory.mktemp("slow") / "out.lmdb"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Store, "copies_lookups", lambda self: False)
+        mp.setattr(Store, "adopt_index_routes", lambda self, source: False)
         merge(out, shards)
     return out
 
@@ -50,7 +49,7 @@ def tables(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
 
 def test_the_bulk_path_writes_the_tables_the_per_exchange_path_wrote(shards, per_exchange, tmp_path, monkeypatch):
     with Store.open(shards[0], write=False) as s:
-        assert s.copies_lookups() and any(n > 1 for n in _ids_per_key(s).values())  # keys shared by exchanges
+        assert any(n > 1 for n in _ids_per_key(s).values())  # keys shared by exchanges
     expected = tables(per_exchange)
     assert len(expected["lookups"]) > 19 * 160
     out = tmp_path / "out.lmdb"
@@ -121,20 +120,20 @@ def test_a_merge_stopped_before_a_shards_lookups_is_refused_by_replay_and_repair
         raise SystemExit("killed between the records and the lookups")
 
     with monkeypatch.context() as mp:
-        mp.setattr(merge_copy, "mergeable", lambda layout: False)  # each shard's lookups after its records
+        mp.setattr(merge_mod, "_REFILL", 0)  # no refill: each shard's lookups copied after its records
         mp.setattr(merge_copy, "copy_lookups", killed)
         with pytest.raises(SystemExit):
             merge(out, shards)
     with Store.open(out, write=False) as s:
         assert 0 < len(s) < 320 and s.meta(replay_index.MERGING) == 1
         with pytest.raises(StoreError, match="run the same nfproxy merge again"):
-            replay_index.open_index(s, Rules())
+            replay_index.open_index(s)
     again = merge(out, shards)
     assert again.sessions_present > 0 and again.exchanges_added == 320 - 160
     assert tables(out) == tables(per_exchange)
     with Store.open(out, write=False) as s:
         assert s.meta(replay_index.MERGING) is None
-        assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
+        assert isinstance(replay_index.open_index(s), replay_index.LmdbIndex)
 
 
 def test_a_merge_stopped_in_its_refill_before_the_lookups_are_in_is_refused_by_replay_and_repaired_by_the_next(
@@ -153,13 +152,13 @@ def test_a_merge_stopped_in_its_refill_before_the_lookups_are_in_is_refused_by_r
     with Store.open(out, write=False) as s:
         assert len(s) == 320 and s.meta(replay_index.MERGING) == 1 and s.lookup_rows_count() == 0
         with pytest.raises(StoreError, match="run the same nfproxy merge again"):
-            replay_index.open_index(s, Rules())
+            replay_index.open_index(s)
     again = merge(out, shards)
     assert again.sessions_present > 0 and again.exchanges_added == 0
     assert tables(out) == tables(per_exchange)
     with Store.open(out, write=False) as s:
         assert s.meta(replay_index.MERGING) is None
-        assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
+        assert isinstance(replay_index.open_index(s), replay_index.LmdbIndex)
 
 
 @pytest.mark.parametrize("ending", ["dies", "refuses"])
@@ -214,7 +213,7 @@ def test_compacting_a_store_a_merge_left_unindexed_indexes_it_first(shards, per_
     (computed from the entries, as the next merge would), so the compacted store replays whole."""
     out = tmp_path / "out.lmdb"
     with monkeypatch.context() as mp:
-        mp.setattr(merge_copy, "mergeable", lambda layout: False)  # each shard's lookups after its records
+        mp.setattr(merge_mod, "_REFILL", 0)  # no refill: each shard's lookups copied after its records
         mp.setattr(merge_copy, "copy_lookups", lambda *a: (_ for _ in ()).throw(SystemExit("killed")))
         with pytest.raises(SystemExit):
             merge(out, shards)
@@ -224,7 +223,7 @@ def test_compacting_a_store_a_merge_left_unindexed_indexes_it_first(shards, per_
     compact.rewrite(out)
     with Store.open(out, write=False) as s:
         assert len(s) == present and s.meta(replay_index.MERGING) is None
-        assert isinstance(replay_index.open_index(s, Rules()), replay_index.LmdbIndex)
+        assert isinstance(replay_index.open_index(s), replay_index.LmdbIndex)
     want = [(k, v) for k, v in tables(per_exchange)["lookups"] if replay_index.ID.unpack(v)[0] <= present]
     assert tables(out)["lookups"] == want
 

@@ -6,6 +6,8 @@ store an earlier main made (tests/data) migrates and replays every recorded requ
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import shutil
 import subprocess
@@ -104,15 +106,42 @@ FIXTURES = ["v1_store.lmdb", "store-index-v1", "store-index-v2", "store-main-041
 _HOP = {"host", "content-length", "transfer-encoding", "connection"}
 
 
-def recorded(store: Path) -> list[tuple[dict, bytes, int, bytes]]:
-    """(request, its body, the answer's status and body) of every recorded exchange, in id order,
-    as the migration's reader reads the store before it is migrated."""
-    from noisefloor.proxy.store.migrate import OLDER
+def golden(name: str) -> dict:
+    """What main's reader read from a fixture store before migrate owned the earlier formats
+    (tests/data/recorded, written by main 048e17e): every record, every recorded exchange's request
+    and answer bodies, the outcome rows."""
+    return json.loads(gzip.decompress((DATA / "recorded" / f"{name}.json.gz").read_bytes()))
 
-    with Store.open(store, write=False, older=OLDER) as s:
-        return [(ex.request, s.part_body(ex.request, ex.id, "request"), ex.response["status"],
-                 s.part_body(ex.response, ex.id, "response"))
-                for ex in s.exchanges() if ex.mode == "record" and ex.response is not None]
+
+def _b64(data: bytes | None) -> str:
+    return base64.b64encode(data or b"").decode()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_every_fixture_migrates_to_what_mains_reader_read_from_it(tmp_path, name):
+    want = golden(name)
+    store = tmp_path / "old.lmdb"
+    shutil.copytree(DATA / name, store, ignore=shutil.ignore_patterns("lock.mdb"))
+    assert fmt(store) == want["format"]
+    r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and f"from {want['format']} to {FORMAT}" in r.stdout, r.stderr
+    with Store.open(store, write=False) as s:
+        assert [json.loads(ex.json_bytes()) for ex in s.exchanges()] == want["records"]
+        assert [{"request": ex.request, "body": _b64(s.part_body(ex.request, ex.id, "request")),
+                 "status": ex.response["status"], "answer": _b64(s.part_body(ex.response, ex.id, "response"))}
+                for ex in s.exchanges() if ex.mode == "record" and ex.response is not None] == want["recorded"]
+        assert s.outcome_rows() == want["outcomes"] and len(s) == want["exchanges"]
+        entries = list(s.recorded_entries())
+        assert [e.id for e in entries] == [ex.id for ex in s.exchanges() if ex.mode == "record"]
+        assert all(got is not None for got in s.stored_sketches([e.id for e in entries]))  # each JSON request's
+        assert s.meta("migrated_from") == want["format"]
+
+
+def recorded(name: str) -> list[tuple[dict, bytes, int, bytes]]:
+    """(request, its body, the answer's status and body) of every recorded exchange, in id order, as
+    main's reader read the fixture."""
+    return [(r["request"], base64.b64decode(r["body"]), r["status"], base64.b64decode(r["answer"]))
+            for r in golden(name)["recorded"]]
 
 
 @pytest.mark.slow
@@ -124,7 +153,7 @@ def test_a_store_of_an_earlier_main_migrates_and_replays_every_request_byte_iden
 
     store = tmp_path / "old.lmdb"
     shutil.copytree(DATA / name, store, ignore=shutil.ignore_patterns("lock.mdb"))
-    asked = recorded(store)
+    asked = recorded(name)
     assert len(asked) >= 6
     r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and f"to {FORMAT}" in r.stdout, r.stderr
@@ -140,7 +169,8 @@ def test_a_store_of_an_earlier_main_migrates_and_replays_every_request_byte_iden
                             content=body, headers=headers)
             assert (got.status_code, got.content) == (status, answer), (name, got.text[:300])
     assert rep.stop() == 0, rep.output[-800:]
-    assert len(recorded(store)) == len(asked)  # replay opened it read-only: nothing written
+    with Store.open(store, write=False) as s:  # replay opened it read-only: nothing written
+        assert len(s) == golden(name)["exchanges"]
 
 
 def test_a_store_killed_before_its_format_was_marked_is_marked_by_its_next_writer(tmp_path):

@@ -1,6 +1,5 @@
 """Outcome rows (`outcome_values`): kept without the three fields their key holds, read back as
-exactly the row and the JSON text that was graded; rows stored whole by an earlier format are
-keyed by migrate and read the same; a damaged one is refused by name. Real
+exactly the row and the JSON text that was graded; a damaged one is refused by name. Real
 LMDB files, `nfanalyze` run as a process."""
 
 from __future__ import annotations
@@ -14,8 +13,7 @@ import lmdb
 import pytest
 
 from noisefloor.proxy.store import _outcome_values as outcome_values
-from noisefloor.proxy.store.log import FORMAT, Store, StoreError
-from noisefloor.proxy.store.migrate import OLDER, migrate
+from noisefloor.proxy.store.log import Store, StoreError
 
 ROWS = [
     {"task_id": "t1", "condition": "live", "replicate": 0, "outcome": 1},
@@ -34,72 +32,13 @@ def _same(a: object, b: object) -> bool:
 
 @pytest.mark.parametrize("row", ROWS, ids=range(len(ROWS)))
 def test_a_row_reads_back_as_its_whole_json_text(row):
-    k, v = outcome_values.key(row), outcome_values.value(row, keyed=True)
+    k, v = outcome_values.key(row), outcome_values.value(row)
     assert outcome_values.text(k, v) == json.dumps(row).encode()
     assert _same(outcome_values.row(k, v), row) and list(outcome_values.row(k, v)) == list(row)
     leads = list(row)[:3] == ["task_id", "condition", "replicate"]
     assert v.startswith(outcome_values.KEYED) == leads
     if leads:
         assert len(v) < len(json.dumps(row)) - 40
-    assert outcome_values.value(row, keyed=False) == json.dumps(row).encode()  # a store before /7
-
-
-def _rows_of(path):
-    with Store.open(path, write=False, older=OLDER) as s:
-        return s.outcome_rows()
-
-
-def _values(path):
-    env = lmdb.open(str(path), readonly=True, lock=False, max_dbs=16)
-    try:
-        with env.begin(buffers=False) as txn:
-            return dict(txn.cursor(db=env.open_db(b"outcomes", txn=txn, create=False)))
-    finally:
-        env.close()
-
-
-def _v6(path, rows=ROWS):
-    with Store.open(path, write=True, create=True) as s:
-        s.set_meta("format", "noisefloor-log/6")
-        s.set_meta("replay_index", 3)
-    with Store.open(path, write=True, older=OLDER) as s:
-        assert s.format == "noisefloor-log/6" and not s.keys_outcomes
-        s.put_outcomes(rows)
-    return path
-
-
-def test_a_v6_stores_rows_are_keyed_by_migrate_and_read_the_same(tmp_path):
-    old = _v6(tmp_path / "old.lmdb")
-    whole = _values(old)
-    assert all(v[:1] == b"{" for v in whole.values())
-    expected = _rows_of(old)
-    assert _same(sorted(expected, key=json.dumps), sorted(ROWS, key=json.dumps))
-    migrate(old)
-    keyed = _values(old)
-    assert sum(v[:1] == outcome_values.KEYED for v in keyed.values()) == 5 and keyed.keys() == whole.keys()
-    assert _same(_rows_of(old), expected)
-    with Store.open(old, write=False, older=OLDER) as s:
-        assert s.format == FORMAT and s.keys_outcomes
-
-
-def test_nfanalyze_reads_migrated_rows_as_it_reads_rows_written_keyed(tmp_path):
-    rows = [{"task_id": f"t{t}", "condition": c, "replicate": r, "outcome": int((t * 7 + r * 3 + len(c)) % 5 < 3)}
-            for t in range(40) for c in ("live", "replay") for r in range(4)]
-    got = []
-    for name in ("v6", "v7"):
-        path = tmp_path / f"{name}.lmdb"
-        if name == "v6":
-            migrate(_v6(path, rows))
-        else:
-            with Store.open(path, write=True, create=True) as s:
-                s.put_outcomes(rows)
-            assert all(v[:1] == outcome_values.KEYED for v in _values(path).values())
-        r = subprocess.run([sys.executable, "-m", "noisefloor.analyzer.cli", str(path), "--json", "-",
-                            "--bootstrap", "2000"],
-                           capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, r.stderr[-2000:]
-        got.append(json.loads(r.stdout))
-    assert got[0]["conditions"] == got[1]["conditions"]
 
 
 def test_a_keyed_row_under_a_damaged_key_is_refused_by_name(tmp_path):
@@ -113,7 +52,7 @@ def test_a_keyed_row_under_a_damaged_key_is_refused_by_name(tmp_path):
         txn.delete(k, db=db)
         txn.put(b'["live", "t1"]', v, db=db)  # a key of two fields
     env.close()
-    with Store.open(path, write=False, older=OLDER) as s, pytest.raises(StoreError, match="is damaged.*outcome rows"):
+    with Store.open(path, write=False) as s, pytest.raises(StoreError, match="is damaged.*outcome rows"):
         s.outcome_rows()
     r = subprocess.run([sys.executable, "-m", "noisefloor.analyzer.cli", str(path)], capture_output=True, text=True,
                        timeout=120)

@@ -13,6 +13,7 @@ order, one transaction each (an interrupted merge leaves whole sessions).
 from __future__ import annotations
 
 import fcntl
+import functools
 import multiprocessing
 import os
 import re
@@ -63,13 +64,10 @@ class Preparer:
     with `bulk`, the replay entries as the shard stores them under their new ids (their lookups
     are copied after the shard's records, `copy_lookups`)."""
 
-    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False, strip: bool = False,
-                 bodies: bool = True) -> None:
+    def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False, bodies: bool = True) -> None:
         self.src = Store.open(path, write=False)
         self.bodies = bodies  # False: OUT has them all already (`copy_bodies`): their digests only
         self.bulk = bulk
-        self.strip = strip  # OUT stores records stripped: a shard's that are so are copied as stored
-        self.as_stored = strip and self.src.joins
         self.key = codec.dict_key(record_dict) if record_dict else None
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
@@ -78,17 +76,20 @@ class Preparer:
         row: the shard's checked head (`tail`) tied to the new bytes, or read from the text."""
         doc = b'{"id":%d,%s' % (new_id, text[1:])
         if tail is not None:  # the id is in no head's field: only the record's CRC changes
-            stored = self.codec.encode(store_records.stripped(doc) if self.strip else doc, self.key)
+            stored = self.codec.encode(store_records.stripped(doc), self.key)
             return stored, (tail[0], tail[1], _U32.pack(zlib.crc32(stored)) + tail[2])
-        return store_records.encoded(self.codec, self.key, doc, self.src.checked_head(doc, new_id), self.strip)
+        return store_records.encoded(self.codec, self.key, doc, self.src.checked_head(doc, new_id))
 
     def batch(self, olds: list[int], first: int, plans: bytes | None = None) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
         must be mapped to OUT's, which the merging process knows) is left to it: returned with its
         place in the batch, its value empty. `plans`: the check's `PLAN` bytes of each (a record
         it found copied as stored is not decompressed again: its bodies' digests are the check's)."""
-        records, heads, replays, digests = [], [], [], set()
-        for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, self.as_stored, plans)):
+        records: list[tuple[bytes, bytes]] = []
+        heads: list[Any] = []
+        replays: list[tuple[int, bytes]] = []
+        digests: set[bytes] = set()
+        for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, True, plans)):
             if text is None:
                 assert plans is not None
                 at, replay = k * PLAN, False
@@ -99,16 +100,18 @@ class Preparer:
             if as_stored is not None and tail is not None:  # a record stored stripped: its bytes as they are
                 value, head = as_stored, (tail[0], tail[1], _U32.pack(zlib.crc32(as_stored)) + tail[2])
             elif replay:
+                assert text is not None
                 replays.append((k, text))
                 value, head = b"", None
             else:
+                assert text is not None
                 value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1), tail)
             records.append((_U64.pack(first + k), value))
             heads.append(head)
         wanted = sorted(digests)
         bodies = dict(zip(wanted, self.src.raw_bodies(wanted))) if self.bodies else dict.fromkeys(wanted)
         if self.bulk:
-            moved = [(_U64.pack(new_id), replay_index.moved_entry(raw, new_id))
+            moved = [(_U64.pack(new_id), replay_index.moved_entry(raw))
                      for new_id, raw in enumerate(self.src.recorded_raw(olds), first) if raw is not None]
             return Batch(records, bodies=bodies, moved=moved, heads=heads), replays
         return Batch(records, index_entries(self.src, olds, first), bodies, heads=heads), replays
@@ -120,9 +123,9 @@ class Preparer:
 _worker: Preparer | None = None
 
 
-def _start(path: str, record_dict: bytes | None, bulk: bool, strip: bool, bodies: bool) -> None:
+def _start(path: str, record_dict: bytes | None, bulk: bool, bodies: bool) -> None:
     global _worker
-    _worker = Preparer(Path(path), record_dict, bulk, strip, bodies)
+    _worker = Preparer(Path(path), record_dict, bulk, bodies)
 
 
 def _prepare(olds: bytes, first: int, plans: bytes | None) -> tuple[Batch, list[tuple[int, bytes]]]:
@@ -185,7 +188,7 @@ def _ahead(pool: multiprocessing.pool.Pool, batches: list[array], starts: list[i
 
 
 def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
-    """The shard's lookups (layout 2 or 3, as OUT's) of the exchanges this merge copied (new id `first` or above:
+    """The shard's lookups of the exchanges this merge copied (new id `first` or above:
     `new_ids` maps the others to older ids, or 0) into OUT with their ids mapped, in key order (so
     OUT's pages fill in order, not one random page per row), a chunk per transaction (memory does
     not grow with a key's ids); the last one clears the mark `mark_unindexed` set. The rows were
@@ -193,7 +196,7 @@ def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
     import numpy as np
 
     mapped = np.frombuffer(new_ids, dtype=np.uint64)
-    width = replay_index.lookup_key_bytes(src.lookup_layout())
+    width = replay_index.LOOKUP_KEY
     append = dest.lookup_rows_count() == 0
     before = None  # the last key written: a key with more ids than a chunk (a bucket's) goes on in the next
     for key_blob, id_blob in src.lookup_chunks(LOOKUP_CHUNK):
@@ -227,7 +230,7 @@ def merged_lookups(dest: Store | None, deferred: list[Deferred]) -> Iterator[tup
 
     with ExitStack() as stack:
         srcs = [stack.enter_context(Store.open(d.path, write=False)) for d in deferred]
-        width = replay_index.lookup_key_bytes((dest or srcs[0]).lookup_layout())
+        width = replay_index.LOOKUP_KEY
         streams = [_chunks(dest.lookup_chunks(LOOKUP_CHUNK), width, None, 0)] if dest is not None else []
         for d, src in zip(deferred, srcs):
             streams.append(_chunks(src.lookup_chunks(LOOKUP_CHUNK), width, np.frombuffer(d.new_ids, dtype=np.uint64),
@@ -352,6 +355,10 @@ def rows(chunk: tuple[Any, Any], width: int) -> Iterator[tuple[bytes, bytes]]:
     return zip(_as_keys(chunk[0], width), chunk[1].tolist())
 
 
+def _rows_of_held(held: list[tuple[Any, Any]], width: int) -> Iterator[Iterator[tuple[bytes, bytes]]]:
+    return (rows(c, width) for c in held)
+
+
 def append_merged_lookups(dest: Store, deferred: list[Deferred], progress: Callable[[str], None],
                           per_txn: int = LOOKUP_CHUNK) -> int:
     """Into an OUT whose every table went in in key order (a fresh OUT, `copy_bodies` first) and
@@ -359,7 +366,7 @@ def append_merged_lookups(dest: Store, deferred: list[Deferred], progress: Calla
     `per_txn` rows a transaction (held as arrays, 12 bytes a row, so a transaction retried on a
     full map writes them again; a chunk each, so the process merging them works on the next one
     meanwhile), its mark cleared with the last. Returns how many rows."""
-    width = replay_index.lookup_key_bytes(dest.lookup_layout())
+    width = replay_index.LOOKUP_KEY
     held: list[tuple[Any, Any]] = []
     written = count = 0
     ahead = threading.active_count() == 1  # no fork in a process running threads (as `workers`)
@@ -367,7 +374,7 @@ def append_merged_lookups(dest: Store, deferred: list[Deferred], progress: Calla
         held.append(chunk)
         count += len(chunk[0])
         if count >= per_txn:
-            written += dest.append_rows("lookups", lambda held=held: (rows(c, width) for c in held))
+            written += dest.append_rows("lookups", functools.partial(_rows_of_held, held, width))
             if written // _SAID > (written - count) // _SAID:
                 progress(f"{dest.path}: {written} replay lookups written")
             held, count = [], 0
@@ -462,7 +469,7 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
             last = k
             rows.append((k, v))
             if len(rows) >= chunk:
-                written += dest.append_rows("bodies", lambda rows=rows: [rows])
+                written += dest.append_rows("bodies", functools.partial(list, [rows]))
                 rows = []
         return written + (dest.append_rows("bodies", lambda: [rows]) if rows else 0)
 
@@ -482,16 +489,6 @@ def verify_bodies(paths: list[Path]) -> None:
                                      "(tampered or damaged); restore the store from a copy")
 
 
-def mergeable(layout: int | None) -> bool:
-    """Whether lookups of this layout can be merged by `merged_lookups` (keys of 8 bytes or fewer)."""
-    return layout is not None and replay_index.lookup_key_bytes(layout) <= 8
-
-
-def copies_as_stored(shard: int | None, out: int | None) -> bool:
-    """Whether a shard's entries and lookups of layout `shard` go into OUT's (layout `out`) as stored."""
-    return shard is not None and shard == out
-
-
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
     """(key, 4-byte id) rows of the ids `first` or above, ids ascending under each key (keys in order)."""
 
@@ -502,14 +499,14 @@ def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
     return list(zip(keys[keep].tolist(), ids[keep].astype(">u4").view("V4").tolist()))
 
 
-def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_ids: array,
+def write_shard(dest: Store, path: Path, batches: list[Any], jobs: int, new_ids: Any,
                 moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None],
                 plans: Callable[[Any], bytes | None] = lambda olds: None, defer: bool = False,
                 bodies_copied: bool = False) -> Deferred | None:
     """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
-    bodies, new bodies)` after each batch; `plans(olds)` the check's `PLAN` bytes of a batch. When both stores have lookups of one layout (2 or 3), the shard's are
+    bodies, new bodies)` after each batch; `plans(olds)` the check's `PLAN` bytes of a batch. The shard's lookups are
     copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`);
     with `defer`, they are not copied but returned (`Deferred`), for the refill to write once
     with every other shard's (`merged_lookups`), OUT marked until then. `bodies_copied`: OUT holds
@@ -519,19 +516,16 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
     starts = [dest.last_id() + 1]
     for b in batches:
         starts.append(starts[-1] + len(b))
-    with Store.open(path, write=False) as src:
-        layout = dest.lookup_layout()  # shard and OUT of one layout: entries and lookups copied as stored
-        bulk = layout is not None and copies_as_stored(src.lookup_layout(), layout) and (
-            layout not in replay_index.ROUTED or dest.adopt_index_routes(src))
+    with Store.open(path, write=False) as src:  # entries and lookups copied as stored, unless a route row differs
+        bulk = dest.adopt_index_routes(src)
     if bulk and batches:
         dest.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
-    strip = dest.joins
-    with pool(jobs, _start, (str(path), record_dict, bulk, strip, not bodies_copied)) if jobs else nullcontext() \
+    with pool(jobs, _start, (str(path), record_dict, bulk, not bodies_copied)) if jobs else nullcontext() \
             as running:
         # for the replay records, the bodies' dictionaries, a small shard
-        local = Preparer(path, record_dict, bulk, strip, not bodies_copied)
+        local = Preparer(path, record_dict, bulk, not bodies_copied)
         try:
             ready = _ahead(running, batches, starts, jobs, plans) if running is not None else (
                 local.batch(b.tolist(), start, plans(b)) for b, start in zip(batches, starts))
@@ -543,7 +537,7 @@ def write_shard(dest: Store, path: Path, batches: list[array], jobs: int, new_id
                 fresh = dest.absorb(batch, local.src)
                 done(len(batch.records), len(batch.bodies), fresh)
             if bulk and batches:
-                if defer and mergeable(layout):
+                if defer:
                     return Deferred(path, new_ids, starts[0])
                 copy_lookups(dest, local.src, new_ids, starts[0])
         finally:

@@ -37,16 +37,15 @@ def check(dest: Store, shards: Sequence[Path]) -> None:
 
 def write(dest: Store, shards: Sequence[Path]) -> int:
     """The shards' rows OUT does not hold, in shard order (a key twice: the first place's row), each
-    value copied as stored where both stores keep rows alike and its key is the row's own (what
-    it reads back as is the row: checked as it was read), else encoded for OUT. Returns how many."""
+    value copied as stored where its key is the row's own (what it reads back as is the row:
+    checked as it was read), else encoded for OUT. Returns how many."""
     added = 0
     for path in shards:
         with Store.open(path, write=False) as store:
-            alike = store.keys_outcomes == dest.keys_outcomes
             chunk: list[tuple[bytes, bytes]] = []
             for stored_key, stored, row in store.outcome_items():
                 key = outcome_values.key(row)
-                chunk.append((key, stored if alike and key == stored_key else outcome_values.value(row, dest.keys_outcomes)))
+                chunk.append((key, stored if key == stored_key else outcome_values.value(row)))
                 if len(chunk) >= _CHUNK:
                     added, chunk = added + dest.add_outcomes(chunk), []
             added += dest.add_outcomes(chunk)

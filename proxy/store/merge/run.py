@@ -125,8 +125,7 @@ def _read_shard(path: Path, jobs: int, hashed: bool = True) -> _Shard:
         rules_id, rules, last_id = s.meta("rules_id"), s.meta("rules"), s.last_id()
     def lookups() -> None:
         with Store.open(path, write=False) as s:
-            if s.copies_lookups():  # copied as they are: checked as the records are
-                s.checked_lookups()
+            s.checked_lookups()  # copied as they are: checked as the records are
 
     try:
         sessions = _check_all(path, last_id, jobs, lookups, hashed)
@@ -217,7 +216,7 @@ def _bodies_first(dest: Store, shards: list[_Shard], plan: Any, progress: Callab
 def _refill(dest: Store, out: Path, deferred: list[merge_copy.Deferred], progress: Callable[[str], None]) -> None:
     """OUT's pages refilled, the deferred shards' lookups written into the new file with OUT's
     own, in key order, once; if the refill fails, they are copied into OUT as without it."""
-    width = replay_index.lookup_key_bytes(dest.lookup_layout()) if deferred else 0
+    width = replay_index.LOOKUP_KEY
     lookups = (lambda: (merge_copy.rows(c, width) for c in merge_copy.merged_lookups(dest, deferred))) if deferred \
         else None
     try:

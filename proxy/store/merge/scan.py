@@ -84,7 +84,6 @@ class MergeScan:
     _reading: Any
     _decode_record: Any
     _check_body: Any
-    _joins: bool
     _join: Any
     _set: Any
     _text_of: Any
@@ -119,14 +118,14 @@ class MergeScan:
 
     def _viewed(self, txn: Any, k: bytes, exchange_id: int, raw: Any) -> Viewed:
         """A record's identity, its request's and response's (body digest, size), and whether merge
-        copies it as stored (a /5 or /6 record stored stripped, its head checked, no replay: its
+        copies it as stored (a record stored stripped, its head checked, no replay: its
         source id would change): read narrowly when its head vouches for it, else from the full
         parse (which raises on damage)."""
-        value = txn.get(k, db=self._heads) if self._heads is not None else None
+        value = txn.get(k, db=self._heads)
         if checked_value(k, value, raw):
             try:
                 text = self._codec.decode(raw, self.max_body)
-                if self._joins and not text.startswith(b'{"id":'):  # a /5 record stored stripped: its
+                if not text.startswith(b'{"id":'):  # a record stored stripped: its
                     # identity is its head's, its bodies the rest's
                     return *self._rest_viewed(txn, value, text), not _is_replay(text)
                 v = _VIEW.decode(text)
@@ -170,9 +169,9 @@ class MergeScan:
                 raw = txn.get(k, db=self._exchanges)
                 if raw is None:
                     raise StoreError(f"store {self.path}: exchange {i} is missing; restore it from a copy")
-                rows.append((k, raw, txn.get(k, db=self._heads) if self._heads is not None else None))
+                rows.append((k, raw, txn.get(k, db=self._heads)))
             tails = [self._head_tail(txn, value) if checked_value(k, value, raw) else None for k, raw, value in rows]
-            planned = [as_stored and self._joins and plans is not None and plans[n * PLAN] == 1 and tails[n] is not None
+            planned = [as_stored and plans is not None and plans[n * PLAN] == 1 and tails[n] is not None
                        for n in range(len(rows))]
             texts = self._codec.decode_many([raw for (_, raw, _), p in zip(rows, planned) if not p], self.max_body)
             left = iter(texts)  # one call for the batch
@@ -183,9 +182,7 @@ class MergeScan:
                 text = next(left)
                 if text is None:  # one that does not decode: read alone, to raise its error
                     text = self._codec.decode(raw, self.max_body)
-                if not self._joins:
-                    out.append((text, tail, None))
-                elif as_stored and tail is not None and b'"replay":{' not in text and not text.startswith(b'{"id":'):
+                if as_stored and tail is not None and b'"replay":{' not in text and not text.startswith(b'{"id":'):
                     out.append((text, tail, raw))
                 else:
                     out.append((self._text_of(txn, k, raw, value), tail, None))

@@ -80,8 +80,6 @@ class MergeIO:
     path: Any
     max_body: int
     _reading: Any
-    checks_bodies: bool
-    keys_outcomes: bool
     _read_index_routes: Any
     _write: Any
     _decode_record: Any
@@ -118,7 +116,7 @@ class MergeIO:
         digest = bytes.fromhex(hexdigest)
         if digest in recent.data:
             return
-        raw = txn.get(digest, db=self._bodies)
+        raw: Any = txn.get(digest, db=self._bodies)
         limit = self.max_body if size is None else min(size, self.max_body)
         if not self.hash_bodies and raw is not None and codec.sound_as_stored(raw, limit):
             return  # its content is hashed by merge's pass over the whole bodies table (`verify_bodies`)
@@ -142,10 +140,10 @@ class MergeIO:
         near candidate, never a wrong answer."""
         import numpy as np
 
-        last, width = self.last_id(), replay_index.lookup_key_bytes(self.lookup_layout())
+        last, width = self.last_id(), replay_index.LOOKUP_KEY
         expected = np.zeros(last + 1, dtype=np.int32)  # 8 bytes an exchange for both
         with self._reading("replay index routes"):
-            routes = self._read_index_routes()  # layout 3's, each row checked against its key
+            routes = self._read_index_routes()  # each row checked against its key
         for k, raw in self.recorded_table():
             exchange_id = _U64.unpack(k)[0]
             try:
@@ -234,21 +232,18 @@ class MergeIO:
             near = self.near_again(found)
             rows = sorted(r for e, n in zip(self.recorded_entries_by_id(found), near)
                           for r in replay_index.lookup_rows(e.id, RecordedEntry(
-                              e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n), self.lookup_layout()))
+                              e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n)))
             self._write(lambda txn, rows=rows: txn.cursor(db=self._lookups).putmulti(rows))
             done = found[-1] + 1 - first
         self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
         return done
 
     def near_again(self, ids: list[int]) -> list[Near]:
-        """The nearest-request entries of recorded exchanges, to write their lookups again: from
-        the stored sketches, or, where one is layout 4's (16 bits a minimum: its bands cannot be
-        computed from it), from each stored request canonicalized again under this store's rules
-        (the recorder's sketch but where a secret in a body was erased before it was stored; no
-        bands where the rules are not ones this version rebuilds)."""
-        stored = replay_index.stored_near(self, ids)  # type: ignore[arg-type]
-        if stored is not None:
-            return stored
+        """The nearest-request entries of recorded exchanges, to write their lookups again (a stored
+        sketch keeps 16 bits a minimum: its bands cannot be computed from it): each stored request
+        canonicalized again under this store's rules (the recorder's sketch but where a secret in a
+        body was erased before it was stored; no bands where the rules are not ones this version
+        rebuilds)."""
         from noisefloor.proxy.request.keys import Rules
 
         rules = Rules.described(self.meta("rules"))

@@ -1,9 +1,8 @@
 """A store written by main in the replay index's layout 2 (tests/data/store-index-v2, made by
-tests/data/make_index_v2_store.py), read by the migration as main wrote it, and `nfproxy migrate`
-bringing it to today's layout (layout 3's entries without ids, their route a reference, 6-byte lookup keys; layout 4's
-sketches at 16 bits a minimum), answering every lookup as main's index did
-(tests/data/store-index-v2.json). Real LMDB files, the real recorder, real nfproxy
-processes."""
+tests/data/make_index_v2_store.py) brought by `nfproxy migrate` to today's layout (entries without
+ids, their route a reference, 6-byte lookup keys, sketches at 16 bits a minimum), answering every
+lookup as main's index did (tests/data/store-index-v2.json); today's layout's damage refused by
+name. Real LMDB files, the real recorder, real nfproxy processes."""
 
 from __future__ import annotations
 
@@ -20,7 +19,6 @@ from noisefloor.proxy.request.traffic import RequestData
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
-from noisefloor.proxy.store.migrate import OLDER
 from tests.conftest import DATA
 from tests.data.make_index_v1_store import answered, changed, layout
 from tests.store.store_fixtures import nfproxy, table_bytes
@@ -35,11 +33,6 @@ def v2(tmp_path: Path) -> Path:
     return store
 
 
-def test_a_layout_2_store_reads_as_main_answered(v2):
-    assert layout(v2) == ("noisefloor-log/4", 2)
-    assert answered(v2) == EXPECTED
-
-
 def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v2):
     entries = table_bytes(v2, "recorded")
     r = nfproxy("migrate", "--store", str(v2))
@@ -47,7 +40,7 @@ def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v2):
     assert f"from noisefloor-log/4 to {FORMAT}" in r.stdout
     assert layout(v2) == (FORMAT, replay_index.VERSION)
     assert answered(v2) == EXPECTED
-    with Store.open(v2, write=False, older=OLDER) as s:
+    with Store.open(v2, write=False) as s:
         rows = list(s.raw_table("lookups"))
         sketches = s.stored_sketches(list(range(1, 61)))
         routes = list(s.raw_table("index_routes"))
@@ -65,15 +58,6 @@ def test_merge_of_the_migrated_store_copies_it_with_the_same_answers(v2, tmp_pat
     assert answered(out) == EXPECTED
 
 
-def test_a_layout_2_store_recorded_into_keeps_its_layout_and_the_new_exchanges_are_found(v2):
-    with Store.open(v2, write=True, older=OLDER) as s:
-        record(s, 300, seed=6, prefix="later")
-    assert layout(v2) == ("noisefloor-log/4", 2)
-    late = answered(v2, range(61, 361, 13))
-    assert all(int(i) in a["candidates"] and int(i) in a["session"] for i, a in late.items())
-    assert sum(a["near"][0][0] == int(i) for i, a in late.items()) > len(late) // 2
-
-
 def test_a_damaged_entry_is_refused_by_name(v2, tmp_path):
     out = tmp_path / "merged.lmdb"
     assert nfproxy("migrate", "--store", str(v2)).returncode == 0
@@ -84,7 +68,7 @@ def test_a_damaged_entry_is_refused_by_name(v2, tmp_path):
         raw = bytearray(txn.get((5).to_bytes(8, "big"), db=db))
         txn.put((5).to_bytes(8, "big"), bytes(raw[:-1]), db=db)  # its sketch cut short by one byte
     env.close()
-    with Store.open(out, write=False, older=OLDER) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
+    with Store.open(out, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
         s.recorded_entries_by_id([4, 5])
     r = nfproxy("compact", "--store", str(out))
     assert r.returncode != 0 and "Traceback" not in r.stderr
@@ -93,9 +77,9 @@ def test_a_damaged_entry_is_refused_by_name(v2, tmp_path):
     assert r.returncode != 0 and "Traceback" not in r.stderr and "exchange 5" in r.stderr.strip().splitlines()[-1]
 
 
-def test_a_replay_miss_on_layout_3_names_the_nearest(v2):
+def test_a_replay_miss_names_the_nearest(v2):
     assert nfproxy("migrate", "--store", str(v2)).returncode == 0
-    with Store.open(v2, write=False, older=OLDER) as s:
+    with Store.open(v2, write=False) as s:
         index = replay_index.LmdbIndex(s)
         body = s.part_body(s.exchange(9).request, 9, "request")
         canonical = RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
@@ -112,7 +96,7 @@ def test_a_damaged_route_row_is_refused_by_name(v2, tmp_path):
         key, value = next(iter(txn.cursor(db=db)))
         txn.put(key, value[:-1] + b"X", db=db)  # the route's last byte changed
     env.close()
-    with Store.open(v2, write=False, older=OLDER) as s, pytest.raises(StoreError, match=r"store .* is damaged.*route row"):
+    with Store.open(v2, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged.*route row"):
         s.recorded_entries_by_id([4])
     r = nfproxy("merge", str(tmp_path / "out.lmdb"), str(v2))
     assert r.returncode != 0 and "Traceback" not in r.stderr and "route row" in r.stderr.strip().splitlines()[-1]
@@ -130,7 +114,7 @@ def test_a_route_whose_row_key_is_taken_is_kept_inline(tmp_path):
         txn.delete(key, db=db)
         txn.put(key, b"\0" * 8 + b"GET other /", db=db)  # another route's row under this key
     env.close()
-    with Store.open(store, write=True, older=OLDER) as s:
+    with Store.open(store, write=True) as s:
         record(s, 20, seed=2, prefix="b")
         late = s.recorded_entries_by_id(list(range(4, 24)))
         assert {e.route for e in late} == {route} and all(got[0] == bucket for got in s.stored_sketches(list(range(4, 24))))

@@ -1,0 +1,115 @@
+"""A store of the replay index's first layout (tests/data/store-index-v1, made by
+tests/data/make_index_v1_store.py) brought to today's layout by `nfproxy migrate`, answering every
+lookup exactly as main's index did (tests/data/store-index-v1.json) and replaying strictly; a
+migrate stopped before it swaps its result in leaves the store as it was, and running it again
+finishes. Real LMDB files, real nfproxy processes."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.store_traffic import REQUEST_HEADERS
+from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.migrate import migrate
+from noisefloor.proxy.store.replay_index import VERSION
+from tests import loopback
+from tests.conftest import DATA, START_TIMEOUT, nfproxy_argv
+from tests.data.make_index_v1_store import answered, changed, layout
+
+EXPECTED = json.loads((DATA / "store-index-v1.json").read_text())
+
+
+@pytest.fixture
+def v1(tmp_path: Path) -> Path:
+    store = tmp_path / "v1.lmdb"
+    shutil.copytree(DATA / "store-index-v1", store)
+    return store
+
+
+def nfproxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*nfproxy_argv(), *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly_once_migrated(v1, proxies):
+    from noisefloor.proxy.launch import start
+
+    assert layout(v1) == ("noisefloor-log/2", 1)
+    migrate(v1)
+    with Store.open(v1, write=False) as s:
+        asked = [(i, s.part_body(s.exchange(i).request, i, "request"), s.part_body(s.exchange(i).response, i,
+                                                                                   "response")) for i in (1, 2, 3)]
+    rep = start("--mode", "replay", "--strict", "--store", str(v1), "--upstream", "https://api.openai.com",
+                timeout=START_TIMEOUT)
+    proxies.append(rep)
+    headers = dict(REQUEST_HEADERS[1:3])
+    for i, body, answer in asked:
+        r = loopback.post(rep.url + "/v1/chat/completions", content=body, headers=headers, timeout=20)
+        assert r.status_code == 200 and r.content == answer, (i, r.text[:300])
+    r = loopback.post(rep.url + "/v1/chat/completions", content=changed(asked[2][1]), headers=headers, timeout=20)
+    nearest = r.json()["error"]["nearest"]
+    assert r.status_code == 404 and nearest["exchange_id"] in [n[0] for n in EXPECTED["3"]["near"]]
+    assert rep.stop() == 3
+    assert layout(v1) == (FORMAT, VERSION) and answered(v1) == EXPECTED  # replay wrote nothing
+
+
+def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v1):
+    r = nfproxy("migrate", "--store", str(v1))
+    assert r.returncode == 0, r.stderr
+    assert f"from noisefloor-log/2 to {FORMAT}" in r.stdout
+    assert layout(v1) == (FORMAT, VERSION)
+    assert answered(v1) == EXPECTED
+    with Store.open(v1, write=False) as s:
+        assert len(list(s.raw_table("lookups"))) > 60 * 18
+
+
+def test_merge_of_the_migrated_store_keeps_its_answers(v1, tmp_path):
+    out = tmp_path / "merged.lmdb"
+    migrate(v1)
+    assert merge(out, [v1]).exchanges_added == 60
+    assert layout(out) == (FORMAT, VERSION)
+    assert answered(out) == EXPECTED  # one shard: its sessions keep their order, so their ids
+
+
+def test_a_migrate_stopped_before_its_swap_leaves_the_store_as_it_was_and_the_next_one_finishes(v1, monkeypatch):
+    from noisefloor.proxy.store import compact
+
+    before = {f.name: f.read_bytes() for f in v1.iterdir() if f.name == "data.mdb"}
+
+    def stopped(*args: object) -> None:
+        raise SystemExit("stopped before the swap")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(compact, "swap_in", stopped)
+        with pytest.raises(SystemExit):
+            migrate(v1)
+    assert {f.name: f.read_bytes() for f in v1.iterdir() if f.name == "data.mdb"} == before
+    assert layout(v1) == ("noisefloor-log/2", 1)
+    r = nfproxy("migrate", "--store", str(v1))
+    assert r.returncode == 0, r.stderr
+    assert layout(v1) == (FORMAT, VERSION) and not (v1.parent / f".{v1.name}.migrate").exists()
+    assert answered(v1) == EXPECTED
+
+
+def test_a_damaged_layout_2_entry_is_refused_by_name(v1, tmp_path):
+    import lmdb
+
+    out = tmp_path / "merged.lmdb"
+    migrate(v1)
+    merge(out, [v1])
+    env = lmdb.open(str(out), max_dbs=12)
+    with env.begin(write=True) as txn:
+        txn.put((5).to_bytes(8, "big"), b"\x9c\xa3bad", db=env.open_db(b"recorded", txn=txn))
+    env.close()
+    with Store.open(out, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
+        s.recorded_entries_by_id([4, 5])
+    r = nfproxy("compact", "--store", str(out))
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "entry of exchange 5 is damaged" in r.stderr.strip().splitlines()[-1]
+    with Store.open(out, write=False) as s:  # refused before anything was replaced
+        assert len(s) == 60 and s.recorded_entries_by_id([4])[0].id == 4

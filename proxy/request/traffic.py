@@ -14,6 +14,7 @@ from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from noisefloor.proxy import providers
 from noisefloor.proxy.request import _stored_copy as stored_copy
 from noisefloor.proxy.request import headers as headers_mod
 from noisefloor.proxy.request import secrets
@@ -56,7 +57,7 @@ class RequestData:
             body, note = decode_body(self.raw_body, self.header("content-encoding"))
         args = (self.method, self.host, self.path, self.headers, body, rules)
         try:
-            canon = _canonical(*args) if len(body) <= _REMEMBERED_BODY else canonicalize(*args)
+            canon = _canonical(*args, providers.generation()) if len(body) <= _REMEMBERED_BODY else canonicalize(*args)
         except TypeError:  # headers given as lists: not a cache key
             canon = canonicalize(*args)
         return replace(canon, notes=canon.notes + (note,)) if note else canon
@@ -94,10 +95,16 @@ class RequestData:
         }
 
 
-# A request asked again (a rerun's replicates, a retry) is keyed from its remembered canonical form:
-# `canonicalize` is a pure function of these arguments, and what it returns is only read.
 _REMEMBERED_BODY = 32 << 10  # larger bodies are keyed afresh (the cache holds them as its keys)
-_canonical = lru_cache(maxsize=512)(canonicalize)
+
+
+@lru_cache(maxsize=512)
+def _canonical(method: str, host: str, path: str, headers: tuple[tuple[str, str], ...], body: bytes, rules: Rules,
+               generation: tuple[int, int]) -> CanonicalRequest:
+    """A request asked again (a rerun's replicates, a retry) is keyed from its remembered canonical
+    form: `canonicalize` is a pure function of these arguments and of the registered providers
+    (`generation`), and what it returns is only read."""
+    return canonicalize(method, host, path, headers, body, rules)
 
 
 @dataclass(frozen=True)

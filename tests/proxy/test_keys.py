@@ -60,6 +60,24 @@ def test_a_request_asked_again_is_keyed_as_a_first_one_under_its_own_rules_and_h
     assert len({r.canonical(rules).key for r, rules in cases[:3]}) == 3
 
 
+def test_a_provider_registered_later_decides_the_key_of_a_request_asked_before(monkeypatch):
+    """A request keyed before a provider that claims its route was registered is keyed by that
+    provider once it is (its ignored fields dropped), not from the form remembered before."""
+    from noisefloor.proxy import providers
+    from noisefloor.proxy.providers.base import Provider
+
+    monkeypatch.setattr(providers, "_ORDER", list(providers._ORDER))
+    monkeypatch.setattr(providers, "PROVIDERS", dict(providers.PROVIDERS))
+    r = req(json.dumps(BODY).encode(), path="/claimed/v1/run", host="claimed.example")
+    before = r.canonical(Rules())
+    assert r.canonical(Rules()) is before  # remembered
+    claims = Provider(name="claims", matches=lambda host, route: host == "claimed.example",
+                      ignore_fields=("/metadata",))
+    providers.register(claims)
+    after = r.canonical(Rules())
+    assert "metadata" in before.text and "metadata" not in after.text
+
+
 @pytest.mark.parametrize(
     "encoding,compress",
     [

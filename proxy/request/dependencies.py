@@ -44,27 +44,39 @@ class _Texts:
     def __init__(self) -> None:
         self._order: deque[tuple[int, ...]] = deque()  # each text's entries (its forms), oldest first
         self._entries: dict[int, tuple[str, int]] = {}  # entry number -> (a text's form, its answer's seq)
-        self._by_gram: dict[str, set[int]] = {}
+        # gram -> the entry holding it, or a set of those where several do (a plain int, most
+        # often: the collector has no container to walk for it)
+        self._by_gram: dict[str, int | set[int]] = {}
         self._next = 0
 
     def add(self, text: str, escaped: str | None, seq: int) -> None:
         numbers = []
+        by_gram = self._by_gram
         for form in (text,) if escaped is None else (text, escaped):
             n = self._next
             self._next += 1
             self._entries[n] = (form, seq)
             for gram in _grams(form):
-                self._by_gram.setdefault(gram, set()).add(n)
+                held = by_gram.get(gram)
+                if held is None:
+                    by_gram[gram] = n
+                elif type(held) is int:
+                    by_gram[gram] = {held, n}
+                else:
+                    held.add(n)
             numbers.append(n)
         self._order.append(tuple(numbers))
         if len(self._order) > _TEXTS:
             for n in self._order.popleft():
                 form, _ = self._entries.pop(n)
                 for gram in _grams(form):
-                    held = self._by_gram[gram]
-                    held.discard(n)
-                    if not held:
-                        del self._by_gram[gram]
+                    held = by_gram[gram]
+                    if type(held) is int:
+                        del by_gram[gram]
+                    else:
+                        held.discard(n)
+                        if len(held) == 1:
+                            by_gram[gram] = held.pop()
 
     def quoted(self, body: str, skip: set[int]) -> set[int]:
         """Seqs (not in `skip`) of the texts `body` holds, in either form."""
@@ -72,7 +84,11 @@ class _Texts:
         candidates: set[int] = set()
         for i in range(0, len(body) - _GRAM + 1, _GRAM):
             got = by_gram.get(body[i:i + _GRAM])
-            if got:
+            if got is None:
+                continue
+            if type(got) is int:
+                candidates.add(got)
+            else:
                 candidates.update(got)
         found: set[int] = set()
         for n in candidates:

@@ -65,7 +65,7 @@ def shared_text(left: int, labels: tuple[Any, ...], route: tuple[Any, ...]) -> b
 
 
 def joined(exchange_id: int, rest: bytes, s: store_heads.Stored, common: bytes) -> bytes:
-    """The whole record's JSON text (the id first, as /4 stored it): `rest` (`stripped`) with its
+    """The whole record's JSON text (the id first, as a record stored whole has it): `rest` (`stripped`) with its
     head's fields put back (`common`: its labels and route's, `shared_text`), those the record
     left out (its `left_out`) left out again."""
     own: Any = _own(exchange_id, s)

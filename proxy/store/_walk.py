@@ -232,7 +232,7 @@ class Walks:
         out += self._tail(tails, left)
 
     def _joined(self, ids: Sequence[int], values: Sequence[Any], texts: list[bytes | None]) -> list[bytes | None]:
-        """A /5 batch's decoded records joined with their checked heads (`Store._join`); None where
+        """A batch's decoded records joined with their checked heads (`Store._join`); None where
         one cannot be: its own read (`_listed`) then says why, after the lines before it."""
         out: list[bytes | None] = []
         with self._env.begin() as txn:

@@ -9,9 +9,12 @@ path would cost as much as the rest of recording.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
-from collections.abc import Callable, Mapping
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -125,12 +128,14 @@ class Exchange:
         if not isinstance(doc, dict):
             raise TypeError(f"a JSON {type(doc).__name__}, not an object")
         doc = migrate(doc)
-        _check(doc, _RECORD_TYPES, "")
+        try:
+            ex = msgspec.convert({k: v for k, v in doc.items() if k in _KNOWN}, cls)
+        except msgspec.ValidationError as exc:
+            raise TypeError(str(exc)) from None
         for name in ("request", "response"):
             if doc.get(name) is not None:
-                _check(doc[name], _PART_TYPES[name], name + ".")
-        unknown = {k: v for k, v in doc.items() if k not in _KNOWN}
-        return cls(**{k: v for k, v in doc.items() if k in _KNOWN}, unknown=unknown)
+                _check_part(name, doc[name])
+        return dataclasses.replace(ex, unknown={k: v for k, v in doc.items() if k not in _KNOWN})
 
     @property
     def replay_result(self) -> str | None:
@@ -155,24 +160,37 @@ _KNOWN = frozenset(_FIELD_NAMES)
 # this version does not know (the typed decoder skips them) without parsing it twice
 _KEYS_ONLY = msgspec.json.Decoder(msgspec.defstruct("_Keys", [(n, msgspec.Raw, msgspec.Raw()) for n in _FIELD_NAMES],
                                                     forbid_unknown_fields=True))
-_NUM = (int, float)
-_OPT_STR = (str, type(None))
-_RECORD_TYPES: dict[str, tuple[tuple[type, ...], bool]] = {  # field -> (types, required)
-    "id": ((int,), True), "time": (_NUM, True), "mode": ((str,), True), "session": ((str,), True),
-    "key": ((str,), True), "occurrence": ((int,), True), "seq": ((int,), True), "rules_id": ((str,), True),
-    "request": ((dict,), True), "response": ((dict, type(None)), True), "task": (_OPT_STR, False),
-    "replicate": (_OPT_STR, False), "condition": (_OPT_STR, False), "latency_ms": ((*_NUM, type(None)), False),
-    "model": (_OPT_STR, False), "fingerprint": (_OPT_STR, False), "usage": ((dict, type(None)), False),
-    "finish_reason": (_OPT_STR, False), "truncated": ((bool, type(None)), False), "replay": ((dict, type(None)), False),
-    "overrides": ((dict, type(None)), False), "perturbation": (_OPT_STR, False), "error": (_OPT_STR, False),
-    "notes": ((list,), False), "end": ((*_NUM, type(None)), False), "version": ((int,), False),
-}
-_PART_TYPES: dict[str, dict[str, tuple[tuple[type, ...], bool]]] = {
-    "request": {"method": ((str,), True), "url": ((str,), True), "headers": ((list,), True),
-                "body": (_OPT_STR, False), "body_size": ((int, type(None)), False)},
-    "response": {"status": ((int,), True), "headers": ((list,), True), "body": (_OPT_STR, False),
-                 "body_size": ((int, type(None)), False), "chunks": ((list, type(None)), False)},
-}
+
+
+class RequestPart(msgspec.Struct):
+    """A record's `request` as its fields are checked (keys beyond these are kept, unchecked)."""
+
+    method: str
+    url: str
+    headers: list[Any]
+    body: str | None = None  # the body's sha256 in the bodies table
+    body_size: int | None = None
+
+
+class ResponsePart(msgspec.Struct):
+    """A record's `response` as its fields are checked (keys beyond these are kept, unchecked)."""
+
+    status: int
+    headers: list[Any]
+    body: str | None = None
+    body_size: int | None = None
+    chunks: list[Any] | None = None  # a stream's chunk offsets, where they were recorded
+
+
+_PARTS: dict[str, type[msgspec.Struct]] = {"request": RequestPart, "response": ResponsePart}
+
+
+def _check_part(name: str, part: Any) -> None:
+    """TypeError naming what is wrong with a record's request or response part."""
+    try:
+        msgspec.convert(part, _PARTS[name])
+    except msgspec.ValidationError as exc:
+        raise TypeError(f"{exc} in {name}") from None
 
 
 class _Part(msgspec.Struct):
@@ -237,7 +255,7 @@ def request_body(text: str) -> str | None:
 
 
 class _HeadText(msgspec.Struct):
-    """What a head is read from in a stored record's JSON (stores without a heads table)."""
+    """What a head is read from in a record's JSON text (a writer given the text, not the head)."""
 
     id: int
     time: float
@@ -261,10 +279,9 @@ class _HeadText(msgspec.Struct):
 
 class Head(msgspec.Struct, gc=False, frozen=True):
     """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
-    status and identity. Kept beside the record in a store's heads table (`store_heads`), read from
-    the record's JSON where a store has none. The fields after `notes` are those an exchange shares
-    with others: its labels (with its session), then its route (with most of the store), which the
-    heads table stores once per distinct set."""
+    status and identity. Kept beside the record in a store's heads table (`store_heads`). The
+    fields after `notes` are those an exchange shares with others: its labels (with its session),
+    then its route (with most of the store), which the heads table stores once per distinct set."""
 
     id: int
     time: float
@@ -311,7 +328,7 @@ def parse(data: bytes) -> Exchange:
     for name in ("request", "response"):
         part = getattr(ex, name)
         if part is not None:
-            _check(part, _PART_TYPES[name], name + ".")
+            _check_part(name, part)
     return ex
 
 
@@ -363,19 +380,6 @@ def checked_head(record: bytes) -> tuple[Head, int] | None:
     return head, NOT_LISTED if checked is None else checked[1]
 
 
-def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: str) -> None:
-    if not isinstance(doc, dict):
-        raise TypeError(f"{where[:-1]} is a JSON {type(doc).__name__}, not an object")
-    for name, (allowed, required) in types.items():
-        if name not in doc:
-            if required:
-                raise TypeError(f"field {where}{name} is missing")
-            continue
-        value = doc[name]
-        if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-            raise TypeError(f"field {where}{name} is a {type(value).__name__}")
-
-
 # -- listing a record as stored ------------------------------------------------------------------
 # `nfproxy log --json` prints every record: parsing each into an Exchange and encoding it again
 # cost four times reading it. `listed` checks the stored text against the same types `parse`
@@ -383,9 +387,10 @@ def _check(doc: Any, types: Mapping[str, tuple[tuple[type, ...], bool]], where: 
 # objects and lists left unparsed, and passes it through with the fields it leaves implicit added.
 
 
-def _unparsed(types: tuple[type, ...]) -> Any:
+def _unparsed(types: tuple[Any, ...]) -> Any:
     """A union msgspec checks: JSON objects and lists as such, their contents unparsed."""
-    kinds = [dict[str, msgspec.Raw] if t is dict else list[msgspec.Raw] if t is list else t for t in types]
+    bare = [typing.get_origin(t) or t for t in types]
+    kinds = [dict[str, msgspec.Raw] if t is dict else list[msgspec.Raw] if t is list else t for t in bare]
     out: Any = kinds[0]
     for k in kinds[1:]:
         out = out | k
@@ -398,14 +403,17 @@ def _checker(name: str, fields: list[tuple[str, Any, bool]], **kw: Any) -> Any:
                                     for n, t, req in sorted(fields, key=lambda f: not f[2])], gc=False, **kw)
 
 
+def _alternatives(tp: Any) -> tuple[Any, ...]:
+    """The types a hint allows: each of a union's, else itself."""
+    return typing.get_args(tp) if isinstance(tp, types.UnionType) else (tp,)
+
+
 @functools.cache  # built on the first listing, not by every process that imports the record type
 def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
-    import dataclasses
-    import typing
-
     hints = typing.get_type_hints(Exchange)
-    parts = {name: _checker(f"_{name}_check", [(n, _unparsed(t), req) for n, (t, req) in kinds.items()])
-             for name, kinds in _PART_TYPES.items()}
+    parts = {name: _checker(f"_{name}_check", [(f.name, _unparsed(_alternatives(f.type)), f.required)
+                                               for f in msgspec.structs.fields(part)])
+             for name, part in _PARTS.items()}
     fields, defaults = [], {}
     for f in dataclasses.fields(Exchange):
         if f.name == "unknown":

@@ -442,8 +442,8 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
 
     def _decode_record(self, exchange_id: int, raw: bytes, value: Any = False, txn: Any = None) -> Exchange:
         """A stored record, or StoreError naming the store and the exchange: a record that does not
-        decode or does not have the record type's fields and types is never used (in a /5 store,
-        joined with its head `value`, read here unless given, in `txn` or a read of its own)."""
+        decode or does not have the record type's fields and types is never used (joined with its
+        head `value`, read here unless given, in `txn` or a read of its own)."""
         try:
             if txn is not None:
                 ex = exchange_record.parse(self._text_of(txn, _U64.pack(exchange_id), raw, value))
@@ -568,7 +568,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         """A copy of this store (a consistent snapshot, no reserved map) in an empty folder: a shard to ship."""
         with self._reading():
             # LMDB's compacting copy cannot walk tables of fixed-size duplicates (it crashes): a
-            # store with layout-2 lookups is copied page for page
+            # store with lookups is copied page for page
             self._env.copy(str(folder), compact=self._lookups is None or not self._has_rows(self._lookups))
 
     def refill_pages(self, progress: Any = lambda s: None, lookups: Any = None) -> tuple[int, int]:

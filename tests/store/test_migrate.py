@@ -18,6 +18,7 @@ import pytest
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from tests import loopback
 from tests.conftest import DATA, START_TIMEOUT, nfproxy_argv
+from tests.store.store_fixtures import fixture_copy
 
 # main's listing of the fixture, plus the record layout version its records leave implicit (1)
 EXPECTED = [{**json.loads(line), "version": 1} for line in (DATA / "v1_store.exchanges.jsonl").read_text().splitlines()]
@@ -120,8 +121,7 @@ def _b64(data: bytes | None) -> str:
 @pytest.mark.parametrize("name", FIXTURES)
 def test_every_fixture_migrates_to_what_mains_reader_read_from_it(tmp_path, name):
     want = golden(name)
-    store = tmp_path / "old.lmdb"
-    shutil.copytree(DATA / name, store, ignore=shutil.ignore_patterns("lock.mdb"))
+    store = fixture_copy(tmp_path, name)
     assert fmt(store) == want["format"]
     r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and f"from {want['format']} to {FORMAT}" in r.stdout, r.stderr
@@ -216,3 +216,35 @@ def test_a_record_with_unknown_keys_keeps_them_and_a_newer_layout_is_refused(tmp
     r = subprocess.run([*nfproxy_argv(), "log", "--json", "--store", str(store)], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode != 0 and "layout version 2" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _damaged_copy(tmp_path: Path, fixture: str, table: str, how) -> Path:
+    import lmdb
+
+    store = fixture_copy(tmp_path, fixture)
+    env = lmdb.open(str(store), max_dbs=32)
+    with env.begin(write=True) as txn:
+        db = env.open_db(table.encode(), txn=txn, create=False)
+        k, v = list(txn.cursor(db=db))[2]
+        txn.put(k, how(v), db=db)
+    env.close()
+    return store
+
+
+@pytest.mark.parametrize(("fixture", "table", "how", "said"), [
+    ("store-main-1704f55", "exchanges", lambda v: v[:-5] + b"xxxxx", "exchange 3 is damaged"),  # format 1
+    ("store-main-05ff371", "exchanges", lambda v: v[:10], "exchange 3 is damaged"),  # format 4
+    ("store-main-0497a29", "bodies", lambda v: v[:-3] + b"zzz", "is damaged (bodies)"),  # format 5
+    ("store-index-v1", "recorded", lambda v: b"{bad", "is damaged (JSONDecodeError"),  # index layout 1
+    ("store-main-0ba4151", "heads", lambda v: v[:-1] + b"\x00", "head of exchange 3 is damaged"),  # format 6
+    ("store-index-v2", "outcomes", lambda v: b"[1,2", "is damaged (JSONDecodeError"),
+], ids=["record-v1", "record-v4", "body-v5", "entry-layout1", "head-v6", "outcome-row"])
+def test_a_damaged_old_store_is_refused_by_one_line_naming_it_and_left_as_it_was(tmp_path, fixture, table, how, said):
+    store = _damaged_copy(tmp_path, fixture, table, how)
+    before = (store / "data.mdb").read_bytes()
+    r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True, timeout=120)
+    last = r.stderr.strip().splitlines()[-1]
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    assert last.startswith(f"Error: store {store}") and said in last and "from a copy" in last
+    assert [line for line in r.stderr.strip().splitlines() if not line.startswith("nfproxy: ")] == [last]  # progress
+    assert (store / "data.mdb").read_bytes() == before and not (tmp_path / ".old.lmdb.migrate").exists()

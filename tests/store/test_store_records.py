@@ -92,3 +92,22 @@ def test_records_are_stored_without_their_heads_fields_unless_no_head_can_hold_t
         else:
             assert not {"id", "time", "key", "session", "mode", "occurrence"} & doc.keys(), doc
             assert doc["request"]["url"] == "http://up/v1" and doc["seq"] == ids.index(i)
+
+
+_BASE = {"id": 1, "time": 1.0, "mode": "record", "session": "s", "key": "k" * 64, "occurrence": 0, "seq": 0,
+         "rules_id": "r", "request": {"method": "GET", "url": "http://up/", "headers": []}, "response": None}
+
+
+@pytest.mark.parametrize("wrong", [{"notes": [1]}, {"occurrence": True}, {"time": "now"},
+                                   {"request": {"method": "GET", "url": 5, "headers": []}},
+                                   {"response": {"status": "200", "headers": []}}])
+@pytest.mark.parametrize("extra", [{}, {"a_key_from_a_newer_version": 1}, {"note": "\ud800"}],
+                         ids=["typed", "unknown-key", "lone-surrogate"])
+def test_a_mistyped_record_is_refused_alike_whichever_way_it_is_read(wrong, extra):
+    """A record with keys this version does not know, or JSON only json reads, goes the slow way
+    (`Exchange.from_json`): it checks the same types as the typed decoder."""
+    good = json.dumps({**_BASE, **extra}).encode()
+    ex = exchange_record.parse(good)
+    assert ex.id == 1 and ex.unknown == extra
+    with pytest.raises(TypeError):
+        exchange_record.parse(json.dumps({**_BASE, **extra, **wrong}).encode())

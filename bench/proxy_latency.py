@@ -188,7 +188,7 @@ def main() -> None:
             targets["mitmdump --server-replay"], pids["mitmdump --server-replay"] = url, rep.pid
 
         for u in targets.values():
-            sequential(u, 20, first=10**6)  # warm-up
+            sequential(u, 20, first=10**6 if args.distinct else 0)  # warm-up (replay: recorded bodies)
         lat: dict[str, list[float]] = {k: [] for k in targets}
         round_p50: dict[str, list[float]] = {k: [] for k in targets}
         cpu: dict[str, float] = {k: 0.0 for k in pids}

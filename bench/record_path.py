@@ -5,6 +5,11 @@ another revision (`--baseline`, unpacked as bench/readers_scale.py does), each i
 on a fresh store, interleaved round by round so that both see the same load.
 
     python bench/record_path.py --baseline main --exchanges 3000 --rounds 5 [--json out.json]
+    python bench/record_path.py --baseline main --exchanges 3000 --rounds 5 --traffic latency
+
+`--traffic latency`: bench/proxy_latency.py's traffic instead of 50 sessions of new bodies: one
+session, the same 300 bodies sent again and again, an httpx client's headers with the cookie the
+fake upstream sets (and sets again in every answer), its answers ("answer number N").
 
 What this measures is the CPU the head adds to the record path (this - baseline, per exchange),
 next to the cost of writing the head from the record's text (the way import and compact do).
@@ -67,6 +72,54 @@ with tempfile.TemporaryDirectory() as d, Store.open(Path(d) / "s.lmdb", write=Tr
     print(json.dumps({"begin_us": begin / n * 1e6, "finish_us": finish / n * 1e6, "after_us": after / n * 1e6}))
 '''
 
+LATENCY_TRAFFIC = r'''
+import json, sys, tempfile, time
+from pathlib import Path
+from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.labels import Labels
+from noisefloor.proxy.record.recorder import Recorder
+from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.request.traffic import RequestData, ResponseData
+
+n = int(sys.argv[1])
+def request(i):
+    b = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"task {i % 300} " + "x" * 400}],
+                    "temperature": 0.7}).encode()
+    return RequestData("POST", "http://127.0.0.1:9/v1/chat/completions", "127.0.0.1", "/v1/chat/completions",
+                       (("host", "127.0.0.1:9"), ("accept", "*/*"), ("accept-encoding", "gzip, deflate"),
+                        ("connection", "keep-alive"), ("user-agent", "python-httpx/0.27.0"),
+                        ("content-type", "application/json"), ("content-length", str(len(b))),
+                        ("cookie", "upstream-session=cookie-secret")), b, arrived=1.7e9 + i)
+def response(i):
+    b = json.dumps({"id": f"chatcmpl-{i}", "object": "chat.completion", "created": 1700000000 + i,
+                    "model": "gpt-4o-mini-2024-07-18", "system_fingerprint": f"fp_{i % 3}",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": f"answer number {i}"},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 10 + i, "completion_tokens": i, "total_tokens": 10 + 2 * i}}).encode()
+    return ResponseData(200, (("content-type", "application/json"), ("set-cookie", "upstream-session=cookie-secret"),
+                              ("content-length", str(len(b))), ("date", "Thu, 03 Dec 2026 19:00:00 GMT"),
+                              ("server", "Python/3.11 aiohttp/3.9")), b)
+with tempfile.TemporaryDirectory() as d, Store.open(Path(d) / "s.lmdb", write=True, create=True) as s:
+    rec = Recorder(s, Rules())
+    work = [(request(i), response(i)) for i in range(n + 300)]
+    for req, resp in work[:300]:  # warm: dictionaries trained, each body seen once
+        rec.finish(rec.begin(req, Labels("default")), resp, defer_tracking=True)
+        rec.track_answers()
+    begin = finish = after = 0.0
+    for req, resp in work[300:]:
+        t0 = time.process_time()
+        p = rec.begin(req, Labels("default"))
+        t1 = time.process_time()
+        rec.finish(p, resp, defer_tracking=True)
+        t2 = time.process_time()
+        rec.track_answers()
+        t3 = time.process_time()
+        begin += t1 - t0
+        finish += t2 - t1
+        after += t3 - t2
+    print(json.dumps({"begin_us": begin / n * 1e6, "finish_us": finish / n * 1e6, "after_us": after / n * 1e6}))
+'''
+
 HEAD_COST = r'''
 import json, sys, time
 from noisefloor.proxy.store import exchange as exchange_record
@@ -113,13 +166,15 @@ def main() -> None:
     ap.add_argument("--exchanges", type=int, default=3000)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--traffic", choices=("sessions", "latency"), default="sessions")
     args = ap.parse_args()
+    worker = LATENCY_TRAFFIC if args.traffic == "latency" else WORKER
     with tempfile.TemporaryDirectory() as tmp:
         base = str(unpack(args.baseline, Path(tmp) / "base"))
         runs: dict[str, list[dict[str, float]]] = {"baseline": [], "this": []}
         for r in range(args.rounds):
             for name, path in (("baseline", base), ("this", None)) if r % 2 == 0 else (("this", None), ("baseline", base)):
-                runs[name].append(run(WORKER, path, str(args.exchanges)))
+                runs[name].append(run(worker, path, str(args.exchanges)))
                 print(name, runs[name][-1], flush=True)
     doc: dict[str, object] = {k: {m: statistics.median(x[m] for x in v) for m in v[0]} for k, v in runs.items()}
     doc["added_finish_us"] = doc["this"]["finish_us"] - doc["baseline"]["finish_us"]  # type: ignore[index]

@@ -48,6 +48,12 @@ def register(provider: Provider) -> None:
     terminal_events.cache_clear()
 
 
+def generation() -> tuple[int, int]:
+    """The registry as it stands: changes when a provider is registered, or the list is swapped
+    (keying, which the provider decides, is remembered under it)."""
+    return id(_ORDER), len(_ORDER)
+
+
 def _load_entry_points() -> None:
     for ep in entry_points(group=ENTRY_POINTS):
         try:

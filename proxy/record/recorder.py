@@ -7,7 +7,7 @@ import itertools
 import json
 import struct
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +20,7 @@ from noisefloor.proxy.providers import Provider
 from noisefloor.proxy.record.answered_rows import Answered
 from noisefloor.proxy.request import secrets
 from noisefloor.proxy.request.dependencies import Tracker, body_text
-from noisefloor.proxy.request.keys import Rules
+from noisefloor.proxy.request.keys import CanonicalRequest, Rules
 from noisefloor.proxy.request.labels import Labels
 from noisefloor.proxy.request.traffic import Counters, Prepared, RequestData, ResponseData, prepare
 from noisefloor.proxy.store import exchange as exchange_record
@@ -168,6 +168,9 @@ class Recorder:
         self._untracked: deque[tuple[Any, ...]] = deque()  # answers written, their marks left for `track_answers`
         # answers released before their full write: (row, pending, its answered, the response)
         self._unwritten: deque[tuple[int, Pending, Answered, ResponseData | None]] = deque()
+        # the sketches of recent requests by (key, stored body's digest): a request asked again
+        # (a rerun's replicates, a retry) has the same canonical form, parsed from the same bytes
+        self._sketches: OrderedDict[tuple[str, str], Any] = OrderedDict()
         # told, one line each, of an exchange written after its release that could not be (its row stays)
         self.on_unwritten: Callable[[str], None] = lambda line: None
         # told, one line each, of an answer over the store's body limit (recorded as an error, its body not kept)
@@ -268,13 +271,29 @@ class Recorder:
     def _write(self, pending: Pending, answered: Answered, response: ResponseData | None,
                row: int | None = None) -> int:
         c = pending.prepared.canonical
-        near = replay_index.sketch(c, answered.route) if c.body_kind == "json" else None
+        near = self._sketch(c, answered) if c.body_kind == "json" else None
         exchange_id, doc = self.writer.write(answered, response, near, pending.provider, row)
         if (response is not None and 200 <= response.status < 300 and pending.provider is not None
                 and answered.error is None):
             self._untracked.append((answered.session, answered.seq, pending.provider, response.decoded_body,
                                     response.header("content-type"), doc))
         return exchange_id
+
+    def _sketch(self, c: CanonicalRequest, answered: Answered) -> Any:
+        """The request's sketch: a pure function of its canonical form (which its key hashes) and of
+        the order its body's bytes (which the digest hashes) give the parsed body's fields."""
+        seen = (answered.key, answered.request_digest)
+        near = self._sketches.get(seen)
+        if near is None:
+            near = self._sketches[seen] = replay_index.sketch(c, answered.route)
+            if len(self._sketches) > _SKETCHES:
+                self._sketches.popitem(last=False)
+        else:
+            self._sketches.move_to_end(seen)
+        return near
+
+
+_SKETCHES = 4096  # sketches remembered (each well under a kilobyte)
 
 
 def over_limit(size: int, limit: int) -> str:

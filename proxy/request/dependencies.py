@@ -27,11 +27,88 @@ _MARKS = 8192  # marks kept per session
 _SESSIONS = 4096  # sessions tracked at once (the oldest forgotten first)
 
 
+_GRAM = 8  # the texts' index: every text of MIN_TEXT or more holds one of a body's aligned grams
+# (MIN_TEXT must stay at least 2 * _GRAM - 1: see _Texts)
+
+
+class _Texts:
+    """A session's last `_TEXTS` answer texts (each stripped, with its form inside a JSON string
+    where that differs), indexed so that finding which of them a request body quotes costs in
+    proportion to the body, not to the body times the texts.
+
+    An occurrence of a text of n >= 2 * _GRAM - 1 characters at position p of a body holds the
+    body's _GRAM characters at the first multiple of _GRAM from p, which are the text's own
+    characters at an offset below _GRAM. Each text is filed under its grams at those offsets;
+    a body's grams at multiples of _GRAM pick the candidates, and a plain search confirms them."""
+
+    def __init__(self) -> None:
+        self._order: deque[tuple[int, ...]] = deque()  # each text's entries (its forms), oldest first
+        self._entries: dict[int, tuple[str, int]] = {}  # entry number -> (a text's form, its answer's seq)
+        # gram -> the entry holding it, or a set of those where several do (a plain int, most
+        # often: the collector has no container to walk for it)
+        self._by_gram: dict[str, int | set[int]] = {}
+        self._next = 0
+
+    def add(self, text: str, escaped: str | None, seq: int) -> None:
+        numbers = []
+        by_gram = self._by_gram
+        for form in (text,) if escaped is None else (text, escaped):
+            n = self._next
+            self._next += 1
+            self._entries[n] = (form, seq)
+            for gram in _grams(form):
+                held = by_gram.get(gram)
+                if held is None:
+                    by_gram[gram] = n
+                elif type(held) is int:
+                    by_gram[gram] = {held, n}
+                else:
+                    held.add(n)
+            numbers.append(n)
+        self._order.append(tuple(numbers))
+        if len(self._order) > _TEXTS:
+            for n in self._order.popleft():
+                form, _ = self._entries.pop(n)
+                for gram in _grams(form):
+                    held = by_gram[gram]
+                    if type(held) is int:
+                        del by_gram[gram]
+                    else:
+                        held.discard(n)
+                        if len(held) == 1:
+                            by_gram[gram] = held.pop()
+
+    def quoted(self, body: str, skip: set[int]) -> set[int]:
+        """Seqs (not in `skip`) of the texts `body` holds, in either form."""
+        by_gram, entries = self._by_gram, self._entries
+        candidates: set[int] = set()
+        for i in range(0, len(body) - _GRAM + 1, _GRAM):
+            got = by_gram.get(body[i:i + _GRAM])
+            if got is None:
+                continue
+            if type(got) is int:
+                candidates.add(got)
+            else:
+                candidates.update(got)
+        found: set[int] = set()
+        for n in candidates:
+            form, seq = entries[n]
+            if form in body and seq not in skip:
+                found.add(seq)
+        return found
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+
+def _grams(form: str) -> set[str]:
+    return {form[i:i + _GRAM] for i in range(_GRAM)}
+
+
 @dataclass
 class _Answers:
     marks: dict[str, int] = field(default_factory=dict)  # mark -> seq of the latest answer with it
-    # (text stripped, its form inside a JSON string where that differs, else None, seq of its answer)
-    texts: deque[tuple[str, str | None, int]] = field(default_factory=lambda: deque(maxlen=_TEXTS))
+    texts: _Texts = field(default_factory=_Texts)
 
 
 class Tracker:
@@ -47,9 +124,8 @@ class Tracker:
         if answers is None:
             return ()
         found = {answers.marks[m] for m in providers.carried(provider, doc) if m in answers.marks} if doc else set()
-        if body_text:  # quoted as text (a transcript kept in messages), in any provider's request
-            found |= {seq for text, escaped, seq in answers.texts
-                      if seq not in found and (text in body_text or (escaped is not None and escaped in body_text))}
+        if body_text and answers.texts:  # quoted as text (a transcript kept in messages), in any provider's request
+            found |= answers.texts.quoted(body_text, found)
         return tuple(sorted(found))
 
     def answered(self, session: str, seq: int, provider: Provider, body: bytes, content_type: str | None,
@@ -69,7 +145,9 @@ class Tracker:
         if len(answers.marks) > _MARKS:
             for m in list(answers.marks)[: len(answers.marks) - _MARKS]:
                 del answers.marks[m]
-        answers.texts.extend((t, _escaped(t), seq) for t in (x.strip() for x in got.texts) if len(t) >= MIN_TEXT)
+        for t in (x.strip() for x in got.texts):
+            if len(t) >= MIN_TEXT:
+                answers.texts.add(t, _escaped(t), seq)
 
 
 def _escaped(text: str) -> str | None:

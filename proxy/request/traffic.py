@@ -10,10 +10,11 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from noisefloor.proxy import providers
 from noisefloor.proxy.request import _stored_copy as stored_copy
 from noisefloor.proxy.request import headers as headers_mod
 from noisefloor.proxy.request import secrets
@@ -54,7 +55,11 @@ class RequestData:
             body, note = self.decoded, None
         else:
             body, note = decode_body(self.raw_body, self.header("content-encoding"))
-        canon = canonicalize(self.method, self.host, self.path, self.headers, body, rules)
+        args = (self.method, self.host, self.path, self.headers, body, rules)
+        try:
+            canon = _canonical(*args, providers.generation()) if len(body) <= _REMEMBERED_BODY else canonicalize(*args)
+        except TypeError:  # headers given as lists: not a cache key
+            canon = canonicalize(*args)
         return replace(canon, notes=canon.notes + (note,)) if note else canon
 
     @cached_property
@@ -88,6 +93,18 @@ class RequestData:
             "body": self.stored_digest if self.raw_body else None,
             "body_size": len(self.raw_body),
         }
+
+
+_REMEMBERED_BODY = 32 << 10  # larger bodies are keyed afresh (the cache holds them as its keys)
+
+
+@lru_cache(maxsize=512)
+def _canonical(method: str, host: str, path: str, headers: tuple[tuple[str, str], ...], body: bytes, rules: Rules,
+               generation: tuple[int, int]) -> CanonicalRequest:
+    """A request asked again (a rerun's replicates, a retry) is keyed from its remembered canonical
+    form: `canonicalize` is a pure function of these arguments and of the registered providers
+    (`generation`), and what it returns is only read."""
+    return canonicalize(method, host, path, headers, body, rules)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,47 @@ def test_key_ignores_json_layout_and_secrets_but_not_content():
     assert key(req(json.dumps(BODY).encode(), host="api.openai.com:443")) == base
 
 
+def test_a_request_asked_again_is_keyed_as_a_first_one_under_its_own_rules_and_headers():
+    """Canonical forms are remembered per request (method, host, path, headers, body, rules): one
+    asked again, under other rules, with another keyed header, or with other bytes of the same
+    JSON, gets what keying it afresh gives; a body over the remembered size is keyed afresh."""
+    from noisefloor.proxy.request import traffic
+    from noisefloor.proxy.request.keys import canonicalize
+
+    traffic._canonical.cache_clear()
+    body = json.dumps(BODY).encode()
+    cases = [(req(body), Rules()), (req(body), Rules(ignore_fields=("/metadata",))),
+             (req(body, headers=(("anthropic-version", "2023-06-01"),)), Rules()),
+             (req(json.dumps(BODY, indent=2).encode()), Rules()), (req(body, host="api.anthropic.com"), Rules()),
+             (req(b"x" * (traffic._REMEMBERED_BODY + 1)), Rules())]
+    for _ in range(2):
+        for r, rules in cases:
+            got = r.canonical(rules)
+            fresh = canonicalize(r.method, r.host, r.path, r.headers, r.raw_body, rules)
+            assert (got.key, got.text, got.notes) == (fresh.key, fresh.text, fresh.notes)
+    info = traffic._canonical.cache_info()
+    assert (info.hits, info.misses) == (5, 5)  # the large body went around the cache both times
+    assert len({r.canonical(rules).key for r, rules in cases[:3]}) == 3
+
+
+def test_a_provider_registered_later_decides_the_key_of_a_request_asked_before(monkeypatch):
+    """A request keyed before a provider that claims its route was registered is keyed by that
+    provider once it is (its ignored fields dropped), not from the form remembered before."""
+    from noisefloor.proxy import providers
+    from noisefloor.proxy.providers.base import Provider
+
+    monkeypatch.setattr(providers, "_ORDER", list(providers._ORDER))
+    monkeypatch.setattr(providers, "PROVIDERS", dict(providers.PROVIDERS))
+    r = req(json.dumps(BODY).encode(), path="/claimed/v1/run", host="claimed.example")
+    before = r.canonical(Rules())
+    assert r.canonical(Rules()) is before  # remembered
+    claims = Provider(name="claims", matches=lambda host, route: host == "claimed.example",
+                      ignore_fields=("/metadata",))
+    providers.register(claims)
+    after = r.canonical(Rules())
+    assert "metadata" in before.text and "metadata" not in after.text
+
+
 @pytest.mark.parametrize(
     "encoding,compress",
     [

@@ -355,6 +355,42 @@ def test_quoted_forms_of_a_tool_call():
     assert forms == ["call_1", '{"a": [1, 2]}', '{"a":[1,2]}', '{"a": [1, 2]}', "{'a': [1, 2]}"]
     assert quoted_forms(None, "not json") == ["not json"] and quoted_forms(None, {}) == []
 
+def test_answer_texts_quoted_in_a_body_are_found_as_a_plain_search_finds_them():
+    """The generic rule's search (a gram index over a session's last answers) finds exactly what a
+    plain search of each text and its JSON-string form finds: texts at every offset of a body,
+    at its ends, of the shortest length kept, with quotes, newlines and non-ASCII, after older
+    answers were forgotten, and among texts that share most of their characters."""
+    import random
+
+    from noisefloor.proxy.request.dependencies import _TEXTS, MIN_TEXT, Tracker
+
+    rng = random.Random(46)
+    alphabet = "ab \"\n\\é漢"
+    provider = providers.PROVIDERS["openai"]
+    tracker, kept = Tracker(), []
+    for seq in range(_TEXTS + 60):  # the oldest 60 are forgotten
+        text = (f"answer number {seq} " if seq % 3 == 0 else "") + "".join(
+            rng.choice(alphabet) for _ in range(rng.randrange(MIN_TEXT - 2, 40)))
+        tracker.answered("S", seq, provider, json.dumps({"choices": [{"message": {"content": text}}]}).encode(),
+                         "application/json")
+        if len(text.strip()) >= MIN_TEXT:
+            kept.append((text.strip(), seq))
+    kept = kept[-_TEXTS:]
+    checked = 0
+    for trial in range(300):
+        quoted = rng.sample(kept, rng.randrange(0, 4))
+        parts = [("".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12))))]
+        for text, _ in quoted:
+            parts += [text if rng.random() < 0.5 else json.dumps(text, ensure_ascii=False)[1:-1],
+                      "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 12)))]
+        body = "".join(parts)
+        want = tuple(sorted({seq for text, seq in kept
+                             if text in body or json.dumps(text, ensure_ascii=False)[1:-1] in body}))
+        assert tracker.deps("S", provider, None, body) == want, (trial, body)
+        checked += bool(want)
+    assert checked > 200  # most bodies quote something
+
+
 USAGE_SHAPES = {  # one answer as each API writes it, 3 tokens in and 4 out
     "openai": {"model": "gpt-x", "usage": {"prompt_tokens": 3, "completion_tokens": 4},
                "choices": [{"finish_reason": "stop"}]},

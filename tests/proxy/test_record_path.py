@@ -203,3 +203,39 @@ def test_bands_hashed_from_the_buckets_state_are_the_one_shot_hashes():
         buck, sig = rng.randbytes(8), rng.randbytes(128)
         assert replay_index.bands(buck, sig) == tuple(
             hashlib.blake2b(buck + bytes([i]) + sig[8 * i:8 * i + 8], digest_size=8).digest() for i in range(16))
+
+
+def test_a_request_asked_again_is_stored_with_the_sketch_computed_afresh(tmp_path, monkeypatch):
+    """The recorder remembers recent requests' sketches by key and stored body: requests asked
+    again (the same bytes, and the same fields in another order, which the key does not tell
+    apart) leave every table as computing each sketch afresh does, and the remembered ones were
+    used."""
+    from noisefloor.proxy.record import recorder as recorder_mod
+
+    def variants(i: int) -> RequestData:
+        # more leaves than a sketch takes (the first 2048, in the body's order)
+        doc = {"a": list(range(1500)), "model": "m", "messages": [{"role": "user", "content": f"question {i % 5}"}],
+               "temperature": 0.5, "z": list(range(1500, 3000))}
+        if i % 3 == 0:  # the same canonical form (and key), its fields in another order: another sketch
+            doc = dict(reversed(list(doc.items())))
+        return replace(_chat(""), raw_body=json.dumps(doc).encode(), arrived=500.0 + i)
+
+    computed: list[int] = []
+    sketch = replay_index.sketch
+    monkeypatch.setattr(replay_index, "sketch", lambda c, route: computed.append(1) or sketch(c, route))
+
+    def record(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
+        with Store.open(path, write=True, create=True) as s:
+            rec = Recorder(s, Rules())
+            for i in range(40):
+                p = rec.begin(variants(i), Labels(f"s{i % 2}"))
+                rec.finish(p, _answer(f"q{i}"), defer_tracking=True, end=1000.0 + i)
+                rec.track_answers()
+        with Store.open(path, write=False) as s, s._env.begin() as txn:
+            return {t: list(txn.cursor(db=getattr(s, f"_{t}"))) for t in ("exchanges", "heads", "lookups", "recorded")}
+
+    remembered = record(tmp_path / "remembered.lmdb")
+    assert len(computed) == 10  # 5 questions x 2 byte orders
+    monkeypatch.setattr(recorder_mod, "_SKETCHES", 0)
+    computed.clear()
+    assert record(tmp_path / "afresh.lmdb") == remembered and len(computed) == 40

@@ -118,7 +118,7 @@ def _streamed_answers() -> None:
     if getattr(plain, "nf_streamed", False):
         return
     if not hasattr(events.Wakeup, "reply"):  # the layer resumes a paused generator with `event.reply`
-        events.Wakeup.reply = None  # type: ignore[attr-defined]
+        setattr(events.Wakeup, "reply", None)  # noqa: B010 - a class attribute mitmproxy 11 lacks
 
     def send_response(self: Any, already_streamed: bool = False) -> Any:
         planned = None if already_streamed else self.flow.metadata.pop(_STREAMED, None)
@@ -146,7 +146,7 @@ def _streamed_answers() -> None:
         return (yield from plain(self, already_streamed=True))
 
     send_response.nf_streamed = True  # type: ignore[attr-defined]
-    HttpStream.send_response = send_response
+    setattr(HttpStream, "send_response", send_response)  # noqa: B010 - the layer's method, replaced once
 
 
 def _client_socket(client: Any) -> Any:
@@ -354,6 +354,13 @@ def _params(dotted: str, want: tuple[str, ...]) -> Callable[[], None]:
     return check
 
 
+def _all(*checks: Callable[[], None]) -> Callable[[], None]:
+    def check() -> None:
+        for c in checks:
+            c()
+    return check
+
+
 def _exists(*dotted: str) -> Callable[[], None]:
     def check() -> None:
         for d in dotted:
@@ -424,12 +431,12 @@ INTERNALS: dict[str, Callable[[], None]] = {
         "mitmproxy.proxy.layers.http.HttpStream.send_response", ("already_streamed",)),
     "mitmproxy.proxy.layers.http.ResponseHeaders(stream_id, response, end_stream)": _fields(
         "mitmproxy.proxy.layers.http.ResponseHeaders", ("stream_id", "response", "end_stream")),
-    "mitmproxy.proxy.layers.http.ResponseData(stream_id, data), SendHttp(event, connection)": lambda: (
-        _fields("mitmproxy.proxy.layers.http.ResponseData", ("stream_id", "data"))(),
-        _fields("mitmproxy.proxy.layers.http.SendHttp", ("event", "connection"))()),
-    "mitmproxy.proxy.commands.RequestWakeup(delay), events.Wakeup(command) (a paced stream's pause)": lambda: (
-        _params("mitmproxy.proxy.commands.RequestWakeup.__init__", ("delay",))(),
-        _fields("mitmproxy.proxy.events.Wakeup", ("command",))()),
+    "mitmproxy.proxy.layers.http.ResponseData(stream_id, data), SendHttp(event, connection)": _all(
+        _fields("mitmproxy.proxy.layers.http.ResponseData", ("stream_id", "data")),
+        _fields("mitmproxy.proxy.layers.http.SendHttp", ("event", "connection"))),
+    "mitmproxy.proxy.commands.RequestWakeup(delay), events.Wakeup(command) (a paced stream's pause)": _all(
+        _params("mitmproxy.proxy.commands.RequestWakeup.__init__", ("delay",)),
+        _fields("mitmproxy.proxy.events.Wakeup", ("command",))),
     "mitmproxy.addons.proxyserver.Proxyserver.connections, by the client's id (a streamed answer's socket)":
         _connections_by_client_id,
     "mitmproxy.certs.CertStore.from_store(path, basename, key_size)": _params(

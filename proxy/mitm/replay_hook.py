@@ -67,8 +67,9 @@ class Replay:
             self._untimed_said = True
             log.warning("nfproxy: a stream recorded without --record-timing is replayed at once (%s)", where(flow))
         chunks, due_s = stream_pieces(resp.raw_body, resp.layout, self.timed and resp.timed)
-        mitm.stream_answer(flow, mitm.build_response(resp.status, resp.wire_headers, b""), chunks, due_s)
-        flow.response.headers[held[0]] = held[1]
+        head = mitm.build_response(resp.status, resp.wire_headers, b"")
+        mitm.stream_answer(flow, head, chunks, due_s)
+        head.headers[held[0]] = held[1]
 
     def _announce(self) -> None:
         old, self._asked = self._asked, asyncio.Event()

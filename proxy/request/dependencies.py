@@ -60,7 +60,7 @@ class _Texts:
                 held = by_gram.get(gram)
                 if held is None:
                     by_gram[gram] = n
-                elif type(held) is int:
+                elif isinstance(held, int):
                     by_gram[gram] = {held, n}
                 else:
                     held.add(n)
@@ -71,7 +71,7 @@ class _Texts:
                 form, _ = self._entries.pop(n)
                 for gram in _grams(form):
                     held = by_gram[gram]
-                    if type(held) is int:
+                    if isinstance(held, int):
                         del by_gram[gram]
                     else:
                         held.discard(n)
@@ -86,7 +86,7 @@ class _Texts:
             got = by_gram.get(body[i:i + _GRAM])
             if got is None:
                 continue
-            if type(got) is int:
+            if isinstance(got, int):
                 candidates.add(got)
             else:
                 candidates.update(got)

@@ -160,7 +160,7 @@ class Incoming:
     ended: float | None = None
     latency_ms: float | None = None
     labels: dict[str, str] = field(default_factory=dict)
-    layout: tuple[tuple[float, int], ...] | None = None
+    layout: tuple[tuple[float | None, int], ...] | None = None
     partial: bool = False
     error: str | None = None
 

@@ -15,6 +15,11 @@ converted by one step over the old store's tables as written, into a new environ
 The new environment is then a store of today's format, which `compact.rewrite` (today's code
 only) re-encodes with dictionaries trained on it; its data file replaces the old one in one
 rename. Killed at any point, the store is as it was, and running it again starts over.
+
+Every byte of the old store may have been written by an adversary: each value is read within
+today's bounds, a dictionary must hash to its key, meta must name a layout and rules nfproxy
+wrote, and the converted index must name each recorded exchange as its record does; anything
+else is one line naming the store and the fix, with the store and its folder as they were.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import _records as store_records
@@ -48,6 +54,10 @@ OLDER = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor
 _JOINED = ("noisefloor-log/5", "noisefloor-log/6")  # records already stored as today's, with their heads
 _UNTAGGED = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic: format 1's values had no tag in front
 _BATCH = 5000
+_UNCHANGED = "nothing was changed"
+_LAYOUTS = (1, 2, 3)  # the replay index layouts formats 1-6 were written with (or none: no meta)
+# what reading a damaged old store raises (a value nested past the parser's depth: RecursionError)
+_BAD = (*DAMAGE, RecursionError)
 _U64 = struct.Struct(">Q")
 
 
@@ -79,19 +89,29 @@ def migrate(path: Path, progress: Callable[[str], None] = lambda s: None) -> com
     if fmt not in OLDER:
         raise StoreError(refusal(path, fmt) or f"{path} is not an nfproxy store; point --store at one made by nfproxy")
     before = (path / "data.mdb").stat().st_size
-    work = path.parent / f".{path.name}.migrate"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    real = path.resolve()  # the work folder beside the store's real folder: its data file moves in by a rename
+    work = real.parent / f".{real.name}.migrate"
+    left = (work, work.parent / f".{work.name}.rewrite", work.parent / f".{work.name}.compact")  # and compact's
     try:
+        _clear(work)
+        work.mkdir()
         with _record_lock(path):
             _convert(path, work, fmt, progress)
-        try:
-            done = compact.rewrite(work, progress)
-        except StoreError as exc:  # found by today's reader in the converted copy: the old store's damage
-            raise StoreError(f"{str(exc).replace(str(work), str(path))}; nothing was changed") from None
+            _check_index(work)
+        done = compact.rewrite(work, progress)
         compact.swap_in(work, path)
+    except StoreError as exc:  # found in the converted copy (by today's reader too): the old store's damage
+        said = str(exc).replace(str(work), str(path))
+        raise StoreError(said if said.endswith(_UNCHANGED) else f"{said}; {_UNCHANGED}") from None
+    except _BAD as exc:  # the converted copy's index, read back
+        raise StoreError(f"store {path} is damaged ({exc.__class__.__name__}: {exc}); restore it from a copy; "
+                         f"{_UNCHANGED}") from None
+    except OSError as exc:
+        raise StoreError(f"cannot migrate store {path}: {exc.strerror or exc.__class__.__name__} "
+                         f"({exc.filename}); fix that and run migrate again; {_UNCHANGED}") from None
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        for p in left:
+            _clear(p)
     return replace(done, before_bytes=before, after_bytes=(path / "data.mdb").stat().st_size, from_format=fmt)
 
 
@@ -101,7 +121,7 @@ def _format(path: Path) -> Any:
         with env.begin(db=env.open_db(b"meta", create=False)) as txn:
             raw = txn.get(b"format")
         return None if raw is None else json.loads(raw)
-    except (lmdb.Error, ValueError) as exc:
+    except (lmdb.Error, ValueError, RecursionError) as exc:
         raise StoreError(f"{path} is an LMDB environment but not an nfproxy store ({exc})") from None
     finally:
         env.close()
@@ -126,7 +146,7 @@ def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None]) 
         _converted(old, path, work, fmt, progress)
     except StoreError:
         raise
-    except DAMAGE as exc:
+    except _BAD as exc:
         raise StoreError(f"store {path} is damaged ({exc.__class__.__name__}: {exc}); restore it from a copy; "
                          "nothing was changed") from None
     finally:
@@ -136,8 +156,15 @@ def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None]) 
 def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress: Callable[[str], None]) -> None:
     names = _tables(old)
     dicts = dict(_rows(old, names.get(b"dicts")))
-    decoder = codec.Codec(dicts.get)
+    decoder = codec.Codec(lambda key: _dictionary(dicts, key))
     meta = {k.decode(): json.loads(v) for k, v in _rows(old, names.get(b"meta"))}
+    layout = meta.get("replay_index")
+    if layout is not None and (type(layout) is not int or layout not in _LAYOUTS):
+        raise StoreError(f"store {path} marks its replay index with a layout no nfproxy wrote (meta replay_index); "
+                         f"restore it from a copy; {_UNCHANGED}")
+    if "rules" in meta and Rules.described(meta["rules"]) is None:  # replay keys requests by them
+        raise StoreError(f"store {path}: its normalization rules (meta rules) are not a rule set nfproxy wrote; "
+                         f"restore it from a copy; {_UNCHANGED}")
     new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
     try:
         dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
@@ -153,7 +180,6 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
             _put_records(new, dbs, _rows(old, names.get(b"exchanges")), decoder, path)
         progress("records converted")
         _put(new, dbs["outcomes"], _outcomes(_rows(old, names.get(b"outcomes")), path))
-        layout = meta.get("replay_index")
         if layout == 3:  # layout 4's but for the sketch's width
             _put(new, dbs["recorded"], ((k, _entry3_as_4(v)) for k, v in _rows(old, names.get(b"recorded"))))
             _put(new, dbs["index_routes"], _rows(old, names.get(b"index_routes")))
@@ -169,6 +195,42 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
         with Store.open(work, write=True, max_body=DEFAULT_MAX_BODY) as store:
             store.put_entries(_completed(store, entries))
         progress("replay index rebuilt")
+
+
+def _clear(p: Path) -> None:
+    """Nothing at `p`: a folder removed, a file or a link (never what it points to) unlinked."""
+    if p.is_symlink() or p.is_file():
+        p.unlink()
+    else:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _dictionary(dicts: dict[bytes, bytes], key: bytes) -> bytes | None:
+    """An old store's dictionary, refused where its bytes are not the ones its key names (values
+    decompressed with another dictionary would not be what was recorded)."""
+    data = dicts.get(key)
+    if data is not None and codec.dict_key(data) != key:
+        raise ValueError(f"compression dictionary {key.hex()} does not match its hash")
+    return data
+
+
+def _check_index(work: Path) -> None:
+    """The converted replay index names each recorded exchange once, as its record does (its
+    request key, session, occurrence and seq), and its answers carried (`deps`) are seqs of its
+    session's recorded exchanges: an old index naming anything else is damage, refused by name."""
+    with Store.open(work, write=False) as store:
+        recorded = {ex.id: (ex.key, ex.session, ex.occurrence, ex.seq) for ex in store.exchanges() if ex.mode == "record"}
+        entries = list(store.recorded_entries())
+        if sorted(e.id for e in entries) != sorted(recorded):
+            raise StoreError(f"store {work}: its replay index does not name each recorded exchange once; restore it "
+                             "from a copy")
+        seqs: dict[str, set[int]] = {}
+        for e in entries:
+            seqs.setdefault(e.session, set()).add(e.seq)
+        for e in entries:
+            if recorded[e.id] != (e.key, e.session, e.occurrence, e.seq) or not seqs[e.session].issuperset(e.deps):
+                raise StoreError(f"store {work}: the replay index entry of exchange {e.id} does not match its "
+                                 "record; restore it from a copy")
 
 
 def _tables(env: lmdb.Environment) -> dict[bytes, Any]:
@@ -208,7 +270,7 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
                     text = decoder.decode(_tagged(raw), DEFAULT_MAX_BODY)
                     exchange_record.parse(text)
                     checked = exchange_record.checked_head(text)
-                except (TypeError, ValueError, *DAMAGE) as exc:
+                except _BAD as exc:
                     raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: "
                                      f"{exc}); restore it from a copy; nothing was changed") from None
                 stored, r = store_records.encoded(decoder, None, text, checked)
@@ -277,7 +339,6 @@ def _completed(store: Store, entries: list[tuple[RecordedEntry, bool]]) -> Itera
         yield from (e for e, _ in entries)
         return
     from noisefloor.proxy.request.dependencies import recompute
-    from noisefloor.proxy.request.keys import Rules
     from noisefloor.proxy.store.merge.shard import stored_request_near
 
     rules = Rules.described(store.meta("rules"))

@@ -41,7 +41,8 @@ def refusal(path: Path, fmt: object) -> str | None:
         return None
     number = fmt.removeprefix(_PREFIX) if isinstance(fmt, str) and fmt.startswith(_PREFIX) else ""
     if not (number.isascii() and number.isdigit() and len(number) < 5):
-        return f"{path} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy"
+        # the mark itself is not echoed: a planted one may be anything (a secret, a megabyte)
+        return f"{path} is not an nfproxy store (its format mark is none nfproxy writes); point --store at one made by nfproxy"
     if int(number) > int(FORMAT.removeprefix(_PREFIX)):
         return f"{path} is a store of format {fmt}, newer than this nfproxy reads ({FORMAT}); upgrade noisefloor"
     return f"{path} is a store of format {fmt}, older than {FORMAT}; run `nfproxy migrate {path}` first"

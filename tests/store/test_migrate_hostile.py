@@ -182,6 +182,12 @@ def test_a_damaged_sketch_leaves_no_folder_of_compacts_behind(tmp_path):
     refused(old_copy(tmp_path, "store-index-v1", edit), "a replay-index sketch of 129 bytes")
 
 
+def test_a_planted_format_mark_is_not_echoed(tmp_path):
+    line = refused(old_copy(tmp_path, "store-main-1704f55", _meta(b"format", json.dumps(SECRET).encode())),
+                   "is not an nfproxy store")
+    assert "point --store at one made by nfproxy" in line
+
+
 def test_a_lock_file_that_is_a_folder_is_one_line(tmp_path):
     store = old_copy(tmp_path, "store-main-1704f55")
     (store / "nfproxy-record.lock").mkdir()

@@ -219,7 +219,10 @@ def _check_index(work: Path) -> None:
     request key, session, occurrence and seq), and its answers carried (`deps`) are seqs of its
     session's recorded exchanges: an old index naming anything else is damage, refused by name."""
     with Store.open(work, write=False) as store:
-        recorded = {ex.id: (ex.key, ex.session, ex.occurrence, ex.seq) for ex in store.exchanges() if ex.mode == "record"}
+        listed = list(store.exchanges())
+        if len(listed) != len(store):  # one under id 0, which no reader lists
+            raise StoreError(f"store {work} holds an exchange under an id no nfproxy writes; restore it from a copy")
+        recorded = {ex.id: (ex.key, ex.session, ex.occurrence, ex.seq) for ex in listed if ex.mode == "record"}
         entries = list(store.recorded_entries())
         if sorted(e.id for e in entries) != sorted(recorded):
             raise StoreError(f"store {work}: its replay index does not name each recorded exchange once; restore it "

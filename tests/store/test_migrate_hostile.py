@@ -230,3 +230,39 @@ def test_a_store_folder_linked_from_another_file_system_migrates_in_place(tmp_pa
         assert sorted(p.name for p in real.iterdir()) == ["old.lmdb"] and (store / "data.mdb").is_file()
     finally:
         shutil.rmtree(real, ignore_errors=True)
+
+
+def test_an_exchange_under_id_0_is_refused_not_dropped(tmp_path):
+    """No reader lists id 0: migrated, the exchange would be lost without a word."""
+    def edit(env: Any, txn: Any) -> None:
+        db, rs = rows(env, txn, "exchanges")
+        txn.put(_U64.pack(0), rs[2][1], db=db)
+
+    refused(old_copy(tmp_path, "store-main-1704f55", edit), "holds an exchange under an id no nfproxy writes")
+
+
+@pytest.mark.parametrize("after", ["bodies converted", "records converted", "replay index rebuilt"])
+def test_migrate_killed_midway_leaves_the_store_as_it_was_and_a_rerun_finishes(tmp_path, after):
+    import signal
+
+    store = old_copy(tmp_path, "store-index-v1")
+    before = (store / "data.mdb").read_bytes()
+    p = subprocess.Popen([*nfproxy_argv(), "migrate", "--store", str(store)], stderr=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, text=True)
+    try:
+        assert p.stderr is not None
+        for line in p.stderr:  # killed once it says it got this far
+            if after in line:
+                p.send_signal(signal.SIGKILL)
+                break
+    finally:
+        p.kill()
+        p.wait(timeout=60)
+    assert p.returncode == -signal.SIGKILL
+    assert (store / "data.mdb").read_bytes() == before
+    r = migrate(store)
+    assert r.returncode == 0 and f"to {FORMAT}" in r.stdout, r.stderr
+    assert sorted(p.name for p in store.parent.iterdir()) == [store.name]
+    listed = subprocess.run([*nfproxy_argv(), "log", "--json", "--store", str(store)], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert len(listed.stdout.splitlines()) == 60

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from noisefloor.proxy.cli.options import split_store, store_words
+from noisefloor.proxy.cli.options import max_body_option, split_store, store_words
 
 
 @click.command("merge")
@@ -35,21 +35,23 @@ def merge_cmd(out: Path, shards: tuple[Path, ...], jobs: int | None) -> None:
 
 @click.command("compact")
 @store_words("[STORE]")
-def compact_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
+@max_body_option
+def compact_cmd(words: tuple[str, ...], store_opt: Path | None, max_body_mb: int) -> None:
     """Rewrite a store in place: every value verified, compression dictionaries trained on all of it,
     the data file cut to the pages it uses. Run it on a finished recording (not while a proxy records)."""
     from noisefloor.proxy.store.compact import rewrite
 
-    _rewrite(split_store(words, store_opt, (0, 0))[0], "compacted", rewrite)
+    _rewrite(split_store(words, store_opt, (0, 0))[0], "compacted", rewrite, max_body_mb)
 
 
 @click.command("migrate")
 @store_words("[STORE]")
-def migrate_cmd(words: tuple[str, ...], store_opt: Path | None) -> None:
+@max_body_option
+def migrate_cmd(words: tuple[str, ...], store_opt: Path | None, max_body_mb: int) -> None:
     """Rewrite a store made by an older nfproxy in today's format (nothing else reads an older one)."""
     from noisefloor.proxy.store.migrate import migrate
 
-    _rewrite(split_store(words, store_opt, (0, 0))[0], "migrated", migrate)
+    _rewrite(split_store(words, store_opt, (0, 0))[0], "migrated", migrate, max_body_mb)
 
 
 @click.command("repair")
@@ -72,10 +74,10 @@ def repair_cmd(words: tuple[str, ...], store_opt: Path | None, drop_damaged: boo
                + ("; the replay lookups of an interrupted merge written" if lookups else ""))
 
 
-def _rewrite(store_path: Path, verb: str, rewrite: Callable[..., Any]) -> None:
+def _rewrite(store_path: Path, verb: str, rewrite: Callable[..., Any], max_body_mb: int) -> None:
     from noisefloor.proxy.store.env import FORMAT
 
-    r = rewrite(store_path, lambda s: click.echo(f"nfproxy: {s}", err=True))
+    r = rewrite(store_path, lambda s: click.echo(f"nfproxy: {s}", err=True), max_body_mb << 20)
     was = f" from {r.from_format}" if r.from_format and r.from_format != FORMAT else ""
     click.echo(f"{verb} {store_path}{was} to {FORMAT}: {r.exchanges} exchanges, {r.bodies} bodies; data file "
                f"{r.before_bytes / 1e6:.1f} MB -> {r.after_bytes / 1e6:.1f} MB")

@@ -222,7 +222,11 @@ def parse_listen(listen: str) -> tuple[str, int]:
     host, sep, port = listen.rpartition(":")
     if not sep or not port.isdigit():
         raise click.BadParameter(f"{listen!r} is not HOST:PORT (e.g. 127.0.0.1:8080)", param_hint="--listen")
-    return host.strip("[]") or _D.host, int(port)
+    bracketed = host.startswith("[") and host.endswith("]") and len(host) > 2
+    if ("[" in host or "]" in host or ":" in host) and not (bracketed and not any(c in host[1:-1] for c in "[]")):
+        raise click.BadParameter(f"{listen!r} is not HOST:PORT: write an IPv6 host in brackets, e.g. [::1]:8080",
+                                 param_hint="--listen")
+    return (host[1:-1] if bracketed else host) or _D.host, int(port)
 
 
 def check_upstream(upstream: str | None) -> None:

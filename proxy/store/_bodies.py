@@ -62,11 +62,7 @@ class Bodies:
                 data = self._codec.decode(raw, limit, self._resolver(_depth, exchange_id))
             except codec.TooLarge as exc:
                 if size is None and exc.declared is not None:  # no recorded size (a referenced body): its frame's
-                    raise BodyOverLimit(f"store {self.path}: {where} decompresses past --max-body-mb "
-                                        f"{self.max_body >> 20} (declares {exc.declared / (1 << 20):.1f} MiB): read "
-                                        f"it with --max-body-mb {-(-exc.declared >> 20)} if the store was recorded "
-                                        "under that limit, else it is damaged or planted; restore it from a copy") \
-                        from None
+                    raise self._over_limit(where, exc.declared) from None
                 bound = "its recorded size" if size is not None else f"--max-body-mb {self.max_body >> 20}"
                 raise StoreError(f"store {self.path}: {where} decompresses past {bound} ({exc}): damaged or "
                                  "planted; restore the store from a copy") from None
@@ -74,6 +70,14 @@ class Bodies:
             raise StoreError(f"store {self.path}: {where} does not match its sha256 (tampered or damaged); "
                              "restore the store from a copy or record it again")
         return data
+
+    def _over_limit(self, where: str, declared: int) -> BodyOverLimit:
+        """A body whose frame declares more than --max-body-mb: the limit it was recorded under,
+        or damage (a planted bomb declares what it likes)."""
+        return BodyOverLimit(f"store {self.path}: {where} decompresses past --max-body-mb {self.max_body >> 20} "
+                             f"(declares {declared / (1 << 20):.1f} MiB): read it with --max-body-mb "
+                             f"{-(-declared >> 20)} if the store was recorded under that limit, else it is damaged "
+                             "or planted; restore it from a copy")
 
     def _resolver(self, depth: int, exchange_id: int | None) -> Callable[[bytes], bytes]:
         """Referenced bodies, verified; the last few are kept, since a session's next request
@@ -108,7 +112,12 @@ class Bodies:
         value as stored (compact rewrites them)."""
         with self._reading("bodies"), self._env.begin(db=self._bodies, buffers=False) as txn:
             for digest, raw in txn.cursor():
-                data = self._codec.decode(raw, self.max_body, self._resolver(0, None))
+                try:
+                    data = self._codec.decode(raw, self.max_body, self._resolver(0, None))
+                except codec.TooLarge as exc:
+                    if exc.declared is None:
+                        raise
+                    raise self._over_limit(f"body {digest.hex()[:16]}", exc.declared) from None
                 if hashlib.sha256(data).digest() != digest:
                     raise StoreError(f"store {self.path}: body {digest.hex()[:16]} does not match its sha256 "
                                      "(tampered or damaged); restore the store from a copy")

@@ -36,7 +36,7 @@ from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.env import DAMAGE, FORMAT
-from noisefloor.proxy.store.log import Store, StoreError
+from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store, StoreError
 
 _SAMPLES = 4000  # values of each kind sampled for training
 _BATCH = 5000  # values per write transaction
@@ -62,11 +62,13 @@ def _every(n: int, want: int) -> int:
     return max(1, n // want)
 
 
-def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rewritten:
-    """The store at `path` (of today's format) rewritten whole."""
+def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
+            max_body: int = DEFAULT_MAX_BODY) -> Rewritten:
+    """The store at `path` (of today's format) rewritten whole; no body read decompresses past
+    `max_body` (--max-body-mb: a store recorded under a higher limit is rewritten under it)."""
     path = Path(path)
     before = (path / "data.mdb").stat().st_size if (path / "data.mdb").exists() else 0
-    with Store.open(path, write=True) as src:
+    with Store.open(path, write=True, max_body=max_body) as src:
         src.lock_for_recording()  # no proxy records into it while it is rewritten
         interrupted.finish(src, progress)  # what a killed proxy or merge left: the rewritten store replays whole
         fmt = src.meta("migrated_from") or src.format
@@ -113,7 +115,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None) -> Rew
             shutil.rmtree(work, ignore_errors=True)
         swap_in(final, path)
         shutil.rmtree(final, ignore_errors=True)
-    with Store.open(path, write=False) as check:  # the result reads back whole
+    with Store.open(path, write=False, max_body=max_body) as check:  # the result reads back whole
         if len(check) != n_ex:
             raise StoreError(f"rewriting {path} lost exchanges ({len(check)} of {n_ex})")
     return Rewritten(n_ex, n_bodies, before, (path / "data.mdb").stat().st_size, fmt)

@@ -78,14 +78,16 @@ class _Entry2(msgspec.Struct, array_like=True):
     sketch: bytes | None
 
 
-def migrate(path: Path, progress: Callable[[str], None] = lambda s: None) -> compact.Rewritten:
+def migrate(path: Path, progress: Callable[[str], None] = lambda s: None,
+            max_body: int = DEFAULT_MAX_BODY) -> compact.Rewritten:
     """The store at `path` in today's format: converted from an earlier one, or (already in it)
-    compacted. A store of no format this knows is refused by one line."""
+    compacted. A store of no format this knows is refused by one line. No value read decompresses
+    past `max_body` (--max-body-mb)."""
     path = Path(path)
     check_path(path, write=True, create=False)
     fmt = _format(path)
     if fmt == FORMAT:
-        return compact.rewrite(path, progress)
+        return compact.rewrite(path, progress, max_body)
     if fmt not in OLDER:
         raise StoreError(refusal(path, fmt) or f"{path} is not an nfproxy store; point --store at one made by nfproxy")
     before = (path / "data.mdb").stat().st_size
@@ -96,9 +98,9 @@ def migrate(path: Path, progress: Callable[[str], None] = lambda s: None) -> com
         _clear(work)
         work.mkdir()
         with _record_lock(path):
-            _convert(path, work, fmt, progress)
+            _convert(path, work, fmt, progress, max_body)
             _check_index(work)
-        done = compact.rewrite(work, progress)
+        done = compact.rewrite(work, progress, max_body)
         compact.swap_in(work, path)
     except StoreError as exc:  # found in the converted copy (by today's reader too): the old store's damage
         said = str(exc).replace(str(work), str(path))
@@ -138,12 +140,12 @@ def _record_lock(path: Path) -> Iterator[None]:
         yield
 
 
-def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None]) -> None:
+def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None], max_body: int) -> None:
     """The old store's tables, read as written, put into a new environment at `work` as today's
     format keeps them; a damaged value stops it by name, before anything replaces the store."""
     old = lmdb.open(str(path), readonly=True, lock=False, max_dbs=32)
     try:
-        _converted(old, path, work, fmt, progress)
+        _converted(old, path, work, fmt, progress, max_body)
     except StoreError:
         raise
     except _BAD as exc:
@@ -153,7 +155,8 @@ def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None]) 
         old.close()
 
 
-def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress: Callable[[str], None]) -> None:
+def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress: Callable[[str], None],
+               max_body: int) -> None:
     names = _tables(old)
     dicts = dict(_rows(old, names.get(b"dicts")))
     decoder = codec.Codec(lambda key: _dictionary(dicts, key))
@@ -177,7 +180,7 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
             for table in ("exchanges", "heads", *store_heads.SETS):
                 _put(new, dbs[table], _rows(old, names.get(table.encode())))
         else:
-            _put_records(new, dbs, _rows(old, names.get(b"exchanges")), decoder, path)
+            _put_records(new, dbs, _rows(old, names.get(b"exchanges")), decoder, path, max_body)
         progress("records converted")
         _put(new, dbs["outcomes"], _outcomes(_rows(old, names.get(b"outcomes")), path))
         if layout == 3:  # layout 4's but for the sketch's width
@@ -192,7 +195,7 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
     finally:
         new.close()
     if layout != 3:
-        with Store.open(work, write=True, max_body=DEFAULT_MAX_BODY) as store:
+        with Store.open(work, write=True, max_body=max_body) as store:
             store.put_entries(_completed(store, entries))
         progress("replay index rebuilt")
 
@@ -262,7 +265,7 @@ def _tagged(value: bytes) -> bytes:
 
 
 def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tuple[bytes, bytes]],
-                 decoder: codec.Codec, path: Path) -> None:
+                 decoder: codec.Codec, path: Path, max_body: int) -> None:
     """Whole records (formats 1-4) stored as today's: without their head's fields, beside a head row."""
     names = store_heads.Sets(dbs["labels"], dbs["routes"])
     while batch := list(islice(rows, _BATCH)):
@@ -270,7 +273,7 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
             for k, raw in batch:
                 exchange_id = _U64.unpack(k)[0]
                 try:
-                    text = decoder.decode(_tagged(raw), DEFAULT_MAX_BODY)
+                    text = decoder.decode(_tagged(raw), max_body)
                     exchange_record.parse(text)
                     checked = exchange_record.checked_head(text)
                 except _BAD as exc:

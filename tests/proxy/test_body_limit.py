@@ -172,3 +172,21 @@ def test_a_streamed_answer_over_the_limit_is_forwarded_whole_and_not_held(tmp_pa
     with Store.open(store, write=False) as s:
         ex = s.exchange(1)
         assert ex.response is None and "over --max-body-mb 1: not recorded" in ex.error
+
+
+@pytest.mark.slow
+def test_compact_and_migrate_read_a_store_kept_under_a_higher_limit_with_the_flag_they_name(tmp_path, upstream):
+    """The line that refuses a body over the limit names --max-body-mb: compact and migrate take it."""
+    store = tmp_path / "kept.lmdb"
+    code, output = _record(store, upstream, 2)
+    assert code == 0, output
+    before = (store / "data.mdb").read_bytes()
+    for command in ("compact", "migrate"):
+        low = _nfproxy(command, "--store", str(store), "--max-body-mb", "1")
+        assert low.returncode != 0 and "read it with --max-body-mb 2" in low.stderr.strip().splitlines()[-1], low.stderr
+        assert "Traceback" not in low.stderr and (store / "data.mdb").read_bytes() == before
+    for command in ("compact", "migrate"):
+        done = _nfproxy(command, "--store", str(store), "--max-body-mb", "2")
+        assert done.returncode == 0, done.stderr
+    shown = _nfproxy("show", "1", "--store", str(store), "--max-body-mb", "2")
+    assert shown.returncode == 0 and BIG[:64] in shown.stdout

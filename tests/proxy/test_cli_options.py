@@ -64,3 +64,20 @@ def test_readers_help_for_max_body_speaks_of_reading_not_of_forwarding():
         assert "read" in option.help, command.name
     (run_option,) = [p for p in proxy_cli.main.commands["run"].params if p.name == "max_body_mb"]
     assert "413" in run_option.help  # the proxy itself does answer a larger request body with 413
+
+
+@pytest.mark.parametrize("listen", ["[::1", "::1]:80", "::1:8080", "[]:80", "[[::1]]:80", "[::1]x:80"])
+def test_a_listen_address_with_a_broken_ipv6_host_is_named_as_given(listen):
+    from noisefloor.proxy.cli.options import parse_listen
+
+    with pytest.raises(click.BadParameter, match="brackets|is not HOST:PORT") as got:
+        parse_listen(listen)
+    assert repr(listen) in str(got.value)
+
+
+@pytest.mark.parametrize(("listen", "want"), [("[::1]:8080", ("::1", 8080)), ("127.0.0.1:0", ("127.0.0.1", 0)),
+                                              ("localhost:9", ("localhost", 9))])
+def test_a_listen_address_is_read_as_host_and_port(listen, want):
+    from noisefloor.proxy.cli.options import parse_listen
+
+    assert parse_listen(listen) == want

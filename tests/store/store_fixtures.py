@@ -76,3 +76,14 @@ def table_bytes(store: Path, name: str) -> int:
 def nfproxy(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*nfproxy_argv(), *args], capture_output=True, text=True, timeout=120)
 
+
+
+def fixture_copy(tmp_path: Path, fixture: str, name: str = "old.lmdb") -> Path:
+    """A store of tests/data copied into `tmp_path` (its lock file left behind), to change freely."""
+    import shutil
+
+    from tests.conftest import DATA
+
+    store = tmp_path / name
+    shutil.copytree(DATA / fixture, store, ignore=shutil.ignore_patterns("lock.mdb"))
+    return store

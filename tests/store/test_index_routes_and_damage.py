@@ -7,7 +7,6 @@ name. Real LMDB files, the real recorder, real nfproxy processes."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import lmdb
@@ -21,16 +20,14 @@ from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import DATA
 from tests.data.make_index_v1_store import answered, changed, layout
-from tests.store.store_fixtures import nfproxy, table_bytes
+from tests.store.store_fixtures import fixture_copy, nfproxy, table_bytes
 
 EXPECTED = json.loads((DATA / "store-index-v2.json").read_text())
 
 
 @pytest.fixture
 def v2(tmp_path: Path) -> Path:
-    store = tmp_path / "v2.lmdb"
-    shutil.copytree(DATA / "store-index-v2", store)
-    return store
+    return fixture_copy(tmp_path, "store-index-v2", "v2.lmdb")
 
 
 def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v2):

@@ -18,6 +18,7 @@ import pytest
 from noisefloor.proxy.store.log import FORMAT, Store, StoreError
 from tests import loopback
 from tests.conftest import DATA, START_TIMEOUT, nfproxy_argv
+from tests.store.store_fixtures import fixture_copy
 
 # main's listing of the fixture, plus the record layout version its records leave implicit (1)
 EXPECTED = [{**json.loads(line), "version": 1} for line in (DATA / "v1_store.exchanges.jsonl").read_text().splitlines()]
@@ -120,8 +121,7 @@ def _b64(data: bytes | None) -> str:
 @pytest.mark.parametrize("name", FIXTURES)
 def test_every_fixture_migrates_to_what_mains_reader_read_from_it(tmp_path, name):
     want = golden(name)
-    store = tmp_path / "old.lmdb"
-    shutil.copytree(DATA / name, store, ignore=shutil.ignore_patterns("lock.mdb"))
+    store = fixture_copy(tmp_path, name)
     assert fmt(store) == want["format"]
     r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and f"from {want['format']} to {FORMAT}" in r.stdout, r.stderr
@@ -221,8 +221,7 @@ def test_a_record_with_unknown_keys_keeps_them_and_a_newer_layout_is_refused(tmp
 def _damaged_copy(tmp_path: Path, fixture: str, table: str, how) -> Path:
     import lmdb
 
-    store = tmp_path / "old.lmdb"
-    shutil.copytree(DATA / fixture, store, ignore=shutil.ignore_patterns("lock.mdb"))
+    store = fixture_copy(tmp_path, fixture)
     env = lmdb.open(str(store), max_dbs=32)
     with env.begin(write=True) as txn:
         db = env.open_db(table.encode(), txn=txn, create=False)

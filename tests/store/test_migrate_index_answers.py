@@ -7,8 +7,6 @@ finishes. Real LMDB files, real nfproxy processes."""
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,21 +17,16 @@ from noisefloor.proxy.store.merge.run import merge
 from noisefloor.proxy.store.migrate import migrate
 from noisefloor.proxy.store.replay_index import VERSION
 from tests import loopback
-from tests.conftest import DATA, START_TIMEOUT, nfproxy_argv
+from tests.conftest import DATA, START_TIMEOUT
 from tests.data.make_index_v1_store import answered, changed, layout
+from tests.store.store_fixtures import fixture_copy, nfproxy
 
 EXPECTED = json.loads((DATA / "store-index-v1.json").read_text())
 
 
 @pytest.fixture
 def v1(tmp_path: Path) -> Path:
-    store = tmp_path / "v1.lmdb"
-    shutil.copytree(DATA / "store-index-v1", store)
-    return store
-
-
-def nfproxy(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*nfproxy_argv(), *args], capture_output=True, text=True, timeout=timeout)
+    return fixture_copy(tmp_path, "store-index-v1", "v1.lmdb")
 
 
 def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly_once_migrated(v1, proxies):

@@ -59,6 +59,7 @@ _LAYOUTS = (1, 2, 3)  # the replay index layouts formats 1-6 were written with (
 # what reading a damaged old store raises (a value nested past the parser's depth: RecursionError)
 _BAD = (*DAMAGE, RecursionError)
 _U64 = struct.Struct(">Q")
+_HEX = frozenset("0123456789abcdef")
 
 
 class _Entry2(msgspec.Struct, array_like=True):
@@ -274,7 +275,7 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
                 exchange_id = _U64.unpack(k)[0]
                 try:
                     text = decoder.decode(_tagged(raw), max_body)
-                    exchange_record.parse(text)
+                    _digests_named(exchange_record.parse(text))
                     checked = exchange_record.checked_head(text)
                 except _BAD as exc:
                     raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: "
@@ -283,6 +284,15 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
                 txn.put(k, stored, db=dbs["exchanges"], append=True)
                 txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)
         names.settle(True)
+
+
+def _digests_named(ex: exchange_record.Exchange) -> None:
+    """A record's bodies named by sha256 hex, as every reader looks them up: anything else may be
+    any text (a planted key), which no message may then repeat."""
+    for name, part in (("request", ex.request), ("response", ex.response or {})):
+        digest = part.get("body")
+        if digest is not None and not (type(digest) is str and len(digest) == 64 and _HEX.issuperset(digest)):
+            raise ValueError(f"its {name} body is not named by a sha256")
 
 
 def _outcomes(rows: Iterator[tuple[bytes, bytes]], path: Path) -> Iterator[tuple[bytes, bytes]]:

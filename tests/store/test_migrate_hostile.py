@@ -188,6 +188,18 @@ def test_a_planted_format_mark_is_not_echoed(tmp_path):
     assert "point --store at one made by nfproxy" in line
 
 
+@pytest.mark.parametrize("fixture", ["store-main-1704f55", "store-index-v2"])
+@pytest.mark.parametrize("part", ["request", "response"])
+def test_a_body_named_by_a_planted_text_is_refused_without_repeating_it(tmp_path, fixture, part):
+    """A record naming its body by a secret instead of a sha256: the line says so, never the text."""
+    def plant(doc: dict) -> bytes:
+        doc[part]["body"] = SECRET
+        return json.dumps(doc).encode()
+
+    refused(old_copy(tmp_path, fixture, _record(b"" if fixture == "store-main-1704f55" else b"\x01", plant)),
+            f"exchange 3 is damaged (ValueError: its {part} body is not named by a sha256)")
+
+
 def test_a_lock_file_that_is_a_folder_is_one_line(tmp_path):
     store = old_copy(tmp_path, "store-main-1704f55")
     (store / "nfproxy-record.lock").mkdir()

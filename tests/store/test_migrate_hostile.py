@@ -11,6 +11,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,19 @@ def rows(env: Any, txn: Any, table: str) -> tuple[Any, list[tuple[bytes, bytes]]
     return db, [(bytes(k), bytes(v)) for k, v in txn.cursor(db=db)]
 
 
+def _bounded_memory() -> None:
+    """A migrate that a planted value makes allocate gigabytes fails here instead of on the machine."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (_ADDRESS_SPACE, _ADDRESS_SPACE))
+
+
+_ADDRESS_SPACE = 4 << 30  # readers fall back to a map of the file's size when more is refused
+
+
 def migrate(store: Path) -> subprocess.CompletedProcess:
     return subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, preexec_fn=_bounded_memory)
 
 
 def refused(store: Path, said: str) -> str:
@@ -278,3 +289,48 @@ def test_migrate_killed_midway_leaves_the_store_as_it_was_and_a_rerun_finishes(t
     listed = subprocess.run([*nfproxy_argv(), "log", "--json", "--store", str(store)], capture_output=True, text=True,
                             timeout=60, check=True)
     assert len(listed.stdout.splitlines()) == 60
+
+
+def _referencing(bodies: list[bytes]) -> Callable[[Any, Any], None]:
+    """Each of `bodies` stored, and a small body compressed against it (tag 0x03) beside it."""
+    import hashlib
+
+    c = zstandard.ZstdCompressor(level=1)
+
+    def edit(env: Any, txn: Any) -> None:
+        db = env.open_db(b"bodies", txn=txn, create=False)
+        for i, big in enumerate(bodies):
+            digest = hashlib.sha256(big).digest()
+            txn.put(digest, b"\x01" + c.compress(big), db=db)
+            small = b'{"turn": %d, "text": "hello there"}' % i
+            txn.put(hashlib.sha256(small).digest(), bytes([3, 1]) + digest + c.compress(small), db=db)
+    return edit
+
+
+def test_a_body_compressed_against_hundreds_of_copies_of_a_large_one_is_refused(tmp_path):
+    """255 references to one 60 MB body would join 15 GB before decompressing a byte."""
+    import hashlib
+
+    big = bytes(60 << 20)
+    small = b'{"hello": "world"}' * 10
+    c = zstandard.ZstdCompressor(level=1)
+
+    def edit(env: Any, txn: Any) -> None:
+        db = env.open_db(b"bodies", txn=txn, create=False)
+        txn.put(hashlib.sha256(big).digest(), b"\x01" + c.compress(big), db=db)
+        txn.put(hashlib.sha256(small).digest(), bytes([3, 255]) + hashlib.sha256(big).digest() * 255
+                + c.compress(small), db=db)
+
+    refused(old_copy(tmp_path, "store-main-0ba4151", edit), "compressed against more than 2 x --max-body-mb")
+
+
+def test_large_referenced_bodies_are_not_kept_decoded(tmp_path):
+    """Forty 8 MB bodies, each referenced once: reading them one at a time stays far below their sum
+    (a reader kept every referenced body decoded, up to 256 of them: 16 GB at the body bound)."""
+    store = old_copy(tmp_path, "store-main-0ba4151",
+                     _referencing([bytes([i + 1]) * (8 << 20) for i in range(40)]))
+    probe = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:], capture_output=True); "
+             "print(r.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10)")
+    out = subprocess.run([sys.executable, "-c", probe, *nfproxy_argv(), "migrate", "--store", str(store)],
+                         capture_output=True, text=True, timeout=300, check=True).stdout.split()
+    assert out[0] == "0" and int(out[1]) < 160, out  # MiB of peak memory; the forty bodies are 320

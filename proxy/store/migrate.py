@@ -96,13 +96,17 @@ def migrate(path: Path, progress: Callable[[str], None] = lambda s: None,
     work = real.parent / f".{real.name}.migrate"
     left = (work, work.parent / f".{work.name}.rewrite", work.parent / f".{work.name}.compact")  # and compact's
     try:
-        _clear(work)
-        work.mkdir()
-        with _record_lock(path):
-            _convert(path, work, fmt, progress, max_body)
-            _check_index(work)
-        done = compact.rewrite(work, progress, max_body)
-        compact.swap_in(work, path)
+        with _record_lock(path):  # until swapped in: no proxy records into it, no other migrate shares `work`
+            try:
+                _clear(work)
+                work.mkdir()
+                _convert(path, work, fmt, progress, max_body)
+                _check_index(work)
+                done = compact.rewrite(work, progress, max_body)
+                compact.swap_in(work, path)
+            finally:
+                for p in left:
+                    _clear(p)
     except StoreError as exc:  # found in the converted copy (by today's reader too): the old store's damage
         said = str(exc).replace(str(work), str(path))
         raise StoreError(said if said.endswith(_UNCHANGED) else f"{said}; {_UNCHANGED}") from None
@@ -112,9 +116,6 @@ def migrate(path: Path, progress: Callable[[str], None] = lambda s: None,
     except OSError as exc:
         raise StoreError(f"cannot migrate store {path}: {exc.strerror or exc.__class__.__name__} "
                          f"({exc.filename}); fix that and run migrate again; {_UNCHANGED}") from None
-    finally:
-        for p in left:
-            _clear(p)
     return replace(done, before_bytes=before, after_bytes=(path / "data.mdb").stat().st_size, from_format=fmt)
 
 
@@ -132,12 +133,14 @@ def _format(path: Path) -> Any:
 
 @contextmanager
 def _record_lock(path: Path) -> Iterator[None]:
-    """The old store's recording lock, held while it is read: no proxy records into it meanwhile."""
+    """The old store's recording lock, held while it is read and replaced: no proxy records into it
+    meanwhile, and a second migrate of it is refused instead of sharing the first's work folder."""
     with open(path / "nfproxy-record.lock", "a+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise StoreError(f"store {path} is being recorded by an nfproxy; stop it, then run migrate again") from None
+            raise StoreError(f"store {path} is being recorded or migrated by another nfproxy; stop it or let it finish, "
+                             "then run migrate again") from None
         yield
 
 

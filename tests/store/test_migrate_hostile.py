@@ -223,7 +223,7 @@ def test_a_store_being_recorded_is_refused(tmp_path):
     store = old_copy(tmp_path, "store-main-1704f55")
     with open(store / "nfproxy-record.lock", "a+") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        refused(store, "is being recorded by an nfproxy")
+        refused(store, "is being recorded or migrated by another nfproxy")
 
 
 @pytest.mark.parametrize("what", ["file", "link"])
@@ -334,3 +334,30 @@ def test_large_referenced_bodies_are_not_kept_decoded(tmp_path):
     out = subprocess.run([sys.executable, "-c", probe, *nfproxy_argv(), "migrate", "--store", str(store)],
                          capture_output=True, text=True, timeout=300, check=True).stdout.split()
     assert out[0] == "0" and int(out[1]) < 160, out  # MiB of peak memory; the forty bodies are 320
+
+
+def test_a_second_migrate_of_a_store_being_migrated_is_refused_and_the_first_finishes(tmp_path):
+    """The second one, run while the first is compacting its converted copy, would clear the
+    first's work folder under it, and the first would swap in whatever is left there."""
+    import signal
+
+    store = old_copy(tmp_path, "store-index-v1")
+    first = subprocess.Popen([*nfproxy_argv(), "migrate", "--store", str(store)], stderr=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert first.stderr is not None
+        for line in first.stderr:
+            if "sampling" in line:  # compacting the converted copy
+                first.send_signal(signal.SIGSTOP)
+                break
+        second = migrate(store)
+    finally:
+        first.send_signal(signal.SIGCONT)
+    out, _ = first.communicate(timeout=120)
+    lines = [line for line in second.stderr.strip().splitlines() if not line.startswith("nfproxy: ")]
+    assert second.returncode != 0 and len(lines) == 1 and "being recorded or migrated by another nfproxy" in lines[0]
+    assert first.returncode == 0 and f"to {FORMAT}" in out
+    assert sorted(p.name for p in store.parent.iterdir()) == [store.name]
+    listed = subprocess.run([*nfproxy_argv(), "log", "--json", "--store", str(store)], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert len(listed.stdout.splitlines()) == 60

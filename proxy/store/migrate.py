@@ -152,6 +152,9 @@ def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None], 
         _converted(old, path, work, fmt, progress, max_body)
     except StoreError:
         raise
+    except _Unwritten as exc:
+        raise StoreError(f"cannot write the converted copy of store {path} in {work.parent} ({exc}); free disk space "
+                         f"there, then run migrate again; {_UNCHANGED}") from None
     except _BAD as exc:
         raise StoreError(f"store {path} is damaged ({exc.__class__.__name__}: {exc}); restore it from a copy; "
                          "nothing was changed") from None
@@ -172,11 +175,13 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
     if "rules" in meta and Rules.described(meta["rules"]) is None:  # replay keys requests by them
         raise StoreError(f"store {path}: its normalization rules (meta rules) are not a rule set nfproxy wrote; "
                          f"restore it from a copy; {_UNCHANGED}")
-    new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
+    with _writing():
+        new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
     try:
-        dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
-                                                    "heads", "index_routes", *store_heads.SETS)}
-        dbs["lookups"] = new.open_db(b"lookups", dupsort=True, dupfixed=True)
+        with _writing():  # each table made in a transaction of its own
+            dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
+                                                        "heads", "index_routes", *store_heads.SETS)}
+            dbs["lookups"] = new.open_db(b"lookups", dupsort=True, dupfixed=True)
         _put(new, dbs["dicts"], iter(dicts.items()))
         _put(new, dbs["bodies"], ((k, codec.checked(_tagged(v))) for k, v in _rows(old, names.get(b"bodies"))))
         progress("bodies converted")
@@ -200,7 +205,8 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
         new.close()
     if layout != 3:
         with Store.open(work, write=True, max_body=max_body) as store:
-            store.put_entries(_completed(store, entries))
+            with _writing():
+                store.put_entries(_completed(store, entries))
         progress("replay index rebuilt")
 
 
@@ -256,9 +262,21 @@ def _rows(env: lmdb.Environment, db: Any) -> Iterator[tuple[bytes, bytes]]:
         yield from txn.cursor().iternext()
 
 
+class _Unwritten(Exception):
+    """Writing the converted copy failed (a full disk, most often): not the old store's damage."""
+
+
+@contextmanager
+def _writing() -> Iterator[None]:
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise _Unwritten(f"{exc.__class__.__name__}: {exc}") from None
+
+
 def _put(env: lmdb.Environment, db: Any, items: Iterator[tuple[bytes, bytes]], append: bool = True) -> None:
     while batch := list(islice(items, _BATCH)):
-        with env.begin(write=True, db=db) as txn:
+        with _writing(), env.begin(write=True, db=db) as txn:
             for k, v in batch:
                 txn.put(k, v, append=append)
 
@@ -273,7 +291,7 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
     """Whole records (formats 1-4) stored as today's: without their head's fields, beside a head row."""
     names = store_heads.Sets(dbs["labels"], dbs["routes"])
     while batch := list(islice(rows, _BATCH)):
-        with env.begin(write=True) as txn:
+        with _writing(), env.begin(write=True) as txn:
             for k, raw in batch:
                 exchange_id = _U64.unpack(k)[0]
                 try:

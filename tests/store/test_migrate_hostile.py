@@ -361,3 +361,25 @@ def test_a_second_migrate_of_a_store_being_migrated_is_refused_and_the_first_fin
     listed = subprocess.run([*nfproxy_argv(), "log", "--json", "--store", str(store)], capture_output=True, text=True,
                             timeout=60, check=True)
     assert len(listed.stdout.splitlines()) == 60
+
+
+def test_a_converted_copy_the_disk_cannot_hold_is_not_called_damage(tmp_path):
+    """A full disk while the copy is written (here: a file size limit, which fails the write as a
+    full disk does) is named as such: "restore it from a copy" would send the user to discard a
+    store that is whole."""
+    import resource
+    import signal
+
+    def small_files() -> None:
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails, not the process
+        resource.setrlimit(resource.RLIMIT_FSIZE, (60_000, 60_000))
+
+    store = old_copy(tmp_path, "store-index-v1")
+    before = (store / "data.mdb").read_bytes()
+    r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True,
+                       timeout=120, preexec_fn=small_files)
+    lines = [line for line in r.stderr.strip().splitlines() if not line.startswith("nfproxy: ")]
+    assert r.returncode != 0 and "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-2000:]
+    assert f"cannot write the converted copy of store {store} in {tmp_path}" in lines[0], lines[0]
+    assert "free disk space" in lines[0] and "damaged" not in lines[0]
+    assert (store / "data.mdb").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [store.name]

@@ -60,6 +60,7 @@ _LAYOUTS = (1, 2, 3)  # the replay index layouts formats 1-6 were written with (
 _BAD = (*DAMAGE, RecursionError)
 _U64 = struct.Struct(">Q")
 _HEX = frozenset("0123456789abcdef")
+_BUCKET = 8  # bytes of a nearest-request bucket (`replay_index.bucket`)
 
 
 class _Entry2(msgspec.Struct, array_like=True):
@@ -360,6 +361,8 @@ def _old_entries(env: lmdb.Environment, names: dict[bytes, Any], layout: Any) ->
             e = RecordedEntry(exchange_id, e2.key.hex(), _text(e2.session), e2.occurrence, e2.seq, _text(e2.route),
                               e2.start, e2.end, e2.deps)
             buck, sk = e2.bucket, e2.sketch
+        if buck is not None and len(buck) != _BUCKET:
+            raise ValueError(f"a replay-index bucket of {len(buck)} bytes")
         near: Near = None if buck is None or sk is None else (buck, replay_index.bands(buck, sk), sk)
         out.append((replace(e, near=near), layout in (1, 2)))
     return out

@@ -383,3 +383,16 @@ def test_a_converted_copy_the_disk_cannot_hold_is_not_called_damage(tmp_path):
     assert f"cannot write the converted copy of store {store} in {tmp_path}" in lines[0], lines[0]
     assert "free disk space" in lines[0] and "damaged" not in lines[0]
     assert (store / "data.mdb").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [store.name]
+
+
+def test_a_layout2_entry_whose_bucket_is_cut_short_is_refused(tmp_path):
+    """A 1-byte bucket would be written into today's index as the key of its nearest-request rows."""
+    import msgspec
+
+    def edit(env: Any, txn: Any) -> None:
+        db, rs = rows(env, txn, "recorded")
+        fields = msgspec.msgpack.decode(rs[1][1])
+        fields[10] = b"\x01"  # layout 2: version, id, key, session, occurrence, seq, route, start, end, deps, bucket
+        txn.put(rs[1][0], msgspec.msgpack.encode(fields), db=db)
+
+    refused(old_copy(tmp_path, "store-index-v2", edit), "is damaged (ValueError: a replay-index bucket of 1 bytes)")

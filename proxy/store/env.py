@@ -40,7 +40,9 @@ def refusal(path: Path, fmt: object) -> str | None:
     if fmt == FORMAT:
         return None
     number = fmt.removeprefix(_PREFIX) if isinstance(fmt, str) and fmt.startswith(_PREFIX) else ""
-    if not (number.isascii() and number.isdigit() and len(number) < 5):
+    # a number as nfproxy writes it (no sign, no leading zero, from 1): any other spelling is no
+    # format of nfproxy's, older or newer, so `migrate` is not sent one it cannot convert
+    if not (number.isascii() and number.isdigit() and len(number) < 5 and number == str(int(number)) != "0"):
         # the mark itself is not echoed: a planted one may be anything (a secret, a megabyte)
         return f"{path} is not an nfproxy store (its format mark is none nfproxy writes); point --store at one made by nfproxy"
     if int(number) > int(FORMAT.removeprefix(_PREFIX)):

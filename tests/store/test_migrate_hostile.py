@@ -396,3 +396,11 @@ def test_a_layout2_entry_whose_bucket_is_cut_short_is_refused(tmp_path):
         txn.put(rs[1][0], msgspec.msgpack.encode(fields), db=db)
 
     refused(old_copy(tmp_path, "store-index-v2", edit), "is damaged (ValueError: a replay-index bucket of 1 bytes)")
+
+
+@pytest.mark.parametrize("mark", ["noisefloor-log/0", "noisefloor-log/01", "noisefloor-log/0007"])
+def test_a_format_mark_no_nfproxy_wrote_is_not_sent_back_to_migrate(tmp_path, mark):
+    """Spelled as an older format, it was refused with "run `nfproxy migrate` first" by migrate itself."""
+    line = refused(old_copy(tmp_path, "store-main-1704f55", _meta(b"format", json.dumps(mark).encode())),
+                   "is not an nfproxy store")
+    assert "nfproxy migrate" not in line

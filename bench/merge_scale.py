@@ -9,9 +9,12 @@ import path, as bench/readers_scale.py does), interleaved round by round so both
     python bench/merge_scale.py --keep DIR --this-keep DIR5 ...   # this checkout merges DIR5's
         copies (`nfproxy migrate`d to its format), the baseline DIR's
     python bench/merge_scale.py ... --jobs 1   # this checkout's merge in one process (default: 2 on 2+ CPUs)
+    python bench/merge_scale.py --keep DIR --sequential 20 --shard 10000 --baseline main
+        # 20 shards of 10k (built once into DIR by store_scale.py's recorder, s10000.seqI.lmdb),
+        # merged one at a time into one OUT per revision, the two revisions interleaved step by step
 
 Per run: wall seconds, CPU seconds (user + system, worker processes included), exchanges per
-wall second and per CPU second, and the most private memory seen (RssAnon of the merging process,
+wall second and per CPU second, the megabytes it wrote to disk, and the most private memory seen (RssAnon of the merging process,
 and of it and its workers summed: forked workers share its pages, so the sum counts those twice).
 """
 
@@ -35,11 +38,13 @@ from bench.readers_scale import unpack  # noqa: E402
 from bench.store_scale import _status_kb, _tree  # noqa: E402
 
 
-def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int, jobs: int | None = None
-              ) -> dict[str, float]:
+def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int, jobs: int | None = None,
+              keep_out: bool = False) -> dict[str, float]:
     """`nfproxy merge [--jobs N] out stores...`, its code from `code` (None: this checkout); no
-    --jobs: the revision's default (one process before 2 became the default on two CPUs)."""
-    shutil.rmtree(out, ignore_errors=True)
+    --jobs: the revision's default (one process before 2 became the default on two CPUs).
+    `keep_out`: into OUT as it is (the sequential merges), left there afterwards."""
+    if not keep_out:
+        shutil.rmtree(out, ignore_errors=True)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     if code is not None:
         env["PYTHONPATH"] = str(code)
@@ -55,11 +60,13 @@ def merge_run(stores: list[Path], out: Path, code: Path | None, exchanges: int, 
         time.sleep(0.05)
     wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    shutil.rmtree(out, ignore_errors=True)
+    if not keep_out:
+        shutil.rmtree(out, ignore_errors=True)
     if proc.returncode:
         raise RuntimeError(f"nfproxy merge {' '.join(map(str, stores))} exited {proc.returncode}")
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     return {"wall_s": wall, "cpu_s": cpu, "per_wall_s": exchanges / wall, "per_cpu_s": exchanges / cpu,
+            "written_mb": (after.ru_oublock - before.ru_oublock) * 512 / 1e6,  # to disk (512-byte blocks)
             "private_mb": main_kb / 1024, "private_with_workers_mb": all_kb / 1024,
             "load": float(Path("/proc/loadavg").read_text().split()[0])}
 
@@ -76,8 +83,14 @@ def main() -> None:
                     "(the shards migrated to today's format: `nfproxy migrate`); default --keep")
     ap.add_argument("--jobs", type=int, help="this checkout's merge with --jobs N (default: its default; the "
                     "baseline's always its own default)")
+    ap.add_argument("--sequential", type=int, default=0, help="merge this many shards one at a time into one "
+                    "OUT (each revision its own), printing each step")
+    ap.add_argument("--shard", type=int, default=10000, help="exchanges a shard of --sequential")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    if a.sequential:
+        sequential(a.keep, a.sequential, a.shard, a.baseline, a.jobs, a.json)
+        return
     results: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="nf-merge-scale-") as tmp:
         base = unpack(a.baseline, Path(tmp) / "base")
@@ -93,6 +106,32 @@ def main() -> None:
                     print(json.dumps(r), flush=True)
     if a.json:
         a.json.write_text(json.dumps(results, indent=2))
+
+
+def sequential(keep: Path, k: int, n: int, baseline: str, jobs: int | None, out_json: Path | None) -> None:
+    """K shards of n exchanges merged one at a time into one OUT, by the baseline and by this
+    checkout (each into its own OUT), step by step interleaved so both see the same load: per
+    step wall and CPU seconds and how many exchanges OUT held before it. A merge whose cost
+    follows what is merged takes the same at every step."""
+    from bench.store_scale import build_shard
+
+    keep.mkdir(parents=True, exist_ok=True)
+    shards = [keep / f"s{n}.seq{i}.lmdb" for i in range(k)]
+    for i, shard in enumerate(shards):
+        if not (shard / "data.mdb").exists():  # recorded by this checkout's recorder, each its own sessions
+            print(json.dumps({"built": str(shard), **build_shard(n, shard, 1000 + i, f"seq{i}")}), flush=True)
+    results: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="nf-merge-seq-") as tmp:
+        base = unpack(baseline, Path(tmp) / "base")
+        outs = {baseline: Path(tmp) / "base-out.lmdb", "this": Path(tmp) / "this-out.lmdb"}
+        for step, shard in enumerate(shards):
+            for label, code in ((baseline, base), ("this", None)):
+                r = {"step": step + 1, "out_before": step * n, "code": label,
+                     **merge_run([shard], outs[label], code, n, jobs if code is None else None, keep_out=True)}
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    if out_json:
+        out_json.write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

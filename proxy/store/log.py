@@ -17,6 +17,8 @@ Layout (named databases; values encoded as `codec` says: tagged, zstd with a tra
   heads     u64 id -> head         each exchange's head (`exchange_record.Head`: labels, route,
                                    status, identity; CRC-checked), written in the record's
                                    transaction, so that listings never decompress records
+  merge_sessions session hash -> ids  each session's identity sums and ids, written by merge
+                                   (`merge._known`), so that a merge reads only the sessions it brings
 
 Each exchange is written in one transaction together with its bodies, so a reader (or a proxy
 killed with SIGKILL) sees either the whole exchange or none of it (bulk writers may put a batch in

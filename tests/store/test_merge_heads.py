@@ -116,7 +116,7 @@ def test_sessions_plan_brings_each_session_once_keeps_outs_and_refuses_a_clash()
     assert p.present == 1  # "a": OUT holds it, and shard one has the same exchanges
     assert p.brings[0].tolist() == [True, False] and p.in_out[0].tolist() == [-1, 0]
     assert p.brings[1].tolist() == [True, False] and p.in_out[1].tolist() == [-1, -1]  # "b" came with shard one
-    assert [(ids.tolist(), n) for ids, n in merge_sessions.batches(one, p.brings[0], 1)] == [([1, 3], 1)]
+    assert [(ids.tolist(), s.tolist()) for ids, s in merge_sessions.batches(one, p.brings[0], 1)] == [([1, 3], [0])]
     clash = _sessions_of("three", [(1, "b", 0), (2, "b", 7)])  # "b" with other exchanges
     names = {("one", 0): "b", ("three", 0): "b"}
     with pytest.raises(ValueError, match="session 'b' is in three and in one with different exchanges"):

@@ -502,7 +502,8 @@ def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:
 def write_shard(dest: Store, path: Path, batches: list[Any], jobs: int, new_ids: Any,
                 moved: Callable[[bytes], bytes], done: Callable[[int, int, int], None],
                 plans: Callable[[Any], bytes | None] = lambda olds: None, defer: bool = False,
-                bodies_copied: bool = False) -> Deferred | None:
+                bodies_copied: bool = False, sessions: Callable[[int], list[tuple[bytes, bytes]]] | None = None
+                ) -> Deferred | None:
     """Write the batches (old ids each) of shard `path` into `dest`, in order (`new_ids`: old id
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
@@ -510,7 +511,8 @@ def write_shard(dest: Store, path: Path, batches: list[Any], jobs: int, new_ids:
     copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`);
     with `defer`, they are not copied but returned (`Deferred`), for the refill to write once
     with every other shard's (`merged_lookups`), OUT marked until then. `bodies_copied`: OUT holds
-    every body of the shard already (`copy_bodies`): the batches carry their digests only."""
+    every body of the shard already (`copy_bodies`): the batches carry their digests only.
+    `sessions(n)`: batch n's sessions' rows for OUT's sessions table (`_known`), written with it."""
     key = (dest.meta("dicts") or {}).get("record")
     record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
     starts = [dest.last_id() + 1]
@@ -529,7 +531,8 @@ def write_shard(dest: Store, path: Path, batches: list[Any], jobs: int, new_ids:
         try:
             ready = _ahead(running, batches, starts, jobs, plans) if running is not None else (
                 local.batch(b.tolist(), start, plans(b)) for b, start in zip(batches, starts))
-            for batch, replays in ready:
+            for n, (batch, replays) in enumerate(ready):
+                batch.sessions = sessions(n) if sessions is not None else []
                 for k, text in replays:
                     packed = batch.records[k][0]
                     value, batch.heads[k] = local.record(_U64.unpack(packed)[0], moved(text))

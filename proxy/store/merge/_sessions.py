@@ -113,6 +113,23 @@ def sessions(path: Path, scanned: Scanned) -> Sessions:
                     np.concatenate([[0], np.cumsum(counts)]), plans)
 
 
+def of_rows(path: Path, rows: list[tuple[bytes, tuple[np.ndarray, np.ndarray]]]) -> Sessions:
+    """Some sessions of a store from their rows (name hash, (lane sums, ids ascending)), in order
+    of first exchange: OUT's sessions that the shards have too, read from its table (`_known`)."""
+    rows = sorted(rows, key=lambda r: int(r[1][1][0]))
+    counts = np.array([len(ids) for _, (_, ids) in rows], dtype=np.int64)
+    return Sessions(path, np.array([k for k, _ in rows], dtype="V16"),
+                    np.array([int(ids[0]) for _, (_, ids) in rows], dtype=np.int64), counts,
+                    np.array([lanes for _, (lanes, _) in rows], dtype=np.uint64).reshape(-1, 4),
+                    np.concatenate([ids for _, (_, ids) in rows]) if rows else np.zeros(0, dtype=np.uint64),
+                    np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+
+def row(sessions: Sessions, s: int) -> tuple[np.ndarray, np.ndarray]:
+    """Session `s`'s lane sums and ids (a row of OUT's table, `_known`)."""
+    return sessions.marks[s], sessions.ids(s)
+
+
 @dataclass(frozen=True)
 class Plan:
     """Per shard, which of its sessions it brings (a mask) and, for those OUT holds already, the
@@ -159,8 +176,8 @@ def plan(out: Sessions, shards: list[Sessions], name_of: Callable[[Sessions, int
     return Plan(brings, in_out, present)
 
 
-def batches(shard: Sessions, brings: np.ndarray, most: int) -> Iterator[tuple[np.ndarray, int]]:
-    """(old ids, how many sessions) per batch of whole sessions the shard brings, each closed once
+def batches(shard: Sessions, brings: np.ndarray, most: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """(old ids, which sessions) per batch of whole sessions the shard brings, each closed once
     it holds `most` exchanges or more."""
     todo = np.flatnonzero(brings)
     mask = np.repeat(brings, shard.counts)
@@ -170,7 +187,7 @@ def batches(shard: Sessions, brings: np.ndarray, most: int) -> Iterator[tuple[np
         size += c
         n += 1
         if size >= most:
-            yield ids[start:start + size], n
-            start, size, n = start + size, 0, 0
+            yield ids[start:start + size], todo[:n]
+            start, size, todo, n = start + size, 0, todo[n:], 0
     if n:
-        yield ids[start:start + size], n
+        yield ids[start:start + size], todo[:n]

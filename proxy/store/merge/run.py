@@ -11,7 +11,8 @@ before OUT is made (`merge_copy.verify_bodies`). Sessions are the unit: a sessio
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
 index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,
-whole, ids mapped (`merge_copy.copy_lookups`); where most of OUT is new, every shard's lookups
+whole, ids mapped (`merge_copy.copy_lookups`); where OUT held little (at most a quarter of what
+the merge brings: the refill then costs what is merged), every shard's lookups
 are written once, merged in key order (`merge_copy.merged_lookups`): into a fresh OUT, whose every
 table went in in key order, appended last (read and merged by a second process) and the file cut
 to its pages; else by the refill, with OUT's own, not copied into OUT and then again. Until they are in, OUT is
@@ -19,6 +20,11 @@ marked, replay refuses it, and the next merge first writes the missing lookups f
 or in another shard with different exchanges is a clash and is refused, as are shards recorded
 under different normalization rules. Bodies are copied as stored (with the compression
 dictionaries they name) and only when OUT lacks them (content addressing deduplicates across shards).
+
+What a merge reads of OUT follows what it merges, not what OUT holds: OUT's sessions come from
+its sessions table (`_known`: a point read per session a shard has, and the exchanges recorded
+into OUT since the last merge), each outcome row is looked up by key, and a larger OUT is not
+refilled.
 
 Memory does not grow with bodies, records or outcome rows: a shard is checked through its heads
 (`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
@@ -47,13 +53,15 @@ from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _copying as merge_copy
+from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.merge import _outcomes as merge_outcomes
 from noisefloor.proxy.store.merge import _sessions as merge_sessions
 
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
-_REFILL = 4  # a merge that brought at least 1/4 of OUT's exchanges ends with OUT's pages refilled
-# (`compact.refill`): its bodies went in by hash, in random order, leaving pages a third empty
+_REFILL = 4  # a merge into an OUT holding at most 1/4 of what it brings ends with OUT's pages refilled
+# (`compact.refill`): its bodies went in by hash, in random order, leaving pages a third empty. A
+# larger OUT is not: the refill would cost what OUT holds (`nfproxy compact` refills it). 0: never
 
 
 @dataclass(frozen=True)
@@ -156,7 +164,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
             interrupted.finish(dest, progress)  # what a killed proxy or merge left in OUT, before any merged in
             rules = _rules(dest, shards)
-            present = merge_sessions.sessions(Path(out), merge_sessions.scan(dest.merge_scan(bodies=False)))
+            present, catch_up = _present(dest, Path(out), shards)
             try:  # every refusal comes before the first write
                 plan = merge_sessions.plan(present, [shard.sessions for shard in shards], _name_of)
             except ValueError as exc:
@@ -164,9 +172,11 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             merge_outcomes.check(dest, [shard.path for shard in shards])
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
+            if catch_up is not None:  # OUT's sessions table brought up to its last exchange
+                dest.add_known(*catch_up)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
             coming = sum(int(shard.sessions.counts[plan.brings[i]].sum()) for i, shard in enumerate(shards))
-            refill = bool(coming) and coming * _REFILL >= len(dest) + coming  # written out of key order
+            refill = bool(coming) and _REFILL > 0 and len(dest) * _REFILL <= coming  # out of key order, OUT small
             copied = _bodies_first(dest, shards, plan, progress)
             deferred = [d for i, shard in enumerate(shards) if (d := _copy_shard(
                 dest, shard, (plan.brings[i], plan.in_out[i]), present, added, progress, jobs, refill,
@@ -186,6 +196,32 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
                 _refill(dest, out, deferred, progress)
     return MergeResult(len(shards), added["sessions"], plan.present,
                        added["exchanges"], added["bodies"], added["shared"], rows)
+
+
+def _present(dest: Store, out: Path, shards: list[_Shard]) -> tuple[merge_sessions.Sessions, Any]:
+    """OUT's sessions that some shard has too (a shard's session OUT lacks needs nothing of OUT),
+    read from OUT's sessions table (`_known`): a point read per shard session, and the exchanges
+    after the table's mark read through their heads (those a proxy recorded into OUT since the
+    last merge; every exchange, once, where OUT has no table yet or one that does not check).
+    Also what `Store.add_known` then writes to bring the table up to OUT's last exchange (None:
+    nothing)."""
+    covered, last = dest.known_covered(), dest.last_id()
+    keys = {bytes(k) for shard in shards for k in shard.sessions.keys}
+    for again in (covered is None, True):
+        since = 0 if again or covered is None else covered
+        tail = merge_sessions.sessions(out, merge_sessions.scan(dest.merge_scan(since + 1, bodies=False)))
+        tail_at = {bytes(k): s for s, k in enumerate(tail.keys)}
+        try:
+            held = {} if again else dest.known_rows(sorted(keys | tail_at.keys()), since)
+        except known.Damaged:
+            continue  # the table is written again from every exchange
+        wanted = {k: row for k, row in held.items() if k in keys} | {
+            k: known.joined(held.get(k), merge_sessions.row(tail, s)) for k, s in tail_at.items() if k in keys}
+        present = merge_sessions.of_rows(out, list(wanted.items()))
+        rows = known.rows_of(tail.keys, tail.marks, tail.counts, tail.order)
+        catch_up = (rows, last, again) if last > since or (again and covered is not None) else None
+        return present, catch_up
+    raise AssertionError("not reached: the second pass reads every exchange")
 
 
 def _empty(out: Path) -> bool:
@@ -266,11 +302,15 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
     size = min(_BATCH_MAX, max(_BATCH, int(ss.counts[brings].sum()) // 8))
     grouped = list(merge_sessions.batches(ss, brings, size))
     batches = [ids for ids, _ in grouped]
-    sessions = iter(n for _, n in grouped)
+    sessions = iter(len(taken) for _, taken in grouped)
     following = dest.last_id() + 1  # OUT is locked: the batches take the next ids, in this order
     if batches:
         olds = np.concatenate(batches)
         new_ids[olds] = np.arange(following, following + len(olds), dtype=np.uint64)
+
+    def rows(n: int) -> list[tuple[bytes, bytes]]:  # batch n's sessions' rows, made as it is written
+        olds, taken = grouped[n]
+        return known.rows_of(ss.keys[taken], ss.marks[taken], ss.counts[taken], new_ids[olds])
     with Store.open(shard.path, write=False) as src:
         dest.adopt_dictionaries(src)
 
@@ -282,7 +322,7 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
         progress(f"{shard.path}: {added['exchanges']} exchanges merged")
 
     return merge_copy.write_shard(dest, shard.path, batches, jobs, new_ids, lambda text: _moved(text, new_ids), done,
-                                  ss.plans_of, defer, bodies_copied)
+                                  ss.plans_of, defer, bodies_copied, rows)
 
 
 def _rules(dest: Store, shards: list[_Shard]) -> tuple[str, Any] | None:

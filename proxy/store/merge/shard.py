@@ -8,7 +8,8 @@ read by `store_merge_scan`); a store's outcome rows one at a time. Writing: one 
 that merge prepared (`Batch`): records appended in id order, replay entries and their lookups as
 recording writes them (or, between stores of one packed layout, entries as stored, the lookups copied after
 the shard's records: `put_lookups`, with a mark that `repair_lookups` finishes from if the merge
-is killed between), bodies copied as stored (never recompressed) when this store lacks them.
+is killed between), bodies copied as stored (never recompressed) when this store lacks them, and
+the batch's sessions added to the sessions table (`_known`) where it is complete up to the batch.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.env import DAMAGE, StoreError
+from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.replay_index import RecordedEntry
 
 _U64 = struct.Struct(">Q")
@@ -100,6 +102,61 @@ class MergeIO:
     exchange: Any
 
     hash_bodies = True  # `_check_body` hashes each body (merge turns it off when it hashes the whole table)
+
+    def _known_db(self, create: bool = False) -> Any:
+        """OUT's sessions table (`_known`), None where it has none (created only to be written)."""
+        db = getattr(self, "_known_handle", None)
+        if db is None:
+            try:
+                db = self._env.open_db(known.TABLE, create=create)
+                with self._env.begin() as txn:
+                    kind = db.flags(txn)
+            except lmdb.NotFoundError:
+                return None
+            except lmdb.Error as exc:  # a main-table entry of that name that is no table
+                kind = {exc.__class__.__name__: True}
+            if any(kind.values()):  # or a table of another kind (duplicates, integer keys, ...)
+                raise StoreError(f"store {self.path}: its {known.TABLE.decode()} entry is not the table merge "
+                                 f"writes ({', '.join(k for k, v in kind.items() if v)}); `nfproxy compact "
+                                 f"{self.path}` rewrites the store without it, then merge again")
+            self._known_handle = db
+        return db
+
+    def known_covered(self) -> int | None:
+        """Through which exchange id the sessions table is complete (None: no table, or one to
+        write again: its mark does not check or is past the last exchange)."""
+        db = self._known_db()
+        if db is None:
+            return None
+        with self._reading("merge sessions"), self._env.begin() as txn:
+            covered = known.covered_in(txn, db)
+        return None if covered is None or covered > self.last_id() else covered
+
+    def known_rows(self, keys: Iterable[bytes], covered: int) -> dict[bytes, known.Row]:
+        """The sessions table's rows of these session keys (those it has), point reads in one
+        transaction; `known.Damaged` where one does not check."""
+        db = self._known_db()
+        out: dict[bytes, known.Row] = {}
+        if db is None:
+            return out
+        with self._reading("merge sessions"), self._env.begin(db=db, buffers=True) as txn:
+            for key in keys:
+                value = txn.get(key)
+                if value is not None:
+                    out[key] = known.unpack(key, value, covered)
+        return out
+
+    def add_known(self, rows: list[tuple[bytes, bytes]], covered: int, again: bool) -> None:
+        """Sessions' rows of the exchanges after the table's mark, the mark moved to `covered`, in
+        one transaction; `again`: the table emptied first (written again from every exchange)."""
+        db = self._known_db(create=True)
+
+        def write(txn: lmdb.Transaction) -> None:
+            if again:
+                txn.drop(db, delete=False)
+            known.put_rows(txn, db, rows, covered)
+
+        self._write(write)
 
     def recent_bodies(self) -> _Recent:
         """The verified bodies a check keeps while it reads (`_check_body`)."""
@@ -289,8 +346,9 @@ class MergeIO:
 
     def absorb(self, batch: Batch, source: Any) -> int:
         """Merge: one batch of another store's exchanges (`Batch`), with the encoded bodies they need
-        and those bodies' dictionaries, from `source`, in one transaction. Returns how many bodies
-        were new here."""
+        and those bodies' dictionaries, from `source`, and its sessions' rows in the sessions table
+        where the table is complete through the exchange before the batch (else they are left for
+        the next merge to read), in one transaction. Returns how many bodies were new here."""
         dicts = {}
         of = self._codec.dictionary_of
         wanted = {k for raw in batch.bodies.values() if raw and (k := of(raw))}
@@ -321,8 +379,13 @@ class MergeIO:
             if batch.moved:  # entries as stored, their lookups copied after the shard's records
                 with txn.cursor(db=self._recorded) as cur:
                     cur.putmulti(batch.moved, append=True)
+            covered = known.covered_in(txn, sessions) if sessions is not None else -1
+            if batch.records and (covered == last or (covered is None and last == 0)):
+                # the table complete through the exchange before this batch: it takes the batch's sessions
+                known.put_rows(txn, sessions, batch.sessions, _U64.unpack(batch.records[-1][0])[0])
             return fresh
 
+        sessions = self._known_db(create=True) if batch.sessions else None
         return self._write(write)
 
     def _put_bodies(self, txn: lmdb.Transaction, raw_bodies: Mapping[bytes, bytes | None], source: Any) -> int:
@@ -358,6 +421,7 @@ class Batch:
     bodies: dict[bytes, bytes | None] = field(default_factory=dict)  # by 32-byte digest
     moved: list[tuple[bytes, bytes]] = field(default_factory=list)  # or: layout-2 or -3 entries as OUT stores them
     heads: list[Any] = field(default_factory=list)  # the records' head rows (`store_heads.row`), in their order
+    sessions: list[tuple[bytes, bytes]] = field(default_factory=list)  # their sessions' rows for OUT's table (`_known.rows_of`)
 
 
 def stored_request_near(rules: Any, request: dict[str, Any], body: bytes | None) -> Near:

@@ -18,6 +18,11 @@ from noisefloor.proxy.store.env import StoreError
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 _MAX_REF_DEPTH = 32  # a body compressed against others is refused past this many levels (a cycle)
 _REF_CACHE = 256  # referenced bodies kept decoded
+_REF_CACHE_ITEM = 1 << 20  # a larger one is not kept: the cache's memory stays bounded
+# one body is compressed against at most this many --max-body-mb of others (a recorder: its
+# session's previous request and answer); past it a planted value is refused before the
+# references are joined into one buffer
+_REF_BODIES = 2
 
 
 class BodyOverLimit(StoreError):
@@ -82,16 +87,24 @@ class Bodies:
     def _resolver(self, depth: int, exchange_id: int | None) -> Callable[[bytes], bytes]:
         """Referenced bodies, verified; the last few are kept, since a session's next request
         refers to what its previous one did (a chain is then decoded once, not once per link)."""
+        left = [_REF_BODIES * self.max_body]  # bytes of referenced bodies this value may still join
+
         def resolve(digest: bytes) -> bytes:
             data = self._refs.get(digest)
             if data is not None:
                 self._refs.move_to_end(digest)
-                return data
-            data = self.body(digest.hex(), exchange_id=exchange_id, part="referenced", _depth=depth + 1)
-            assert data is not None
-            self._refs[digest] = data
-            if len(self._refs) > _REF_CACHE:
-                self._refs.popitem(last=False)
+            else:
+                data = self.body(digest.hex(), exchange_id=exchange_id, part="referenced", _depth=depth + 1)
+                assert data is not None
+                if len(data) <= _REF_CACHE_ITEM:
+                    self._refs[digest] = data
+                    if len(self._refs) > _REF_CACHE:
+                        self._refs.popitem(last=False)
+            left[0] -= len(data)
+            if left[0] < 0:
+                raise StoreError(f"store {self.path}: a body is compressed against more than {_REF_BODIES} x "
+                                 f"--max-body-mb {self.max_body >> 20} of other bodies (damaged or planted); "
+                                 "restore the store from a copy")
             return data
 
         return resolve

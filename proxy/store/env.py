@@ -40,8 +40,11 @@ def refusal(path: Path, fmt: object) -> str | None:
     if fmt == FORMAT:
         return None
     number = fmt.removeprefix(_PREFIX) if isinstance(fmt, str) and fmt.startswith(_PREFIX) else ""
-    if not (number.isascii() and number.isdigit() and len(number) < 5):
-        return f"{path} is not an nfproxy store (format {fmt!r}); point --store at one made by nfproxy"
+    # a number as nfproxy writes it (no sign, no leading zero, from 1): any other spelling is no
+    # format of nfproxy's, older or newer, so `migrate` is not sent one it cannot convert
+    if not (number.isascii() and number.isdigit() and len(number) < 5 and number == str(int(number)) != "0"):
+        # the mark itself is not echoed: a planted one may be anything (a secret, a megabyte)
+        return f"{path} is not an nfproxy store (its format mark is none nfproxy writes); point --store at one made by nfproxy"
     if int(number) > int(FORMAT.removeprefix(_PREFIX)):
         return f"{path} is a store of format {fmt}, newer than this nfproxy reads ({FORMAT}); upgrade noisefloor"
     return f"{path} is a store of format {fmt}, older than {FORMAT}; run `nfproxy migrate {path}` first"

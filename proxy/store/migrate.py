@@ -15,6 +15,11 @@ converted by one step over the old store's tables as written, into a new environ
 The new environment is then a store of today's format, which `compact.rewrite` (today's code
 only) re-encodes with dictionaries trained on it; its data file replaces the old one in one
 rename. Killed at any point, the store is as it was, and running it again starts over.
+
+Every byte of the old store may have been written by an adversary: each value is read within
+today's bounds, a dictionary must hash to its key, meta must name a layout and rules nfproxy
+wrote, and the converted index must name each recorded exchange as its record does; anything
+else is one line naming the store and the fix, with the store and its folder as they were.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import _records as store_records
@@ -48,7 +54,13 @@ OLDER = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor
 _JOINED = ("noisefloor-log/5", "noisefloor-log/6")  # records already stored as today's, with their heads
 _UNTAGGED = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic: format 1's values had no tag in front
 _BATCH = 5000
+_UNCHANGED = "nothing was changed"
+_LAYOUTS = (1, 2, 3)  # the replay index layouts formats 1-6 were written with (or none: no meta)
+# what reading a damaged old store raises (a value nested past the parser's depth: RecursionError)
+_BAD = (*DAMAGE, RecursionError)
 _U64 = struct.Struct(">Q")
+_HEX = frozenset("0123456789abcdef")
+_BUCKET = 8  # bytes of a nearest-request bucket (`replay_index.bucket`)
 
 
 class _Entry2(msgspec.Struct, array_like=True):
@@ -81,19 +93,30 @@ def migrate(path: Path, progress: Callable[[str], None] = lambda s: None,
     if fmt not in OLDER:
         raise StoreError(refusal(path, fmt) or f"{path} is not an nfproxy store; point --store at one made by nfproxy")
     before = (path / "data.mdb").stat().st_size
-    work = path.parent / f".{path.name}.migrate"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
+    real = path.resolve()  # the work folder beside the store's real folder: its data file moves in by a rename
+    work = real.parent / f".{real.name}.migrate"
+    left = (work, work.parent / f".{work.name}.rewrite", work.parent / f".{work.name}.compact")  # and compact's
     try:
-        with _record_lock(path):
-            _convert(path, work, fmt, progress, max_body)
-        try:
-            done = compact.rewrite(work, progress, max_body)
-        except StoreError as exc:  # found by today's reader in the converted copy: the old store's damage
-            raise StoreError(f"{str(exc).replace(str(work), str(path))}; nothing was changed") from None
-        compact.swap_in(work, path)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        with _record_lock(path):  # until swapped in: no proxy records into it, no other migrate shares `work`
+            try:
+                _clear(work)
+                work.mkdir()
+                _convert(path, work, fmt, progress, max_body)
+                _check_index(work)
+                done = compact.rewrite(work, progress, max_body)
+                compact.swap_in(work, path)
+            finally:
+                for p in left:
+                    _clear(p)
+    except StoreError as exc:  # found in the converted copy (by today's reader too): the old store's damage
+        said = str(exc).replace(str(work), str(path))
+        raise StoreError(said if said.endswith(_UNCHANGED) else f"{said}; {_UNCHANGED}") from None
+    except _BAD as exc:  # the converted copy's index, read back
+        raise StoreError(f"store {path} is damaged ({exc.__class__.__name__}: {exc}); restore it from a copy; "
+                         f"{_UNCHANGED}") from None
+    except OSError as exc:
+        raise StoreError(f"cannot migrate store {path}: {exc.strerror or exc.__class__.__name__} "
+                         f"({exc.filename}); fix that and run migrate again; {_UNCHANGED}") from None
     return replace(done, before_bytes=before, after_bytes=(path / "data.mdb").stat().st_size, from_format=fmt)
 
 
@@ -103,7 +126,7 @@ def _format(path: Path) -> Any:
         with env.begin(db=env.open_db(b"meta", create=False)) as txn:
             raw = txn.get(b"format")
         return None if raw is None else json.loads(raw)
-    except (lmdb.Error, ValueError) as exc:
+    except (lmdb.Error, ValueError, RecursionError) as exc:
         raise StoreError(f"{path} is an LMDB environment but not an nfproxy store ({exc})") from None
     finally:
         env.close()
@@ -111,12 +134,14 @@ def _format(path: Path) -> Any:
 
 @contextmanager
 def _record_lock(path: Path) -> Iterator[None]:
-    """The old store's recording lock, held while it is read: no proxy records into it meanwhile."""
+    """The old store's recording lock, held while it is read and replaced: no proxy records into it
+    meanwhile, and a second migrate of it is refused instead of sharing the first's work folder."""
     with open(path / "nfproxy-record.lock", "a+") as fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
-            raise StoreError(f"store {path} is being recorded by an nfproxy; stop it, then run migrate again") from None
+            raise StoreError(f"store {path} is being recorded or migrated by another nfproxy; stop it or let it finish, "
+                             "then run migrate again") from None
         yield
 
 
@@ -128,7 +153,10 @@ def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None], 
         _converted(old, path, work, fmt, progress, max_body)
     except StoreError:
         raise
-    except DAMAGE as exc:
+    except _Unwritten as exc:
+        raise StoreError(f"cannot write the converted copy of store {path} in {work.parent} ({exc}); free disk space "
+                         f"there, then run migrate again; {_UNCHANGED}") from None
+    except _BAD as exc:
         raise StoreError(f"store {path} is damaged ({exc.__class__.__name__}: {exc}); restore it from a copy; "
                          "nothing was changed") from None
     finally:
@@ -139,13 +167,22 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
                max_body: int) -> None:
     names = _tables(old)
     dicts = dict(_rows(old, names.get(b"dicts")))
-    decoder = codec.Codec(dicts.get)
+    decoder = codec.Codec(lambda key: _dictionary(dicts, key))
     meta = {k.decode(): json.loads(v) for k, v in _rows(old, names.get(b"meta"))}
-    new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
+    layout = meta.get("replay_index")
+    if layout is not None and (type(layout) is not int or layout not in _LAYOUTS):
+        raise StoreError(f"store {path} marks its replay index with a layout no nfproxy wrote (meta replay_index); "
+                         f"restore it from a copy; {_UNCHANGED}")
+    if "rules" in meta and Rules.described(meta["rules"]) is None:  # replay keys requests by them
+        raise StoreError(f"store {path}: its normalization rules (meta rules) are not a rule set nfproxy wrote; "
+                         f"restore it from a copy; {_UNCHANGED}")
+    with _writing():
+        new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
     try:
-        dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
-                                                    "heads", "index_routes", *store_heads.SETS)}
-        dbs["lookups"] = new.open_db(b"lookups", dupsort=True, dupfixed=True)
+        with _writing():  # each table made in a transaction of its own
+            dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
+                                                        "heads", "index_routes", *store_heads.SETS)}
+            dbs["lookups"] = new.open_db(b"lookups", dupsort=True, dupfixed=True)
         _put(new, dbs["dicts"], iter(dicts.items()))
         _put(new, dbs["bodies"], ((k, codec.checked(_tagged(v))) for k, v in _rows(old, names.get(b"bodies"))))
         progress("bodies converted")
@@ -156,7 +193,6 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
             _put_records(new, dbs, _rows(old, names.get(b"exchanges")), decoder, path, max_body)
         progress("records converted")
         _put(new, dbs["outcomes"], _outcomes(_rows(old, names.get(b"outcomes")), path))
-        layout = meta.get("replay_index")
         if layout == 3:  # layout 4's but for the sketch's width
             _put(new, dbs["recorded"], ((k, _entry3_as_4(v)) for k, v in _rows(old, names.get(b"recorded"))))
             _put(new, dbs["index_routes"], _rows(old, names.get(b"index_routes")))
@@ -170,8 +206,48 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
         new.close()
     if layout != 3:
         with Store.open(work, write=True, max_body=max_body) as store:
-            store.put_entries(_completed(store, entries))
+            with _writing():
+                store.put_entries(_completed(store, entries))
         progress("replay index rebuilt")
+
+
+def _clear(p: Path) -> None:
+    """Nothing at `p`: a folder removed, a file or a link (never what it points to) unlinked."""
+    if p.is_symlink() or p.is_file():
+        p.unlink()
+    else:
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def _dictionary(dicts: dict[bytes, bytes], key: bytes) -> bytes | None:
+    """An old store's dictionary, refused where its bytes are not the ones its key names (values
+    decompressed with another dictionary would not be what was recorded)."""
+    data = dicts.get(key)
+    if data is not None and codec.dict_key(data) != key:
+        raise ValueError(f"compression dictionary {key.hex()} does not match its hash")
+    return data
+
+
+def _check_index(work: Path) -> None:
+    """The converted replay index names each recorded exchange once, as its record does (its
+    request key, session, occurrence and seq), and its answers carried (`deps`) are seqs of its
+    session's recorded exchanges: an old index naming anything else is damage, refused by name."""
+    with Store.open(work, write=False) as store:
+        listed = list(store.exchanges())
+        if len(listed) != len(store):  # one under id 0, which no reader lists
+            raise StoreError(f"store {work} holds an exchange under an id no nfproxy writes; restore it from a copy")
+        recorded = {ex.id: (ex.key, ex.session, ex.occurrence, ex.seq) for ex in listed if ex.mode == "record"}
+        entries = list(store.recorded_entries())
+        if sorted(e.id for e in entries) != sorted(recorded):
+            raise StoreError(f"store {work}: its replay index does not name each recorded exchange once; restore it "
+                             "from a copy")
+        seqs: dict[str, set[int]] = {}
+        for e in entries:
+            seqs.setdefault(e.session, set()).add(e.seq)
+        for e in entries:
+            if recorded[e.id] != (e.key, e.session, e.occurrence, e.seq) or not seqs[e.session].issuperset(e.deps):
+                raise StoreError(f"store {work}: the replay index entry of exchange {e.id} does not match its "
+                                 "record; restore it from a copy")
 
 
 def _tables(env: lmdb.Environment) -> dict[bytes, Any]:
@@ -187,9 +263,21 @@ def _rows(env: lmdb.Environment, db: Any) -> Iterator[tuple[bytes, bytes]]:
         yield from txn.cursor().iternext()
 
 
+class _Unwritten(Exception):
+    """Writing the converted copy failed (a full disk, most often): not the old store's damage."""
+
+
+@contextmanager
+def _writing() -> Iterator[None]:
+    try:
+        yield
+    except lmdb.Error as exc:
+        raise _Unwritten(f"{exc.__class__.__name__}: {exc}") from None
+
+
 def _put(env: lmdb.Environment, db: Any, items: Iterator[tuple[bytes, bytes]], append: bool = True) -> None:
     while batch := list(islice(items, _BATCH)):
-        with env.begin(write=True, db=db) as txn:
+        with _writing(), env.begin(write=True, db=db) as txn:
             for k, v in batch:
                 txn.put(k, v, append=append)
 
@@ -204,20 +292,29 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
     """Whole records (formats 1-4) stored as today's: without their head's fields, beside a head row."""
     names = store_heads.Sets(dbs["labels"], dbs["routes"])
     while batch := list(islice(rows, _BATCH)):
-        with env.begin(write=True) as txn:
+        with _writing(), env.begin(write=True) as txn:
             for k, raw in batch:
                 exchange_id = _U64.unpack(k)[0]
                 try:
                     text = decoder.decode(_tagged(raw), max_body)
-                    exchange_record.parse(text)
+                    _digests_named(exchange_record.parse(text))
                     checked = exchange_record.checked_head(text)
-                except (TypeError, ValueError, *DAMAGE) as exc:
+                except _BAD as exc:
                     raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: "
                                      f"{exc}); restore it from a copy; nothing was changed") from None
                 stored, r = store_records.encoded(decoder, None, text, checked)
                 txn.put(k, stored, db=dbs["exchanges"], append=True)
                 txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)
         names.settle(True)
+
+
+def _digests_named(ex: exchange_record.Exchange) -> None:
+    """A record's bodies named by sha256 hex, as every reader looks them up: anything else may be
+    any text (a planted key), which no message may then repeat."""
+    for name, part in (("request", ex.request), ("response", ex.response or {})):
+        digest = part.get("body")
+        if digest is not None and not (type(digest) is str and len(digest) == 64 and _HEX.issuperset(digest)):
+            raise ValueError(f"its {name} body is not named by a sha256")
 
 
 def _outcomes(rows: Iterator[tuple[bytes, bytes]], path: Path) -> Iterator[tuple[bytes, bytes]]:
@@ -264,6 +361,8 @@ def _old_entries(env: lmdb.Environment, names: dict[bytes, Any], layout: Any) ->
             e = RecordedEntry(exchange_id, e2.key.hex(), _text(e2.session), e2.occurrence, e2.seq, _text(e2.route),
                               e2.start, e2.end, e2.deps)
             buck, sk = e2.bucket, e2.sketch
+        if buck is not None and len(buck) != _BUCKET:
+            raise ValueError(f"a replay-index bucket of {len(buck)} bytes")
         near: Near = None if buck is None or sk is None else (buck, replay_index.bands(buck, sk), sk)
         out.append((replace(e, near=near), layout in (1, 2)))
     return out
@@ -280,7 +379,6 @@ def _completed(store: Store, entries: list[tuple[RecordedEntry, bool]]) -> Itera
         yield from (e for e, _ in entries)
         return
     from noisefloor.proxy.request.dependencies import recompute
-    from noisefloor.proxy.request.keys import Rules
     from noisefloor.proxy.store.merge.shard import stored_request_near
 
     rules = Rules.described(store.meta("rules"))

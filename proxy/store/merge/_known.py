@@ -23,8 +23,6 @@ import struct
 import zlib
 from typing import Any
 
-import numpy as np
-
 from noisefloor.proxy.store.env import StoreError
 
 TABLE = b"merge_sessions"
@@ -33,7 +31,7 @@ _U32 = struct.Struct(">I")
 _U64 = struct.Struct("<Q")
 _LANES = 32
 
-Row = tuple[np.ndarray, np.ndarray]  # a session's four lane sums (uint64) and its ids (uint64, ascending)
+Row = tuple[Any, Any]  # numpy arrays (numpy imported on use: nfproxy starts without it): a session's four lane sums (uint64) and its ids (uint64, ascending)
 
 
 class Damaged(StoreError):
@@ -59,6 +57,8 @@ def packed(row: Row) -> bytes:
 
 
 def unpacked(rest: bytes) -> Row:
+    import numpy as np
+
     return np.frombuffer(rest, dtype="<u8", count=4).astype(np.uint64), np.frombuffer(
         rest, dtype="<u8", offset=_LANES).astype(np.uint64)
 
@@ -74,10 +74,12 @@ def unpack(key: bytes, value: Any, covered: int) -> Row:
     return lanes, ids
 
 
-def rows_of(keys: np.ndarray, lanes: np.ndarray, counts: np.ndarray, ids: np.ndarray) -> list[tuple[bytes, bytes]]:
+def rows_of(keys: Any, lanes: Any, counts: Any, ids: Any) -> list[tuple[bytes, bytes]]:
     """Sessions' rows as `put_rows` takes them, (key, value less its CRC), made in one pass: their
     name hashes (V16), lane sums ((n, 4) uint64), counts, and ids (as OUT numbers them, grouped by
     session in this order, ascending within one)."""
+    import numpy as np
+
     n = len(keys)
     if not n:
         return []
@@ -105,6 +107,8 @@ def unpack_covered(value: Any) -> int:
 
 def joined(a: Row | None, b: Row) -> Row:
     """Two parts of one session (a: its exchanges up to some id, b: after it) as one row."""
+    import numpy as np
+
     if a is None:
         return b
     with np.errstate(over="ignore"):

@@ -87,3 +87,19 @@ def fixture_copy(tmp_path: Path, fixture: str, name: str = "old.lmdb") -> Path:
     store = tmp_path / name
     shutil.copytree(DATA / fixture, store, ignore=shutil.ignore_patterns("lock.mdb"))
     return store
+
+
+def killed_after_first_batch(argv: list[str]) -> None:
+    """Run a merge (`argv`) and SIGKILL it once it says its first batch is committed."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr is not None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stderr.readline()
+        if "exchanges merged" in line or not line:
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)

@@ -7,7 +7,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ from noisefloor.proxy.store.replay_index import RecordedEntry
 from tests import loopback
 from tests.conftest import ProxyProcess, start_nfproxy
 from tests.fake_upstream import FakeUpstream
+from tests.store.store_fixtures import killed_after_first_batch
 
 NFPROXY = str(Path(sys.executable).with_name("nfproxy"))
 SHARED = "the same long system prompt in every shard " * 40
@@ -144,14 +144,7 @@ def test_an_interrupted_merge_finishes_when_run_again(tmp_path):
     clean = tmp_path / "clean.lmdb"
     merge(clean, [big])
     out = tmp_path / "out.lmdb"
-    proc = subprocess.Popen([NFPROXY, "merge", str(out), str(big)], stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # killed after its first committed batch
-        line = proc.stderr.readline()
-        if "exchanges merged" in line or not line:
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
+    killed_after_first_batch([NFPROXY, "merge", str(out), str(big)])
     with Store.open(out, write=False) as s:
         partial = len(s)
     assert 0 < partial < 6000 and partial % 3 == 0  # whole sessions only

@@ -8,9 +8,6 @@ real recorder."""
 
 from __future__ import annotations
 
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import lmdb
@@ -21,7 +18,7 @@ from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.merge.run import merge
 from tests.conftest import nfproxy_argv
-from tests.store.store_fixtures import run
+from tests.store.store_fixtures import killed_after_first_batch, run
 
 
 def _recorded(path: Path, n: int, seed: int, prefix: str) -> Path:
@@ -156,15 +153,7 @@ def test_a_damaged_row_or_a_forged_mark_has_the_table_written_again(shards, tmp_
 def test_a_merge_killed_between_batches_leaves_the_table_true_to_the_exchanges(tmp_path):
     big = _many(tmp_path / "big.lmdb")
     out = tmp_path / "out.lmdb"
-    proc = subprocess.Popen([*nfproxy_argv(), "merge", "--jobs", "1", str(out), str(big)], stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # killed after its first committed batch
-        line = proc.stderr.readline()
-        if "exchanges merged" in line or not line:
-            break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
+    killed_after_first_batch([*nfproxy_argv(), "merge", "--jobs", "1", str(out), str(big)])
     with Store.open(out, write=False) as s:
         partial = len(s)
         covered = s.known_covered()

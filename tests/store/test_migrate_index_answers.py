@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.store_traffic import REQUEST_HEADERS
-from noisefloor.proxy.store.log import FORMAT, Store, StoreError
+from noisefloor.proxy.store.log import FORMAT, Store
 from noisefloor.proxy.store.merge.run import merge
 from noisefloor.proxy.store.migrate import migrate
 from noisefloor.proxy.store.replay_index import VERSION
@@ -87,22 +87,3 @@ def test_a_migrate_stopped_before_its_swap_leaves_the_store_as_it_was_and_the_ne
     assert r.returncode == 0, r.stderr
     assert layout(v1) == (FORMAT, VERSION) and not (v1.parent / f".{v1.name}.migrate").exists()
     assert answered(v1) == EXPECTED
-
-
-def test_a_damaged_layout_2_entry_is_refused_by_name(v1, tmp_path):
-    import lmdb
-
-    out = tmp_path / "merged.lmdb"
-    migrate(v1)
-    merge(out, [v1])
-    env = lmdb.open(str(out), max_dbs=12)
-    with env.begin(write=True) as txn:
-        txn.put((5).to_bytes(8, "big"), b"\x9c\xa3bad", db=env.open_db(b"recorded", txn=txn))
-    env.close()
-    with Store.open(out, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
-        s.recorded_entries_by_id([4, 5])
-    r = nfproxy("compact", "--store", str(out))
-    assert r.returncode != 0 and "Traceback" not in r.stderr
-    assert "entry of exchange 5 is damaged" in r.stderr.strip().splitlines()[-1]
-    with Store.open(out, write=False) as s:  # refused before anything was replaced
-        assert len(s) == 60 and s.recorded_entries_by_id([4])[0].id == 4

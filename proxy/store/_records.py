@@ -41,6 +41,12 @@ def stripped(doc: bytes) -> bytes:
     return _ENCODE({k: v for k, v in _FIELDS.decode(doc).items() if k not in _DROP})
 
 
+def renumbered(doc: bytes, exchange_id: int) -> bytes:
+    """A record's JSON text under another id, the id first (its other values' bytes untouched);
+    msgspec's DecodeError for a text whose keys it cannot read."""
+    return _ENCODE({"id": exchange_id, **{k: v for k, v in _FIELDS.decode(doc).items() if k != "id"}})
+
+
 @functools.cache
 def _bits() -> dict[str, int]:
     """Each field's bit in a head's `left_out` (`exchange_record._listable`'s numbering)."""

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import multiprocessing
 import os
-import re
 import signal
 import struct
 import threading
@@ -27,6 +27,8 @@ from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import _records as store_records
@@ -44,9 +46,6 @@ _CHUNK, _END, _FAILED = b"c", b".", b"!"  # what a message from the lookups' pro
 PARALLEL_FROM = 20000  # exchanges; fewer are prepared in this process (starting workers costs more)
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
-_ID_PREFIX = re.compile(rb'^\{"id": ?\d+, ?')
-
-
 def index_entries(src: Store, olds: list[int], first: int) -> list[tuple[int, RecordedEntry]]:
     """The replay-index entries of exchanges `olds` of `src` (the recorded ones), each with its
     nearest-request entry as the shard holds it (a layout-4 one's computed again from its request:
@@ -72,13 +71,19 @@ class Preparer:
         self.codec = codec.Codec({self.key: record_dict}.get if record_dict and self.key else lambda k: None)
 
     def record(self, new_id: int, text: bytes, tail: HeadTail | None = None) -> tuple[bytes, store_heads.Row | None]:
-        """A record's JSON (an object without "id") as OUT stores it under `new_id`, and its head's
-        row: the shard's checked head (`tail`) tied to the new bytes, or read from the text."""
-        doc = b'{"id":%d,%s' % (new_id, text[1:])
+        """A record's JSON (an object, with its source id or none) as OUT stores it under `new_id`,
+        and its head's row: the shard's checked head (`tail`) tied to the new bytes (the record
+        stored without the head's fields, the id among them), or read from the record given its
+        new id."""
         if tail is not None:  # the id is in no head's field: only the record's CRC changes
-            stored = self.codec.encode(store_records.stripped(doc), self.key)
+            stored = self.codec.encode(store_records.stripped(text), self.key)
             return stored, (tail[0], tail[1], _U32.pack(zlib.crc32(stored)) + tail[2])
-        return store_records.encoded(self.codec, self.key, doc, self.src.checked_head(doc, new_id))
+        try:
+            whole = store_records.renumbered(text, new_id)
+        except msgspec.DecodeError:  # keys msgspec cannot read (a lone surrogate): json's reading
+            doc = {k: v for k, v in json.loads(text).items() if k != "id"}
+            whole = json.dumps({"id": new_id, **doc}, separators=(",", ":")).encode()
+        return store_records.encoded(self.codec, self.key, whole, self.src.checked_head(whole, new_id))
 
     def batch(self, olds: list[int], first: int, plans: bytes | None = None) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
@@ -105,7 +110,7 @@ class Preparer:
                 value, head = b"", None
             else:
                 assert text is not None
-                value, head = self.record(first + k, b"{" + _ID_PREFIX.sub(b"", text, 1), tail)
+                value, head = self.record(first + k, text, tail)
             records.append((_U64.pack(first + k), value))
             heads.append(head)
         wanted = sorted(digests)

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from readers_scale import unpack  # noqa: E402 - a sibling script
 
-WORKER = r'''
+_PREAMBLE = r'''
 import json, sys, tempfile, time
 from pathlib import Path
 from noisefloor.proxy.request.keys import Rules
@@ -39,25 +39,21 @@ from noisefloor.proxy.store.log import Store
 from noisefloor.proxy.request.traffic import RequestData, ResponseData
 
 n = int(sys.argv[1])
-def request(i):
-    body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"question {i} " * 20}]})
-    return RequestData("POST", "http://127.0.0.1:9/v1/chat/completions", "127.0.0.1", "/v1/chat/completions",
-                       (("content-type", "application/json"),), body.encode())
-def response(i):
-    doc = {"id": f"c-{i}", "object": "chat.completion", "model": "gpt-4o-mini-2024-07-18",
-           "choices": [{"index": 0, "message": {"role": "assistant", "content": f"answer {i} " * 30},
-                        "finish_reason": "stop"}], "usage": {"prompt_tokens": 50, "completion_tokens": 60}}
-    return ResponseData(200, (("content-type", "application/json"),), json.dumps(doc).encode())
+'''
+
+# the timed part, after a traffic's request(i), response(i), label(i) and WARM (exchanges recorded first)
+_TIMED = r'''
 with tempfile.TemporaryDirectory() as d, Store.open(Path(d) / "s.lmdb", write=True, create=True) as s:
     rec = Recorder(s, Rules())
-    labels = [Labels(f"session-{k}", task=f"task-{k % 20}", replicate=str(k % 3), condition=f"c{k % 2}") for k in range(50)]
-    work = [(request(i), response(i), labels[i % 50]) for i in range(n + 200)]
-    for req, resp, lab in work[:200]:  # warm: dictionaries trained, caches filled
-        rec.finish(rec.begin(req, lab), resp)
+    work = [(request(i), response(i), label(i)) for i in range(n + WARM)]
     # a revision whose proxy registers an answer's dependency marks after releasing it: timed apart
     defer = {"defer_tracking": True} if hasattr(rec, "track_answers") else {}
+    for req, resp, lab in work[:WARM]:  # warm: dictionaries trained, caches filled
+        rec.finish(rec.begin(req, lab), resp, **defer)
+        if defer:
+            rec.track_answers()
     begin = finish = after = 0.0
-    for req, resp, lab in work[200:]:
+    for req, resp, lab in work[WARM:]:
         t0 = time.process_time()
         p = rec.begin(req, lab)
         t1 = time.process_time()
@@ -72,16 +68,26 @@ with tempfile.TemporaryDirectory() as d, Store.open(Path(d) / "s.lmdb", write=Tr
     print(json.dumps({"begin_us": begin / n * 1e6, "finish_us": finish / n * 1e6, "after_us": after / n * 1e6}))
 '''
 
-LATENCY_TRAFFIC = r'''
-import json, sys, tempfile, time
-from pathlib import Path
-from noisefloor.proxy.request.keys import Rules
-from noisefloor.proxy.request.labels import Labels
-from noisefloor.proxy.record.recorder import Recorder
-from noisefloor.proxy.store.log import Store
-from noisefloor.proxy.request.traffic import RequestData, ResponseData
+# 50 labelled sessions, distinct bodies
+WORKER = _PREAMBLE + r'''
+WARM = 200
+def request(i):
+    body = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"question {i} " * 20}]})
+    return RequestData("POST", "http://127.0.0.1:9/v1/chat/completions", "127.0.0.1", "/v1/chat/completions",
+                       (("content-type", "application/json"),), body.encode())
+def response(i):
+    doc = {"id": f"c-{i}", "object": "chat.completion", "model": "gpt-4o-mini-2024-07-18",
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": f"answer {i} " * 30},
+                        "finish_reason": "stop"}], "usage": {"prompt_tokens": 50, "completion_tokens": 60}}
+    return ResponseData(200, (("content-type", "application/json"),), json.dumps(doc).encode())
+LABELS = [Labels(f"session-{k}", task=f"task-{k % 20}", replicate=str(k % 3), condition=f"c{k % 2}") for k in range(50)]
+def label(i):
+    return LABELS[i % 50]
+''' + _TIMED
 
-n = int(sys.argv[1])
+# proxy_latency's traffic: one session, 300 bodies asked again and again, an httpx client's headers
+LATENCY_TRAFFIC = _PREAMBLE + r'''
+WARM = 300
 def request(i):
     b = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": f"task {i % 300} " + "x" * 400}],
                     "temperature": 0.7}).encode()
@@ -99,26 +105,9 @@ def response(i):
     return ResponseData(200, (("content-type", "application/json"), ("set-cookie", "upstream-session=cookie-secret"),
                               ("content-length", str(len(b))), ("date", "Thu, 03 Dec 2026 19:00:00 GMT"),
                               ("server", "Python/3.11 aiohttp/3.9")), b)
-with tempfile.TemporaryDirectory() as d, Store.open(Path(d) / "s.lmdb", write=True, create=True) as s:
-    rec = Recorder(s, Rules())
-    work = [(request(i), response(i)) for i in range(n + 300)]
-    for req, resp in work[:300]:  # warm: dictionaries trained, each body seen once
-        rec.finish(rec.begin(req, Labels("default")), resp, defer_tracking=True)
-        rec.track_answers()
-    begin = finish = after = 0.0
-    for req, resp in work[300:]:
-        t0 = time.process_time()
-        p = rec.begin(req, Labels("default"))
-        t1 = time.process_time()
-        rec.finish(p, resp, defer_tracking=True)
-        t2 = time.process_time()
-        rec.track_answers()
-        t3 = time.process_time()
-        begin += t1 - t0
-        finish += t2 - t1
-        after += t3 - t2
-    print(json.dumps({"begin_us": begin / n * 1e6, "finish_us": finish / n * 1e6, "after_us": after / n * 1e6}))
-'''
+def label(i):
+    return Labels("default")
+''' + _TIMED
 
 HEAD_COST = r'''
 import json, sys, time

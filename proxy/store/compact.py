@@ -99,7 +99,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
             _copy_records(src, env, dbs, codec.Codec(dicts.get, LEVELS["record"]), keys.get("record"), progress)
             _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
-                for db_name, items in (("outcomes", _outcomes(src)), ("meta", src.raw_table("meta"))):
+                for db_name, items in (("outcomes", keyed_outcomes(src.raw_table("outcomes"), src.path)), ("meta", src.raw_table("meta"))):
                     for k, v in items:
                         txn.put(k, v, db=dbs[db_name])
                 txn.put(b"format", json.dumps(FORMAT).encode(), db=dbs["meta"])
@@ -180,18 +180,18 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, Any], progress
     _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
 
 
-def _outcomes(src: Store) -> Iterator[tuple[bytes, bytes]]:
-    """The graded rows as today's format keeps them (`outcome_values`), each read first: one whose
-    key is not its own stops the rewrite, by name."""
-    for k, v in src.raw_table("outcomes"):
+def keyed_outcomes(rows: Iterable[tuple[bytes, bytes]], path: Path) -> Iterator[tuple[bytes, bytes]]:
+    """The graded rows of the store at `path` as today's format keeps them (`outcome_values`), each
+    read first: one whose key is not its own stops the rewrite, by name."""
+    for k, v in rows:
         try:
             row = outcome_values.row(k, v)
             ok = outcome_values.key(row) == k
         except DAMAGE as exc:
-            raise StoreError(f"store {src.path}: an outcome row is damaged ({exc.__class__.__name__}); restore the "
+            raise StoreError(f"store {path}: an outcome row is damaged ({exc.__class__.__name__}); restore the "
                              "store from a copy") from None
         if not ok:
-            raise StoreError(f"store {src.path}: an outcome row is stored under another row's key; restore the "
+            raise StoreError(f"store {path}: an outcome row is stored under another row's key; restore the "
                              "store from a copy")
         yield k, outcome_values.value(row)
 

@@ -40,7 +40,6 @@ import msgspec
 
 from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.store import _codec as codec
-from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import compact, replay_index
 from noisefloor.proxy.store import exchange as exchange_record
@@ -59,7 +58,6 @@ _LAYOUTS = (1, 2, 3)  # the replay index layouts formats 1-6 were written with (
 # what reading a damaged old store raises (a value nested past the parser's depth: RecursionError)
 _BAD = (*DAMAGE, RecursionError)
 _U64 = struct.Struct(">Q")
-_HEX = frozenset("0123456789abcdef")
 _BUCKET = 8  # bytes of a nearest-request bucket (`replay_index.bucket`)
 
 
@@ -165,7 +163,7 @@ def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None], 
 
 def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress: Callable[[str], None],
                max_body: int) -> None:
-    names = _tables(old)
+    names = {name: db for name, db, _ in compact.tables(old)}
     dicts = dict(_rows(old, names.get(b"dicts")))
     decoder = codec.Codec(lambda key: _dictionary(dicts, key))
     meta = {k.decode(): json.loads(v) for k, v in _rows(old, names.get(b"meta"))}
@@ -192,7 +190,7 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
         else:
             _put_records(new, dbs, _rows(old, names.get(b"exchanges")), decoder, path, max_body)
         progress("records converted")
-        _put(new, dbs["outcomes"], _outcomes(_rows(old, names.get(b"outcomes")), path))
+        _put(new, dbs["outcomes"], compact.keyed_outcomes(_rows(old, names.get(b"outcomes")), path))
         if layout == 3:  # layout 4's but for the sketch's width
             _put(new, dbs["recorded"], ((k, _entry3_as_4(v)) for k, v in _rows(old, names.get(b"recorded"))))
             _put(new, dbs["index_routes"], _rows(old, names.get(b"index_routes")))
@@ -233,10 +231,13 @@ def _check_index(work: Path) -> None:
     request key, session, occurrence and seq), and its answers carried (`deps`) are seqs of its
     session's recorded exchanges: an old index naming anything else is damage, refused by name."""
     with Store.open(work, write=False) as store:
-        listed = list(store.exchanges())
-        if len(listed) != len(store):  # one under id 0, which no reader lists
+        listed, recorded = 0, {}
+        for ex in store.exchanges():  # one at a time: a store of millions is not held whole
+            listed += 1
+            if ex.mode == "record":
+                recorded[ex.id] = (ex.key, ex.session, ex.occurrence, ex.seq)
+        if listed != len(store):  # one under id 0, which no reader lists
             raise StoreError(f"store {work} holds an exchange under an id no nfproxy writes; restore it from a copy")
-        recorded = {ex.id: (ex.key, ex.session, ex.occurrence, ex.seq) for ex in listed if ex.mode == "record"}
         entries = list(store.recorded_entries())
         if sorted(e.id for e in entries) != sorted(recorded):
             raise StoreError(f"store {work}: its replay index does not name each recorded exchange once; restore it "
@@ -248,12 +249,6 @@ def _check_index(work: Path) -> None:
             if recorded[e.id] != (e.key, e.session, e.occurrence, e.seq) or not seqs[e.session].issuperset(e.deps):
                 raise StoreError(f"store {work}: the replay index entry of exchange {e.id} does not match its "
                                  "record; restore it from a copy")
-
-
-def _tables(env: lmdb.Environment) -> dict[bytes, Any]:
-    with env.begin() as txn:
-        names = list(txn.cursor().iternext(values=False))
-    return {n: env.open_db(n, create=False, dupsort=n == b"lookups", dupfixed=n == b"lookups") for n in names}
 
 
 def _rows(env: lmdb.Environment, db: Any) -> Iterator[tuple[bytes, bytes]]:
@@ -313,17 +308,8 @@ def _digests_named(ex: exchange_record.Exchange) -> None:
     any text (a planted key), which no message may then repeat."""
     for name, part in (("request", ex.request), ("response", ex.response or {})):
         digest = part.get("body")
-        if digest is not None and not (type(digest) is str and len(digest) == 64 and _HEX.issuperset(digest)):
+        if digest is not None and not (type(digest) is str and store_heads.HEX_KEY.fullmatch(digest)):
             raise ValueError(f"its {name} body is not named by a sha256")
-
-
-def _outcomes(rows: Iterator[tuple[bytes, bytes]], path: Path) -> Iterator[tuple[bytes, bytes]]:
-    for k, v in rows:
-        row = outcome_values.row(k, v)
-        if outcome_values.key(row) != k:
-            raise StoreError(f"store {path}: an outcome row is stored under another row's key; restore it from a "
-                             "copy; nothing was changed")
-        yield k, outcome_values.value(row)
 
 
 def _entry3_as_4(raw: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """An outcomes file's rows read straight into columns (`outcome_columns.RowColumns`), for
-`nfanalyze --outcomes FILE`: a million rows as typed rows (`OutcomeRow.from_json`, about 30 µs
-each with the reading) were most of the command's time.
+`nfanalyze --outcomes FILE`: a million rows are too many to build one typed row
+(`OutcomeRow.from_json`) each.
 
 Exact or not at all, as `stored_rows` is for a store: a row is taken here only when the full
 parse (`outcome_rows.read` + `OutcomeRow.from_json`) would keep its values as they are read here,

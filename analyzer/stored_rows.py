@@ -1,6 +1,6 @@
 """A store's graded rows read straight into columns (`outcome_columns.RowColumns`), for
-`nfanalyze STORE`: a million-exchange study keeps a few hundred thousand rows, which as typed
-rows (`OutcomeRow.from_json`, 13 µs and ~2 kB each) were most of its time and memory.
+`nfanalyze STORE`: a million-exchange study keeps a few hundred thousand rows, too many to build one typed
+row (`OutcomeRow.from_json`) each.
 
 Exact or not at all: a row is taken here only when its text decodes into `_Stored` (every column
 this version knows, each of a type its parser in `outcome_rows` returns unchanged) and its values

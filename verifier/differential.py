@@ -189,7 +189,7 @@ class Differential:
     def _compute(self, tasks: list[CodeTask], progress: Callable[[int, int], None] | None) -> None:
         """Run these canonical solutions, keep their outputs and add them to the cache file (which
         keeps every task any grader of this dataset computed: a grader of a subset of the tasks
-        no longer replaces the whole dataset's file with its own few)."""
+        adds its few to the dataset's file rather than replacing it)."""
         assert self._expected is not None
         runs = self._map(lambda t: self._run(t, t.canonical, REFERENCE_CPU_S), tasks, progress)
         expected = {t.task_id: _expected_for(t, r) for t, r in zip(tasks, runs)}

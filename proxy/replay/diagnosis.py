@@ -67,8 +67,8 @@ def _closeness(a: Any, b: Any) -> float:
 def _text_closeness(x: str, y: str) -> float:
     """The share of characters two strings have in common (difflib's ratio, 2M / (|x| + |y|)), with
     the common prefix and suffix counted directly and only the differing middles, cut to
-    `_MIDDLE_COMPARED` characters each, given to SequenceMatcher (quadratic in what it is given:
-    two 1.5 kB prompts that differ by a word cost it 40 ms whole, and a miss compares several)."""
+    `_MIDDLE_COMPARED` characters each, given to SequenceMatcher (quadratic in what it is given,
+    and a miss compares several)."""
     if not x and not y:
         return 1.0
     n = min(len(x), len(y))

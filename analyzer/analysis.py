@@ -217,7 +217,7 @@ def _draws(columns: dict[str, np.ndarray], keep: Sequence[str], settings: Settin
                 progress(g * total + done, len(groups) * total)
 
         draws = task_bootstrap(lead | {k: columns[k] for k in group}, b, settings.seed, step)
-        cis.update({k: draws.ci(k, alpha) for k in group})
+        cis.update(draws.cis(group, alpha))
         if g == 0:
             values.update({k: draws.values[k] for k in keep})
     return _Intervals(cis, values)

@@ -62,15 +62,33 @@ class Interval:
 def percentile(draws: np.ndarray, alpha: float = 0.05) -> Interval:
     """Linear-interpolation percentiles (numpy's default), exact at infinite draws: a quantile
     that touches an infinite draw is that infinity (numpy would give NaN for inf - inf)."""
-    x = np.sort(np.asarray(draws, dtype=float).ravel())
+    x = np.asarray(draws, dtype=float).ravel()
     if x.size == 0:
         raise InputError("no draws to take a percentile of")
     if np.isnan(x).any():
         raise InputError("draws contain NaN (undefined values): leave them out and count them first")
-    if np.isfinite(x).all():  # numpy's own arithmetic, so finite results match np.percentile to the bit
+    if np.isfinite(x).all():  # numpy's own arithmetic (it partitions: no sort), so it matches np.percentile to the bit
         lo, hi = np.percentile(x, [100 * alpha / 2, 100 * (1 - alpha / 2)])
         return Interval(float(lo), float(hi))
+    x = np.sort(x)
     return Interval(_quantile(x, alpha / 2), _quantile(x, 1 - alpha / 2))
+
+
+def percentiles(draws: np.ndarray, alpha: float = 0.05) -> list[Interval]:
+    """`percentile` of each row of a (columns, draws) array, the finite rows in one numpy call
+    (the same interpolation, so the same bits as one call per row)."""
+    x = np.asarray(draws, dtype=float)
+    if x.ndim != 2 or x.shape[1] == 0:
+        raise InputError("no draws to take a percentile of")
+    finite = np.isfinite(x).all(axis=1)
+    out: list[Interval | None] = [None] * x.shape[0]
+    if finite.any():
+        ends = np.percentile(x[finite], [100 * alpha / 2, 100 * (1 - alpha / 2)], axis=1)
+        for i, lo, hi in zip(np.flatnonzero(finite), ends[0], ends[1], strict=True):
+            out[i] = Interval(float(lo), float(hi))
+    for i in np.flatnonzero(~finite):
+        out[i] = percentile(x[i], alpha)  # NaN refused there; +-inf interpolated as `percentile` does
+    return [ci for ci in out if ci is not None]
 
 
 def centred(draws: np.ndarray, estimate: float, alpha: float = 0.05) -> Interval:

@@ -15,9 +15,10 @@ from hypothesis.extra.numpy import arrays
 from noisefloor.analyzer import floors
 from noisefloor.analyzer.analysis import Settings, analyze
 from noisefloor.analyzer.gate import wilson_lower, wilson_upper
-from noisefloor.analyzer.intervals import centred, flip_bound
+from noisefloor.analyzer.intervals import centred, flip_bound, percentile, percentiles
 from noisefloor.analyzer.ladder import w_interval
 from noisefloor.analyzer.outcomes import Row, build
+from noisefloor.errors import InputError
 
 FAST = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -140,3 +141,20 @@ def test_centred_closed_forms():
     assert tuple(centred(draws, 0.0)) == (0.0, hi)  # a nonnegative statistic at 0
     assert tuple(centred(draws - 4.0, -1.0)) == pytest.approx((lo - 5.0, hi - 5.0))  # shifted
     assert tuple(centred(np.array([1.0, math.inf, math.inf]), 0.5)) == (0.5, math.inf)
+
+
+@FAST
+@given(arrays(np.float64, st.tuples(st.integers(1, 6), st.integers(1, 60)),
+              elements=st.one_of(st.floats(-5, 5), st.sampled_from([math.inf, -math.inf, 0.0, 1.0]))),
+       st.sampled_from([0.05, 0.1, 0.5]))
+def test_percentiles_of_rows_are_percentile_of_each_row_to_the_bit(draws: np.ndarray, alpha: float) -> None:
+    together = percentiles(draws, alpha)
+    one_by_one = [percentile(row, alpha) for row in draws]
+    assert [(c.low, c.high) for c in together] == [(c.low, c.high) for c in one_by_one]
+
+
+def test_percentiles_refuse_nan_and_empty_draws() -> None:
+    with pytest.raises(InputError, match="NaN"):
+        percentiles(np.array([[1.0, 2.0], [np.nan, 1.0]]))
+    with pytest.raises(InputError, match="no draws"):
+        percentiles(np.empty((2, 0)))

@@ -83,7 +83,7 @@ class IndexLookups:
         as stored; False if one of its keys holds another route here (they are written again)."""
         with source._reading("replay index routes"):
             source._read_index_routes()  # each row checked against its key
-        rows = list(source.raw_table("index_routes"))
+        rows = list(source.tables.rows("index_routes"))
 
         def put(txn: lmdb.Transaction) -> bool:
             return all(txn.put(k, v, db=self._index_routes, overwrite=False)

@@ -35,6 +35,7 @@ from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store._tables import created
 from noisefloor.proxy.store.env import DAMAGE, FORMAT
 from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store, StoreError
 
@@ -83,9 +84,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
         final.mkdir()
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
-            dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts", "heads", "index_routes", *store_heads.SETS)}
-            dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
+            dbs = created(env)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
             with env.begin(write=True) as txn:
@@ -99,7 +98,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
             _copy_records(src, env, dbs, codec.Codec(dicts.get, LEVELS["record"]), keys.get("record"), progress)
             _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
-                for db_name, items in (("outcomes", keyed_outcomes(src.raw_table("outcomes"), src.path)), ("meta", src.raw_table("meta"))):
+                for db_name, items in (("outcomes", keyed_outcomes(src.tables.rows("outcomes"), src.path)), ("meta", src.tables.rows("meta"))):
                     for k, v in items:
                         txn.put(k, v, db=dbs[db_name])
                 txn.put(b"format", json.dumps(FORMAT).encode(), db=dbs["meta"])
@@ -176,8 +175,8 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, Any], progress
     """The replay index as stored: its entries in id order (pages full), each decoded first, and
     its routes and lookups in key order."""
     _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
-    _append_batched(env, dbs["index_routes"], src.raw_table("index_routes"), progress, "index routes")
-    _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
+    _append_batched(env, dbs["index_routes"], src.tables.rows("index_routes"), progress, "index routes")
+    _append_batched(env, dbs["lookups"], src.tables.rows("lookups"), progress, "index lookups", append=False)
 
 
 def keyed_outcomes(rows: Iterable[tuple[bytes, bytes]], path: Path) -> Iterator[tuple[bytes, bytes]]:
@@ -198,7 +197,7 @@ def keyed_outcomes(rows: Iterable[tuple[bytes, bytes]], path: Path) -> Iterator[
 
 def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
     """The replay index's entries as stored, each decoded first: a damaged one stops the rewrite, by name."""
-    for k, raw in src.raw_table("recorded"):
+    for k, raw in src.tables.rows("recorded"):
         exchange_id = _U64.unpack(k)[0]
         try:
             ok = replay_index.entry(raw, exchange_id, src.route_of).id == exchange_id

@@ -66,8 +66,9 @@ from noisefloor.proxy.store._bodies import BodyOverLimit as BodyOverLimit
 from noisefloor.proxy.store._dicts import Dictionaries
 from noisefloor.proxy.store._index import IndexLookups
 from noisefloor.proxy.store._records import Joins
+from noisefloor.proxy.store._tables import Tables
 from noisefloor.proxy.store._walk import Walks
-from noisefloor.proxy.store.env import DAMAGE, FORMAT, StoreError, check_path, grow, open_env, refusal
+from noisefloor.proxy.store.env import DAMAGE, FORMAT, StoreError, check_path, open_env, refusal
 from noisefloor.proxy.store.exchange import Exchange, Head
 from noisefloor.proxy.store.merge.scan import MergeScan
 from noisefloor.proxy.store.merge.shard import MergeIO
@@ -84,27 +85,27 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int = 0,
                  max_body: int = DEFAULT_MAX_BODY) -> None:
-        self._env = env
+        self.tables = tables = Tables(env, path, writable, needed)
         self.path = path
         self.writable = writable
         self.max_body = max_body  # no stored body decompresses to more (a bomb costs what it would on the wire)
-        self._fd = os.open(path / "data.mdb", os.O_RDONLY)
-        self._needed = needed  # bytes the data file must keep: reading past its end is a SIGBUS
+        self._env = env
+        self._reading = tables.reading
+        self._write = tables.write
         self._record_lock: Any = None
         self._trim = False  # `trim_on_close`
-        self._meta = env.open_db(b"meta", create=writable)
-        self._bodies = env.open_db(b"bodies", create=writable)
-        self._exchanges = env.open_db(b"exchanges", create=writable)
-        self._recorded = env.open_db(b"recorded", create=writable)
-        self._outcomes: Any = self._optional_db(b"outcomes")  # created by the first outcome row
-        self._dicts: Any = self._optional_db(b"dicts")  # and before dictionaries
-        self._lookups: Any = self._optional_db(b"lookups", dupsort=True, dupfixed=True)
-        self._index_routes: Any = self._optional_db(b"index_routes")
+        db = tables.db
+        self._meta, self._bodies, self._exchanges, self._recorded = db["meta"], db["bodies"], db["exchanges"], \
+            db["recorded"]
+        self._outcomes, self._dicts, self._lookups, self._index_routes = db["outcomes"], db["dicts"], \
+            db["lookups"], db["index_routes"]
         self._answered: Any = None  # answers released before their full write (`answered_rows`): opened on use
         self._routes_known: dict[int, tuple[str, bytes]] = {}
-        self._heads: Any = self._optional_db(b"heads")
-        self._sets: dict[str, Any] = {kind: self._optional_db(kind.encode()) for kind in store_heads.SETS}
+        self._heads: Any = db["heads"]
+        self._sets: dict[str, Any] = {kind: db[kind] for kind in store_heads.SETS}
         self._numbering = store_heads.Sets(self._sets["labels"], self._sets["routes"]) if writable else None
+        if self._numbering is not None:
+            tables.on_settle.append(self._numbering.settle)
         self._joined_sets: dict[tuple[str, int], tuple[Any, ...]] = {}  # labels / routes joins read (`_set`)
         self._shared_text: dict[tuple[int, int, int], bytes] = {}  # their fields' text, as `joined` puts it back
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes merge copies (`copied_records`)
@@ -120,12 +121,6 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         self._training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
         self._batch: list[_Item] | None = None
         self._batch_size = self._batch_base = 0
-
-    def _optional_db(self, name: bytes, **flags: bool) -> Any:
-        try:
-            return self._env.open_db(name, create=self.writable, **flags)
-        except lmdb.NotFoundError:
-            return None
 
     # -- opening -------------------------------------------------------------------------------
 
@@ -193,11 +188,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
                 self._trained(wait=True)
             except StoreError:
                 pass  # a store that cannot take it now is reported by the writes that follow
-        if self.writable:
-            self._env.sync(True)
-        used = (self._env.info()["last_pgno"] + 1) * self._env.stat()["psize"] if self._trim else 0
-        self._env.close()
-        os.close(self._fd)
+        used = self.tables.close()
         if self._trim:
             _cut(self.path / "data.mdb", used)
         if self._record_lock is not None:
@@ -211,25 +202,6 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         if self._record_lock is None:
             raise StoreError(f"store {self.path}: cutting its file to its pages needs the recording lock")
         self._trim = True
-
-    def _check_intact(self) -> None:
-        size = os.fstat(self._fd).st_size
-        if size < self._needed:
-            raise StoreError(f"store {self.path} was truncated while in use ({size} of {self._needed} bytes); "
-                             "restore it from a copy or record it again")
-
-    @contextmanager
-    def _reading(self, what: str = "") -> Iterator[None]:
-        """Every read: refuse a file cut short under us (reading past its end would be a SIGBUS),
-        and turn damage into one StoreError that names the store, what was read, and what to do."""
-        self._check_intact()
-        try:
-            yield
-        except StoreError:
-            raise
-        except DAMAGE as exc:
-            raise StoreError(f"store {self.path} is damaged{' (' + what + ')' if what else ''}: "
-                             f"{exc.__class__.__name__}: {exc}; restore it from a copy or record it again") from None
 
     def __enter__(self) -> Store:
         return self
@@ -557,22 +529,6 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
             while chunk := list(islice(items, size)):
                 yield [outcome_values.text(k, v) for k, v in chunk]
 
-    def raw_table(self, name: str) -> Iterator[tuple[bytes, bytes]]:
-        """A table's keys and values as stored, in key order (compact copies them)."""
-        db = {"meta": self._meta, "recorded": self._recorded, "outcomes": self._outcomes, "lookups": self._lookups, "index_routes": self._index_routes, "heads": self._heads,
-              "bodies": self._bodies, "dicts": self._dicts, **self._sets}[name]
-        if db is None:
-            return
-        with self._reading(name), self._env.begin(db=db, buffers=False) as txn:
-            yield from txn.cursor()
-
-    def copy_to(self, folder: Path) -> None:
-        """A copy of this store (a consistent snapshot, no reserved map) in an empty folder: a shard to ship."""
-        with self._reading():
-            # LMDB's compacting copy cannot walk tables of fixed-size duplicates (it crashes): a
-            # store with lookups is copied page for page
-            self._env.copy(str(folder), compact=self._lookups is None or not self._has_rows(self._lookups))
-
     def refill_pages(self, progress: Any = lambda s: None, lookups: Any = None) -> tuple[int, int]:
         """This store rewritten with its pages full (`compact.refill`: tables in key order, values as
         stored), the data file swapped in one rename; used bytes before and after. The handle's
@@ -591,10 +547,6 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
         self.writable = False
         return done
 
-    def _has_rows(self, db: Any) -> bool:
-        with self._env.begin(db=db) as txn:
-            return txn.stat(db)["entries"] > 0
-
     def __len__(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn:
             return txn.stat(self._exchanges)["entries"]
@@ -602,38 +554,6 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
     def last_id(self) -> int:
         with self._reading(), self._env.begin(db=self._exchanges) as txn, txn.cursor() as cur:
             return _U64.unpack(cur.key())[0] if cur.last() else 0
-
-    def usage(self) -> dict[str, int]:
-        """Bytes: `used` by pages holding data, `file` on disk (the reserved map)."""
-        info, st = self._env.info(), self._env.stat()
-        return {"used": (info["last_pgno"] + 1) * st["psize"], "file": os.fstat(self._fd).st_size,
-                "map": info["map_size"]}
-
-    # -- internals -----------------------------------------------------------------------------
-
-    def _write(self, fn: Any) -> Any:
-        if not self.writable:
-            raise StoreError(f"store {self.path} was opened read-only")
-        while True:
-            self._check_intact()
-            try:
-                with self._env.begin(write=True) as txn:
-                    done = fn(txn)
-            except BaseException as exc:  # whatever undid the transaction, its label numbers go with it
-                self._settle(False)
-                if isinstance(exc, lmdb.MapFullError):
-                    grow(self._env, self.path)
-                    continue
-                if isinstance(exc, lmdb.Error):
-                    raise StoreError(f"writing store {self.path} failed ({exc}); nothing of this exchange was kept") \
-                        from exc
-                raise
-            self._settle(True)
-            return done
-
-    def _settle(self, committed: bool) -> None:
-        if self._numbering is not None:
-            self._numbering.settle(committed)
 
 
 def _refuse_other_format(p: Path) -> None:

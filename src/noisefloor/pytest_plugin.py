@@ -342,7 +342,7 @@ def _write(run: _Run, recorded: Path, pristine: Path | None) -> None:
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
     with Store.open(source, write=False) as store:
-        store.copy_to(fresh)
+        store.tables.copy_to(fresh)
     old = _aside(run.recording, "old")
     if run.recording.exists():
         shutil.rmtree(old, ignore_errors=True)

@@ -59,7 +59,7 @@ def main(out: Path) -> None:
             if out.exists():
                 shutil.rmtree(out)
             out.mkdir(parents=True)
-            s.copy_to(out)
+            s.tables.copy_to(out)
 
 
 if __name__ == "__main__":

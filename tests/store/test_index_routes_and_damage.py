@@ -38,9 +38,9 @@ def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v2):
     assert layout(v2) == (FORMAT, replay_index.VERSION)
     assert answered(v2) == EXPECTED
     with Store.open(v2, write=False) as s:
-        rows = list(s.raw_table("lookups"))
+        rows = list(s.tables.rows("lookups"))
         sketches = s.stored_sketches(list(range(1, 61)))
-        routes = list(s.raw_table("index_routes"))
+        routes = list(s.tables.rows("index_routes"))
     assert len(rows) == 60 * 19 and {len(k) for k, _ in rows} == {6}
     assert all(got is not None and len(got[1]) == replay_index.SHORT == 64 for got in sketches)
     assert len(routes) == 1 and routes[0][1][:8] == sketches[0][0]  # type: ignore[index]  # one route and model

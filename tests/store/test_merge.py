@@ -203,9 +203,9 @@ def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
     with Store.open(path, write=False) as s:
         where = {e.id: (e.session, e.seq) for e in s.recorded_entries()}
         rows: dict[tuple[str, int], set[bytes]] = {}
-        for k, v in s.raw_table("lookups"):  # the raw table: what merge must carry is the rows themselves
+        for k, v in s.tables.rows("lookups"):  # the raw table: what merge must carry is the rows themselves
             rows.setdefault(where[int.from_bytes(v, "big")], set()).add(k)
-        for k, raw in s.raw_table("recorded"):
+        for k, raw in s.tables.rows("recorded"):
             bucket, sketch = replay_index.entry_sketch(raw, s.route_of) or (b"", b"")
             rows[where[int.from_bytes(k, "big")]].add(b"g" + bucket + sketch)
         return rows
@@ -269,7 +269,7 @@ def _forge_body(path: Path, key: bytes | None = None, under: bytes | None = None
 
 def _body_keys(path: Path) -> set[bytes]:
     with Store.open(path, write=False) as s:
-        return {k for k, _ in s.raw_table("bodies")}
+        return {k for k, _ in s.tables.rows("bodies")}
 
 
 def _merge(out: Path, *paths: Path) -> subprocess.CompletedProcess[str]:

@@ -63,7 +63,7 @@ def test_a_damaged_body_that_no_record_names_is_refused_and_nothing_is_merged(sh
     bad = tmp_path / "bad.lmdb"
     bad.mkdir()
     with Store.open(shards[0], write=False) as s:
-        s.copy_to(bad)
+        s.tables.copy_to(bad)
     with Store.open(bad, write=True) as s, s._env.begin(write=True, db=s._bodies) as txn:
         txn.put(b"\xff" * 32, bytes([codec.CHECKED]) + b"\0\0\0\0" + b"\x00a body")  # its CRC does not match
     with pytest.raises(StoreError, match="ffffffffffffffff.*nothing was merged"):

@@ -43,7 +43,7 @@ def contents(path: Path) -> tuple[list, list, list, int]:
     with Store.open(path, write=False) as s:
         records = [e.json_bytes() for e in s.exchanges()]
         bodies = sorted(s.bodies())
-        rows = list(s.raw_table("lookups"))  # the index's lookups
+        rows = list(s.tables.rows("lookups"))  # the index's lookups
         return records, bodies, rows, s.recorded_count()
 
 

@@ -111,7 +111,7 @@ def test_sessions_a_proxy_recorded_into_out_since_the_last_merge_are_read_and_co
     monkeypatch.undo()
     twin = tmp_path / "twin.lmdb"
     with Store.open(out, write=False) as s:
-        s.copy_to(_empty_dir(twin))
+        s.tables.copy_to(_empty_dir(twin))
     got = merge(out, [twin])  # every session OUT holds, from its table and the late ones: nothing new
     assert got.exchanges_added == 0 and got.sessions_present > 0
     assert _table(out) == _rebuilt(out, shards[0])

@@ -58,7 +58,7 @@ def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v1):
     assert layout(v1) == (FORMAT, VERSION)
     assert answered(v1) == EXPECTED
     with Store.open(v1, write=False) as s:
-        assert len(list(s.raw_table("lookups"))) > 60 * 18
+        assert len(list(s.tables.rows("lookups"))) > 60 * 18
 
 
 def test_merge_of_the_migrated_store_keeps_its_answers(v1, tmp_path):

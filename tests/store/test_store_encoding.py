@@ -97,8 +97,8 @@ def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp
     assert tags(copy).get(codec.REF, 0) == tags(path).get(codec.REF, 0)  # chains kept as they were
     with Store.open(path, write=False) as a, Store.open(copy, write=False) as b:  # replay still opens lazily
         assert b.meta("replay_index") == a.meta("replay_index") == replay_index.VERSION
-        assert list(b.raw_table("lookups")) == list(a.raw_table("lookups")) != []
-        assert list(b.raw_table("recorded")) == list(a.raw_table("recorded"))
+        assert list(b.tables.rows("lookups")) == list(a.tables.rows("lookups")) != []
+        assert list(b.tables.rows("recorded")) == list(a.tables.rows("recorded"))
 
 
 def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, monkeypatch):
@@ -110,7 +110,7 @@ def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, mo
         for i in range(40):
             p = rec.begin(RequestData("POST", "http://up/x", "up", "/x", (), f"q{i}".encode()), Labels("A"))
             rec.finish(p, ResponseData(200, (), bytes(range(256)) * 400 + str(i).encode()))
-        used, size = s.usage()["used"], (path / "data.mdb").stat().st_size
+        used, size = s.tables.usage()["used"], (path / "data.mdb").stat().st_size
     assert size < used * 1.25 + (1 << 20), (used, size)  # doubling would leave up to 2x
 
 

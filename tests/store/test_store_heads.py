@@ -203,7 +203,7 @@ def test_log_json_passes_records_through_as_their_heads_say_and_parses_the_rest(
         s.append({"time": 1.7e9, "mode": "record", "session": "odd", "key": "cd" * 32, "occurrence": 0, "seq": 1,
                   "rules_id": "r", "request": {"method": "POST", "url": "http://up/", "headers": []},
                   "response": None, "from_the_future": [1, 2]}, {}, None)
-        values = dict(s.raw_table("heads"))
+        values = dict(s.tables.rows("heads"))
         assert [store_heads.left_out(v) for v in values.values()].count(exchange_record.NOT_LISTED) == 1
         whole = [msgspec.json.decode(ex.json_bytes()) for ex in s.exchanges()]
     printed = [msgspec.json.decode(line) for line in listings(store)[1].splitlines()]
@@ -225,9 +225,9 @@ def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
         rec.finish(rec.begin(chat([{"role": "user", "content": "odd"}]), Labels("b\udc80")), answer("x", 1))
         rec.finish(rec.begin(chat([{"role": "user", "content": "more"}]), Labels("a", task="t", condition="c")),
                    answer("hello again", 2))
-        values = dict(s.raw_table("heads"))
+        values = dict(s.tables.rows("heads"))
         texts = dict(s.record_texts())
-        assert len(values) == len(texts) == 4 and len(list(s.raw_table("labels"))) == 2
+        assert len(values) == len(texts) == 4 and len(list(s.tables.rows("labels"))) == 2
         for i, text in texts.items():
             checked = exchange_record.checked_head(text)
             value = values[_U64.pack(i)]
@@ -282,7 +282,7 @@ def test_a_transaction_undone_by_an_error_takes_its_label_numbers_with_it(tmp_pa
     with Store.open(store, write=True, create=True) as s:
         with pytest.raises(StoreError, match="is not an exchange record"):
             s.append_many([(record, {}, None), ('{"x": 1}', {}, None)])
-        assert s.last_id() == 0 and list(s.raw_table("labels")) == []
+        assert s.last_id() == 0 and list(s.tables.rows("labels")) == []
         s.append_many([(record, {}, None)])
         (head,) = list(s.heads())
         assert (head.session, head.condition, head.url) == ("fresh", "c", "http://127.0.0.1:9/v1/chat/completions")

@@ -464,9 +464,9 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
     with ExitStack() as stack:
         srcs = [stack.enter_context(Store.open(p, write=False)) for p in paths]
         for src in srcs:
-            rows = list(src.raw_table("dicts"))
+            rows = list(src.tables.rows("dicts"))
             dest._write(lambda txn, rows=rows: [txn.put(k, v, db=dest._dicts, overwrite=False) for k, v in rows])
-        merged = heapq.merge(*(src.raw_table("bodies") for src in srcs), key=itemgetter(0))
+        merged = heapq.merge(*(src.tables.rows("bodies") for src in srcs), key=itemgetter(0))
         written, last, rows = 0, None, []
         for k, v in merged:
             if k == last:
@@ -486,9 +486,9 @@ def verify_bodies(paths: list[Path]) -> None:
     content. StoreError naming the store and the body or dictionary."""
     for p in paths:
         with Store.open(p, write=False) as src:
-            for k, _ in src.raw_table("bodies"):
+            for k, _ in src.tables.rows("bodies"):
                 src.body(k.hex())
-            for k, v in src.raw_table("dicts"):
+            for k, v in src.tables.rows("dicts"):
                 if codec.dict_key(v) != k:
                     raise StoreError(f"store {src.path}: compression dictionary {k.hex()} does not match its hash "
                                      "(tampered or damaged); restore the store from a copy")

@@ -196,7 +196,7 @@ def build(n: int, where: Path, shards: int) -> dict[str, object]:
     res["build_cpu_us_per_exchange"] = raw["cpu_s"] / n * 1e6
     with Store.open(store, write=False) as s:
         live = s.tables.usage()
-        records = sum(len(text) for _, text in s.record_texts())
+        records = sum(len(text) for _, text in s.records.texts())
     res["raw_bytes"] = raw_bytes = raw["bodies"] + records
     res["raw_per_exchange"] = raw_bytes / n
     res["live_used_x"] = live["used"] / raw_bytes

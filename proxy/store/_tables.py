@@ -31,10 +31,12 @@ SCHEMA: dict[str, tuple[bool, dict[str, Any]]] = {
     "dicts": (False, {}),  # key -> zstd dictionary (`_dicts`)
     "lookups": (False, {"dupsort": True, "dupfixed": True}),  # key -> sorted 4-byte ids (`replay_index`)
     "index_routes": (False, {}),  # u32 -> bucket + route, named by index entries
-    "heads": (False, {}),  # u64 id -> head (`heads`), written with its record
+    "heads": (False, {}),  # u64 id -> head (`heads`: labels, route, status, identity; CRC-checked), so that
+    # listings never decompress records
     **{kind: (False, {}) for kind in store_heads.SETS},  # the heads' labels and routes, each once
 }
-LAZY = ("pending", "merge_sessions")  # opened on first use: answered rows, merge's sessions
+# opened on first use: `pending` (answered rows, `record.answered_rows`), `merge_sessions` (each
+# session's identity sums and ids, `merge._known`: a merge reads only the sessions it brings)
 
 
 def created(env: lmdb.Environment) -> dict[str, Any]:
@@ -46,7 +48,7 @@ class Tables:
     """An open store's environment and table handles (None: a table this store does not have)."""
 
     def __init__(self, env: lmdb.Environment, path: Path, writable: bool, needed: int) -> None:
-        self.env = env
+        self.env: Any = env
         self.path = path
         self.writable = writable
         self.fd = os.open(path / "data.mdb", os.O_RDONLY)
@@ -64,7 +66,7 @@ class Tables:
         except lmdb.NotFoundError:
             return None
 
-    def begin(self, **kw: Any) -> lmdb.Transaction:
+    def begin(self, **kw: Any) -> Any:
         return self.env.begin(**kw)
 
     def check_intact(self) -> None:
@@ -86,7 +88,7 @@ class Tables:
             raise StoreError(f"store {self.path} is damaged{' (' + what + ')' if what else ''}: "
                              f"{exc.__class__.__name__}: {exc}; restore it from a copy or record it again") from None
 
-    def write(self, fn: Callable[[lmdb.Transaction], Any]) -> Any:
+    def write(self, fn: Any) -> Any:
         """`fn` in one write transaction (again after the map grew where it filled); its result."""
         if not self.writable:
             raise StoreError(f"store {self.path} was opened read-only")

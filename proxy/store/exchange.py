@@ -278,7 +278,7 @@ class _HeadText(msgspec.Struct):
 
 
 class Head(msgspec.Struct, gc=False, frozen=True):
-    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
+    """What listings and summaries read of an exchange record (`Walk.heads`): its labels, route,
     status and identity. Kept beside the record in a store's heads table (`store_heads`). The
     fields after `notes` are those an exchange shares with others: its labels (with its session),
     then its route (with most of the store), which the heads table stores once per distinct set."""

@@ -205,7 +205,7 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
     if layout != 3:
         with Store.open(work, write=True, max_body=max_body) as store:
             with _writing():
-                store.put_entries(_completed(store, entries))
+                store.index.put_entries(_completed(store, entries))
         progress("replay index rebuilt")
 
 
@@ -238,7 +238,7 @@ def _check_index(work: Path) -> None:
                 recorded[ex.id] = (ex.key, ex.session, ex.occurrence, ex.seq)
         if listed != len(store):  # one under id 0, which no reader lists
             raise StoreError(f"store {work} holds an exchange under an id no nfproxy writes; restore it from a copy")
-        entries = list(store.recorded_entries())
+        entries = list(store.index.entries())
         if sorted(e.id for e in entries) != sorted(recorded):
             raise StoreError(f"store {work}: its replay index does not name each recorded exchange once; restore it "
                              "from a copy")
@@ -372,5 +372,5 @@ def _completed(store: Store, entries: list[tuple[RecordedEntry, bool]]) -> Itera
     deps = recompute(store, rules, plain) if rules is not None and not any(e.deps for e in plain) else {}
     for e, indexed in entries:
         ex = None if indexed else store.exchange(e.id)
-        near = e.near if ex is None else stored_request_near(rules, ex.request, store.part_body(ex.request, e.id))
+        near = e.near if ex is None else stored_request_near(rules, ex.request, store.bodies.of_part(ex.request, e.id))
         yield replace(e, near=near, deps=deps.get(e.id, e.deps))

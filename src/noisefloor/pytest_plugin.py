@@ -250,7 +250,7 @@ def _misses(store_path: Path) -> list[str]:
                 if ex.mode != "replay" or ex.replay_result not in ("miss", "order_violation"):
                     continue
                 try:
-                    doc = json.loads(store.decoded_body(ex.response) or b"{}") if ex.response else {}
+                    doc = json.loads(store.bodies.decoded(ex.response) or b"{}") if ex.response else {}
                 except ValueError:
                     doc = {}
                 err = doc.get("error") or {}

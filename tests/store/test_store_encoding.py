@@ -50,10 +50,10 @@ def test_requests_are_compressed_against_their_session_and_read_back_verified(tm
     assert counts.get(codec.REF, 0) == (9 - 1) + 2
     raw = sum(len(b) for b, _ in sent)
     with Store.open(path, write=False) as s:
-        chained = [len(s.raw_body(s.exchange(i).request["body"])) for i in (2, 3, 4, 5, 6, 7, 9, 10)]
+        chained = [len(s.bodies.raw(s.exchange(i).request["body"])) for i in (2, 3, 4, 5, 6, 7, 9, 10)]
         assert max(chained) < 400 < raw / len(sent)  # a turn costs its new text, not the conversation
         # a chain is cut at CHAIN_DEPTH: depth never exceeds it (the 8th request starts a new chain)
-        first_of_chain = s.raw_body(s.exchange(store_mod.CHAIN_DEPTH + 2).request["body"])
+        first_of_chain = s.bodies.raw(s.exchange(store_mod.CHAIN_DEPTH + 2).request["body"])
         assert codec.unchecked(first_of_chain)[0] != codec.REF
 
 
@@ -69,8 +69,8 @@ def test_a_damaged_body_another_is_compressed_against_fails_both_by_name(tmp_pat
     with Store.open(path, write=False) as s:
         second = s.exchange(2)
         with pytest.raises(StoreError, match=r"exchange 2 referenced body .* is missing"):
-            s.part_body(second.request, 2, "request")
-        assert s.part_body(s.exchange(3).response, 3, "response") is not None  # answers stand alone
+            s.bodies.of_part(second.request, 2, "request")
+        assert s.bodies.of_part(s.exchange(3).response, 3, "response") is not None  # answers stand alone
 
 
 def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp_path, monkeypatch):
@@ -131,7 +131,7 @@ def test_a_batch_that_fails_leaves_no_request_compressed_against_its_bodies(tmp_
     with Store.open(path, write=True, create=True) as s:
         rec = Recorder(s, Rules())
         kept = [ask(rec, "A", "first question"), ask(rec, "A", "second question")]
-        real = s._codec.encode
+        real = s.codec.encode
 
         def fails_on_b(data: bytes, key: bytes | None = None) -> bytes:
             if b"session B" in data:
@@ -141,9 +141,9 @@ def test_a_batch_that_fails_leaves_no_request_compressed_against_its_bodies(tmp_
         with pytest.raises(OSError, match="disk went away"):
             with s.batch():
                 ask(rec, "A", "third question, lost with its batch")  # chained against the second: a new link
-                monkeypatch.setattr(s._codec, "encode", fails_on_b)
+                monkeypatch.setattr(s.codec, "encode", fails_on_b)
                 ask(rec, "B", "session B")
-        monkeypatch.setattr(s._codec, "encode", real)
+        monkeypatch.setattr(s.codec, "encode", real)
         assert len(s) == 2
         kept.append(ask(rec, "A", "third question, again"))  # must chain to the second, which is stored
     assert tags(path).get(codec.REF, 0) >= 2

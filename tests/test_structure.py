@@ -181,3 +181,47 @@ def test_the_module_map_in_docs_names_every_module():
     unnamed += [str(p.relative_to(ROOT)) for p in sorted((ROOT / "proxy").iterdir())
                 if (p / "__init__.py").exists() and f"`{p.name}/`" not in where]
     assert not unnamed, f"docs/development.md's module map does not name: {unnamed}"
+
+
+def test_the_store_is_composed_of_parts_not_mixins():
+    """`Store` holds its parts (`store.tables`, `store.bodies`, ...) as objects: a class with bases
+    would share private state across modules again, and no store file could be read on its own."""
+    tree = ast.parse((ROOT / "proxy" / "store" / "log.py").read_text(encoding="utf-8"))
+    store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
+    assert not store.bases, f"Store derives from {[ast.unparse(b) for b in store.bases]}: compose a part instead"
+
+
+# `x._name` where x is not self or cls, allowed: the public API of namedtuples (`_replace`,
+# `_asdict`, `_fields`, `_make`), the standard library's documented `sys._getframe` and `os._exit`
+# (a forked worker ends without running its parent's cleanups), and mitmproxy's loop exception
+# handler, which `Master.run` installs and offers no public hook for
+PRIVATE_ALLOWED = {"_replace", "_asdict", "_fields", "_make", "sys._getframe", "os._exit",
+                   "master._asyncio_exception_handler"}
+
+
+def private_reaches(root: Path) -> list[str]:
+    """Each `x._name` in proxy/ and src/ where x is not self or cls: another module's private name."""
+    found = []
+    for path in sorted([*(root / "proxy").rglob("*.py"), *(root / "src").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner in ("self", "cls") or node.attr in PRIVATE_ALLOWED or f"{owner}.{node.attr}" in PRIVATE_ALLOWED:
+                continue
+            found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reaches_into_another_objects_private_names():
+    found = private_reaches(ROOT)
+    assert not found, "private names used from outside their object (make them public, or a method):\n  " + \
+        "\n  ".join(found)
+
+
+def test_the_private_name_check_finds_a_reach(tmp_path):
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "proxy" / "m.py").write_text("def f(store, t):\n    self = store\n    return store._env, self._ok, "
+                                            "t._replace(a=1), os._exit\n")
+    assert private_reaches(tmp_path) == ["proxy/m.py:3 store._env"]

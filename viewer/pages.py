@@ -30,7 +30,7 @@ MAX_LIMIT = 500
 
 def _scan(store: Store, after: int, filters: Filters) -> Iterator[tuple[Exchange, bool]]:
     bound = SCAN_SEARCH if filters.q else SCAN
-    for n, ex in enumerate(store.exchanges_after(after)):
+    for n, ex in enumerate(store.exchanges(start=after + 1)):
         if n >= bound:
             return
         yield ex, filters.wanted(ex, store)

@@ -279,15 +279,19 @@ class Records:
         got = self._joined_sets.get((kind, n))
         if got is not None:
             return got
-        key = _U32.pack(n)
-        v = txn.get(key, db=self._sets[kind]) if self._sets.get(kind) is not None else None
         try:
-            if v is None or len(v) < 4 or _U32.unpack_from(v)[0] != zlib.crc32(v[4:], zlib.crc32(key)):
-                raise ValueError("missing, or its checksum does not match")
-            got = store_heads.SETS[kind].decode(v[4:])
-        except (ValueError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+            got = store_heads.SETS[kind].decode(self.packed_set(txn, kind, n))
+        except ValueError as exc:  # msgspec's errors among them
             raise StoreError(f"store {self.path}: {kind} entry {n} is damaged ({exc}); {RESTORE}") from None
         if len(self._joined_sets) > 1 << 16:
             self._joined_sets.clear()
         self._joined_sets[(kind, n)] = got
         return got
+
+    def packed_set(self, txn: Any, kind: str, n: int) -> Any:
+        """Labels or route `n` as its table packs it, its CRC checked (ValueError if it fails)."""
+        key = _U32.pack(n)
+        v = txn.get(key, db=self._sets[kind]) if self._sets.get(kind) is not None else None
+        if v is None or len(v) < 4 or _U32.unpack_from(v)[0] != zlib.crc32(v[4:], zlib.crc32(key)):
+            raise ValueError("missing, or its checksum does not match")
+        return v[4:]

@@ -380,13 +380,6 @@ class Store:
             for k, raw in cur:
                 yield decode(_U64.unpack(k)[0], raw, txn=txn)
 
-    def exchanges_after(self, after: int = 0) -> Iterator[Exchange]:
-        """Exchanges with an id above `after`, in id order: a cursor, so a reader takes one page of
-        a large store without touching the rest (nfview). Stop iterating to end the read."""
-        yield from self.exchanges(start=after + 1)
-
-    # -- outcome rows --------------------------------------------------------------------------
-
     def outcome_rows(self) -> list[dict[str, Any]]:
         """The graded outcome rows kept in this log (`outcomes`: the table's own reads and writes)."""
         return self.outcomes.rows()

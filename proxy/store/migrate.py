@@ -44,6 +44,7 @@ from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import compact, replay_index
 from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store import heads as store_heads
+from noisefloor.proxy.store._tables import created
 from noisefloor.proxy.store.env import DAMAGE, FORMAT, StoreError, check_path, refusal
 from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
 from noisefloor.proxy.store.replay_index import RecordedEntry
@@ -178,9 +179,7 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
         new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
     try:
         with _writing():  # each table made in a transaction of its own
-            dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
-                                                        "heads", "index_routes", *store_heads.SETS)}
-            dbs["lookups"] = new.open_db(b"lookups", dupsort=True, dupfixed=True)
+            dbs = created(new)
         _put(new, dbs["dicts"], iter(dicts.items()))
         _put(new, dbs["bodies"], ((k, codec.checked(_tagged(v))) for k, v in _rows(old, names.get(b"bodies"))))
         progress("bodies converted")

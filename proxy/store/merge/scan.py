@@ -116,7 +116,6 @@ class MergeScan:
         self.records, self.max_body = store.records, store.max_body
         self._codec = store.codec
         self._exchanges, self._heads, self._bodies = (store.tables.db[n] for n in ("exchanges", "heads", "bodies"))
-        self._sets = {kind: store.tables.db[kind] for kind in store_heads.SETS}
         self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes copied (`copied_records`)
         self.hash_bodies = hash_bodies  # each body hashed (off where merge hashes the whole bodies table)
 
@@ -255,21 +254,14 @@ class MergeScan:
             return None  # a set that does not check: the head is read from the text
 
     def _packed(self, txn: Any, kind: str, n: int) -> bytes:
-        """Set `n` of `labels` or `routes` as packed (its CRC and shape checked; KeyError if not)."""
-        cache = self._packed_sets
-        got = cache.get((kind, n))
+        """Set `n` of `labels` or `routes` as packed (its CRC and shape checked; ValueError if not)."""
+        got = self._packed_sets.get((kind, n))
         if got is None:
-            key = _U32.pack(n)
-            v = txn.get(key, db=self._sets[kind])
-            if v is None or len(v) < 4 or _U32.unpack_from(v)[0] != zlib.crc32(v[4:], zlib.crc32(key)):
-                raise KeyError(n)
-            try:
-                store_heads.SETS[kind].decode(v[4:])
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                raise KeyError(n) from None
-            if len(cache) > 1 << 16:
-                cache.clear()
-            got = cache[(kind, n)] = bytes(v[4:])
+            got = bytes(self.records.packed_set(txn, kind, n))
+            store_heads.SETS[kind].decode(got)
+            if len(self._packed_sets) > 1 << 16:
+                self._packed_sets.clear()
+            self._packed_sets[(kind, n)] = got
         return got
 
 

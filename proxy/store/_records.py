@@ -23,7 +23,7 @@ import msgspec
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store._tables import Tables
 from noisefloor.proxy.store.env import DAMAGE, StoreError
-from noisefloor.proxy.store.exchange import NOT_LISTED, Exchange, Head, _record_checker, checked_head, parse
+from noisefloor.proxy.store.exchange import NOT_LISTED, Exchange, Head, checked_head, parse, record_checker
 
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
@@ -53,7 +53,7 @@ def renumbered(doc: bytes, exchange_id: int) -> bytes:
 @functools.cache
 def _bits() -> dict[str, int]:
     """Each field's bit in a head's `left_out` (`exchange_record._listable`'s numbering)."""
-    return {n: 1 << i for i, n in enumerate(_record_checker()[1])}
+    return {n: 1 << i for i, n in enumerate(record_checker()[1])}
 
 
 _OWN = ("id", "time", "key", "occurrence", "usage", "truncated", "error", "notes")  # the head's own fields

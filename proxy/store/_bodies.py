@@ -191,8 +191,8 @@ Link = tuple[bytes, bytes, bytes, bytes, int]  # a session's last (request sha25
 class Ahead:
     """Sessions' chain links and the compressors prepared for their next request bodies (a part of Store)."""
 
-    def __init__(self, coder: codec.Codec, writable: bool) -> None:
-        self.codec, self.writable = coder, writable
+    def __init__(self, coder: codec.Codec, tables: Tables) -> None:
+        self.codec, self.tables = coder, tables
         self.chains: OrderedDict[str, Link] = OrderedDict()  # session -> its last exchange's link (an LRU)
         self._prepared: OrderedDict[str, tuple[Link, codec.Against]] = OrderedDict()  # session -> a compressor
 
@@ -202,7 +202,7 @@ class Ahead:
         Never fails: it only saves the work of a write, which makes its own if none is here."""
         link = self.chains.get(session)
         got = self._prepared.pop(session, None)
-        if link is None or link[4] >= CHAIN_DEPTH or not self.writable or len(link[1]) + len(link[3]) > _PREPARED_BYTES:
+        if link is None or link[4] >= CHAIN_DEPTH or not self.tables.writable or len(link[1]) + len(link[3]) > _PREPARED_BYTES:
             return
         if got is not None and got[0] is link:  # its last exchange set no new link: still the one
             self._prepared[session] = got

@@ -66,14 +66,13 @@ class Store:
                  max_body: int = DEFAULT_MAX_BODY) -> None:
         self.tables = tables = Tables(env, path, writable, needed)
         self.path = path
-        self.writable = writable
         self.max_body = max_body  # no stored body decompresses to more (a bomb costs what it would on the wire)
         self._record_lock: Any = None
         self._trim = False  # `trim_on_close`
         self.dictionaries = Dictionaries(tables)
         self.codec = codec.Codec(self.dictionaries.load)
         self.bodies = Bodies(tables, self.codec, max_body)
-        self.ahead = Ahead(self.codec, writable)
+        self.ahead = Ahead(self.codec, tables)
         self.records = Records(tables, self.codec, max_body)
         self.walk = Walk(tables, self.records)
         self.index = Index(tables)
@@ -111,6 +110,10 @@ class Store:
             store.close()
             raise
         return store
+
+    @property
+    def writable(self) -> bool:
+        return self.tables.writable
 
     @property
     def format(self) -> str | None:
@@ -399,7 +402,7 @@ class Store:
         replaced, dropped = ({b"lookups": lookups}, (b"meta", UNINDEXED.encode())) if lookups else (None, None)
         with self.tables.reading("refilling pages"):
             done = compact.refill(self.tables.env, self.path, progress, replaced, dropped)
-        self.writable = self.tables.writable = False
+        self.tables.writable = False
         return done
 
     def __len__(self) -> int:

@@ -3,7 +3,7 @@ truncated responses, tokens, sessions, and the modes, models and fingerprints se
 
 A million heads pass through here. Building a (head, labels, route) tuple per head and counting it
 in a Python loop, then folding a group per session into conditions, was most of nfanalyze's cost
-per exchange. A batch of heads as stored (`Store.stored_head_batches`) is instead turned into
+per exchange. A batch of heads as stored (`Walk.stored_head_batches`) is instead turned into
 integer columns in C loops (`map`, `np.fromiter`) and summed per (labels number, route number) in
 numpy; each labels number met is looked up once per 8192 heads, for its condition and session,
 and the groups summed into (condition, route) cells. A batch whose values are not the usual shapes (usage as a dict, with a missing count, or
@@ -147,7 +147,7 @@ class HeadCounts:
             self._pair_rows = self._merged = len(self._pairs[0])
 
     def add_parts(self, heads: Iterable[Parts]) -> None:
-        """Heads with their sets (`Store.head_parts`), counted one at a time."""
+        """Heads with their sets (`Walk.head_parts`), counted one at a time."""
         groups, pos = self._groups, self._seen
         for s, labels, route in heads:
             key = (labels, route)

@@ -15,7 +15,7 @@ from noisefloor.proxy.store.log import Store
 
 
 def summarize(heads: Iterable[Parts]) -> dict[str, Any]:
-    """Per condition: counts and identities, from heads with their sets (`Store.head_parts`),
+    """Per condition: counts and identities, from heads with their sets (`Walk.head_parts`),
     counted per distinct (labels, route), which a session's heads share, and folded into conditions."""
     counts = HeadCounts()
     counts.add_parts(heads)
@@ -39,8 +39,8 @@ def from_store(path: Path | Sequence[Path]) -> dict[str, Any]:
     for p in paths:
         with Store.open(p, write=False) as store:
             rules.append(store.meta("rules_id"))
-            labels, routes = store.head_sets()
-            for stored, parts in store.stored_head_batches(labels, routes):
+            labels, routes = store.walk.head_sets()
+            for stored, parts in store.walk.stored_head_batches(labels, routes):
                 counts.add(stored, labels, routes)
                 counts.add_parts(parts)
             counts.end_store(labels, routes)

@@ -125,7 +125,7 @@ def read(paths: Sequence[Path]) -> RowColumns | None:
         # the chunks' read is closed before the store is; outcome_texts is a generator, though the
         # store annotates it as an Iterator
         with (Store.open(p, write=False) as store,
-              closing(cast("Generator[list[bytes], None, None]", store.outcome_texts(CHUNK))) as chunks):
+              closing(cast("Generator[list[bytes], None, None]", store.outcomes.texts(CHUNK))) as chunks):
             for texts in chunks:  # CHUNK rows at a time
                 rows = decoded(texts)
                 if rows is None or not reader.add(rows):

@@ -38,9 +38,9 @@ def measure(store: Path, queries: int) -> dict[str, float]:
         ids = [1 + (i * 7919) % n for i in range(queries)]
         asked = []
         for i in ids:
-            doc = json.loads(s.part_body(s.exchange(i).request, i, "request"))
+            doc = json.loads(s.bodies.of_part(s.exchange(i).request, i, "request"))
             doc["messages"][-1]["content"] = "Changed " + doc["messages"][-1]["content"]
-            asked.append((s.recorded_entry(i), _canonical(json.dumps(doc).encode())))
+            asked.append((s.index.entry(i), _canonical(json.dumps(doc).encode())))
         out: dict[str, float] = {}
         route = "POST api.openai.com /v1/chat/completions"
         index = replay_index.LmdbIndex(s)

@@ -89,7 +89,7 @@ def _compact_size(path: Path, root: Path) -> int:
     from noisefloor.proxy.store.log import Store
 
     with tempfile.TemporaryDirectory(dir=root) as tmp, Store.open(path, write=False) as s:
-        s.copy_to(Path(tmp))
+        s.tables.copy_to(Path(tmp))
         return (Path(tmp) / "data.mdb").stat().st_size
 
 

@@ -34,14 +34,14 @@ from noisefloor.proxy.store.log import Store
 s = Store.open(sys.argv[1], write=False)
 names = ("lookups", "labels", "routes", "index_routes")
 try:
-    next(s.raw_table("index_routes"), None)
+    next(s.tables.rows("index_routes"), None)
 except KeyError:  # a build before the replay index's layout 3
     names = names[:3]
-t = {n: hashlib.sha256(b"".join(k + b"=" + v for k, v in s.raw_table(n))).hexdigest() for n in names}
-with s._env.begin(db=s._bodies) as txn:
+t = {n: hashlib.sha256(b"".join(k + b"=" + v for k, v in s.tables.rows(n))).hexdigest() for n in names}
+with s.tables.env.begin(db=s.tables.db["bodies"]) as txn:
     t["bodies"] = hashlib.sha256(b"".join(k + b"=" + bytes(v) for k, v in txn.cursor())).hexdigest()
-t["entries"] = [(e.key, e.session, e.occurrence, e.seq, e.route, list(e.deps)) for e in s.recorded_entries()]
-t["sketches"] = [g and g[1].hex() for g in s.stored_sketches(list(range(1, len(s) + 1)))]
+t["entries"] = [(e.key, e.session, e.occurrence, e.seq, e.route, list(e.deps)) for e in s.index.entries()]
+t["sketches"] = [g and g[1].hex() for g in s.index.stored_sketches(list(range(1, len(s) + 1)))]
 print(json.dumps(t))
 """
 

@@ -195,8 +195,8 @@ def build(n: int, where: Path, shards: int) -> dict[str, object]:
     res["build_per_s"] = n / res["build_s"]
     res["build_cpu_us_per_exchange"] = raw["cpu_s"] / n * 1e6
     with Store.open(store, write=False) as s:
-        live = s.usage()
-        records = sum(len(text) for _, text in s.record_texts())
+        live = s.tables.usage()
+        records = sum(len(text) for _, text in s.records.texts())
     res["raw_bytes"] = raw_bytes = raw["bodies"] + records
     res["raw_per_exchange"] = raw_bytes / n
     res["live_used_x"] = live["used"] / raw_bytes
@@ -276,7 +276,7 @@ def measure(n: int, where: Path, reuse: bool = False, shards: int = 1, skip: fro
     if "compact" not in skip:  # last: the readers above read the store as recorded
         res["compact_s"], res["compact_rss_mb"] = timed([*nf, "compact", "--store", str(store)])
         with Store.open(store, write=False) as s:
-            after = s.usage()
+            after = s.tables.usage()
         res["compacted_used_x"] = after["used"] / raw_bytes
         res["compacted_file_x"] = after["file"] / raw_bytes
     res["private_mb"], res["cpu_s"] = dict(PRIVATE), dict(CPU)

@@ -142,7 +142,7 @@ def record(store: Store, n_exchanges: int, seed: int = 0, prefix: str = "run") -
     with store.batch():  # the recorder's bulk form (nfproxy import's): 100 exchanges per transaction
         replicates = _record_sessions(rec, rng, n_exchanges, seed, raw, rows, prefix)
     # graded, as nfverify would (a task run once has no within-task variance: left out)
-    store.put_outcomes([{**r, "outcome": int(r["outcome"])} for r in rows if replicates[r["task_id"]] > 0])
+    store.outcomes.put([{**r, "outcome": int(r["outcome"])} for r in rows if replicates[r["task_id"]] > 0])
     return raw
 
 

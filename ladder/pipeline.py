@@ -80,7 +80,7 @@ def keep_rows(ladder: Ladder, rows: Sequence[OutcomeRow]) -> None:
     """outcomes.jsonl, and the log holds its own grades: `nfanalyze log.lmdb` alone reproduces the report."""
     write_jsonl(rows, ladder.c.out / "outcomes.jsonl")
     with Store.open(ladder.store, write=True) as store:
-        store.put_outcomes([r.to_json() for r in rows])
+        store.outcomes.put([r.to_json() for r in rows])
 
 
 def drift(served: dict[tuple[str, str], set[str]]) -> dict[str, list[str]]:

@@ -49,7 +49,7 @@ def _shard_bytes(path: Path) -> bytes:
     """A compact copy of a store, as bytes to ship."""
     with tempfile.TemporaryDirectory(prefix="nf-shard-") as tmp:
         with Store.open(path, write=False) as store:
-            store.copy_to(Path(tmp))
+            store.tables.copy_to(Path(tmp))
         return (Path(tmp) / "data.mdb").read_bytes()
 
 

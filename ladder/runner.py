@@ -211,7 +211,7 @@ class Ladder:
         if not (self.store / "data.mdb").exists():
             return set()
         with Store.open(self.store, write=False) as store:  # the replay index: no record to decompress
-            return {e.session for e in store.recorded_entries()}
+            return {e.session for e in store.index.entries()}
 
     def served_models(self) -> dict[tuple[str, str], set[str]]:
         """(condition, model as requested) -> the models that answered, over every recorded exchange

@@ -53,7 +53,7 @@ class RunningProxy:
     proc: subprocess.Popen[str]
     lines: list[str] = field(default_factory=list)  # everything it printed (stdout and stderr)
     port: int = 0
-    _pump: threading.Thread | None = None  # reads its output into `lines`
+    reader: threading.Thread | None = None  # reads its output into `lines`
 
     @property
     def url(self) -> str:
@@ -75,8 +75,8 @@ class RunningProxy:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             code = self.proc.wait(10)
-        if self._pump is not None:
-            self._pump.join(5)  # the summary line is read before the caller looks at the output
+        if self.reader is not None:
+            self.reader.join(5)  # the summary line is read before the caller looks at the output
         return code
 
 
@@ -112,8 +112,8 @@ def _until_ready(running: RunningProxy, timeout: float) -> RunningProxy:
                 ready.set()
         ready.set()
 
-    running._pump = threading.Thread(target=pump, daemon=True)
-    running._pump.start()
+    running.reader = threading.Thread(target=pump, daemon=True)
+    running.reader.start()
     deadline = time.monotonic() + timeout
     while not ready.wait(0.05):
         if time.monotonic() > deadline:

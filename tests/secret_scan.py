@@ -37,7 +37,7 @@ def every_value(store: Path) -> bytes:
     # values the store encodes itself (dictionaries, bodies chained to their session's previous
     # exchange) are read back through its own verified decoder too
     with Store.open(store, write=False) as s:
-        chunks += list(s.bodies())
+        chunks += list(s.bodies.all())
         chunks += [json.dumps(e.to_json()).encode() for e in s.exchanges()]
     assert len(chunks) > 20, "the scan read nothing"
     return b"\n".join(chunks)

@@ -126,11 +126,11 @@ def test_no_module_imports_another_packages_private_module():
     assert not offenders, offenders
 
 
-def _is_module(parts: list[str]) -> bool:
+def _is_module(parts: list[str], root: Path = ROOT) -> bool:
     """Whether an installed name (`noisefloor.proxy.store._codec`) is a module or package, not a
     name inside a module. The root's own modules live in src/noisefloor, its parts at the top."""
     rest = parts[1:]
-    base = ROOT / "src" / "noisefloor" if (ROOT / "src" / "noisefloor" / f"{rest[0]}.py").exists() else ROOT
+    base = root / "src" / "noisefloor" if (root / "src" / "noisefloor" / f"{rest[0]}.py").exists() else root
     folder = base.joinpath(*rest)
     return folder.with_suffix(".py").exists() or (folder / "__init__.py").exists()
 
@@ -181,3 +181,54 @@ def test_the_module_map_in_docs_names_every_module():
     unnamed += [str(p.relative_to(ROOT)) for p in sorted((ROOT / "proxy").iterdir())
                 if (p / "__init__.py").exists() and f"`{p.name}/`" not in where]
     assert not unnamed, f"docs/development.md's module map does not name: {unnamed}"
+
+
+def test_the_store_is_composed_of_parts_not_mixins():
+    """`Store` holds its parts (`store.tables`, `store.bodies`, ...) as objects: a class with bases
+    would share private state across modules again, and no store file could be read on its own."""
+    tree = ast.parse((ROOT / "proxy" / "store" / "log.py").read_text(encoding="utf-8"))
+    store = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Store")
+    assert not store.bases, f"Store derives from {[ast.unparse(b) for b in store.bases]}: compose a part instead"
+
+
+# `x._name` where x is not self or cls, allowed: the public API of namedtuples (`_replace`,
+# `_asdict`, `_fields`, `_make`), the standard library's documented `sys._getframe` and `os._exit`
+# (a forked worker ends without running its parent's cleanups), and mitmproxy's loop exception
+# handler, which `Master.run` installs and offers no public hook for
+PRIVATE_ALLOWED = {"_replace", "_asdict", "_fields", "_make", "sys._getframe", "os._exit",
+                   "master._asyncio_exception_handler"}
+
+
+def private_reaches(root: Path) -> list[str]:
+    """Each `x._name` in proxy/ and src/ where x is not self or cls, and each `from m import _name`
+    that is not a module: another object's or module's private name."""
+    found = []
+    for path in sorted([*(root / "proxy").rglob("*.py"), *(root / "src").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("noisefloor."):
+                found += [f"{path.relative_to(root)}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and not a.name.startswith("__")
+                          and not _is_module([*node.module.split("."), a.name], root)]
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            owner = node.value.id if isinstance(node.value, ast.Name) else None
+            if owner in ("self", "cls") or node.attr in PRIVATE_ALLOWED or f"{owner}.{node.attr}" in PRIVATE_ALLOWED:
+                continue
+            found.append(f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reaches_into_another_objects_private_names():
+    found = private_reaches(ROOT)
+    assert not found, "private names used from outside their object (make them public, or a method):\n  " + \
+        "\n  ".join(found)
+
+
+def test_the_private_name_check_finds_a_reach(tmp_path):
+    (tmp_path / "proxy").mkdir()
+    (tmp_path / "src").mkdir()
+    (tmp_path / "proxy" / "_own.py").write_text("")
+    (tmp_path / "proxy" / "m.py").write_text("from noisefloor.proxy import _own\nfrom noisefloor.proxy.m import _f\n"
+                                            "def f(store, t):\n    self = store\n    return store._env, self._ok, "
+                                            "t._replace(a=1), os._exit\n")
+    assert private_reaches(tmp_path) == ["proxy/m.py:2 noisefloor.proxy.m._f", "proxy/m.py:5 store._env"]

@@ -119,7 +119,7 @@ def assemble_stream(events: list[dict[str, Any]]) -> dict[str, Any]:
 def response_json(store: Store, ex: Exchange) -> dict[str, Any] | None:
     if ex.response is None:
         return None
-    data = (store.decoded_body(ex.response, ex.id) or b"")
+    data = (store.bodies.decoded(ex.response, ex.id) or b"")
     ctype = header(ex.response["headers"], "content-type", "")
     if ctype.lower().startswith("text/event-stream"):
         return assemble_stream(sse_events(data))
@@ -183,7 +183,7 @@ def _task_in_request(store: Store, first_id: int, ranked: list[tuple[str, str]])
     ex = store.exchange(first_id)
     if ex is None:
         return None
-    text = (store.decoded_body(ex.request, ex.id) or b"").decode("utf-8", errors="replace")
+    text = (store.bodies.decoded(ex.request, ex.id) or b"").decode("utf-8", errors="replace")
     return next((tid for tid, p in ranked if p.strip() and _json_text(p) in text), None)
 
 
@@ -204,7 +204,7 @@ def candidates(store: Store, prompts: Mapping[str, str] | None = None) -> Iterat
 def request_doc(store: Store, ex: Exchange) -> dict[str, Any]:
     """The request body as recorded (after the proxy's overrides), {} when not a JSON object."""
     try:
-        doc = json.loads(store.decoded_body(ex.request, ex.id, "request") or b"{}")
+        doc = json.loads(store.bodies.decoded(ex.request, ex.id, "request") or b"{}")
     except (ValueError, AttributeError, TypeError, RecursionError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -152,6 +152,6 @@ def keep_in_log(log: Path, rows: list[OutcomeRow]) -> None:
         return
     try:
         with Store.open(log, write=True) as store:
-            store.put_outcomes([r.to_json() for r in rows])
+            store.outcomes.put([r.to_json() for r in rows])
     except StoreError as exc:
         click.echo(f"nfverify: outcome rows not kept in the log ({exc}); they are in the outcomes file", err=True)

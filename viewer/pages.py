@@ -30,7 +30,7 @@ MAX_LIMIT = 500
 
 def _scan(store: Store, after: int, filters: Filters) -> Iterator[tuple[Exchange, bool]]:
     bound = SCAN_SEARCH if filters.q else SCAN
-    for n, ex in enumerate(store.exchanges_after(after)):
+    for n, ex in enumerate(store.exchanges(start=after + 1)):
         if n >= bound:
             return
         yield ex, filters.wanted(ex, store)
@@ -105,7 +105,7 @@ def body_view(store: Store, part: dict[str, Any] | None) -> dict[str, Any] | Non
     if not part or part.get("body") is None:
         return None
     try:
-        data = store.decoded_body(part)
+        data = store.bodies.decoded(part)
     except BodyOverLimit as exc:  # kept by a recorder with a higher limit: shown as a note, the page still served
         return {"kind": "over_limit", "size": part.get("body_size"), "text": str(exc)}
     if data is None:
@@ -130,11 +130,11 @@ def chunks_view(store: Store, response: dict[str, Any] | None) -> list[dict[str,
     if not response or response.get("chunks") is None:
         return None
     try:
-        data = store.part_body(response) or b""
+        data = store.bodies.of_part(response) or b""
     except BodyOverLimit:  # body_view says so
         return None
     if header(response["headers"], "content-encoding"):  # chunks are of the encoded bytes: show them whole
-        data = store.decoded_body(response) or b""
+        data = store.bodies.decoded(response) or b""
         return [{"offset_ms": response["chunks"][-1][0] if response["chunks"] else 0.0, "size": len(data),
                  "text": data[:SHOWN_BODY].decode("utf-8", "replace")}]
     out, pos = [], 0
@@ -178,12 +178,12 @@ def miss_view(store: Store, ex: Exchange) -> dict[str, Any] | None:
     nearest = None
     if ex.response and ex.response.get("body"):
         try:
-            doc = json.loads(store.decoded_body(ex.response) or b"{}")
+            doc = json.loads(store.bodies.decoded(ex.response) or b"{}")
             nearest = (doc.get("error") or {}).get("nearest")
         except ValueError:
             nearest = None
     rules = store_rules(store)
-    asked = RequestData.from_record(ex.request, store.part_body(ex.request)).canonical(rules).pretty()
+    asked = RequestData.from_record(ex.request, store.bodies.of_part(ex.request)).canonical(rules).pretty()
     if not nearest or not nearest.get("exchange_id"):
         return {"nearest": None, "asked": asked, "rows": [], "why": "the recording holds no request to compare with"}
     recorded = recorded_canonical(store, rules, int(nearest["exchange_id"])) or ""

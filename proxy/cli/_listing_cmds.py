@@ -46,24 +46,24 @@ def log_cmd(words: tuple[str, ...], store_opt: Path | None, session: str | None,
     filters = Filters(condition=condition, task=task, session=session, status=status,
                       result="miss" if miss else result, model=model)
     with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
-        if note := store.unfinished_note():  # listed once they are written: say where they are
+        if note := store.answered.note():  # listed once they are written: say where they are
             click.echo(f"nfproxy log: {note}", err=True)
         if as_json:
             if filters.empty and limit is None:  # every record: the stored texts, checked, a batch at a time
-                _json_chunks(store.listed_chunks())
+                _json_chunks(store.walk.listed_chunks())
                 return
             lines = (ex.json_bytes() for ex in _wanted(store.exchanges(), filters, store)) if not filters.empty \
-                else store.listed_records()  # no filter: the stored text, checked, with no Exchange built
+                else store.walk.listed_records()  # no filter: the stored text, checked, with no Exchange built
             _json_lines(islice(lines, limit))
             return
         line = _Line(Visible())
         if filters.empty and limit is None:  # every exchange: the heads as the store keeps them, a batch at a time
-            seen = _listing(line.of_part_batches(store.head_part_batches(), not sessions_only), store_path, line.shown)
+            seen = _listing(line.of_part_batches(store.walk.head_part_batches(), not sessions_only), store_path, line.shown)
         else:
             if filters.empty:
-                entries = line.of_parts(store.head_parts(), not sessions_only)
+                entries = line.of_parts(store.walk.head_parts(), not sessions_only)
             else:  # the records' heads suffice, except for filters that read more
-                source = store.exchanges() if filters.q or filters.order else store.heads()
+                source = store.exchanges() if filters.q or filters.order else store.walk.heads()
                 entries = line.of_heads(_wanted(source, filters, store), not sessions_only)
             seen = _listing(_one_each(islice(entries, limit)), store_path, line.shown)
         replayed = {name for name, (_, modes, _) in seen.items() if "replay" in _modes(modes)}
@@ -81,7 +81,7 @@ def _trajectories(store: Store, sessions: set[str]) -> None:
                 replay = ex.replay if isinstance(ex.replay, dict) else {}
                 src = replay.get("from")
                 if not isinstance(src, str) and isinstance(replay.get("source_id"), int):  # written before "from"
-                    entry = store.recorded_entry(replay["source_id"])
+                    entry = store.index.entry(replay["source_id"])
                     src = entry.session if entry is not None else None
                 yield ex.session, replay, src
 
@@ -202,7 +202,7 @@ class _Line:
 
     def of_part_batches(self, batches: Iterable[tuple[Sequence[int], Sequence[Parts]]],
                         with_lines: bool) -> Iterator[Lines]:
-        """Each batch of heads as the store keeps them (`Store.head_part_batches`): its lines, and
+        """Each batch of heads as the store keeps them (`Walk.head_part_batches`): its lines, and
         its exchanges counted by session, mode and condition (a Counter: one C call a batch)."""
         for ids, parts in batches:
             lines, keys = self._batch(ids, parts, with_lines)
@@ -312,14 +312,14 @@ def show_cmd(words: tuple[str, ...], store_opt: Path | None, max_body_mb: int) -
     with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
         ex = store.exchange(exchange_id)
         if ex is None:
-            note = store.unfinished_note()
+            note = store.answered.note()
             raise click.ClickException(f"no exchange {exchange_id} in {store_path}; " + (
                 f"{note}" if note else "list them with `nfproxy log`"))
         doc = ex.to_json()
         for part in ("request", "response"):
             if doc[part]:
                 doc[part] = dict(doc[part])  # to_json is shallow: the exchange's own objects stay as read
-                doc[part]["body_text"] = store.readable_body(doc[part], exchange_id, part)
+                doc[part]["body_text"] = store.bodies.readable(doc[part], exchange_id, part)
         click.echo(json_text(json.dumps(doc, indent=2, ensure_ascii=False)))
 
 

@@ -41,7 +41,7 @@ def export_cmd(words: tuple[str, ...], store_opt: Path | None, fmt: str, output:
     write = export_har if fmt == "har" else export_jsonl
     outputs.check_writable(None if output == "-" else output, "-o")
     with Store.open(store_path, write=False, max_body=max_body_mb << 20) as store:
-        if note := store.unfinished_note():
+        if note := store.answered.note():
             click.echo(f"nfproxy export: {note}", err=True)
         if output == "-":
             n = write(store, sys.stdout, session=session, mode=None if all_modes else "record")

@@ -112,7 +112,7 @@ def _mentions(ex: Exchange, store: Store, needle: str) -> bool:
     for part in (ex.request, ex.response):
         if part:
             try:
-                data = store.decoded_body(part)
+                data = store.bodies.decoded(part)
             except BodyOverLimit:  # over this reader's --max-body-mb: searched by its other fields only
                 continue
             if data and needle in data[:SHOWN_BODY].decode("utf-8", "replace").lower():

@@ -22,6 +22,7 @@ import json
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import lmdb
@@ -96,29 +97,23 @@ def decode(value: bytes) -> Answered:
 
 class AnsweredRows:
     """The store's answered-but-unwritten rows (a part of Store): kept before an answer is released,
-    deleted by the transaction that writes the exchange in full (`Store.append(done=...)`)."""
+    deleted by the transaction that writes the exchange in full (`Store.append(done=...)`).
+    `recording`: whether this handle holds the record lock (its rows are then its own)."""
 
-    _env: Any
-    _write: Any
-    _reading: Any
-    _record_lock: Any
-    _answered: Any
-    path: Any
-    writable: bool
+    def __init__(self, tables: Any, recording: Callable[[], bool]) -> None:
+        self.tables, self.path, self._recording = tables, tables.path, recording
+        self._db: Any = None  # opened on use
 
-    def _answered_db(self, create: bool) -> Any:
-        db = self._answered
-        if db is None:
-            try:  # made by the first row: a store never recorded through a proxy has no such table
-                db = self._env.open_db(TABLE, create=create and self.writable)
-            except lmdb.NotFoundError:
-                return None
-            self._answered = db
-        return db
+    def table(self, create: bool) -> Any:
+        """The rows' table, None where there is none (made by the first row: a store never
+        recorded through a proxy has no such table)."""
+        if self._db is None:
+            self._db = self.tables.opened(TABLE.decode(), create=create and self.tables.writable)
+        return self._db
 
-    def keep_answered(self, answered: Answered) -> int:
+    def keep(self, answered: Answered) -> int:
         """Commit the row (its own transaction, before the answer is released); returns its number."""
-        db = self._answered_db(create=True)
+        db = self.table(create=True)
         value = encode(answered)
 
         def put(txn: lmdb.Transaction) -> int:
@@ -127,20 +122,20 @@ class AnsweredRows:
             txn.put(_U64.pack(n), value, db=db, append=True)
             return n
 
-        return int(self._write(put))
+        return int(self.tables.write(put))
 
-    def drop_answered(self, txn: lmdb.Transaction, row: bytes | int) -> None:
+    def drop(self, txn: lmdb.Transaction, row: bytes | int) -> None:
         """Inside the transaction that writes the row's exchange in full (or drops a damaged row)."""
-        txn.delete(_U64.pack(row) if isinstance(row, int) else row, db=self._answered_db(create=False))
+        txn.delete(_U64.pack(row) if isinstance(row, int) else row, db=self.table(create=False))
 
-    def answered_rows(self) -> list[tuple[bytes, Answered | ValueError]]:
+    def rows(self) -> list[tuple[bytes, Answered | ValueError]]:
         """Every row kept, oldest first, as (its key, its `Answered`, or the ValueError saying why
         it is damaged)."""
-        db = self._answered_db(create=False)
+        db = self.table(create=False)
         if db is None:
             return []
         rows: list[tuple[bytes, Answered | ValueError]] = []
-        with self._reading("answered rows"), self._env.begin(db=db) as txn:
+        with self.tables.reading("answered rows"), self.tables.begin(db=db) as txn:
             for k, v in txn.cursor():
                 try:
                     if len(k) != 8:
@@ -151,9 +146,9 @@ class AnsweredRows:
         return rows
 
     def drop_damaged(self, key: bytes) -> None:
-        self._write(lambda txn: self.drop_answered(txn, key))
+        self.tables.write(lambda txn: self.drop(txn, key))
 
-    def damaged_row(self, key: bytes, why: Exception) -> StoreError:
+    def damaged(self, key: bytes, why: Exception) -> StoreError:
         """The one line for a damaged row, with the two ways on."""
         name = f"row {_U64.unpack(key)[0]}" if len(key) == 8 else f"the row keyed {key[:16].hex()}"
         return StoreError(f"store {self.path}: answered {name} (an exchange a killed nfproxy did not finish writing) "
@@ -163,12 +158,12 @@ class AnsweredRows:
     def unfinished(self) -> int:
         """How many answered exchanges a killed recorder left unwritten: its rows, where no live
         recorder holds the store (one that does writes its own at once; this handle's are its own)."""
-        db = self._answered_db(create=False)
+        db = self.table(create=False)
         if db is None:
             return 0
-        with self._reading("answered rows"), self._env.begin(db=db) as txn:
+        with self.tables.reading("answered rows"), self.tables.begin(db=db) as txn:
             n = txn.stat(db)["entries"]
-        if n == 0 or self._record_lock is not None:
+        if n == 0 or self._recording():
             return n
         try:
             fd = os.open(self.path / LOCK, os.O_RDONLY)
@@ -182,13 +177,13 @@ class AnsweredRows:
             os.close(fd)
         return n
 
-    def unfinished_note(self) -> str | None:
+    def note(self) -> str | None:
         """A reader's warning where a killed recorder left answered exchanges unwritten (None: none)."""
         n = self.unfinished()
         return None if not n else (f"{unfinished_line(n)} {'are' if n != 1 else 'is'} not included; "
                                    f"`nfproxy repair {self.path}` writes {'them' if n != 1 else 'it'}")
 
-    def refuse_unfinished(self, verb: str) -> None:
+    def refuse(self, verb: str) -> None:
         """StoreError where a killed recorder left answered exchanges unwritten: `verb` (replay,
         merge, compact) would go on without them."""
         n = self.unfinished()

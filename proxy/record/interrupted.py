@@ -9,6 +9,7 @@ from collections.abc import Callable
 from noisefloor.display import counted
 from noisefloor.proxy.record.recorder import Writer
 from noisefloor.proxy.store.log import Store
+from noisefloor.proxy.store.merge.shard import MergeIO
 
 
 def finish(store: Store, progress: Callable[[str], None] = lambda s: None,
@@ -20,7 +21,7 @@ def finish(store: Store, progress: Callable[[str], None] = lambda s: None,
     if written:
         progress(f"{store.path}: {counted(written, 'answered exchange')} a killed nfproxy had not written in full, "
                  "written")
-    indexed = store.repair_lookups()
+    indexed = MergeIO(store).repair_lookups()
     if indexed:
         progress(f"{store.path}: the replay lookups of an interrupted merge written")
     return written, dropped, indexed

@@ -104,18 +104,18 @@ class Writer:
         """Write the answered rows a killed recorder left (no live one holds the store): how many
         were written and how many dropped. A damaged row is a StoreError naming it before any is
         written, or with `drop_damaged`, deleted (its exchange is lost) while the others are written."""
-        if not self.store.unfinished():
+        if not self.store.answered.unfinished():
             return 0, 0
         rules = Rules.described(self.store.meta("rules"))
         good, bad, written = [], [], 0
-        for key, a in self.store.answered_rows():
+        for key, a in self.store.answered.rows():
             try:
                 if isinstance(a, ValueError):
                     raise a
                 good.append((key, self._parts(a, None, _near_of_row(rules, a), None, from_row=True)))
             except (ValueError, KeyError, TypeError, UnicodeError) as exc:
                 if not drop_damaged:
-                    raise self.store.damaged_row(key, exc) from None
+                    raise self.store.answered.damaged(key, exc) from None
                 bad.append(key)
         for key, (text, bodies, entry, head, _) in good:  # not counted in this run's summary: an earlier run's
             try:
@@ -123,10 +123,10 @@ class Writer:
                 written += 1
             except (ValueError, KeyError, TypeError, OverflowError, struct.error) as exc:  # nothing of it kept
                 if not drop_damaged:
-                    raise self.store.damaged_row(key, exc) from None
+                    raise self.store.answered.damaged(key, exc) from None
                 bad.append(key)
         for key in bad:
-            self.store.drop_damaged(key)
+            self.store.answered.drop_damaged(key)
         self.store.catch_up()
         return written, len(bad)
 
@@ -180,7 +180,7 @@ class Recorder:
         self.numbered = False  # --new-session: a name the store holds starts NAME-2, NAME-3, ... instead
         self._sessions: dict[str, str] = {}  # session named by this run -> the session it records into
         # a session's earlier exchanges are looked up when it reappears
-        self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq) for e in store.session_entries(name)])
+        self.counters = Counters(earlier=lambda name: [(e.key, e.occurrence, e.seq) for e in store.index.session_entries(name)])
 
     def session_for(self, name: str) -> str | None:
         """The session a run naming `name` records into: `name` itself when the store does not hold it
@@ -191,10 +191,10 @@ class Recorder:
         if got is not None:
             return got
         chosen: str | None = name
-        if self.store.session_first(name) is not None:
+        if self.store.index.session_first(name) is not None:
             taken = set(self._sessions.values())
             chosen = next(f"{name}-{n}" for n in itertools.count(2) if f"{name}-{n}" not in taken
-                          and self.store.session_first(f"{name}-{n}") is None) if self.numbered else None
+                          and self.store.index.session_first(f"{name}-{n}") is None) if self.numbered else None
         if chosen is not None:
             self._sessions[name] = chosen
         return chosen
@@ -243,7 +243,7 @@ class Recorder:
         # recorded time)
         answered = _answered(pending, response, error, latency_ms, notes, time.time() if end is None else end)
         if defer_tracking:
-            self._unwritten.append((self.store.keep_answered(answered), pending, answered, response))
+            self._unwritten.append((self.store.answered.keep(answered), pending, answered, response))
             return 0
         exchange_id = self._write(pending, answered, response)
         self.track_answers()

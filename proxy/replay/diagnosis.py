@@ -26,7 +26,7 @@ def recorded_request(store: Store, rules: Rules, exchange_id: int) -> CanonicalR
     source = store.exchange(exchange_id)
     if source is None:
         return None
-    return RequestData.from_record(source.request, store.part_body(source.request)).canonical(rules)
+    return RequestData.from_record(source.request, store.bodies.of_part(source.request)).canonical(rules)
 
 
 def recorded_canonical(store: Store, rules: Rules, exchange_id: int) -> str | None:
@@ -138,7 +138,7 @@ def nearest(store: Store, rules: Rules, index: Any, p: Prepared) -> dict[str, An
     if not ranked:
         return None
     _, chosen, score, canon = _closest(ranked, asked)
-    entry = store.recorded_entry(chosen)
+    entry = store.index.entry(chosen)
     return {"key": canon.key, "exchange_id": chosen, "session": entry.session if entry else None,
             "similarity": score, "differs_at": first_difference(canon.as_dict(), asked),
             "diff": short_diff("\n".join(flat(canon.as_dict())), "\n".join(flat(asked)))}

@@ -85,7 +85,7 @@ class Replayer:
         if order not in ORDERS:
             raise InputError(f"unknown replay order {order!r}; choose one of {', '.join(ORDERS)}")
         store.bind_rules(rules.id, rules.describe(), also=rules.legacy_ids)
-        store.refuse_unfinished("replay")  # answered exchanges a killed recorder left: they would be misses
+        store.answered.refuse("replay")  # answered exchanges a killed recorder left: they would be misses
         self.store = store
         self.rules = rules
         def write_now(build: LogEntry) -> None:  # a typed def: mypy checks an untyped lambda's *build() as *Any
@@ -287,7 +287,7 @@ class Replayer:
     def _recorded_response(self, rec: dict[str, Any] | None, error: str | None) -> ResponseData:
         if rec is None:  # the recording holds a connection failure: replay it as one
             return replies.recorded_failure(error)
-        return ResponseData.from_record(rec, self.store.part_body(rec))  # within its recorded size
+        return ResponseData.from_record(rec, self.store.bodies.of_part(rec))  # within its recorded size
 
     def refuse_websocket(self, request: RequestData, labels: Labels) -> ResponseData:
         """A WebSocket upgrade cannot be replayed: refused, logged and counted as a miss."""

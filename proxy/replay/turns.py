@@ -67,7 +67,7 @@ def take(store: Any, store_path: Path, state_dir: Path, how: str) -> Turn:
 def _recorded_sessions(store: Any) -> list[str]:
     """Recorded sessions in the order they began."""
     first: dict[str, int] = {}
-    for e in store.recorded_entries():
+    for e in store.index.entries():
         if e.session not in first or e.id < first[e.session]:
             first[e.session] = e.id
     return sorted(first, key=first.__getitem__)

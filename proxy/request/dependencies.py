@@ -173,9 +173,9 @@ def recompute(store: Any, rules: Any, entries: list[Any]) -> dict[int, tuple[int
         ex = store.exchange(e.id)
         if ex is None:
             continue
-        request = RequestData.from_record(ex.request, store.part_body(ex.request))
+        request = RequestData.from_record(ex.request, store.bodies.of_part(ex.request))
         provider = providers.pick(rules.profile, request.host, request.path)
-        body = store.decoded_body(ex.request) or b""
+        body = store.bodies.decoded(ex.request) or b""
         try:
             doc = json.loads(body) if body else None
         except (ValueError, UnicodeDecodeError, RecursionError):
@@ -185,5 +185,5 @@ def recompute(store: Any, rules: Any, entries: list[Any]) -> dict[int, tuple[int
             out[e.id] = deps
         if ex.response is not None and 200 <= ex.response.get("status", 0) < 300:
             ctype = next((v for k, v in ex.response["headers"] if k.lower() == "content-type"), None)
-            tracker.answered(e.session, e.seq, provider, store.decoded_body(ex.response) or b"", ctype)
+            tracker.answered(e.session, e.seq, provider, store.bodies.decoded(ex.response) or b"", ctype)
     return out

@@ -1,18 +1,29 @@
 """The store's body table, read verified: every body a reader gets is present, decompresses
 within its recorded size and the store's bound, and hashes to the digest it is stored under
-(bodies compressed against others are resolved the same way, a short chain at most)."""
+(bodies compressed against others are resolved the same way, a short chain at most).
+
+Written (`Ahead`): the compressor a session's next request body is stored with, made ahead of that
+request. What a body is stored as depends on three things besides its bytes: whether it is stored already,
+the previous exchange of its session it is compressed against (the chain link, `Store.append`), and
+the body dictionary in use. The compressor against a session's last exchange is made once that
+exchange is committed and its answer released (`prepare_chain`): the link is known then, the body
+it will compress is not, and creating the compressor is most of the work. Whether one was prepared
+changes when the work is done, never the bytes.
+"""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from noisefloor.proxy.request.decoding import decode_body
 from noisefloor.proxy.request.headers import header
 from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store._tables import Tables
 from noisefloor.proxy.store.env import StoreError
 
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -31,17 +42,14 @@ class BodyOverLimit(StoreError):
 
 
 class Bodies:
-    """Reading the `bodies` table (a part of Store: it brings the environment, codec and checks)."""
+    """Reading the `bodies` table (a part of Store), every body verified."""
 
-    _env: Any
-    _bodies: Any
-    _codec: codec.Codec
-    _refs: Any
-    path: Any
-    max_body: int
-    _reading: Any
+    def __init__(self, tables: Tables, codec: codec.Codec, max_body: int) -> None:
+        self.tables, self.codec, self.path, self.max_body = tables, codec, tables.path, max_body
+        self._db = tables.db["bodies"]
+        self._refs: OrderedDict[bytes, bytes] = OrderedDict()  # verified bodies others refer to (an LRU)
 
-    def body(self, digest: str | None, *, size: int | None = None, exchange_id: int | None = None,
+    def get(self, digest: str | None, *, size: int | None = None, exchange_id: int | None = None,
              part: str = "", _depth: int = 0) -> bytes | None:
         """A stored body, verified: present, within its recorded `size` and the store's max_body,
         and hashing to `digest`. Anything else is a StoreError naming the store and the exchange."""
@@ -56,7 +64,7 @@ class Bodies:
             raise BodyOverLimit(f"store {self.path}: {where} is {size / (1 << 20):.1f} MiB, over --max-body-mb "
                              f"{self.max_body >> 20}; read it with --max-body-mb {-(-size >> 20)}")
         limit = self.max_body if size is None else size
-        with self._reading(where), self._env.begin(db=self._bodies) as txn:
+        with self.tables.reading(where), self.tables.begin(db=self._db) as txn:
             raw = txn.get(bytes.fromhex(digest))
             if raw is None:
                 if digest == _EMPTY_SHA256:
@@ -64,7 +72,7 @@ class Bodies:
                 raise StoreError(f"store {self.path}: {where} is missing; restore the store from a copy or "
                                  "record it again")
             try:
-                data = self._codec.decode(raw, limit, self._resolver(_depth, exchange_id))
+                data = self.codec.decode(raw, limit, self._resolver(_depth, exchange_id))
             except codec.TooLarge as exc:
                 if size is None and exc.declared is not None:  # no recorded size (a referenced body): its frame's
                     raise self._over_limit(where, exc.declared) from None
@@ -94,7 +102,7 @@ class Bodies:
             if data is not None:
                 self._refs.move_to_end(digest)
             else:
-                data = self.body(digest.hex(), exchange_id=exchange_id, part="referenced", _depth=depth + 1)
+                data = self.get(digest.hex(), exchange_id=exchange_id, part="referenced", _depth=depth + 1)
                 assert data is not None
                 if len(data) <= _REF_CACHE_ITEM:
                     self._refs[digest] = data
@@ -109,24 +117,24 @@ class Bodies:
 
         return resolve
 
-    def part_body(self, part: Mapping[str, Any] | None, exchange_id: int | None = None, name: str = "") -> bytes | None:
+    def of_part(self, part: Mapping[str, Any] | None, exchange_id: int | None = None, name: str = "") -> bytes | None:
         """The verified body of a stored request or response (its digest and recorded size)."""
         if not part:
             return None
-        return self.body(part.get("body"), size=part.get("body_size"), exchange_id=exchange_id, part=name)
+        return self.get(part.get("body"), size=part.get("body_size"), exchange_id=exchange_id, part=name)
 
-    def bodies(self) -> Iterator[bytes]:
+    def all(self) -> Iterator[bytes]:
         """Every stored body, decompressed and verified (for audits: what exactly is on disk)."""
-        for _, data in self.stored_bodies():
+        for _, data in self.stored():
             yield data
 
-    def stored_bodies(self, encoded: bool = False) -> Iterator[Any]:
+    def stored(self, encoded: bool = False) -> Iterator[Any]:
         """(sha256, bytes) of every stored body in digest order, verified; with `encoded`, also the
         value as stored (compact rewrites them)."""
-        with self._reading("bodies"), self._env.begin(db=self._bodies, buffers=False) as txn:
+        with self.tables.reading("bodies"), self.tables.begin(db=self._db, buffers=False) as txn:
             for digest, raw in txn.cursor():
                 try:
-                    data = self._codec.decode(raw, self.max_body, self._resolver(0, None))
+                    data = self.codec.decode(raw, self.max_body, self._resolver(0, None))
                 except codec.TooLarge as exc:
                     if exc.declared is None:
                         raise
@@ -136,32 +144,28 @@ class Bodies:
                                      "(tampered or damaged); restore the store from a copy")
                 yield (digest, data, raw) if encoded else (digest, data)
 
-    def body_count(self) -> int:
-        with self._reading(), self._env.begin(db=self._bodies) as txn:
-            return txn.stat(self._bodies)["entries"]
-
-    def raw_bodies(self, digests: list[bytes]) -> list[bytes | None]:
-        """`raw_body` of several (their 32-byte digests), in one read."""
-        with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
+    def raw_many(self, digests: list[bytes]) -> list[bytes | None]:
+        """`raw` of several (their 32-byte digests), in one read."""
+        with self.tables.reading(), self.tables.begin(db=self._db, buffers=False) as txn:
             return [txn.get(d) for d in digests]
 
-    def raw_body(self, digest: str) -> bytes | None:
+    def raw(self, digest: str) -> bytes | None:
         """A body as stored (encoded): merging copies it without recompressing (with `dictionary_of`)."""
-        with self._reading(), self._env.begin(db=self._bodies, buffers=False) as txn:
+        with self.tables.reading(), self.tables.begin(db=self._db, buffers=False) as txn:
             return txn.get(bytes.fromhex(digest))
 
-    def decoded_body(self, part: Mapping[str, Any], exchange_id: int | None = None, name: str = "") -> bytes | None:
+    def decoded(self, part: Mapping[str, Any], exchange_id: int | None = None, name: str = "") -> bytes | None:
         """A stored request or response body, verified, with its Content-Encoding undone."""
-        raw = self.part_body(part, exchange_id, name)
+        raw = self.of_part(part, exchange_id, name)
         if raw is None:
             return None
         encoding = header(part["headers"], "content-encoding")
         return decode_body(raw, encoding)[0]
 
-    def readable_body(self, part: Mapping[str, Any], exchange_id: int | None = None, name: str = "") -> Any:
+    def readable(self, part: Mapping[str, Any], exchange_id: int | None = None, name: str = "") -> Any:
         """A body for people (show, log --json, export): verified, decoded, parsed when it is JSON,
         text when it is UTF-8, else {"base64": ...}; None when there is none."""
-        data = self.decoded_body(part, exchange_id, name)
+        data = self.decoded(part, exchange_id, name)
         if not data:
             return None
         try:
@@ -172,3 +176,56 @@ class Bodies:
             return json.loads(text)
         except ValueError:
             return text
+
+
+CHAIN_DEPTH = 6  # a request is compressed against its session's previous exchange at most this deep
+# compressors made for sessions' next requests (an LRU: one holds a zstd context, ~65 kB for a
+# chat turn, ~150 kB at the size bound: 10 MB at most); with more sessions interleaved than this,
+# one is evicted before its request comes
+_PREPARED = 64
+_PREPARED_BYTES = 128 << 10  # a larger link is left to the write: compressing against it costs more than the set-up
+
+Link = tuple[bytes, bytes, bytes, bytes, int]  # a session's last (request sha256, request, answer sha256, answer, depth)
+
+
+class Ahead:
+    """Sessions' chain links and the compressors prepared for their next request bodies (a part of Store)."""
+
+    def __init__(self, coder: codec.Codec, tables: Tables) -> None:
+        self.codec, self.tables = coder, tables
+        self.chains: OrderedDict[str, Link] = OrderedDict()  # session -> its last exchange's link (an LRU)
+        self._prepared: OrderedDict[str, tuple[Link, codec.Against]] = OrderedDict()  # session -> a compressor
+
+    def prepare_chain(self, session: str) -> None:
+        """Make the compressor a request of `session` would be compressed with against its last
+        exchange, before that request arrives (a proxy calls this once the answer is released).
+        Never fails: it only saves the work of a write, which makes its own if none is here."""
+        link = self.chains.get(session)
+        got = self._prepared.pop(session, None)
+        if link is None or link[4] >= CHAIN_DEPTH or not self.tables.writable or len(link[1]) + len(link[3]) > _PREPARED_BYTES:
+            return
+        if got is not None and got[0] is link:  # its last exchange set no new link: still the one
+            self._prepared[session] = got
+            return
+        try:
+            against = codec.Against(_refs(link)).warmed()
+        except Exception:  # noqa: BLE001 - the write compresses it, and reports what fails where it fails
+            return
+        self._prepared[session] = (link, against)
+        self._prepared.move_to_end(session)
+        if len(self._prepared) > _PREPARED:
+            self._prepared.popitem(last=False)
+
+    def encoded(self, data: bytes, link: Link | None, key: bytes | None) -> bytes:
+        """A request body's value: against its session's previous request and answer while the
+        chain is short enough (with the compressor `prepare_chain` made, if it made one for this
+        link), else with the body dictionary."""
+        if link is None or link[4] >= CHAIN_DEPTH:
+            return self.codec.encode(data, key)
+        # most of a request is the previous request and answer of its session
+        against = next((a for known, a in self._prepared.values() if known is link), None)
+        return (against or codec.Against(_refs(link))).encode(data)
+
+
+def _refs(link: Link) -> list[tuple[bytes, bytes]]:
+    return [(link[0], link[1]), (link[2], link[3])]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
 
 import lmdb
 
 from noisefloor.proxy.store import _codec as codec
+from noisefloor.proxy.store._tables import Tables
 
 TRAIN_AFTER = 1000  # values of a kind (body, record) seen before its dictionary is trained
 _SAMPLE_MAX = 64 << 10  # longer values are not sampled for training
@@ -18,50 +18,54 @@ _SAMPLE_MAX = 64 << 10  # longer values are not sampled for training
 class Dictionaries:
     """The `dicts` table and the training of its dictionaries (a part of Store)."""
 
-    _env: Any
-    _dicts: Any
-    _meta: Any
-    _keys: dict[str, bytes]
-    _samples: dict[str, list[bytes]]
-    _training: dict[str, tuple[threading.Thread, list[bytes | None]]]
-    writable: bool
-    _reading: Any
-    _write: Any
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+        self.keys: dict[str, bytes] = {}  # kind (body, record) -> the dictionary new values use
+        self._samples: dict[str, list[bytes]] = {"body": [], "record": []}
+        self.training: dict[str, tuple[threading.Thread, list[bytes | None]]] = {}
 
-    def _load_dict(self, key: bytes) -> bytes | None:
-        if self._dicts is None:
+    def adopt_keys(self, chosen: dict[str, str] | None) -> None:
+        """The dictionaries new values use, as the store's meta "dicts" names them."""
+        self.keys = {k: bytes.fromhex(v) for k, v in (chosen or {}).items()}
+
+    def load(self, key: bytes) -> bytes | None:
+        """A stored dictionary, checked against its key (no read discipline: the codec's caller's)."""
+        db = self.tables.db["dicts"]
+        if db is None:
             return None
-        with self._env.begin(db=self._dicts, buffers=False) as txn:
+        with self.tables.begin(db=db, buffers=False) as txn:
             data = txn.get(key)
         if data is not None and codec.dict_key(data) != key:
             raise ValueError(f"compression dictionary {key.hex()} does not match its hash")
         return data
 
     def dictionary(self, key: bytes) -> bytes | None:
-        with self._reading("dictionaries"):
-            return self._load_dict(key)
+        with self.tables.reading("dictionaries"):
+            return self.load(key)
 
-    def add_dictionary(self, data: bytes, kind: str | None = None) -> bytes:
+    def add(self, data: bytes, kind: str | None = None) -> bytes:
         """Store a dictionary (content-addressed); with `kind`, new values of that kind use it."""
         key = codec.dict_key(data)
+        db, meta = self.tables.db["dicts"], self.tables.db["meta"]
 
         def put(txn: lmdb.Transaction) -> None:
-            txn.put(key, data, db=self._dicts, overwrite=False)
+            txn.put(key, data, db=db, overwrite=False)
             if kind is not None:
-                chosen = {**{k: v.hex() for k, v in self._keys.items()}, kind: key.hex()}
-                txn.put(b"dicts", json.dumps(chosen).encode(), db=self._meta)
+                chosen = {**{k: v.hex() for k, v in self.keys.items()}, kind: key.hex()}
+                txn.put(b"dicts", json.dumps(chosen).encode(), db=meta)
 
-        self._write(put)
+        self.tables.write(put)
         if kind is not None:
-            self._keys[kind] = key
+            self.keys[kind] = key
         return key
 
-    def _sample(self, kind: str, data: bytes) -> None:
+    def sample(self, kind: str, data: bytes) -> None:
         """Keep the first values of a kind; once there are enough, train its dictionary in a thread
         (zstd releases the GIL: the requests going on meanwhile are not held up; `nfproxy compact`
         retrains on the whole store). It is used from the first write after it is ready."""
         samples = self._samples[kind]
-        if kind in self._keys or kind in self._training or not self.writable or len(data) > _SAMPLE_MAX or not data:
+        if kind in self.keys or kind in self.training or not self.tables.writable or len(data) > _SAMPLE_MAX \
+                or not data:
             return
         samples.append(bytes(data))
         if len(samples) >= TRAIN_AFTER:
@@ -69,19 +73,19 @@ class Dictionaries:
             result: list[bytes | None] = []
             thread = threading.Thread(target=lambda: result.append(codec.train(samples)), daemon=True,
                                       name=f"nfproxy-train-{kind}")
-            self._training[kind] = (thread, result)
+            self.training[kind] = (thread, result)
             thread.start()
 
-    def _trained(self, wait: bool = False) -> None:
+    def trained(self, wait: bool = False) -> None:
         """Install the dictionaries whose training has finished (all of them, with `wait`)."""
-        for kind, (thread, result) in list(self._training.items()):
+        for kind, (thread, result) in list(self.training.items()):
             if wait:
                 thread.join()
             if thread.is_alive():
                 continue
-            del self._training[kind]
-            trained = result[0] if result else None
-            if trained is None:
-                self._keys.setdefault(kind, b"")  # untrainable: plain zstd from here on
+            del self.training[kind]
+            got = result[0] if result else None
+            if got is None:
+                self.keys.setdefault(kind, b"")  # untrainable: plain zstd from here on
             else:
-                self.add_dictionary(trained, kind)
+                self.add(got, kind)

@@ -12,6 +12,7 @@ from typing import Any
 import lmdb
 
 from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store._tables import Tables
 from noisefloor.proxy.store.replay_index import RecordedEntry
 
 _U64 = struct.Struct(">Q")
@@ -29,21 +30,18 @@ def put_entry(txn: lmdb.Transaction, recorded: Any, routes: Any, new_id: int, e:
     txn.put(_U64.pack(new_id), replay_index.entry_bytes(e, ref), db=recorded, append=True)
 
 
-class IndexLookups:
+class Index:
     """Reads and writes of the `recorded`, `index_routes` and `lookups` tables (a part of Store)."""
 
-    _env: Any
-    _recorded: Any
-    _lookups: Any
-    _index_routes: Any  # the routes and buckets, each once (`replay_index.route_row`)
-    _routes_known: dict[int, tuple[str, bytes]]
-    _reading: Any
-    _write: Any
-    meta: Any
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+        self._recorded, self._lookups = tables.db["recorded"], tables.db["lookups"]
+        self._routes = tables.db["index_routes"]  # the routes and buckets, each once (`replay_index.route_row`)
+        self._routes_known: dict[int, tuple[str, bytes]] = {}
 
-    def _put_index(self, txn: lmdb.Transaction, new_id: int, recorded: RecordedEntry) -> None:
+    def put(self, txn: lmdb.Transaction, new_id: int, recorded: RecordedEntry) -> None:
         """A recorded exchange's entry and lookups."""
-        put_entry(txn, self._recorded, self._index_routes, new_id, recorded)
+        put_entry(txn, self._recorded, self._routes, new_id, recorded)
         with txn.cursor(db=self._lookups) as cur:
             cur.putmulti(replay_index.lookup_rows(new_id, recorded))
 
@@ -52,47 +50,48 @@ class IndexLookups:
         earlier layout's index with it)."""
         def put(txn: lmdb.Transaction, batch: list[RecordedEntry]) -> None:
             for e in batch:
-                self._put_index(txn, e.id, e)
+                self.put(txn, e.id, e)
 
         while batch := list(islice(entries, _BATCH)):
-            self._write(lambda txn, batch=batch: put(txn, batch))
+            self.tables.write(lambda txn, batch=batch: put(txn, batch))
 
     def route_of(self, ref: int) -> tuple[str, bytes]:
         """Layout 3: the route and bucket of an `index_routes` row (the table read again for one
         not seen: a recorder may have added it); ValueError if the store has none such."""
         got = self._routes_known.get(ref)
         if got is None:
-            self._routes_known = self._read_index_routes()
+            self._routes_known = self.read_routes()
             got = self._routes_known.get(ref)
             if got is None:
                 raise ValueError(f"a replay-index entry names route row {ref}, which the store does not hold")
         return got
 
-    def _read_index_routes(self) -> dict[int, tuple[str, bytes]]:
-        if self._index_routes is None:
+    def read_routes(self) -> dict[int, tuple[str, bytes]]:
+        """Every `index_routes` row, each checked against its key (ValueError naming a damaged one)."""
+        if self._routes is None:
             return {}
-        with self._env.begin(db=self._index_routes, buffers=False) as txn:
+        with self.tables.begin(db=self._routes, buffers=False) as txn:
             rows = {replay_index.ID.unpack(k)[0]: (k, v) for k, v in txn.cursor()}
         for k, v in rows.values():  # each row's key is its value's hash: a damaged one is named
             if replay_index.route_row(*replay_index.route_value(v))[0] != k:
                 raise ValueError(f"replay-index route row {k.hex()} is damaged")
         return {n: replay_index.route_value(v) for n, (_, v) in rows.items()}
 
-    def adopt_index_routes(self, source: Any) -> bool:
+    def adopt_routes(self, source: Index) -> bool:
         """Merge: `source`'s `index_routes` rows put here, so that its entries are copied
         as stored; False if one of its keys holds another route here (they are written again)."""
-        with source._reading("replay index routes"):
-            source._read_index_routes()  # each row checked against its key
-        rows = list(source.raw_table("index_routes"))
+        with source.tables.reading("replay index routes"):
+            source.read_routes()  # each row checked against its key
+        rows = list(source.tables.rows("index_routes"))
 
         def put(txn: lmdb.Transaction) -> bool:
-            return all(txn.put(k, v, db=self._index_routes, overwrite=False)
-                       or txn.get(k, db=self._index_routes) == v for k, v in rows)
+            return all(txn.put(k, v, db=self._routes, overwrite=False)
+                       or txn.get(k, db=self._routes) == v for k, v in rows)
 
-        return bool(self._write(put)) if rows else True
+        return bool(self.tables.write(put)) if rows else True
 
-    def recorded_entries(self) -> Iterator[RecordedEntry]:
-        with self._reading("replay index"), self._env.begin(db=self._recorded) as txn:
+    def entries(self) -> Iterator[RecordedEntry]:
+        with self.tables.reading("replay index"), self.tables.begin(db=self._recorded) as txn:
             for k, raw in txn.cursor():
                 yield replay_index.entry(raw, _U64.unpack(k)[0], self.route_of)
 
@@ -108,12 +107,12 @@ class IndexLookups:
 
     def session_entries(self, name: str) -> list[RecordedEntry]:
         """Session `name`'s recorded entries, oldest first (its lookups, the entries checked for the name)."""
-        return [e for e in self.recorded_entries_by_id(self.session_ids(name)) if e.session == name]
+        return [e for e in self.entries_by_id(self.session_ids(name)) if e.session == name]
 
     def session_first(self, name: str) -> int | None:
         """The first exchange of session `name`."""
         ids = self._dups(replay_index.session_key(name), first=1)
-        if ids and any(e.session == name for e in self.recorded_entries_by_id(ids)):
+        if ids and any(e.session == name for e in self.entries_by_id(ids)):
             return ids[0]
         return next((e.id for e in self.session_entries(name)), None)
 
@@ -131,13 +130,13 @@ class IndexLookups:
 
     def stored_sketches(self, ids: list[int]) -> list[tuple[bytes, bytes] | None]:
         """Per exchange: (bucket, sketch) as stored, or None (a request that had none)."""
-        with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
+        with self.tables.reading("replay index"), self.tables.begin(db=self._recorded, buffers=False) as txn:
             raws = [txn.get(_U64.pack(i)) for i in ids]
             return [None if raw is None else replay_index.entry_sketch(raw, self.route_of) for raw in raws]
 
     def _dups(self, key: bytes, first: int | None = None) -> list[int]:
         """The ids under `key` in `lookups`, oldest first (with `first`: only that many)."""
-        with self._reading(), self._env.begin(db=self._lookups, buffers=False) as txn, txn.cursor() as cur:
+        with self.tables.reading(), self.tables.begin(db=self._lookups, buffers=False) as txn, txn.cursor() as cur:
             if not cur.set_key(key):
                 return []
             vals = list(islice(cur.iternext_dup(keys=False), first))
@@ -146,7 +145,7 @@ class IndexLookups:
     def _newest(self, keys: list[bytes], n: int) -> list[list[int]]:
         """Per key, the newest `n` ids under it in `lookups`, newest first, in one read."""
         out = []
-        with self._reading(), self._env.begin(db=self._lookups, buffers=False) as txn, txn.cursor() as cur:
+        with self.tables.reading(), self.tables.begin(db=self._lookups, buffers=False) as txn, txn.cursor() as cur:
             for key in keys:
                 vals = list(islice(cur.iterprev_dup(keys=False), n)) if cur.set_key(key) and cur.last_dup() else []
                 out.append(list(struct.unpack(f">{len(vals)}I", b"".join(vals))))
@@ -154,54 +153,40 @@ class IndexLookups:
 
     # -- for copying the tables whole (merge) ------------------------------------------------------
 
-
-    def lookup_rows_count(self) -> int:
-        with self._reading(), self._env.begin(db=self._lookups) as txn:
-            return txn.stat(self._lookups)["entries"]
-
     def lookup_chunks(self, size: int) -> Iterator[tuple[bytes, bytes]]:
         """Every lookup in key order (ids oldest first under each key), `size` rows at a time as two
         blobs: their keys, and their 4-byte ids, concatenated (a million rows are read without a
         Python step per row)."""
         width = replay_index.LOOKUP_KEY
-        with self._reading("replay index"), self._env.begin(db=self._lookups, buffers=False) as txn:
+        with self.tables.reading("replay index"), self.tables.begin(db=self._lookups, buffers=False) as txn:
             keys, cur = txn.cursor().iternext_nodup(values=False), txn.cursor()
             while batch := list(islice(keys, max(1, size // 2))):  # about `size` rows: 2 a key, most
                 key_blob, id_blob = _rows_of(cur, batch, width)
                 for at in range(0, len(id_blob), 4 * size):  # a key under every exchange: in pieces
                     yield key_blob[at // 4 * width:(at // 4 + size) * width], id_blob[at:at + 4 * size]
 
-    def recorded_table(self) -> Iterator[tuple[bytes, bytes]]:
-        """Every `recorded` entry as stored: (u64 id, value), in id order."""
-        with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
-            yield from txn.cursor().iternext()
-
-    def recorded_raw(self, ids: list[int]) -> list[bytes | None]:
+    def raw_entries(self, ids: list[int]) -> list[bytes | None]:
         """The `recorded` values of these exchanges as stored (None: not recorded), in one read."""
-        with self._reading("replay index"), self._env.begin(db=self._recorded, buffers=False) as txn:
+        with self.tables.reading("replay index"), self.tables.begin(db=self._recorded, buffers=False) as txn:
             return [txn.get(_U64.pack(i)) for i in ids]
 
-    def recorded_count(self) -> int:
-        with self._reading(), self._env.begin(db=self._recorded) as txn:
-            return txn.stat(self._recorded)["entries"]
-
-    def recorded_entry(self, exchange_id: int) -> RecordedEntry | None:
-        with self._reading(), self._env.begin(db=self._recorded) as txn:
+    def entry(self, exchange_id: int) -> RecordedEntry | None:
+        with self.tables.reading(), self.tables.begin(db=self._recorded) as txn:
             raw = txn.get(_U64.pack(exchange_id))
             return None if raw is None else replay_index.entry(raw, exchange_id, self.route_of)
 
-    def latest_recorded_ids(self, n: int) -> list[int]:
+    def latest_ids(self, n: int) -> list[int]:
         """The ids of the last `n` recorded exchanges, newest first."""
         out: list[int] = []
-        with self._reading(), self._env.begin(db=self._recorded) as txn, txn.cursor() as cur:
+        with self.tables.reading(), self.tables.begin(db=self._recorded) as txn, txn.cursor() as cur:
             more = cur.last()
             while more and len(out) < n:
                 out.append(_U64.unpack(cur.key())[0])
                 more = cur.prev()
         return out
 
-    def recorded_entries_by_id(self, ids: list[int]) -> list[RecordedEntry]:
-        with self._reading(), self._env.begin(db=self._recorded) as txn:
+    def entries_by_id(self, ids: list[int]) -> list[RecordedEntry]:
+        with self.tables.reading(), self.tables.begin(db=self._recorded) as txn:
             out = []
             for i in ids:
                 raw = txn.get(_U64.pack(i))

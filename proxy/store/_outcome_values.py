@@ -10,13 +10,15 @@ and its JSON text are exactly those `json.dumps` wrote whole. Any other row is k
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from itertools import islice
 from typing import Any
 
 import msgspec
 
 from noisefloor.outcome_rows import row_key
+from noisefloor.proxy.store._tables import Tables
 
 KEYED = b"\x01"  # a value without its key's fields (JSON text never starts with this byte)
 _LEAD = ("task_id", "condition", "replicate")
@@ -59,3 +61,60 @@ def row(stored_key: bytes, stored: bytes) -> Any:
         return msgspec.json.decode(whole)
     except msgspec.DecodeError:
         return json.loads(whole)
+
+
+class Outcomes:
+    """The outcomes table (a part of Store): graded rows put, read, and streamed as stored (merge)."""
+
+    def __init__(self, tables: Tables) -> None:
+        self.tables = tables
+
+    def put(self, rows: list[Mapping[str, Any]]) -> None:
+        """Graded rows, one per (condition, task, replicate); grading again replaces a row."""
+        db = self.tables.db["outcomes"]
+        self.tables.write(lambda txn: [txn.put(key(r), value(r), db=db) for r in rows])
+
+    def rows(self) -> list[dict[str, Any]]:
+        with self.tables.reading("outcome rows"):
+            return [row(k, v) for k, v in self._stored()]
+
+    def texts(self, size: int = 10_000) -> Iterator[list[bytes]]:
+        """The stored rows' texts in key order (`rows`' order), `size` at a time, in one read: a
+        reader holds one list of them, not a study's rows."""
+        with self.tables.reading("outcome rows"):
+            items = self._stored()
+            while chunk := list(islice(items, size)):
+                yield [text(k, v) for k, v in chunk]
+
+    def items(self) -> Iterator[tuple[bytes, bytes, Any]]:
+        """Every row as (its key and value as stored, the row read from them), one at a time (merge streams them)."""
+        with self.tables.reading("outcome rows"):
+            for k, v in self._stored():
+                yield k, v, row(k, v)
+
+    def _stored(self) -> Iterator[tuple[bytes, bytes]]:
+        db = self.tables.db["outcomes"]
+        if db is not None:
+            with self.tables.begin(db=db, buffers=False) as txn:
+                yield from txn.cursor()
+
+    @contextmanager
+    def rows_of(self) -> Iterator[Callable[[bytes], Any]]:
+        """The row stored under a key (`key`), or None, looked up in one read transaction for as
+        many keys as the caller asks (merge's check: one per shard row)."""
+        db = self.tables.db["outcomes"]
+        if db is None:
+            yield lambda k: None
+            return
+        with self.tables.reading("outcome rows"), self.tables.begin(db=db, buffers=False) as txn:
+            def row_of(k: bytes) -> Any:
+                v = txn.get(k)
+                return None if v is None else row(k, v)
+
+            yield row_of
+
+    def add(self, items: list[tuple[bytes, bytes]]) -> int:
+        """Rows (key, value as stored) this store does not hold yet; returns how many were new."""
+        db = self.tables.db["outcomes"]
+        return int(self.tables.write(lambda txn: sum(1 for k, v in items if txn.put(k, v, db=db, overwrite=False)))) \
+            if items else 0

@@ -23,7 +23,8 @@ from typing import Any
 
 from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store import heads as store_heads
-from noisefloor.proxy.store._records import RESTORE
+from noisefloor.proxy.store._records import RESTORE, Records
+from noisefloor.proxy.store._tables import Tables
 from noisefloor.proxy.store.env import DAMAGE, StoreError
 
 BATCH = 256  # entries read from each table at once
@@ -48,28 +49,19 @@ def _ids(keys: Sequence[bytes]) -> Sequence[int]:
     return [_U64.unpack(k)[0] for k in keys]  # a key that is not a u64: struct.error, as one at a time
 
 
-class Walks:
-    """The paired walk and the readers built on it (a part of Store: it brings the environment,
-    the tables, the codec and the record's own checks)."""
+class Walk:
+    """The paired walk of heads and records and the readers built on it (a part of Store)."""
 
-    _env: Any
-    _heads: Any
-    _exchanges: Any
-    _codec: Any
-    path: Any
-    max_body: int
-    _reading: Any
-    _decode_record: Any
-    _sets_of: Any
-    _join: Any
-    _join_into: Any
-    _stored: Any
+    def __init__(self, tables: Tables, records: Records) -> None:
+        self.tables, self.records, self.path = tables, records, tables.path
+        self._codec, self.max_body = records.codec, records.max_body
+        self._heads, self._exchanges = tables.db["heads"], tables.db["exchanges"]
 
     def _paired_batches(self, what: str, size: int = BATCH) -> Iterator[Batch]:
         """(ids, heads, records as stored) in write order, up to `size` of each at a time, in one
         read: every head's CRC checked and its record's bytes those the head was written for (a
         CRC, nothing decompressed); the first that fails raises after the batch before it."""
-        with self._reading(what), self._env.begin() as txn:
+        with self.tables.reading(what), self.tables.begin() as txn:
             heads, records = iter(txn.cursor(db=self._heads)), iter(txn.cursor(db=self._exchanges))
             while True:
                 hb, rb = list(islice(heads, size)), list(islice(records, size))
@@ -92,7 +84,7 @@ class Walks:
         exchange_id = _U64.unpack(k)[0]
         wrong = store_heads.check(k, value, raw)
         if wrong == "record":
-            self._decode_record(exchange_id, raw)  # a damaged record says what is wrong with it
+            self.records.decode(exchange_id, raw)  # a damaged record says what is wrong with it
             raise StoreError(f"store {self.path}: exchange {exchange_id}'s head and record do not match (one "
                              f"was changed after the other was written); {RESTORE}")
         raise StoreError(f"store {self.path}: the head of exchange {exchange_id} is damaged (its "
@@ -114,7 +106,7 @@ class Walks:
         the labels and route as tuples shared by every head with the same, so that a reader can
         group by them), a batch at a time; checked as `heads`. A batch with a head that does not
         decode is handed on one head at a time, up to that head's StoreError."""
-        labels, routes = self._sets_of("labels"), self._sets_of("routes")
+        labels, routes = self.records.sets_of("labels"), self.records.sets_of("routes")
         for ids, values, raws in self._paired_batches("heads"):
             parts = store_heads.parts_many(values, labels, routes)
             if parts is not None:
@@ -125,7 +117,7 @@ class Walks:
 
     def head_sets(self) -> tuple[dict[int, tuple[Any, ...]], dict[int, tuple[Any, ...]]]:
         """The heads' labels and routes by number, each table checked and read whole."""
-        return self._sets_of("labels"), self._sets_of("routes")
+        return self.records.sets_of("labels"), self.records.sets_of("routes")
 
     def stored_head_batches(self, labels: dict[int, tuple[Any, ...]], routes: dict[int, tuple[Any, ...]]
                             ) -> Iterator[tuple[Sequence[store_heads.Stored], Sequence[store_heads.Parts]]]:
@@ -142,6 +134,14 @@ class Walks:
             for exchange_id, value, raw in zip(ids, values, raws):
                 yield (), (self._head_part(exchange_id, value, raw, labels, routes),)
 
+    def heads(self) -> Iterator[exchange_record.Head]:
+        """Every exchange's head in write order: what `nfproxy log` and nfanalyze read, from the
+        heads table (each head checked, and its tie to its record). Damage is a StoreError naming
+        the exchange."""
+        head = store_heads.head
+        for exchange_id, p in self.head_parts():
+            yield head(exchange_id, p)
+
     def head_parts(self) -> Iterator[tuple[int, store_heads.Parts]]:
         """`head_part_batches` one exchange at a time (nfanalyze's counts, `heads`)."""
         for ids, parts in self.head_part_batches():
@@ -150,7 +150,7 @@ class Walks:
     def _head_part(self, exchange_id: int, value: bytes, raw: bytes, labels: dict[int, tuple[Any, ...]],
                    routes: dict[int, tuple[Any, ...]]) -> store_heads.Parts:
         if not value:  # left to the record
-            return store_heads.parts_of(exchange_record.head_of(self._decode_record(exchange_id, raw)))
+            return store_heads.parts_of(exchange_record.head_of(self.records.decode(exchange_id, raw)))
         try:
             return store_heads.parts(value, labels, routes)
         except ValueError as exc:
@@ -166,7 +166,7 @@ class Walks:
         `exchange()` can read is read by it (so a damaged one is the same StoreError). One record
         decompressed at a time: a listing that stops early reads no further."""
         decode, limit = self._codec.decode, self.max_body
-        for exchange_id, value, raw in self._walk("exchanges"):
+        for exchange_id, value, raw in self.pairs("exchanges"):
             try:
                 text = decode(raw, limit)
             except DAMAGE:
@@ -178,7 +178,7 @@ class Walks:
     def listed_chunks(self) -> Iterator[bytes]:
         """`listed_records`' lines, each ended by a newline, a batch of them joined at a time: the
         records of a batch decompressed in one call (`Codec.decode_many`); each line written
-        straight from its record and its head, decoded once (`Store._join_into`). Where one
+        straight from its record and its head, decoded once (`Records.join_into`). Where one
         cannot be listed, the lines before it are yielded first, then its StoreError raised. Not in
         a thread: a worker decompressing the next batch while this one is listed saves no wall
         time on a loaded machine and costs CPU."""
@@ -199,14 +199,15 @@ class Walks:
                       texts: list[bytes | None], tails: dict[int, bytes], out: bytearray) -> None:
         """A batch's lines onto `out`: a stripped record joined with its head as it is written; a
         record stored whole, or one whose head does not decode, read as `listed_records` reads it."""
-        with self._env.begin() as txn:
+        stored, join_into = self.records.stored, self.records.join_into
+        with self.tables.begin() as txn:
             for exchange_id, value, raw, text in zip(ids, values, raws, texts):
                 if text is not None and value:
                     try:
-                        s = self._stored(exchange_id, value)
+                        s = stored(exchange_id, value)
                     except StoreError:
                         s = None
-                    if s is not None and self._join_into(out, txn, exchange_id, text, s):
+                    if s is not None and join_into(out, txn, exchange_id, text, s):
                         out += self._tail(tails, s.left_out)
                         continue
                     text = self._joined((exchange_id,), (value,), [text])[0]
@@ -232,13 +233,13 @@ class Walks:
         out += self._tail(tails, left)
 
     def _joined(self, ids: Sequence[int], values: Sequence[Any], texts: list[bytes | None]) -> list[bytes | None]:
-        """A batch's decoded records joined with their checked heads (`Store._join`); None where
+        """A batch's decoded records joined with their checked heads (`Records.join`); None where
         one cannot be: its own read (`_listed`) then says why, after the lines before it."""
         out: list[bytes | None] = []
-        with self._env.begin() as txn:
+        with self.tables.begin() as txn:
             for exchange_id, value, text in zip(ids, values, texts):
                 try:
-                    out.append(text if text is None or not value else self._join(txn, exchange_id, value, text))
+                    out.append(text if text is None or not value else self.records.join(txn, exchange_id, value, text))
                 except StoreError:
                     out.append(None)
         return out
@@ -259,9 +260,9 @@ class Walks:
         if text is not None and left != exchange_record.NOT_LISTED and text.startswith(b'{"id":%d,' % exchange_id):
             return exchange_record.with_implicit(text, left)
         line = exchange_record.listed(text, exchange_id) if text is not None else None
-        return line if line is not None else self._decode_record(exchange_id, raw).json_bytes()
+        return line if line is not None else self.records.decode(exchange_id, raw).json_bytes()
 
-    def _walk(self, what: str) -> Iterator[tuple[int, Any, Any]]:
+    def pairs(self, what: str) -> Iterator[tuple[int, Any, Any]]:
         for ids, values, raws in self._walk_batches(what):
             yield from zip(ids, values, raws)
 
@@ -270,7 +271,7 @@ class Walks:
         if self._heads is not None:
             yield from self._paired_batches(what)
             return
-        with self._reading(what), self._env.begin() as txn:
+        with self.tables.reading(what), self.tables.begin() as txn:
             records = iter(txn.cursor(db=self._exchanges))
             while batch := list(islice(records, BATCH)):
                 keys, raws = zip(*batch)

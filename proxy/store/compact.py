@@ -35,6 +35,7 @@ from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
+from noisefloor.proxy.store._tables import created
 from noisefloor.proxy.store.env import DAMAGE, FORMAT
 from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store, StoreError
 
@@ -72,7 +73,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
         src.lock_for_recording()  # no proxy records into it while it is rewritten
         interrupted.finish(src, progress)  # what a killed proxy or merge left: the rewritten store replays whole
         fmt = src.meta("migrated_from") or src.format
-        n_ex, n_bodies = len(src), src.body_count()
+        n_ex, n_bodies = len(src), src.tables.count("bodies")
         samples = _samples(src, n_ex, n_bodies, progress)
         steps = (_every(n_bodies, _SAMPLES), _every(n_ex, _SAMPLES))
         work = path.parent / f".{path.name}.rewrite"
@@ -83,9 +84,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
         final.mkdir()
         env = lmdb.open(str(work), map_size=max(1 << 30, 2 * before), max_dbs=12, sync=False, metasync=False)
         try:
-            dbs = {name: env.open_db(name.encode()) for name in ("meta", "bodies", "exchanges", "recorded", "outcomes",
-                                                                 "dicts", "heads", "index_routes", *store_heads.SETS)}
-            dbs["lookups"] = env.open_db(b"lookups", dupsort=True, dupfixed=True)
+            dbs = created(env)
             keys: dict[str, bytes] = {}
             dicts: dict[bytes, bytes] = {}
             with env.begin(write=True) as txn:
@@ -99,7 +98,7 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
             _copy_records(src, env, dbs, codec.Codec(dicts.get, LEVELS["record"]), keys.get("record"), progress)
             _copy_index(src, env, dbs, progress)
             with env.begin(write=True) as txn:
-                for db_name, items in (("outcomes", keyed_outcomes(src.raw_table("outcomes"), src.path)), ("meta", src.raw_table("meta"))):
+                for db_name, items in (("outcomes", keyed_outcomes(src.tables.rows("outcomes"), src.path)), ("meta", src.tables.rows("meta"))):
                     for k, v in items:
                         txn.put(k, v, db=dbs[db_name])
                 txn.put(b"format", json.dumps(FORMAT).encode(), db=dbs["meta"])
@@ -126,7 +125,7 @@ def _copy_bodies(src: Store, env: lmdb.Environment, db: Any, out: codec.Codec, k
     # compressed against other bodies: kept as it is (they are all copied); else encoded again;
     # either behind its CRC
     items = ((digest, codec.checked(codec.unchecked(stored) if codec.Codec.refs_of(stored) else out.encode(data, key)))
-             for digest, data, stored in src.stored_bodies(encoded=True))
+             for digest, data, stored in src.bodies.stored(encoded=True))
     _append_batched(env, db, items, progress, "bodies")  # in digest order, appended: pages filled whole
 
 
@@ -136,10 +135,10 @@ def _copy_records(src: Store, env: lmdb.Environment, dbs: dict[str, Any], out: c
     bytes), stripped of the head's fields where the head can stand for them."""
     def items() -> Iterator[tuple[bytes, Any]]:
         # parsed: a record that is not an exchange record stops the rewrite, by name
-        for ex, (i, text) in zip(src.exchanges(), src.record_texts()):
+        for ex, (i, text) in zip(src.exchanges(), src.records.texts()):
             if ex.id != i:
                 raise StoreError(f"store {src.path}: exchange {i} is listed out of order; restore it from a copy")
-            stored, r = store_records.encoded(out, key, text, src.checked_head(text, i))
+            stored, r = store_records.encoded(out, key, text, src.records.checked_head(text, i))
             yield _U64.pack(i), stored
             yield _U64.pack(i), r
 
@@ -160,8 +159,8 @@ def _samples(src: Store, n_ex: int, n_bodies: int, progress: Callable[[str], Non
     """Bodies and record texts spread evenly over the store, to train its new dictionaries on."""
     progress(f"sampling {n_ex} exchanges and {n_bodies} bodies")
     step_b, step_r = _every(n_bodies, _SAMPLES), _every(n_ex, _SAMPLES)
-    bodies = [b for i, (_, b) in enumerate(src.stored_bodies()) if i % step_b == 0 and len(b) < 1 << 16]
-    return bodies, [_as_stored(t) for i, t in src.record_texts() if i % step_r == 0]
+    bodies = [b for i, (_, b) in enumerate(src.bodies.stored()) if i % step_b == 0 and len(b) < 1 << 16]
+    return bodies, [_as_stored(t) for i, t in src.records.texts() if i % step_r == 0]
 
 
 def _as_stored(text: bytes) -> bytes:
@@ -176,8 +175,8 @@ def _copy_index(src: Store, env: lmdb.Environment, dbs: dict[str, Any], progress
     """The replay index as stored: its entries in id order (pages full), each decoded first, and
     its routes and lookups in key order."""
     _append_batched(env, dbs["recorded"], _verified_entries(src), progress, "index entries")
-    _append_batched(env, dbs["index_routes"], src.raw_table("index_routes"), progress, "index routes")
-    _append_batched(env, dbs["lookups"], src.raw_table("lookups"), progress, "index lookups", append=False)
+    _append_batched(env, dbs["index_routes"], src.tables.rows("index_routes"), progress, "index routes")
+    _append_batched(env, dbs["lookups"], src.tables.rows("lookups"), progress, "index lookups", append=False)
 
 
 def keyed_outcomes(rows: Iterable[tuple[bytes, bytes]], path: Path) -> Iterator[tuple[bytes, bytes]]:
@@ -198,10 +197,10 @@ def keyed_outcomes(rows: Iterable[tuple[bytes, bytes]], path: Path) -> Iterator[
 
 def _verified_entries(src: Store) -> Iterator[tuple[bytes, bytes]]:
     """The replay index's entries as stored, each decoded first: a damaged one stops the rewrite, by name."""
-    for k, raw in src.raw_table("recorded"):
+    for k, raw in src.tables.rows("recorded"):
         exchange_id = _U64.unpack(k)[0]
         try:
-            ok = replay_index.entry(raw, exchange_id, src.route_of).id == exchange_id
+            ok = replay_index.entry(raw, exchange_id, src.index.route_of).id == exchange_id
         except DAMAGE as exc:
             raise StoreError(f"store {src.path}: the replay index entry of exchange {exchange_id} is damaged "
                              f"({exc.__class__.__name__}); restore the store from a copy") from None

@@ -278,7 +278,7 @@ class _HeadText(msgspec.Struct):
 
 
 class Head(msgspec.Struct, gc=False, frozen=True):
-    """What listings and summaries read of an exchange record (`Store.heads`): its labels, route,
+    """What listings and summaries read of an exchange record (`Walk.heads`): its labels, route,
     status and identity. Kept beside the record in a store's heads table (`store_heads`). The
     fields after `notes` are those an exchange shares with others: its labels (with its session),
     then its route (with most of the store), which the heads table stores once per distinct set."""
@@ -409,7 +409,7 @@ def _alternatives(tp: Any) -> tuple[Any, ...]:
 
 
 @functools.cache  # built on the first listing, not by every process that imports the record type
-def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
+def record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
     hints = typing.get_type_hints(Exchange)
     parts = {name: _checker(f"_{name}_check", [(f.name, _unparsed(_alternatives(f.type)), f.required)
                                                for f in msgspec.structs.fields(part)])
@@ -437,7 +437,7 @@ def _record_checker() -> tuple[Any, tuple[str, ...], dict[str, bytes]]:
 def left_out_of(keys: frozenset[str]) -> int:
     """The fields a record of these keys leaves out, a bit each as `_listable` gives them (a writer
     that built the record knows its keys and types: nothing to parse)."""
-    _, names, _ = _record_checker()
+    _, names, _ = record_checker()
     return sum(1 << i for i, n in enumerate(names) if n not in keys)
 
 
@@ -457,7 +457,7 @@ def listed(data: bytes, exchange_id: int) -> bytes | None:
 
 def _listable(data: bytes) -> tuple[int, int] | None:
     """(id, the fields it leaves out: a bit each) of a record `listed` passes through, else None."""
-    decoder, _, _ = _record_checker()
+    decoder, _, _ = record_checker()
     try:
         rec = decoder.decode(data)
     except (msgspec.ValidationError, msgspec.DecodeError):
@@ -471,6 +471,6 @@ def with_implicit(data: bytes, left_out: int) -> bytes:
     """A checked record's text with the fields it leaves out (`left_out`, a bit each) added."""
     added = _ADDED.get(left_out)
     if added is None:
-        _, names, implicit = _record_checker()
+        _, names, implicit = record_checker()
         added = _ADDED[left_out] = b"".join(implicit[n] for i, n in enumerate(names) if left_out >> i & 1)
     return data[:-1] + added + b"}" if added else data

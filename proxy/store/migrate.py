@@ -44,6 +44,7 @@ from noisefloor.proxy.store import _records as store_records
 from noisefloor.proxy.store import compact, replay_index
 from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store import heads as store_heads
+from noisefloor.proxy.store._tables import created
 from noisefloor.proxy.store.env import DAMAGE, FORMAT, StoreError, check_path, refusal
 from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
 from noisefloor.proxy.store.replay_index import RecordedEntry
@@ -178,9 +179,7 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
         new = lmdb.open(str(work), map_size=max(1 << 30, 4 * (path / "data.mdb").stat().st_size), max_dbs=16)
     try:
         with _writing():  # each table made in a transaction of its own
-            dbs = {n: new.open_db(n.encode()) for n in ("meta", "bodies", "exchanges", "recorded", "outcomes", "dicts",
-                                                        "heads", "index_routes", *store_heads.SETS)}
-            dbs["lookups"] = new.open_db(b"lookups", dupsort=True, dupfixed=True)
+            dbs = created(new)
         _put(new, dbs["dicts"], iter(dicts.items()))
         _put(new, dbs["bodies"], ((k, codec.checked(_tagged(v))) for k, v in _rows(old, names.get(b"bodies"))))
         progress("bodies converted")
@@ -205,7 +204,7 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
     if layout != 3:
         with Store.open(work, write=True, max_body=max_body) as store:
             with _writing():
-                store.put_entries(_completed(store, entries))
+                store.index.put_entries(_completed(store, entries))
         progress("replay index rebuilt")
 
 
@@ -238,7 +237,7 @@ def _check_index(work: Path) -> None:
                 recorded[ex.id] = (ex.key, ex.session, ex.occurrence, ex.seq)
         if listed != len(store):  # one under id 0, which no reader lists
             raise StoreError(f"store {work} holds an exchange under an id no nfproxy writes; restore it from a copy")
-        entries = list(store.recorded_entries())
+        entries = list(store.index.entries())
         if sorted(e.id for e in entries) != sorted(recorded):
             raise StoreError(f"store {work}: its replay index does not name each recorded exchange once; restore it "
                              "from a copy")
@@ -372,5 +371,5 @@ def _completed(store: Store, entries: list[tuple[RecordedEntry, bool]]) -> Itera
     deps = recompute(store, rules, plain) if rules is not None and not any(e.deps for e in plain) else {}
     for e, indexed in entries:
         ex = None if indexed else store.exchange(e.id)
-        near = e.near if ex is None else stored_request_near(rules, ex.request, store.part_body(ex.request, e.id))
+        near = e.near if ex is None else stored_request_near(rules, ex.request, store.bodies.of_part(ex.request, e.id))
         yield replace(e, near=near, deps=deps.get(e.id, e.deps))

@@ -469,22 +469,22 @@ class LmdbIndex:
         self._first: dict[str, int | None] = {}
 
     def count(self) -> int:
-        return self.store.recorded_count()
+        return self.store.tables.count("recorded")
 
     def candidates(self, key: str) -> list[RecordedEntry]:
         """Recorded answers for `key`, in the order their sessions began, then occurrence."""
-        found = [e for e in self.store.recorded_entries_by_id(self.store.key_ids(key)) if e.key == key]
+        found = [e for e in self.store.index.entries_by_id(self.store.index.key_ids(key)) if e.key == key]
         return sorted(found, key=lambda e: (self.first_id(e.session) or 0, e.occurrence))
 
     def first_id(self, session: str) -> int | None:
         """The session's first exchange id: sessions are ordered by when they began."""
         if session not in self._first:
-            self._first[session] = self.store.session_first(session)
+            self._first[session] = self.store.index.session_first(session)
         return self._first[session]
 
     def session(self, name: str) -> _Session:
         if name not in self._sessions:
-            entries = self.store.session_entries(name)
+            entries = self.store.index.session_entries(name)
             self._sessions[name] = _Session(entries, {e.seq: e for e in entries})
         return self._sessions[name]
 
@@ -494,15 +494,15 @@ class LmdbIndex:
         in recorded order. Those the bands find, or else the newest on the route and model."""
         buck, bands, mine = sketch(canonical, route)
         hits: Counter[int] = Counter()
-        for band_ids in self.store.bands_newest(bands, BAND_READ):
+        for band_ids in self.store.index.bands_newest(bands, BAND_READ):
             hits.update(band_ids)
         if not hits:  # nothing shares a band: the newest on the same route and model, then any
-            ids = self.store.bucket_newest(buck, 4)
+            ids = self.store.index.bucket_newest(buck, 4)
             if ids:
                 return sorted(Near(i, None, True) for i in ids)
-            return sorted(Near(i, None, False) for i in self.store.latest_recorded_ids(4))
+            return sorted(Near(i, None, False) for i in self.store.index.latest_ids(4))
         pool = sorted(hits, key=lambda i: (-hits[i], i))[:RANKED]
-        got = self.store.sketches_for(pool, buck)
+        got = self.store.index.sketches_for(pool, buck)
         kept = [(i, s, b) for i, (s, b) in zip(pool, got) if s]
         if not kept:
             return sorted(Near(i, None, b) for i, (_, b) in zip(pool, got))[:4]

@@ -64,7 +64,7 @@ def _har_headers(headers: Iterable[Any]) -> list[dict[str, str]]:
 def har_entry(store: Store, ex: Exchange) -> dict[str, Any]:
     """One exchange as a HAR entry; bodies are the stored bytes (as on the wire)."""
     req = ex.request
-    body = store.part_body(req, ex.id, "request") or b""
+    body = store.bodies.of_part(req, ex.id, "request") or b""
     text, enc = _text_or_base64(body, bool(header(req["headers"], "content-encoding")))
     request: dict[str, Any] = {
         "method": req["method"], "url": req["url"], "httpVersion": "HTTP/1.1", "cookies": [],
@@ -88,7 +88,7 @@ def har_entry(store: Store, ex: Exchange) -> dict[str, Any]:
                              "content": {"size": 0, "mimeType": ""}, "redirectURL": "", "headersSize": -1,
                              "bodySize": -1, "_error": ex.error}
         return entry
-    rbody = store.part_body(resp, ex.id, "response") or b""
+    rbody = store.bodies.of_part(resp, ex.id, "response") or b""
     rtext, renc = _text_or_base64(rbody, bool(header(resp["headers"], "content-encoding")))
     content: dict[str, Any] = {"size": len(rbody), "mimeType": header(resp["headers"], "content-type") or ""}
     if rbody:
@@ -127,10 +127,10 @@ def jsonl_line(store: Store, ex: Exchange) -> dict[str, Any]:
     doc: dict[str, Any] = {k: getattr(ex, k) for k in (*LABEL_FIELDS, "key", "occurrence", "mode", "model",
                                                        "finish_reason", "error")}
     doc["request"] = {"method": ex.request["method"], "url": ex.request["url"], "headers": ex.request["headers"],
-                      "body": store.readable_body(ex.request, ex.id, "request")}
+                      "body": store.bodies.readable(ex.request, ex.id, "request")}
     if ex.response is not None:
         doc["response"] = {"status": ex.response["status"], "headers": ex.response["headers"],
-                           "body": store.readable_body(ex.response, ex.id, "response")}
+                           "body": store.bodies.readable(ex.response, ex.id, "response")}
     return doc
 
 

@@ -250,7 +250,7 @@ def _misses(store_path: Path) -> list[str]:
                 if ex.mode != "replay" or ex.replay_result not in ("miss", "order_violation"):
                     continue
                 try:
-                    doc = json.loads(store.decoded_body(ex.response) or b"{}") if ex.response else {}
+                    doc = json.loads(store.bodies.decoded(ex.response) or b"{}") if ex.response else {}
                 except ValueError:
                     doc = {}
                 err = doc.get("error") or {}
@@ -342,7 +342,7 @@ def _write(run: _Run, recorded: Path, pristine: Path | None) -> None:
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)
     with Store.open(source, write=False) as store:
-        store.copy_to(fresh)
+        store.tables.copy_to(fresh)
     old = _aside(run.recording, "old")
     if run.recording.exists():
         shutil.rmtree(old, ignore_errors=True)

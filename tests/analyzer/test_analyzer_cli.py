@@ -157,7 +157,7 @@ def test_log_adds_per_condition_counts(tmp_path):
     # rows kept in the log are the input; --outcomes replaces the same (condition, task, replicate)
     # and the log's other rows stay
     with Store.open(store_path, write=True) as s:
-        s.put_outcomes(ladder_rows())
+        s.outcomes.put(ladder_rows())
     alone = nfanalyze(str(store_path), "--json", "-", "--bootstrap", "200")
     assert alone.returncode == 0, alone.stderr
     regraded = [{**r, "outcome": 1 - r["outcome"]} if (r["condition"], r["task_id"]) == ("t0", "task/0") else r

@@ -107,10 +107,10 @@ def test_batches_counted_in_numpy_and_head_by_head_agree(shards):
     head), its first batch and the second shard's do not: the same totals as `summarize` over
     the heads one at a time."""
     with Store.open(shards[0], write=False) as s:
-        labels, routes = s.head_sets()
+        labels, routes = s.walk.head_sets()
         kinds = ["numpy" if stored and head_counts.columns(stored, 0) is not None else "by head"
-                 for stored, _ in s.stored_head_batches(labels, routes)]
-        one_by_one = logstats.summarize(p for _, p in s.head_parts())
+                 for stored, _ in s.walk.stored_head_batches(labels, routes)]
+        one_by_one = logstats.summarize(p for _, p in s.walk.head_parts())
     assert kinds == ["numpy", "by head", "by head"]
     assert logstats.from_store(shards[0])["conditions"] == one_by_one["conditions"]
 

@@ -54,7 +54,7 @@ def graded(n_tasks: int, seed: int = 0, conditions: tuple[str, ...] = ("live", "
 
 def keep(path: Path, rows: list[dict]) -> Path:
     with Store.open(path, write=True, create=True) as s:
-        s.put_outcomes(rows)
+        s.outcomes.put(rows)
     return path
 
 

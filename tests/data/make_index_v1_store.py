@@ -40,11 +40,11 @@ def answers(store: Store, queries: range = QUERIES) -> dict[str, object]:
     out = {}
     for i in queries:
         ex = store.exchange(i)
-        body = store.part_body(ex.request, i, "request")
+        body = store.bodies.of_part(ex.request, i, "request")
         canonical = RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
                                 "/v1/chat/completions", REQUEST_HEADERS, changed(body)).canonical(Rules())
         route = f"{canonical.method} {canonical.host} {canonical.path}"
-        e = store.recorded_entry(i)
+        e = store.index.entry(i)
         out[str(i)] = {"near": [[n.id, n.score, n.same_route_model] for n in index.near(canonical, route)],
                        "candidates": [c.id for c in index.candidates(e.key)],
                        "first_id": index.first_id(e.session),
@@ -84,7 +84,7 @@ def main() -> None:
             target = HERE / "store-index-v1"
             shutil.rmtree(target, ignore_errors=True)
             target.mkdir()
-            s.copy_to(target)
+            s.tables.copy_to(target)
         (HERE / "store-index-v1.json").write_text("{\n" + ",\n".join(f"{json.dumps(k)}: {json.dumps(v)}"
                                                                  for k, v in expected.items()) + "\n}\n")
 

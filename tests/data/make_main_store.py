@@ -54,7 +54,7 @@ def main(out: Path) -> None:
                 rec.finish(rec.begin(chat(messages), Labels("S")), answer(f"recorded answer {n}", n))
                 time.sleep(0.01)
             out.mkdir(parents=True)
-            s.copy_to(out)
+            s.tables.copy_to(out)
 
 
 if __name__ == "__main__":

@@ -55,11 +55,11 @@ def main(out: Path) -> None:
             rep = Replayer(s, Rules())
             rep.answer(chat("what is 2+2 (sA)"), Labels("r1", condition="replay"))
             rep.answer(chat("never recorded"), Labels("r1", condition="replay"))
-            s.put_outcomes([{"task_id": "t1", "condition": "live", "replicate": "0", "outcome": 1}])
+            s.outcomes.put([{"task_id": "t1", "condition": "live", "replicate": "0", "outcome": 1}])
             if out.exists():
                 shutil.rmtree(out)
             out.mkdir(parents=True)
-            s.copy_to(out)
+            s.tables.copy_to(out)
 
 
 if __name__ == "__main__":

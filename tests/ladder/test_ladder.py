@@ -275,7 +275,7 @@ def test_base_model_agent_completes_the_prompt_on_the_completions_endpoint(tmp_p
     with Store.open(tmp_path / "c" / "log.lmdb", write=False) as s:
         exs = [ex for ex in s.exchanges() if ex.mode == "record"]
         assert exs and all(ex.request["url"].endswith("/v1/completions") for ex in exs)
-        sent = [json.loads(s.body(ex.request["body"])) for ex in exs if ex.condition == "t0"]
+        sent = [json.loads(s.bodies.get(ex.request["body"])) for ex in exs if ex.condition == "t0"]
     assert sent and all(doc["temperature"] == 0 and "\ndef " in doc["stop"] for doc in sent)
     bad = nfladder("run", "--task-ids", "NF/2,NF/999", "--out", str(tmp_path / "x"), cwd=tmp_path)
     assert bad.returncode == 64 and "1 ids are not in the suite (e.g. 'NF/999')" in bad.stderr

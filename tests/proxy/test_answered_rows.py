@@ -60,8 +60,8 @@ def _record(path: Path, deferred: bool, n: int = 12, drain: bool = True) -> None
 
 
 def _tables(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
-    with Store.open(path, write=False) as s, s._env.begin() as txn:
-        return {t: list(txn.cursor(db=getattr(s, f"_{t}"))) for t in TABLES}
+    with Store.open(path, write=False) as s, s.tables.env.begin() as txn:
+        return {t: list(txn.cursor(db=s.tables.db[t])) for t in TABLES}
 
 
 def _log_json(path: Path) -> list[dict]:
@@ -75,7 +75,7 @@ def test_the_write_after_the_release_stores_what_the_write_before_it_stores(tmp_
     _record(tmp_path / "before.lmdb", deferred=False)
     assert _tables(tmp_path / "after.lmdb") == _tables(tmp_path / "before.lmdb")
     with Store.open(tmp_path / "after.lmdb", write=False) as s:
-        assert s.answered_rows() == [] and s.unfinished() == 0 and len(s) == 12
+        assert s.answered.rows() == [] and s.answered.unfinished() == 0 and len(s) == 12
 
 
 def test_rows_left_by_a_kill_are_refused_by_replay_and_written_by_repair(tmp_path):
@@ -87,7 +87,7 @@ def test_rows_left_by_a_kill_are_refused_by_replay_and_written_by_repair(tmp_pat
     _record(killed, deferred=True, drain=False)
     _record(whole, deferred=False)
     with Store.open(killed, write=False) as s:
-        assert len(s) == 0 and s.unfinished() == 12
+        assert len(s) == 0 and s.answered.unfinished() == 12
         raw = (killed / "data.mdb").read_bytes()
         assert SECRET.encode() not in raw and COOKIE.encode() not in raw  # erased before the row was kept
     for args in (["--mode", "replay", "--store", str(killed)], ["merge", str(tmp_path / "out.lmdb"), str(killed)]):
@@ -107,7 +107,7 @@ def test_rows_left_by_a_kill_are_refused_by_replay_and_written_by_repair(tmp_pat
     assert got == _tables(whole)
     assert len(got["lookups"]) >= 12 * 16  # each request's 16 bands among them: its sketch was rebuilt
     with Store.open(killed, write=False) as s:
-        assert s.unfinished() == 0 and s.answered_rows() == []
+        assert s.answered.unfinished() == 0 and s.answered.rows() == []
 
 
 def test_a_recorder_opening_the_store_writes_a_killed_ones_rows_before_numbering_its_own(tmp_path):
@@ -115,7 +115,7 @@ def test_a_recorder_opening_the_store_writes_a_killed_ones_rows_before_numbering
     _record(path, deferred=True, n=5, drain=False)
     with Store.open(path, write=True) as s:
         rec = Recorder(s, Rules())
-        assert len(s) == 5 and s.unfinished() == 0 and rec.stats.exchanges == 0
+        assert len(s) == 5 and s.answered.unfinished() == 0 and rec.stats.exchanges == 0
         p = rec.begin(_chat(0), Labels("s0", task="t0"))  # asked again: its occurrence follows the written one
         assert p.prepared.occurrence == 1
         rec.finish(p, _answer(0))
@@ -126,8 +126,8 @@ def test_a_damaged_row_is_refused_by_name_and_nothing_is_written(tmp_path):
     path = tmp_path / "s.lmdb"
     _record(path, deferred=True, n=3, drain=False)
     with Store.open(path, write=True) as s:
-        db = s._answered_db(create=False)
-        with s._env.begin(write=True, db=db) as txn:
+        db = s.answered.table(create=False)
+        with s.tables.env.begin(write=True, db=db) as txn:
             k, v = next(iter(txn.cursor()))
             txn.put(k, v[:40] + bytes([v[40] ^ 1]) + v[41:])  # one bit
             k2, v2 = list(txn.cursor())[1]
@@ -138,7 +138,7 @@ def test_a_damaged_row_is_refused_by_name_and_nothing_is_written(tmp_path):
     assert out.returncode != 0 and "answered row 1" in out.stderr and "CRC does not match" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
     with Store.open(path, write=False) as s:
-        assert len(s) == 0 and s.unfinished() == 3
+        assert len(s) == 0 and s.answered.unfinished() == 3
     with pytest.raises(ValueError, match="does not decode"):
         answered_rows.decode(bytes([answered_rows.VERSION]) + answered_rows.zlib.crc32(body).to_bytes(4, "big") + body)
     with pytest.raises(ValueError, match="version"):
@@ -164,11 +164,11 @@ def test_an_exchange_that_cannot_be_written_after_its_release_keeps_its_row_and_
         for i in range(3):
             rec.finish(rec.begin(_chat(i), Labels("s")), _answer(i), defer_tracking=True)
         rec.track_answers()
-        assert len(s) == 2 and rec.stats.unwritten == 1 and s.unfinished() == 1
+        assert len(s) == 2 and rec.stats.unwritten == 1 and s.answered.unfinished() == 1
         assert len(told) == 1 and "disk is full" in told[0] and SECRET not in told[0]
         assert "NOT written: run `nfproxy repair" in rec.stats.summary("record", str(path))
     with Store.open(path, write=True) as s:
-        assert Writer(s).finish_unwritten() == (1, 0) and len(s) == 3 and s.unfinished() == 0
+        assert Writer(s).finish_unwritten() == (1, 0) and len(s) == 3 and s.answered.unfinished() == 0
 
 
 def test_a_live_recorders_rows_are_not_a_killed_ones(store, upstream, proxies):
@@ -181,13 +181,13 @@ def test_a_live_recorders_rows_are_not_a_killed_ones(store, upstream, proxies):
         for b in bodies:
             assert client.post(rec.url + "/v1/chat/completions", json=b).status_code == 200
             with Store.open(store, write=False) as s:
-                assert s.unfinished() == 0
+                assert s.answered.unfinished() == 0
     rec.stop(signal.SIGKILL)
     out = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "repair", "--store", str(store)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     with Store.open(store, write=False) as s:
-        assert len(s) == 40 and s.unfinished() == 0
+        assert len(s) == 40 and s.answered.unfinished() == 0
     rep = start_nfproxy("--mode", "replay", "--store", str(store), "--session", "s")
     proxies.append(rep)
     with httpx.Client(timeout=10) as client:
@@ -197,7 +197,7 @@ def test_a_live_recorders_rows_are_not_a_killed_ones(store, upstream, proxies):
 
 
 def _forge(path: Path, rows: dict[bytes, bytes]) -> None:
-    with Store.open(path, write=True) as s, s._env.begin(write=True, db=s._answered_db(create=False)) as txn:
+    with Store.open(path, write=True) as s, s.tables.env.begin(write=True, db=s.answered.table(create=False)) as txn:
         for k, v in rows.items():
             txn.put(k, v)
 
@@ -216,7 +216,7 @@ def test_a_row_forged_with_a_valid_crc_is_refused_by_name_or_dropped_never_writt
     path = tmp_path / "s.lmdb"
     _record(path, deferred=True, n=3, drain=False)
     with Store.open(path, write=False) as s:
-        (k, a), *_ = s.answered_rows()
+        (k, a), *_ = s.answered.rows()
     change = {"not_an_object": {"request_json": "[1, 2]"}, "empty_object": {"request_json": "{}"},
               "other_body": {"request_body": b"another body"}, "digest_not_hex": {"request_digest": "zz" * 32},
               "key_not_hex": {"key": "not hex"}, "negative_seq": {"seq": -1}}.get(forged)
@@ -250,8 +250,8 @@ def test_labels_that_are_not_utf8_are_kept_in_the_row_and_recorded_as_without_it
 
     record(tmp_path / "killed.lmdb", True)
     record(tmp_path / "whole.lmdb", False)
-    with Store.open(tmp_path / "killed.lmdb", write=False) as s, s._env.begin(db=s._answered_db(False)) as txn:
-        assert s.unfinished() == 3
+    with Store.open(tmp_path / "killed.lmdb", write=False) as s, s.tables.env.begin(db=s.answered.table(False)) as txn:
+        assert s.answered.unfinished() == 3
         assert {v[:1] for _, v in txn.cursor()} == {bytes([answered_rows.ESCAPED])}
     assert _repair(tmp_path / "killed.lmdb").returncode == 0
     assert _tables(tmp_path / "killed.lmdb") == _tables(tmp_path / "whole.lmdb")
@@ -285,7 +285,7 @@ def test_an_answer_header_that_is_not_utf8_is_recorded_whole_and_listed(tmp_path
             odd = ResponseData(200, (("content-type", "application/json"), ("x-odd", "caf\udcff")), b'{"choices": []}')
             rec.finish(p, odd, defer_tracking=deferred)
             rec.track_answers()
-            assert rec.stats.unwritten == 0 and len(s) == 1 and s.unfinished() == 0
+            assert rec.stats.unwritten == 0 and len(s) == 1 and s.answered.unfinished() == 0
         log = subprocess.run([sys.executable, "-m", "noisefloor.proxy.cli", "log", "--store", str(path), "--json"],
                              capture_output=True, text=True, timeout=60)
         assert log.returncode == 0 and len(log.stdout.splitlines()) == 1, log.stderr

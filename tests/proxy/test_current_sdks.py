@@ -90,7 +90,7 @@ def test_current_sdk_records_in_the_wrap_form_and_replays_strictly_in_the_base_u
 
     with Store.open(store, write=False) as s:
         secrets = [k.encode() for k in RECORD_KEYS.values()]
-        assert not any(key in body for body in s.bodies() for key in secrets)
+        assert not any(key in body for body in s.bodies.all() for key in secrets)
         assert not any(key.decode() in json.dumps(ex.request) for ex in s.exchanges() for key in secrets)
 
 

@@ -39,4 +39,4 @@ def test_recorded_streams_replay_and_new_requests_are_recorded(tmp_path, upstrea
     assert record.stop() == 0
     with Store.open(tmp_path / "b.lmdb", write=False) as b:
         (ex,) = list(b.exchanges())
-        assert ex.mode == "record" and b"new" in b.body(ex.request["body"]) and ex.response["chunks"]
+        assert ex.mode == "record" and b"new" in b.bodies.get(ex.request["body"]) and ex.response["chunks"]

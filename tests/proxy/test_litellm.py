@@ -101,4 +101,4 @@ def test_litellm_records_and_strictly_replays_plain_streamed_and_concurrent_call
     from noisefloor.proxy.store.log import Store
 
     with Store.open(store, write=False) as s:
-        assert not any(b"sk-litellm" in body for body in s.bodies())
+        assert not any(b"sk-litellm" in body for body in s.bodies.all())

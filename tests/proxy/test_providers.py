@@ -43,7 +43,7 @@ def record(path: Path, calls: list[tuple[RequestData, ResponseData]]) -> list[tu
         rec = Recorder(s, Rules())
         for req, resp in calls:
             rec.finish(rec.begin(req, Labels("S")), resp)
-        return [e.deps for e in sorted(s.recorded_entries(), key=lambda e: e.seq)]
+        return [e.deps for e in sorted(s.index.entries(), key=lambda e: e.seq)]
 
 
 def test_openai_chat_depends_on_assistant_text_and_tool_calls(tmp_path):
@@ -192,13 +192,13 @@ def test_a_store_recorded_before_index_rows_migrates_with_its_dependencies_recom
     shutil.copytree(DATA / "store-main-1704f55", path, ignore=shutil.ignore_patterns("lock.mdb"))
     migrate(path)
     with Store.open(path, write=False) as s:
-        entries = {e.id: e for e in s.recorded_entries()}
+        entries = {e.id: e for e in s.index.entries()}
         carried = {i: e.deps for i, e in entries.items() if e.deps}
         assert list(carried) == [6] and len(carried[6]) == 1
         source = next(i for i, e in entries.items() if e.seq == carried[6][0])
-        answer = json.loads(s.part_body(s.exchange(source).response, source))["choices"][0]["message"]["content"]
-        assert answer in s.part_body(s.exchange(6).request, 6).decode()  # what the dependency says, read directly
-        asked = RequestData.from_record(s.exchange(6).request, s.part_body(s.exchange(6).request, 6))
+        answer = json.loads(s.bodies.of_part(s.exchange(source).response, source))["choices"][0]["message"]["content"]
+        assert answer in s.bodies.of_part(s.exchange(6).request, 6).decode()  # what the dependency says, read directly
+        asked = RequestData.from_record(s.exchange(6).request, s.bodies.of_part(s.exchange(6).request, 6))
         rep = Replayer(s, Rules.described(s.meta("rules")), log=lambda build: None)
         assert rep.answer(asked, Labels("R")).result == "order_violation"  # carries an answer not yet served
 
@@ -245,7 +245,7 @@ def test_a_provider_added_from_outside_records_and_replays_strictly_through_nfpr
         assert s.meta("rules_id") == Rules().id  # the same id as without the module
         (ex,) = list(s.exchanges())
         assert ex.model == "acme-engine-7" and ex.usage == {"input": 11, "output": 6} and ex.finish_reason == "budget"
-        assert not any(b"acme-secret-record" in body for body in s.bodies())
+        assert not any(b"acme-secret-record" in body for body in s.bodies.all())
         assert "acme-secret-record" not in json.dumps(ex.request)
 
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(store), env=env)

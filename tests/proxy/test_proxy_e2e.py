@@ -157,8 +157,8 @@ def _all_store_text(store_path: Path) -> bytes:
     chunks: list[bytes] = []
     with Store.open(store_path, write=False) as s:
         chunks += [json.dumps(ex.to_json()).encode() for ex in s.exchanges()]
-        chunks += [json.dumps(e.__dict__).encode() for e in s.recorded_entries()]
-        chunks += list(s.bodies())
+        chunks += [json.dumps(e.__dict__).encode() for e in s.index.entries()]
+        chunks += list(s.bodies.all())
         assert len(chunks) > 4, "the audit read nothing"
     return b"\n".join(chunks)
 
@@ -284,7 +284,7 @@ def test_32_concurrent_clients_lose_and_duplicate_no_occurrence(store, upstream,
     assert len(set(ids)) == clients * each
     with Store.open(store, write=False) as s:
         exchanges = list(s.exchanges())
-        served = {json.loads(s.body(e.response["body"]))["id"]: e.occurrence for e in exchanges}
+        served = {json.loads(s.bodies.get(e.response["body"]))["id"]: e.occurrence for e in exchanges}
     assert sorted(e.occurrence for e in exchanges) == list(range(clients * each))
     assert set(served) == set(ids)
 
@@ -323,8 +323,8 @@ def test_sigkill_mid_recording_leaves_every_answered_exchange(store, upstream, p
     assert post(again, CHAT).status_code == 200
     again.stop()
     with Store.open(store, write=False) as s:
-        stored = {json.loads(s.body(e.response["body"]))["id"] for e in s.exchanges()}
-        assert s.unfinished() == 0
+        stored = {json.loads(s.bodies.get(e.response["body"]))["id"] for e in s.exchanges()}
+        assert s.answered.unfinished() == 0
     missing = set(answered) - stored
     assert not missing, f"{len(missing)} answered exchanges lost"
 

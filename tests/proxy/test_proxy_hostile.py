@@ -59,8 +59,8 @@ def store_text(store: Path) -> bytes:
     chunks: list[bytes] = []
     with Store.open(store, write=False) as s:
         chunks += [json.dumps(ex.to_json()).encode() for ex in s.exchanges()]
-        chunks += [json.dumps(e.__dict__).encode() for e in s.recorded_entries()]
-        for body in s.bodies():
+        chunks += [json.dumps(e.__dict__).encode() for e in s.index.entries()]
+        for body in s.bodies.all():
             chunks += every_decoding(body)
     assert len(chunks) > 6, "the audit read nothing"
     return b"\n".join(chunks)

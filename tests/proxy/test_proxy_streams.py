@@ -527,7 +527,7 @@ def test_the_google_genai_sdk_unchanged_through_the_wrap_form(tmp_path, upstream
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ANSWER gemini answer 1" in r.stdout and "1 hits, 0 misses" in r.stderr
     with Store.open(Path(store), write=False) as s:
-        assert not any(b"AIza-genai" in body for body in s.bodies())
+        assert not any(b"AIza-genai" in body for body in s.bodies.all())
         assert all("AIza-genai" not in json.dumps(ex.request) for ex in s.exchanges())
 
 

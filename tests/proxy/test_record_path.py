@@ -59,10 +59,10 @@ def test_concurrent_conversations_record_each_turn_depending_on_its_own_earlier_
     with Store.open(store, write=True) as s:
         Writer(s).finish_unwritten()  # what `nfproxy repair` does with the rows the kill left
     with Store.open(store, write=False) as s:
-        entries = {e.seq: e for e in s.recorded_entries()}
+        entries = {e.seq: e for e in s.index.entries()}
         turns: dict[int, list[int]] = {}
         for ex in s.exchanges():
-            doc = json.loads(s.body(ex.request["body"]) or b"{}")
+            doc = json.loads(s.bodies.get(ex.request["body"]) or b"{}")
             if "messages" in doc:
                 turns.setdefault(int(doc["messages"][1]["content"].split()[1]), []).append(ex.seq)
     assert sorted(map(len, turns.values())) == [4] * 6
@@ -88,7 +88,7 @@ def _record_overlapping(path: Path, prepare: bool = True) -> list[tuple[bytes, b
     between the compressor's preparation and the body's write), and some that do not overlap."""
     with Store.open(path, write=True, create=True) as s:
         if not prepare:
-            s.prepare_chain = lambda *a: None  # type: ignore[method-assign]
+            s.ahead.prepare_chain = lambda *a: None  # type: ignore[method-assign]
         rec = Recorder(s, Rules())
         texts = [f"question {i}" for i in range(12)]
         waiting = []
@@ -98,7 +98,7 @@ def _record_overlapping(path: Path, prepare: bool = True) -> list[tuple[bytes, b
                 for p, t in waiting:
                     rec.finish(p, _answer(t))
                 waiting = []
-        with s._env.begin(db=s._bodies) as txn:
+        with s.tables.env.begin(db=s.tables.db["bodies"]) as txn:
             return list(txn.cursor())
 
 
@@ -147,8 +147,8 @@ def test_work_left_for_after_the_answer_leaves_the_store_as_doing_it_in_the_writ
                 p = rec.begin(replace(_chat(f"question {i}"), arrived=500.0 + i), Labels(f"s{i % 4}"))
                 rec.finish(p, _answer(f"question {i}"), defer_tracking=True, end=1000.0 + i)
                 rec.track_answers()
-        with Store.open(path, write=False) as s, s._env.begin() as txn:
-            return s.meta("dicts"), {t: list(txn.cursor(db=getattr(s, f"_{t}")))
+        with Store.open(path, write=False) as s, s.tables.env.begin() as txn:
+            return s.meta("dicts"), {t: list(txn.cursor(db=s.tables.db[t]))
                                      for t in ("bodies", "exchanges", "heads", "lookups", "recorded")}
 
     dicts, tables = record(tmp_path / "later.lmdb", True)
@@ -231,8 +231,8 @@ def test_a_request_asked_again_is_stored_with_the_sketch_computed_afresh(tmp_pat
                 p = rec.begin(variants(i), Labels(f"s{i % 2}"))
                 rec.finish(p, _answer(f"q{i}"), defer_tracking=True, end=1000.0 + i)
                 rec.track_answers()
-        with Store.open(path, write=False) as s, s._env.begin() as txn:
-            return {t: list(txn.cursor(db=getattr(s, f"_{t}"))) for t in ("exchanges", "heads", "lookups", "recorded")}
+        with Store.open(path, write=False) as s, s.tables.env.begin() as txn:
+            return {t: list(txn.cursor(db=s.tables.db[t])) for t in ("exchanges", "heads", "lookups", "recorded")}
 
     remembered = record(tmp_path / "remembered.lmdb")
     assert len(computed) == 10  # 5 questions x 2 byte orders

@@ -346,7 +346,7 @@ def test_a_session_replayed_alone_gets_the_candidates_every_exchange_of_its_key_
 
     with Store.open(recorded_shards(tmp_path, 160)[0], write=False) as s:
         index = replay_index.open_index(s)
-        entries = s.recorded_entries_by_id(list(range(1, len(s) + 1)))
+        entries = s.index.entries_by_id(list(range(1, len(s) + 1)))
         assert max(Counter(e.key for e in entries).values()) > 1  # keys shared across sessions
         for e in entries:
             assert index.session(e.session).by_key[e.key] == [c for c in index.candidates(e.key)

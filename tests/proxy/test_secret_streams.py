@@ -286,7 +286,7 @@ def test_no_stream_of_any_provider_keeps_an_echoed_key(recorded):
             exchanges = list(s.exchanges())
             assert len(exchanges) == (len(CALLS) if path == store else 2)
             for ex in exchanges:
-                body = s.decoded_body(ex.response)
+                body = s.bodies.decoded(ex.response)
                 texts = assembled(body)
                 assert texts and all("[redacted]" in t for k, t in texts.items() if k != "delta" or t), (ex.url, texts)
                 for name, text in texts.items():

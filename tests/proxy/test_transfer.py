@@ -42,7 +42,7 @@ def send(proxy: ProxyProcess) -> list[tuple[int, bytes]]:
 def identity(path: Path) -> list[tuple]:
     with Store.open(path, write=False) as store:
         return [(ex.session, ex.task, ex.key, ex.occurrence, ex.seq, ex.rules_id, ex.response["status"],
-                 store.body(ex.response["body"]), ex.response.get("chunks"), ex.request["headers"], ex.model)
+                 store.bodies.get(ex.response["body"]), ex.response.get("chunks"), ex.request["headers"], ex.model)
                 for ex in store.exchanges()]
 
 
@@ -113,10 +113,10 @@ def test_import_erases_secrets_and_keys_like_a_recording(tmp_path):
     with Store.open(store, write=False) as s:
         (ex,) = list(s.exchanges())
         assert ex.session == "web" and ex.task == "T/9" and ex.response["status"] == 401
-        assert SECRET not in json.dumps(ex.to_json()) and all(SECRET.encode() not in b for b in s.bodies())
+        assert SECRET not in json.dumps(ex.to_json()) and all(SECRET.encode() not in b for b in s.bodies.all())
         assert ("Authorization", "[redacted]") in [tuple(h) for h in ex.request["headers"]]
         assert not any(k.lower() == "content-encoding" for k, _ in ex.response["headers"])  # the body was decoded
-        assert b"bad key" in s.body(ex.response["body"])
+        assert b"bad key" in s.bodies.get(ex.response["body"])
     from noisefloor.proxy.request.keys import Rules
     from noisefloor.proxy.request.traffic import RequestData
 
@@ -291,8 +291,8 @@ def test_every_secret_field_of_a_har_is_erased_on_import(tmp_path):
     on_disk = b"".join(p.read_bytes() for p in store.iterdir())
     with Store.open(store, write=False) as st:
         text = json.dumps([ex.to_json() for ex in st.exchanges()]) + "".join(
-            b.decode("utf-8", "replace") for b in st.bodies())
+            b.decode("utf-8", "replace") for b in st.bodies.all())
         (ex, ex2) = list(st.exchanges())
-        assert b"x=1" in st.body(ex.request["body"]) and ex2.error.startswith("refused")
+        assert b"x=1" in st.bodies.get(ex.request["body"]) and ex2.error.startswith("refused")
     for value in s.values():
         assert value not in text and value.encode() not in on_disk, value

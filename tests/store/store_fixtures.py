@@ -39,8 +39,8 @@ def all_bodies_read_back(path: Path, expected: list[tuple[bytes, bytes]]) -> Non
     with Store.open(path, write=False) as s:
         got = {}
         for ex in s.exchanges():
-            got[ex.request["body"]] = s.part_body(ex.request, ex.id, "request")
-            got[ex.response["body"]] = s.part_body(ex.response, ex.id, "response")
+            got[ex.request["body"]] = s.bodies.of_part(ex.request, ex.id, "request")
+            got[ex.response["body"]] = s.bodies.of_part(ex.response, ex.id, "response")
         assert sorted(got.values()) == sorted({b for pair in expected for b in pair})
 
 

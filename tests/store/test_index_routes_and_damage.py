@@ -38,9 +38,9 @@ def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v2):
     assert layout(v2) == (FORMAT, replay_index.VERSION)
     assert answered(v2) == EXPECTED
     with Store.open(v2, write=False) as s:
-        rows = list(s.raw_table("lookups"))
-        sketches = s.stored_sketches(list(range(1, 61)))
-        routes = list(s.raw_table("index_routes"))
+        rows = list(s.tables.rows("lookups"))
+        sketches = s.index.stored_sketches(list(range(1, 61)))
+        routes = list(s.tables.rows("index_routes"))
     assert len(rows) == 60 * 19 and {len(k) for k, _ in rows} == {6}
     assert all(got is not None and len(got[1]) == replay_index.SHORT == 64 for got in sketches)
     assert len(routes) == 1 and routes[0][1][:8] == sketches[0][0]  # type: ignore[index]  # one route and model
@@ -66,7 +66,7 @@ def test_a_damaged_entry_is_refused_by_name(v2, tmp_path):
         txn.put((5).to_bytes(8, "big"), bytes(raw[:-1]), db=db)  # its sketch cut short by one byte
     env.close()
     with Store.open(out, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged"):
-        s.recorded_entries_by_id([4, 5])
+        s.index.entries_by_id([4, 5])
     r = nfproxy("compact", "--store", str(out))
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "entry of exchange 5 is damaged" in r.stderr.strip().splitlines()[-1]
@@ -78,7 +78,7 @@ def test_a_replay_miss_names_the_nearest(v2):
     assert nfproxy("migrate", "--store", str(v2)).returncode == 0
     with Store.open(v2, write=False) as s:
         index = replay_index.LmdbIndex(s)
-        body = s.part_body(s.exchange(9).request, 9, "request")
+        body = s.bodies.of_part(s.exchange(9).request, 9, "request")
         canonical = RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
                                 "/v1/chat/completions", REQUEST_HEADERS, changed(body)).canonical(Rules())
         near = index.near(canonical, "POST api.openai.com /v1/chat/completions")
@@ -94,7 +94,7 @@ def test_a_damaged_route_row_is_refused_by_name(v2, tmp_path):
         txn.put(key, value[:-1] + b"X", db=db)  # the route's last byte changed
     env.close()
     with Store.open(v2, write=False) as s, pytest.raises(StoreError, match=r"store .* is damaged.*route row"):
-        s.recorded_entries_by_id([4])
+        s.index.entries_by_id([4])
     r = nfproxy("merge", str(tmp_path / "out.lmdb"), str(v2))
     assert r.returncode != 0 and "Traceback" not in r.stderr and "route row" in r.stderr.strip().splitlines()[-1]
 
@@ -103,7 +103,7 @@ def test_a_route_whose_row_key_is_taken_is_kept_inline(tmp_path):
     store = tmp_path / "s.lmdb"
     with Store.open(store, write=True, create=True) as s:
         record(s, 3, seed=1, prefix="a")
-        (bucket, _), route = s.stored_sketches([1])[0], s.recorded_entry(1).route  # type: ignore[misc, union-attr]
+        (bucket, _), route = s.index.stored_sketches([1])[0], s.index.entry(1).route  # type: ignore[misc, union-attr]
         key, _ = replay_index.route_row(route, bucket)
     env = lmdb.open(str(store), max_dbs=16)
     with env.begin(write=True) as txn:
@@ -113,8 +113,8 @@ def test_a_route_whose_row_key_is_taken_is_kept_inline(tmp_path):
     env.close()
     with Store.open(store, write=True) as s:
         record(s, 20, seed=2, prefix="b")
-        late = s.recorded_entries_by_id(list(range(4, 24)))
-        assert {e.route for e in late} == {route} and all(got[0] == bucket for got in s.stored_sketches(list(range(4, 24))))
+        late = s.index.entries_by_id(list(range(4, 24)))
+        assert {e.route for e in late} == {route} and all(got[0] == bucket for got in s.index.stored_sketches(list(range(4, 24))))
 
 
 def test_merge_refuses_a_shard_whose_entry_names_a_route_row_it_lacks(v2, tmp_path):

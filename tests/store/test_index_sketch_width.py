@@ -79,7 +79,7 @@ def _bands_by_id(path: Path) -> dict[int, set[bytes]]:
 
 def _changed(store: Store, exchange_id: int) -> CanonicalRequest:
     """The canonical form of a recorded request with its last message changed (a miss)."""
-    body = store.part_body(store.exchange(exchange_id).request, exchange_id, "request")
+    body = store.bodies.of_part(store.exchange(exchange_id).request, exchange_id, "request")
     return RequestData("POST", "https://api.openai.com/v1/chat/completions", "api.openai.com",
                        "/v1/chat/completions", REQUEST_HEADERS, changed(body)).canonical(Rules())
 
@@ -97,7 +97,7 @@ def test_migrate_keeps_every_lookup_and_shortens_each_entry_by_its_sketchs_high_
     assert _sketches(old) == {i: (b, replay_index.short(sk)) for i, (b, sk) in sketches.items()}
     assert _bands_by_id(old) == bands
     with Store.open(old, write=False) as s:
-        assert [e.id for e in s.recorded_entries()] == list(range(1, 9))
+        assert [e.id for e in s.index.entries()] == list(range(1, 9))
     assert sum(len(v) for _, v in _rows(old, "recorded")) == entries - 8 * 64  # each sketch's high halves
 
 

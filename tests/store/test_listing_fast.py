@@ -172,6 +172,6 @@ def test_outcome_rows_read_by_msgspec_and_json_alike(tmp_path):
             {"task_id": "t2", "condition": "live", "replicate": 0, "outcome": 0, "score": float("inf")},
             {"task_id": "t\ud800", "condition": "live", "replicate": 1, "outcome": 1}]
     with Store.open(tmp_path / "s.lmdb", write=True, create=True) as s:
-        s.put_outcomes(rows)
+        s.outcomes.put(rows)
         got = sorted(s.outcome_rows(), key=lambda r: (r["replicate"], r["task_id"]))
     assert json.dumps(got) == json.dumps(sorted(rows, key=lambda r: (r["replicate"], r["task_id"])))

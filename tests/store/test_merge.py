@@ -45,7 +45,7 @@ def record_shard(path: Path, upstream: FakeUpstream, proxies: list[ProxyProcess]
 def snapshot(path: Path) -> list[tuple]:
     with Store.open(path, write=False) as s:
         exs = [(e.id, e.session, e.key, e.occurrence, e.seq, e.mode, e.request.get("body")) for e in s.exchanges()]
-        entries = sorted((e.id, e.session, e.key, e.occurrence, e.seq) for e in s.recorded_entries())
+        entries = sorted((e.id, e.session, e.key, e.occurrence, e.seq) for e in s.index.entries())
         return [*exs, *entries, *sorted(json.dumps(r, sort_keys=True) for r in s.outcome_rows())]
 
 
@@ -64,7 +64,7 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         for proc in started:
             proc.stop(signal.SIGKILL, timeout=5)
     with Store.open(paths[1], write=True) as s:
-        s.put_outcomes([{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": 1}])
+        s.outcomes.put([{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": 1}])
     return paths
 
 
@@ -74,13 +74,13 @@ def test_merged_shards_replay_strictly_with_shared_bodies_stored_once(tmp_path, 
     assert r.returncode == 0, r.stderr
     assert "8 sessions and 14 exchanges added" in r.stdout and "1 outcome rows added" in r.stdout
     with Store.open(out, write=False) as s:
-        assert len(s) == 14 and len(list(s.recorded_entries())) == 14
+        assert len(s) == 14 and len(list(s.index.entries())) == 14
         assert s.outcome_rows() == [{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": 1}]
-        merged_bodies = list(s.bodies())
+        merged_bodies = list(s.bodies.all())
     bodies = []
     for p in shards:
         with Store.open(p, write=False) as s:
-            bodies += list(s.bodies())
+            bodies += list(s.bodies.all())
     assert len(merged_bodies) == len(set(bodies)) == len(bodies) - 1  # the shared request body is stored once
     before = upstream.connections
     rep = start_nfproxy("--mode", "replay", "--strict", "--store", str(out), "--replay-log-in-store")
@@ -184,7 +184,7 @@ def test_a_row_graded_differently_in_two_shards_is_refused_by_merge_and_by_nfana
     for name, outcome in (("x", 1), ("y", 0)):
         path = tmp_path / f"{name}.lmdb"
         with Store.open(path, write=True, create=True) as s:
-            s.put_outcomes([{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": outcome}])
+            s.outcomes.put([{"task_id": "T1", "condition": "live", "replicate": 0, "outcome": outcome}])
         paths.append(path)
     with pytest.raises(NoisefloorError, match=r"\('live', 'T1', 0\) is in .* with different grades"):
         merge(tmp_path / "m.lmdb", paths)
@@ -201,12 +201,12 @@ def _index_rows(path: Path) -> dict[tuple[str, int], set[bytes]]:
     from noisefloor.proxy.store import replay_index
 
     with Store.open(path, write=False) as s:
-        where = {e.id: (e.session, e.seq) for e in s.recorded_entries()}
+        where = {e.id: (e.session, e.seq) for e in s.index.entries()}
         rows: dict[tuple[str, int], set[bytes]] = {}
-        for k, v in s.raw_table("lookups"):  # the raw table: what merge must carry is the rows themselves
+        for k, v in s.tables.rows("lookups"):  # the raw table: what merge must carry is the rows themselves
             rows.setdefault(where[int.from_bytes(v, "big")], set()).add(k)
-        for k, raw in s.raw_table("recorded"):
-            bucket, sketch = replay_index.entry_sketch(raw, s.route_of) or (b"", b"")
+        for k, raw in s.tables.rows("recorded"):
+            bucket, sketch = replay_index.entry_sketch(raw, s.index.route_of) or (b"", b"")
             rows[where[int.from_bytes(k, "big")]].add(b"g" + bucket + sketch)
         return rows
 
@@ -269,7 +269,7 @@ def _forge_body(path: Path, key: bytes | None = None, under: bytes | None = None
 
 def _body_keys(path: Path) -> set[bytes]:
     with Store.open(path, write=False) as s:
-        return {k for k, _ in s.raw_table("bodies")}
+        return {k for k, _ in s.tables.rows("bodies")}
 
 
 def _merge(out: Path, *paths: Path) -> subprocess.CompletedProcess[str]:

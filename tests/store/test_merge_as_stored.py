@@ -58,7 +58,7 @@ def exchanges(path: Path) -> dict[tuple[str, int], dict]:
 
 def heads(path: Path) -> dict[tuple[str, str, int], tuple]:
     with Store.open(path, write=False) as s:
-        return {(h.session, h.key, h.occurrence): (h.time, h.status, h.usage, h.url, h.model) for h in s.heads()}
+        return {(h.session, h.key, h.occurrence): (h.time, h.status, h.usage, h.url, h.model) for h in s.walk.heads()}
 
 
 def test_records_are_copied_byte_for_byte_and_read_back_as_the_shards_say(shards, tmp_path):
@@ -84,7 +84,7 @@ def test_as_stored_reads_back_what_a_merge_that_re_encodes_every_record_writes(s
     assert rows(fast, "exchanges") != rows(slow, "exchanges")  # two ways of writing them ...
     with Store.open(fast, write=False) as a, Store.open(slow, write=False) as b:
         assert [ex.to_json() for ex in a.exchanges()] == [ex.to_json() for ex in b.exchanges()]  # ... one store
-        assert list(a.heads()) == list(b.heads())
+        assert list(a.walk.heads()) == list(b.walk.heads())
     assert rows(fast, "recorded") == rows(slow, "recorded") and rows(fast, "lookups") == rows(slow, "lookups")
 
 
@@ -99,7 +99,7 @@ def test_a_replay_record_and_a_record_stored_whole_are_merged_with_their_ids_map
         whole = s.append({**base, "session": "odd", "seq": 0, "from_a_newer_writer": [1, 2]}, {}, None)
     stored = rows(shard, "exchanges")[whole - 1][1]
     with Store.open(shard, write=False) as s:  # the unknown key: its head says NOT_LISTED, the record is whole
-        assert b'"id":%d' % whole in s._codec.decode(stored, 1 << 20)
+        assert b'"id":%d' % whole in s.codec.decode(stored, 1 << 20)
     out = tmp_path / "out.lmdb"
     merge(out, [shards[0], shard])
     with Store.open(out, write=False) as s:

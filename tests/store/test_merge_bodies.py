@@ -20,10 +20,10 @@ TABLES = ("bodies", "exchanges", "heads", "lookups", "recorded", "meta", "outcom
 
 
 def _tables(path: Path) -> dict[str, str]:
-    with Store.open(path, write=False) as s, s._env.begin() as txn:
+    with Store.open(path, write=False) as s, s.tables.env.begin() as txn:
         out = {}
         for t in TABLES:
-            db, h = getattr(s, f"_{t}"), hashlib.sha256()
+            db, h = s.tables.db.get(t), hashlib.sha256()
             for k, v in txn.cursor(db=db) if db is not None else ():
                 h.update(k + b"\0" + v)
             out[t] = h.hexdigest()
@@ -63,8 +63,8 @@ def test_a_damaged_body_that_no_record_names_is_refused_and_nothing_is_merged(sh
     bad = tmp_path / "bad.lmdb"
     bad.mkdir()
     with Store.open(shards[0], write=False) as s:
-        s.copy_to(bad)
-    with Store.open(bad, write=True) as s, s._env.begin(write=True, db=s._bodies) as txn:
+        s.tables.copy_to(bad)
+    with Store.open(bad, write=True) as s, s.tables.env.begin(write=True, db=s.tables.db["bodies"]) as txn:
         txn.put(b"\xff" * 32, bytes([codec.CHECKED]) + b"\0\0\0\0" + b"\x00a body")  # its CRC does not match
     with pytest.raises(StoreError, match="ffffffffffffffff.*nothing was merged"):
         merge(tmp_path / "out.lmdb", [bad, shards[1]])

@@ -15,6 +15,7 @@ import lmdb
 import pytest
 
 from noisefloor.proxy.store import compact, replay_index
+from noisefloor.proxy.store._index import Index
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _copying as merge_copy
 from noisefloor.proxy.store.merge import run as merge_mod
@@ -36,14 +37,14 @@ def per_exchange(shards: list[Path], tmp_path_factory: pytest.TempPathFactory) -
     """The shards merged the way merge did before the bulk path: every entry's lookups recomputed."""
     out = tmp_path_factory.mktemp("slow") / "out.lmdb"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(Store, "adopt_index_routes", lambda self, source: False)
+        mp.setattr(Index, "adopt_routes", lambda self, source: False)
         merge(out, shards)
     return out
 
 
 def tables(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
-    with Store.open(path, write=False) as s, s._env.begin(buffers=False) as txn:  # every row, as stored
-        return {name: list(txn.cursor(db=s._env.open_db(name.encode(), txn=txn, create=False)).iternext())
+    with Store.open(path, write=False) as s, s.tables.env.begin(buffers=False) as txn:  # every row, as stored
+        return {name: list(txn.cursor(db=s.tables.env.open_db(name.encode(), txn=txn, create=False)).iternext())
                 for name in TABLES}
 
 
@@ -66,7 +67,7 @@ def test_the_bulk_path_writes_the_tables_the_per_exchange_path_wrote(shards, per
 
 def _ids_per_key(s: Store) -> dict[bytes, int]:
     found: dict[bytes, int] = {}
-    for keys, _ in s.lookup_chunks(1 << 16):
+    for keys, _ in s.index.lookup_chunks(1 << 16):
         for i in range(0, len(keys), 9):
             found[keys[i:i + 9]] = found.get(keys[i:i + 9], 0) + 1
     return found
@@ -150,7 +151,7 @@ def test_a_merge_stopped_in_its_refill_before_the_lookups_are_in_is_refused_by_r
         with pytest.raises(SystemExit):
             merge(out, shards)
     with Store.open(out, write=False) as s:
-        assert len(s) == 320 and s.meta(replay_index.MERGING) == 1 and s.lookup_rows_count() == 0
+        assert len(s) == 320 and s.meta(replay_index.MERGING) == 1 and s.tables.count("lookups") == 0
         with pytest.raises(StoreError, match="run the same nfproxy merge again"):
             replay_index.open_index(s)
     again = merge(out, shards)
@@ -185,7 +186,7 @@ def test_the_process_merging_the_lookups_failing_fails_the_merge_and_the_next_on
         with pytest.raises(StoreError, match="ended without a word" if ending == "dies" else "a.lmdb: a replay lookup"):
             merge(out, shards)
     with Store.open(out, write=False) as s:
-        assert len(s) == 320 and s.meta(replay_index.MERGING) == 1 and s.lookup_rows_count() == 0
+        assert len(s) == 320 and s.meta(replay_index.MERGING) == 1 and s.tables.count("lookups") == 0
     merge(out, shards)
     assert tables(out) == tables(per_exchange)
 

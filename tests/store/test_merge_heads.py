@@ -33,8 +33,8 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def tables(path: Path) -> dict[str, list[tuple[bytes, bytes]]]:
-    with Store.open(path, write=False) as s, s._env.begin(buffers=False) as txn:
-        return {name: list(txn.cursor(db=s._env.open_db(name.encode(), txn=txn, create=False)).iternext())
+    with Store.open(path, write=False) as s, s.tables.env.begin(buffers=False) as txn:
+        return {name: list(txn.cursor(db=s.tables.env.open_db(name.encode(), txn=txn, create=False)).iternext())
                 for name in TABLES}
 
 
@@ -64,9 +64,9 @@ def test_the_heads_path_writes_the_tables_a_full_parse_writes(shards, parsed, tm
 def _rewrite(path: Path, exchange_id: int, fn) -> None:
     """Exchange `exchange_id`'s stored record replaced by fn(its JSON) (None: leave it) or raw bytes."""
     with Store.open(path, write=False) as s:
-        text = s.record_texts_of([exchange_id])[0]
+        text = s.records.texts_of([exchange_id])[0]
         key = (s.meta("dicts") or {}).get("record")
-        c = codec.Codec(s.dictionary)
+        c = codec.Codec(s.dictionaries.dictionary)
         new = fn(text)
         stored = new if isinstance(new, tuple) else c.encode(new, bytes.fromhex(key) if key else None)
     env = lmdb.open(str(path), max_dbs=16)

@@ -42,9 +42,9 @@ def contents(path: Path) -> tuple[list, list, list, int]:
     """Everything a merge writes, as read back: records (verified), bodies, index rows, replay entries."""
     with Store.open(path, write=False) as s:
         records = [e.json_bytes() for e in s.exchanges()]
-        bodies = sorted(s.bodies())
-        rows = list(s.raw_table("lookups"))  # the index's lookups
-        return records, bodies, rows, s.recorded_count()
+        bodies = sorted(s.bodies.all())
+        rows = list(s.tables.rows("lookups"))  # the index's lookups
+        return records, bodies, rows, s.tables.count("recorded")
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +76,7 @@ def test_workers_write_the_same_store_as_one_process(shard, tmp_path):
     records, bodies, rows, entries = contents(two)
     assert len(records) == entries == 180 and rows
     with Store.open(shard, write=False) as s:
-        assert bodies == sorted(s.bodies())
+        assert bodies == sorted(s.bodies.all())
     again = run_merge(two, 2, shard)  # merging again adds nothing
     assert again.returncode == 0 and json.loads(again.stdout)["exchanges"] == 0
 

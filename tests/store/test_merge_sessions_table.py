@@ -17,6 +17,8 @@ from bench.store_traffic import record
 from noisefloor.proxy.store.log import Store, StoreError
 from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.merge.run import merge
+from noisefloor.proxy.store.merge.scan import MergeScan
+from noisefloor.proxy.store.merge.shard import MergeIO
 from tests.conftest import nfproxy_argv
 from tests.store.store_fixtures import killed_after_first_batch, run
 
@@ -34,8 +36,8 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 
 
 def _table(path: Path) -> dict[bytes, bytes]:
-    with Store.open(path, write=False) as s, s._env.begin(buffers=False) as txn:
-        return dict(txn.cursor(db=s._env.open_db(known.TABLE, txn=txn, create=False)))
+    with Store.open(path, write=False) as s, s.tables.env.begin(buffers=False) as txn:
+        return dict(txn.cursor(db=s.tables.env.open_db(known.TABLE, txn=txn, create=False)))
 
 
 def _rebuilt(path: Path, shard: Path) -> dict[bytes, bytes]:
@@ -51,25 +53,25 @@ def _rebuilt(path: Path, shard: Path) -> dict[bytes, bytes]:
 
 
 class _Reads:
-    """What a merge reads of OUT: exchanges through the check (`merge_scan`), and session keys
+    """What a merge reads of OUT: exchanges through the check (`MergeScan.scan`), and session keys
     asked of its table (`known_rows`)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, out: Path) -> None:
         self.exchanges = self.keys = 0
-        scan, rows = Store.merge_scan, getattr(Store, "known_rows", None)
+        scan, rows = MergeScan.scan, MergeIO.known_rows
 
-        def counted_scan(store: Store, *a, **kw):  # type: ignore[no-untyped-def]
-            for item in scan(store, *a, **kw):
-                self.exchanges += store.path == out
+        def counted_scan(check: MergeScan, *a, **kw):  # type: ignore[no-untyped-def]
+            for item in scan(check, *a, **kw):
+                self.exchanges += check.path == out
                 yield item
 
-        def counted_rows(store: Store, keys, covered):  # type: ignore[no-untyped-def]
+        def counted_rows(merging: MergeIO, keys, covered):  # type: ignore[no-untyped-def]
             keys = list(keys)
-            self.keys += len(keys) * (store.path == out)
-            return rows(store, keys, covered)
+            self.keys += len(keys) * (merging.path == out)
+            return rows(merging, keys, covered)
 
-        monkeypatch.setattr(Store, "merge_scan", counted_scan)
-        monkeypatch.setattr(Store, "known_rows", counted_rows, raising=False)
+        monkeypatch.setattr(MergeScan, "scan", counted_scan)
+        monkeypatch.setattr(MergeIO, "known_rows", counted_rows)
 
 
 def test_a_merge_reads_as_much_of_a_small_out_as_of_a_large_one(shards, tmp_path, monkeypatch):
@@ -91,7 +93,7 @@ def test_a_merge_reads_as_much_of_a_small_out_as_of_a_large_one(shards, tmp_path
     assert seen[small] == seen[large]
     assert seen[large][0] == 0  # no exchange of OUT read: every one was in its table
     with Store.open(shards[4], write=False) as s:
-        sessions = len({h.session for h in s.heads()})
+        sessions = len({h.session for h in s.walk.heads()})
     assert seen[large][1] == sessions  # a point read per session the shard brings
     assert _table(large) == _rebuilt(large, shards[0])  # what the merges kept equals the table written afresh
 
@@ -111,7 +113,7 @@ def test_sessions_a_proxy_recorded_into_out_since_the_last_merge_are_read_and_co
     monkeypatch.undo()
     twin = tmp_path / "twin.lmdb"
     with Store.open(out, write=False) as s:
-        s.copy_to(_empty_dir(twin))
+        s.tables.copy_to(_empty_dir(twin))
     got = merge(out, [twin])  # every session OUT holds, from its table and the late ones: nothing new
     assert got.exchanges_added == 0 and got.sessions_present > 0
     assert _table(out) == _rebuilt(out, shards[0])
@@ -143,7 +145,7 @@ def test_a_damaged_row_or_a_forged_mark_has_the_table_written_again(shards, tmp_
     assert _table(out) == clean
     _tampered(out, known.COVERED, lambda v: known.pack_covered(10 ** 9))  # a mark past the last exchange
     with Store.open(out, write=False) as s:
-        assert s.known_covered() is None
+        assert MergeIO(s).known_covered() is None
     assert merge(out, shards[:2]).exchanges_added == 0
     assert _table(out) == clean
     assert merge(out, [shards[2]]).exchanges_added == 60
@@ -156,7 +158,7 @@ def test_a_merge_killed_between_batches_leaves_the_table_true_to_the_exchanges(t
     killed_after_first_batch([*nfproxy_argv(), "merge", "--jobs", "1", str(out), str(big)])
     with Store.open(out, write=False) as s:
         partial = len(s)
-        covered = s.known_covered()
+        covered = MergeIO(s).known_covered()
     assert 0 < partial < 6000 and covered == partial  # the table took each batch's sessions with it
     assert sum(len(known.unpack(k, v, covered)[1]) for k, v in _table(out).items() if k != known.COVERED) == partial
     assert merge(out, [big]).exchanges_added == 6000 - partial

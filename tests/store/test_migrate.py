@@ -93,7 +93,7 @@ def test_migrate_rewrites_an_old_store_in_todays_format_with_nothing_lost(v1, pr
     assert fmt(v1) == FORMAT and listed(v1) == EXPECTED
     assert (v1 / "data.mdb").stat().st_size <= 72 * 1024  # cut to its pages, no reserved map
     with Store.open(v1, write=False) as s:
-        assert len(list(s.bodies())) == 10  # verified against their hashes
+        assert len(list(s.bodies.all())) == 10  # verified against their hashes
         assert s.outcome_rows() == [{"task_id": "t1", "condition": "live", "replicate": "0", "outcome": 1}]
         assert s.meta("migrated_from") == "noisefloor-log/1"
     replay(v1, proxies)
@@ -127,13 +127,13 @@ def test_every_fixture_migrates_to_what_mains_reader_read_from_it(tmp_path, name
     assert r.returncode == 0 and f"from {want['format']} to {FORMAT}" in r.stdout, r.stderr
     with Store.open(store, write=False) as s:
         assert [json.loads(ex.json_bytes()) for ex in s.exchanges()] == want["records"]
-        assert [{"request": ex.request, "body": _b64(s.part_body(ex.request, ex.id, "request")),
-                 "status": ex.response["status"], "answer": _b64(s.part_body(ex.response, ex.id, "response"))}
+        assert [{"request": ex.request, "body": _b64(s.bodies.of_part(ex.request, ex.id, "request")),
+                 "status": ex.response["status"], "answer": _b64(s.bodies.of_part(ex.response, ex.id, "response"))}
                 for ex in s.exchanges() if ex.mode == "record" and ex.response is not None] == want["recorded"]
         assert s.outcome_rows() == want["outcomes"] and len(s) == want["exchanges"]
-        entries = list(s.recorded_entries())
+        entries = list(s.index.entries())
         assert [e.id for e in entries] == [ex.id for ex in s.exchanges() if ex.mode == "record"]
-        assert all(got is not None for got in s.stored_sketches([e.id for e in entries]))  # each JSON request's
+        assert all(got is not None for got in s.index.stored_sketches([e.id for e in entries]))  # each JSON request's
         assert s.meta("migrated_from") == want["format"]
 
 

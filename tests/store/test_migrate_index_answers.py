@@ -35,7 +35,7 @@ def test_a_store_of_layout_1_answers_as_main_did_and_replays_strictly_once_migra
     assert layout(v1) == ("noisefloor-log/2", 1)
     migrate(v1)
     with Store.open(v1, write=False) as s:
-        asked = [(i, s.part_body(s.exchange(i).request, i, "request"), s.part_body(s.exchange(i).response, i,
+        asked = [(i, s.bodies.of_part(s.exchange(i).request, i, "request"), s.bodies.of_part(s.exchange(i).response, i,
                                                                                    "response")) for i in (1, 2, 3)]
     rep = start("--mode", "replay", "--strict", "--store", str(v1), "--upstream", "https://api.openai.com",
                 timeout=START_TIMEOUT)
@@ -58,7 +58,7 @@ def test_migrate_brings_it_to_todays_layout_with_the_same_answers(v1):
     assert layout(v1) == (FORMAT, VERSION)
     assert answered(v1) == EXPECTED
     with Store.open(v1, write=False) as s:
-        assert len(list(s.raw_table("lookups"))) > 60 * 18
+        assert len(list(s.tables.rows("lookups"))) > 60 * 18
 
 
 def test_merge_of_the_migrated_store_keeps_its_answers(v1, tmp_path):

@@ -44,7 +44,7 @@ def test_a_row_reads_back_as_its_whole_json_text(row):
 def test_a_keyed_row_under_a_damaged_key_is_refused_by_name(tmp_path):
     path = tmp_path / "s.lmdb"
     with Store.open(path, write=True, create=True) as s:
-        s.put_outcomes(ROWS[:2])
+        s.outcomes.put(ROWS[:2])
     env = lmdb.open(str(path), max_dbs=16)
     with env.begin(write=True) as txn:
         db = env.open_db(b"outcomes", txn=txn)

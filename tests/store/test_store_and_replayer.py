@@ -18,6 +18,7 @@ from noisefloor.proxy.request.keys import Rules
 from noisefloor.proxy.request.labels import Labels
 from noisefloor.proxy.request.traffic import RequestData, ResponseData
 from noisefloor.proxy.store import env as store_env
+from noisefloor.proxy.store._index import Index
 from noisefloor.proxy.store.log import Store, StoreError
 from tests.conftest import nfproxy_argv
 
@@ -55,7 +56,7 @@ def test_happens_before_orders_only_requests_that_did_not_overlap(tmp_path):
         rec.finish(pb, answer("B"))
         rec.finish(pa, answer("A"))
         rec.finish(rec.begin(chat("c"), Labels("S")), answer("C"))
-        entries = sorted(s.recorded_entries(), key=lambda e: e.seq)
+        entries = sorted(s.index.entries(), key=lambda e: e.seq)
         assert all(e.start is not None and e.end is not None and e.start < e.end for e in entries)
     with Store.open(path, write=True) as s:
         content = Replayer(s, Rules())  # c carries neither answer: asked early it is a hit and an order note
@@ -107,7 +108,7 @@ def test_recording_continues_occurrence_numbering_of_an_existing_session(tmp_pat
     record_sequence(path, "A", [("p", "first")])
     record_sequence(path, "A", [("p", "second")])
     with Store.open(path, write=False) as s:
-        assert [(e.occurrence, e.seq) for e in s.recorded_entries()] == [(0, 0), (1, 1)]
+        assert [(e.occurrence, e.seq) for e in s.index.entries()] == [(0, 0), (1, 1)]
 
 
 def test_a_recorder_reads_only_the_sessions_that_come_back(tmp_path, monkeypatch):
@@ -118,10 +119,10 @@ def test_a_recorder_reads_only_the_sessions_that_come_back(tmp_path, monkeypatch
     record_sequence(path, "A", [("p", "1"), ("q", "2"), ("p", "3")])
     record_sequence(path, "B", [("p", "1")])
     read: list[str] = []
-    monkeypatch.setattr(Store, "recorded_entries", lambda self: iter(read.append("all") or ()))
+    monkeypatch.setattr(Index, "entries", lambda self: iter(read.append("all") or ()))
     with Store.open(path, write=True) as s:
-        real = s.session_ids
-        monkeypatch.setattr(s, "session_ids", lambda name: read.append(name) or real(name))
+        real = s.index.session_ids
+        monkeypatch.setattr(s.index, "session_ids", lambda name: read.append(name) or real(name))
         rec = Recorder(s, Rules())
         assert read == []
         for session in ("A", "C", "A", "B"):
@@ -129,7 +130,7 @@ def test_a_recorder_reads_only_the_sessions_that_come_back(tmp_path, monkeypatch
         assert read == ["A", "C", "B"]  # once per session, on its first request of this run
     monkeypatch.undo()
     with Store.open(path, write=False) as s:
-        got = [(e.session, e.occurrence, e.seq) for e in s.recorded_entries()][4:]
+        got = [(e.session, e.occurrence, e.seq) for e in s.index.entries()][4:]
     assert got == [("A", 2, 3), ("C", 0, 0), ("A", 3, 4), ("B", 1, 1)]
 
 

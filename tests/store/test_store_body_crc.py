@@ -94,7 +94,7 @@ def test_a_damaged_or_oversized_body_is_refused_by_merge_by_name(tmp_path, how):
     assert "\n" not in message
     assert not out.exists() or len(Store.open(out, write=False)) == 0
     with Store.open(a, write=False) as s, pytest.raises(StoreError, match=f"exchange {exchange_id} response body"):
-        s.part_body(s.exchange(exchange_id).response, exchange_id, "response")
+        s.bodies.of_part(s.exchange(exchange_id).response, exchange_id, "response")
 
 
 def test_a_body_forged_with_a_matching_crc_is_refused_by_merge_and_every_reader(tmp_path):
@@ -106,7 +106,7 @@ def test_a_body_forged_with_a_matching_crc_is_refused_by_merge_and_every_reader(
         merge(out, [a, b])
     assert not out.exists()
     with Store.open(a, write=False) as s, pytest.raises(StoreError, match="does not match its sha256"):
-        s.part_body(s.exchange(exchange_id).response, exchange_id, "response")
+        s.bodies.of_part(s.exchange(exchange_id).response, exchange_id, "response")
     shown = run([*nfproxy_argv(), "show", str(exchange_id), "--store", str(a)])
     assert shown.returncode != 0 and "does not match its sha256" in shown.stderr
     assert len(shown.stderr.strip().splitlines()) == 1
@@ -122,4 +122,4 @@ def test_a_v5_store_of_main_migrates_with_every_body_behind_its_crc(tmp_path):
                for v in body_values(old).values())
     stored = body_values(old)
     with Store.open(old, write=False) as s:  # what each body was: tests/store/test_migrate.py
-        assert s.format == FORMAT and len(list(s.bodies())) == len(stored)
+        assert s.format == FORMAT and len(list(s.bodies.all())) == len(stored)

@@ -50,10 +50,10 @@ def test_requests_are_compressed_against_their_session_and_read_back_verified(tm
     assert counts.get(codec.REF, 0) == (9 - 1) + 2
     raw = sum(len(b) for b, _ in sent)
     with Store.open(path, write=False) as s:
-        chained = [len(s.raw_body(s.exchange(i).request["body"])) for i in (2, 3, 4, 5, 6, 7, 9, 10)]
+        chained = [len(s.bodies.raw(s.exchange(i).request["body"])) for i in (2, 3, 4, 5, 6, 7, 9, 10)]
         assert max(chained) < 400 < raw / len(sent)  # a turn costs its new text, not the conversation
         # a chain is cut at CHAIN_DEPTH: depth never exceeds it (the 8th request starts a new chain)
-        first_of_chain = s.raw_body(s.exchange(store_mod.CHAIN_DEPTH + 2).request["body"])
+        first_of_chain = s.bodies.raw(s.exchange(store_mod.CHAIN_DEPTH + 2).request["body"])
         assert codec.unchecked(first_of_chain)[0] != codec.REF
 
 
@@ -69,8 +69,8 @@ def test_a_damaged_body_another_is_compressed_against_fails_both_by_name(tmp_pat
     with Store.open(path, write=False) as s:
         second = s.exchange(2)
         with pytest.raises(StoreError, match=r"exchange 2 referenced body .* is missing"):
-            s.part_body(second.request, 2, "request")
-        assert s.part_body(s.exchange(3).response, 3, "response") is not None  # answers stand alone
+            s.bodies.of_part(second.request, 2, "request")
+        assert s.bodies.of_part(s.exchange(3).response, 3, "response") is not None  # answers stand alone
 
 
 def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp_path, monkeypatch):
@@ -97,8 +97,8 @@ def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp
     assert tags(copy).get(codec.REF, 0) == tags(path).get(codec.REF, 0)  # chains kept as they were
     with Store.open(path, write=False) as a, Store.open(copy, write=False) as b:  # replay still opens lazily
         assert b.meta("replay_index") == a.meta("replay_index") == replay_index.VERSION
-        assert list(b.raw_table("lookups")) == list(a.raw_table("lookups")) != []
-        assert list(b.raw_table("recorded")) == list(a.raw_table("recorded"))
+        assert list(b.tables.rows("lookups")) == list(a.tables.rows("lookups")) != []
+        assert list(b.tables.rows("recorded")) == list(a.tables.rows("recorded"))
 
 
 def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, monkeypatch):
@@ -110,7 +110,7 @@ def test_the_map_grows_in_steps_so_the_file_stays_near_what_is_used(tmp_path, mo
         for i in range(40):
             p = rec.begin(RequestData("POST", "http://up/x", "up", "/x", (), f"q{i}".encode()), Labels("A"))
             rec.finish(p, ResponseData(200, (), bytes(range(256)) * 400 + str(i).encode()))
-        used, size = s.usage()["used"], (path / "data.mdb").stat().st_size
+        used, size = s.tables.usage()["used"], (path / "data.mdb").stat().st_size
     assert size < used * 1.25 + (1 << 20), (used, size)  # doubling would leave up to 2x
 
 
@@ -131,7 +131,7 @@ def test_a_batch_that_fails_leaves_no_request_compressed_against_its_bodies(tmp_
     with Store.open(path, write=True, create=True) as s:
         rec = Recorder(s, Rules())
         kept = [ask(rec, "A", "first question"), ask(rec, "A", "second question")]
-        real = s._codec.encode
+        real = s.codec.encode
 
         def fails_on_b(data: bytes, key: bytes | None = None) -> bytes:
             if b"session B" in data:
@@ -141,9 +141,9 @@ def test_a_batch_that_fails_leaves_no_request_compressed_against_its_bodies(tmp_
         with pytest.raises(OSError, match="disk went away"):
             with s.batch():
                 ask(rec, "A", "third question, lost with its batch")  # chained against the second: a new link
-                monkeypatch.setattr(s._codec, "encode", fails_on_b)
+                monkeypatch.setattr(s.codec, "encode", fails_on_b)
                 ask(rec, "B", "session B")
-        monkeypatch.setattr(s._codec, "encode", real)
+        monkeypatch.setattr(s.codec, "encode", real)
         assert len(s) == 2
         kept.append(ask(rec, "A", "third question, again"))  # must chain to the second, which is stored
     assert tags(path).get(codec.REF, 0) >= 2

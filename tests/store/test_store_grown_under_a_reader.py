@@ -38,6 +38,6 @@ def test_a_reader_without_address_space_to_spare_maps_the_file(tmp_path: Path) -
             "resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))\n"
             "from noisefloor.proxy.store.log import Store\n"
             "with Store.open(sys.argv[1], write=False) as s:\n"
-            "    print(s.meta('small'), s.usage()['map'] < 4 << 30)\n")
+            "    print(s.meta('small'), s.tables.usage()['map'] < 4 << 30)\n")
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.split() == ["1", "True"], done.stderr

@@ -74,7 +74,7 @@ def test_a_store_of_main_is_listed_from_its_records_and_migrated_with_heads_that
     new = stores["new"]
     with Store.open(new, write=False) as s:
         assert s.format == FORMAT and s.meta("migrated_from") == "noisefloor-log/3"
-        new_heads = list(s.heads())
+        new_heads = list(s.walk.heads())
     assert new_heads == from_records(new)
     assert len(table(new)) == len(new_heads) == 8
     summary = logstats.from_store(new)
@@ -92,7 +92,7 @@ def test_a_v4_store_of_main_migrates_with_every_record_the_same(tmp_path):
     assert r.returncode == 0 and "from noisefloor-log/4 to " + FORMAT in r.stdout, r.stdout + r.stderr
     with Store.open(new, write=False) as b:
         assert (b.format, b.meta("migrated_from")) == (FORMAT, "noisefloor-log/4")
-        heads, whole = list(b.heads()), dict(b.record_texts())
+        heads, whole = list(b.walk.heads()), dict(b.records.texts())
     assert heads == from_records(new) and len(heads) == 8
     rest = table(new, "exchanges")
     assert all(t.startswith(b'{"id":') for t in whole.values())
@@ -101,7 +101,7 @@ def test_a_v4_store_of_main_migrates_with_every_record_the_same(tmp_path):
 
 def _decoded(store: Path, rows: dict[int, bytes]) -> dict[int, bytes]:
     with Store.open(store, write=False) as s:
-        return {i: s._codec.decode(v, 1 << 24) for i, v in rows.items()}
+        return {i: s.codec.decode(v, 1 << 24) for i, v in rows.items()}
 
 
 def test_every_writer_fills_the_heads_table(stores, tmp_path):
@@ -120,7 +120,7 @@ def test_every_writer_fills_the_heads_table(stores, tmp_path):
         heads = from_records(store)
         assert len(heads) == n and len(table(store)) == n
         with Store.open(store, write=False) as s:
-            listed = list(s.heads())
+            listed = list(s.walk.heads())
         assert listed == heads
     merged = logstats.from_store(out)["conditions"]
     assert merged["c0"]["exchanges"] == 5 and merged["c1"]["exchanges"] == 4
@@ -190,7 +190,7 @@ def test_a_forged_head_with_its_checksum_recomputed_lists_what_it_says(stores, t
     shutil.copytree(stores["new"], store)
     damage(store, "forged")
     with Store.open(store, write=False) as s:
-        statuses = [h.status for h in s.heads()]
+        statuses = [h.status for h in s.walk.heads()]
     assert statuses[2] == 500 and [h.status for h in from_records(store)][2] == 200
 
 
@@ -203,7 +203,7 @@ def test_log_json_passes_records_through_as_their_heads_say_and_parses_the_rest(
         s.append({"time": 1.7e9, "mode": "record", "session": "odd", "key": "cd" * 32, "occurrence": 0, "seq": 1,
                   "rules_id": "r", "request": {"method": "POST", "url": "http://up/", "headers": []},
                   "response": None, "from_the_future": [1, 2]}, {}, None)
-        values = dict(s.raw_table("heads"))
+        values = dict(s.tables.rows("heads"))
         assert [store_heads.left_out(v) for v in values.values()].count(exchange_record.NOT_LISTED) == 1
         whole = [msgspec.json.decode(ex.json_bytes()) for ex in s.exchanges()]
     printed = [msgspec.json.decode(line) for line in listings(store)[1].splitlines()]
@@ -225,9 +225,9 @@ def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
         rec.finish(rec.begin(chat([{"role": "user", "content": "odd"}]), Labels("b\udc80")), answer("x", 1))
         rec.finish(rec.begin(chat([{"role": "user", "content": "more"}]), Labels("a", task="t", condition="c")),
                    answer("hello again", 2))
-        values = dict(s.raw_table("heads"))
-        texts = dict(s.record_texts())
-        assert len(values) == len(texts) == 4 and len(list(s.raw_table("labels"))) == 2
+        values = dict(s.tables.rows("heads"))
+        texts = dict(s.records.texts())
+        assert len(values) == len(texts) == 4 and len(list(s.tables.rows("labels"))) == 2
         for i, text in texts.items():
             checked = exchange_record.checked_head(text)
             value = values[_U64.pack(i)]
@@ -237,7 +237,7 @@ def test_the_recorders_heads_are_those_its_records_texts_give(tmp_path):
             assert store_heads.left_out(value) == checked[1] != exchange_record.NOT_LISTED
             numbered = msgspec.msgpack.decode(value[8:])[:2]  # the first two: a new label set and route each
             assert numbered == ([i, i] if i < 3 else [1, 1])  # the fourth: the first's again
-        listed = list(s.heads())
+        listed = list(s.walk.heads())
         assert listed == [exchange_record.head_of(ex) for ex in s.exchanges()]
         assert [h.status for h in listed] == [200, None, 200, 200] and listed[1].error == "connection refused"
         assert listed[0].usage == {"input": 5, "output": 3} and listed[1].usage == {} and listed[0].model == "gpt-4o-mini-2024-07-18"
@@ -261,8 +261,8 @@ def test_a_listing_from_the_tables_parts_prints_what_one_from_heads_prints(tmp_p
         s.append({"time": 1.7e9, "mode": "replay", "session": "r", "key": "not a digest\x07", "occurrence": 2,
                   "seq": 1, "rules_id": Rules().id, "request": {"method": "POST", "url": "http://up/v1", "headers": []},
                   "response": {"status": 412, "headers": []}, "replay": {"result": "miss"}}, {}, None)
-        from_parts = list(_Line(Visible()).of_parts(s.head_parts(), True))
-        from_heads = list(_Line(Visible()).of_heads(s.heads(), True))
+        from_parts = list(_Line(Visible()).of_parts(s.walk.head_parts(), True))
+        from_heads = list(_Line(Visible()).of_heads(s.walk.heads(), True))
     assert from_parts == from_heads and len(from_parts) == 4
     assert "ERR error" in from_parts[1][3] and "412 miss" in from_parts[3][3] and "\x1b" not in from_parts[2][3]
     assert "\x07" not in from_parts[3][3] and from_parts[3][:3] == ("r", "replay", None)
@@ -276,15 +276,15 @@ def test_a_transaction_undone_by_an_error_takes_its_label_numbers_with_it(tmp_pa
     with Store.open(source, write=True, create=True) as s:
         rec = Recorder(s, Rules())
         rec.finish(rec.begin(chat([{"role": "user", "content": "hi"}]), Labels("fresh", condition="c")), answer("x", 0))
-        (text,) = dict(s.record_texts()).values()
+        (text,) = dict(s.records.texts()).values()
     record = '{' + text.decode().split(",", 1)[1]  # the record without its id, as a writer appends it
     store = tmp_path / "b.lmdb"
     with Store.open(store, write=True, create=True) as s:
         with pytest.raises(StoreError, match="is not an exchange record"):
             s.append_many([(record, {}, None), ('{"x": 1}', {}, None)])
-        assert s.last_id() == 0 and list(s.raw_table("labels")) == []
+        assert s.last_id() == 0 and list(s.tables.rows("labels")) == []
         s.append_many([(record, {}, None)])
-        (head,) = list(s.heads())
+        (head,) = list(s.walk.heads())
         assert (head.session, head.condition, head.url) == ("fresh", "c", "http://127.0.0.1:9/v1/chat/completions")
 
 

@@ -64,8 +64,8 @@ def test_every_record_reads_back_as_its_writer_gave_it(tmp_path, captured):
     assert len(captured) == 6 + len(ODD)
     with Store.open(store, write=False) as s:
         got = {ex.id: ex.to_json() for ex in s.exchanges()}
-        lines = [json.loads(line) for chunk in s.listed_chunks() for line in chunk.splitlines()]
-        texts = dict(s.record_texts())
+        lines = [json.loads(line) for chunk in s.walk.listed_chunks() for line in chunk.splitlines()]
+        texts = dict(s.records.texts())
     want = {i: given(text, i) for i, text in enumerate(captured, 1)}
     assert got == want
     assert lines == [printed(text, i) for i, text in enumerate(captured, 1)]  # `log --json`'s objects
@@ -82,8 +82,8 @@ def test_records_are_stored_without_their_heads_fields_unless_no_head_can_hold_t
     store = tmp_path / "s.lmdb"
     with Store.open(store, write=True, create=True) as s:
         ids = [s.append({**BASE, "seq": i, **odd}, {}, None) for i, odd in enumerate(ODD)]
-    with Store.open(store, write=False) as s, s._env.begin() as txn:
-        stored = {i: s._codec.decode(txn.get(i.to_bytes(8, "big"), db=s._exchanges), 1 << 20) for i in ids}
+    with Store.open(store, write=False) as s, s.tables.env.begin() as txn:
+        stored = {i: s.codec.decode(txn.get(i.to_bytes(8, "big"), db=s.tables.db["exchanges"]), 1 << 20) for i in ids}
     whole = {ids[ODD.index(o)] for o in ODD if "from_a_newer_writer" in o or "session" in o}
     for i, text in stored.items():
         doc = json.loads(text)

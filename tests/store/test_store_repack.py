@@ -148,7 +148,7 @@ def test_compact_compresses_harder_than_the_record_path_and_reads_the_same(unfil
     assert log(copies["compact"], "--json") == log(copies["record-path"], "--json") == log(unfilled, "--json")
     with Store.open(copies["compact"], write=False) as a, Store.open(unfilled, write=False) as b:
         assert answers(a, range(1, 401, 7)) == answers(b, range(1, 401, 7))
-        assert [d for d, _ in a.stored_bodies()] == [d for d, _ in b.stored_bodies()]
+        assert [d for d, _ in a.bodies.stored()] == [d for d, _ in b.bodies.stored()]
 
 
 def test_a_refill_copies_in_bounded_chunks(unfilled, tmp_path, monkeypatch):

@@ -171,11 +171,11 @@ def test_a_body_is_verified_and_bounded_in_the_library_too(recorded, tmp_path):
     with Store.open(store, write=False) as s:
         ex = s.exchange(2)
         with pytest.raises(StoreError, match=r"exchange 2 response body .* decompresses past its recorded size"):
-            s.part_body(ex.response, ex.id, "response")
+            s.bodies.of_part(ex.response, ex.id, "response")
         with pytest.raises(StoreError, match="decompresses past --max-body-mb 64"):
-            s.body(ex.response["body"])  # no recorded size given: the store's bound
+            s.bodies.get(ex.response["body"])  # no recorded size given: the store's bound
         good = s.exchange(1)
-        data = s.part_body(good.response, good.id, "response")
+        data = s.bodies.of_part(good.response, good.id, "response")
         assert hashlib.sha256(data).hexdigest() == good.response["body"]
 
 
@@ -188,7 +188,7 @@ def test_an_id_no_store_can_hold_is_absent_not_damage(recorded):
     with Store.open(recorded, write=False) as s:
         assert s.exchange(-1) is None and s.exchange(huge) is None and s.exchange(1 << 64) is None
         assert list(s.exchanges(huge)) == [] and [e.id for e in s.exchanges(-3)][:1] == [1]
-        assert list(s.record_texts(huge)) == []
+        assert list(s.records.texts(huge)) == []
     shown = subprocess.run([*nfproxy_argv(), "show", str(huge), "--store", str(recorded)], capture_output=True,
                            text=True, timeout=60)
     assert shown.returncode != 0 and "damaged" not in shown.stderr and str(huge) in shown.stderr, shown.stderr

@@ -52,7 +52,7 @@ def store(tmp_path_factory) -> Path:
             rec.finish(rec.begin(chat([{"role": "user", "content": f"question {i}?"}]), labels),
                        answer(f"answer {i}", i) if i % 11 else None, error=None if i % 11 else "refused")
     with Store.open(path, write=False) as s:
-        tags = {raw[0] for _, _, raw in s._walk("check")}
+        tags = {raw[0] for _, _, raw in s.walk.pairs("check")}
     assert tags == {codec.PLAIN, codec.DICT}  # both kinds of frame are in the batches read
     return path
 

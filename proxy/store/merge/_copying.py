@@ -36,8 +36,8 @@ from noisefloor.proxy.store import exchange as exchange_record
 from noisefloor.proxy.store import heads as store_heads
 from noisefloor.proxy.store import replay_index
 from noisefloor.proxy.store.log import Store, StoreError
-from noisefloor.proxy.store.merge.scan import NO_BODY, PLAN, HeadTail
-from noisefloor.proxy.store.merge.shard import Batch
+from noisefloor.proxy.store.merge.scan import NO_BODY, PLAN, HeadTail, MergeScan
+from noisefloor.proxy.store.merge.shard import Batch, MergeIO
 from noisefloor.proxy.store.replay_index import RecordedEntry
 
 LOOKUP_CHUNK = 1 << 16  # lookups read and written at a time (about 1 MB stored, 9 MB as Python rows)
@@ -49,11 +49,11 @@ _U32 = struct.Struct(">I")
 def index_entries(src: Store, olds: list[int], first: int) -> list[tuple[int, RecordedEntry]]:
     """The replay-index entries of exchanges `olds` of `src` (the recorded ones), each with its
     nearest-request entry as the shard holds it (a layout-4 one's computed again from its request:
-    `Store.near_again`), under the id it takes in OUT (first, first + 1, ...): OUT writes their
-    lookups in its own layout (`Store._put_index`)."""
-    entries = {e.id: e for e in src.recorded_entries_by_id(olds)}
+    `MergeIO.near_again`), under the id it takes in OUT (first, first + 1, ...): OUT writes their
+    lookups in its own layout (`Index.put`)."""
+    entries = {e.id: e for e in src.index.entries_by_id(olds)}
     recorded = [i for i in olds if i in entries]
-    near = dict(zip(recorded, src.near_again(recorded)))
+    near = dict(zip(recorded, MergeIO(src).near_again(recorded)))
     return [(new_id, replace(entries[old], near=near[old])) for new_id, old in enumerate(olds, first)
             if old in entries]
 
@@ -65,6 +65,7 @@ class Preparer:
 
     def __init__(self, path: Path, record_dict: bytes | None, bulk: bool = False, bodies: bool = True) -> None:
         self.src = Store.open(path, write=False)
+        self.scan = MergeScan(self.src)
         self.bodies = bodies  # False: OUT has them all already (`copy_bodies`): their digests only
         self.bulk = bulk
         self.key = codec.dict_key(record_dict) if record_dict else None
@@ -83,7 +84,7 @@ class Preparer:
         except msgspec.DecodeError:  # keys msgspec cannot read (a lone surrogate): json's reading
             doc = {k: v for k, v in json.loads(text).items() if k != "id"}
             whole = json.dumps({"id": new_id, **doc}, separators=(",", ":")).encode()
-        return store_records.encoded(self.codec, self.key, whole, self.src.checked_head(whole, new_id))
+        return store_records.encoded(self.codec, self.key, whole, self.src.records.checked_head(whole, new_id))
 
     def batch(self, olds: list[int], first: int, plans: bytes | None = None) -> tuple[Batch, list[tuple[int, bytes]]]:
         """Exchanges `olds` as OUT's ids first, first + 1, ...; a replay record (whose source id
@@ -94,7 +95,7 @@ class Preparer:
         heads: list[Any] = []
         replays: list[tuple[int, bytes]] = []
         digests: set[bytes] = set()
-        for k, (text, tail, as_stored) in enumerate(self.src.copied_records(olds, True, plans)):
+        for k, (text, tail, as_stored) in enumerate(self.scan.copied_records(olds, True, plans)):
             if text is None:
                 assert plans is not None
                 at, replay = k * PLAN, False
@@ -114,10 +115,10 @@ class Preparer:
             records.append((_U64.pack(first + k), value))
             heads.append(head)
         wanted = sorted(digests)
-        bodies = dict(zip(wanted, self.src.raw_bodies(wanted))) if self.bodies else dict.fromkeys(wanted)
+        bodies = dict(zip(wanted, self.src.bodies.raw_many(wanted))) if self.bodies else dict.fromkeys(wanted)
         if self.bulk:
             moved = [(_U64.pack(new_id), replay_index.moved_entry(raw))
-                     for new_id, raw in enumerate(self.src.recorded_raw(olds), first) if raw is not None]
+                     for new_id, raw in enumerate(self.src.index.raw_entries(olds), first) if raw is not None]
             return Batch(records, bodies=bodies, moved=moved, heads=heads), replays
         return Batch(records, index_entries(self.src, olds, first), bodies, heads=heads), replays
 
@@ -197,21 +198,21 @@ def copy_lookups(dest: Store, src: Store, new_ids: array, first: int) -> None:
     `new_ids` maps the others to older ids, or 0) into OUT with their ids mapped, in key order (so
     OUT's pages fill in order, not one random page per row), a chunk per transaction (memory does
     not grow with a key's ids); the last one clears the mark `mark_unindexed` set. The rows were
-    checked with the shard (`Store.checked_lookups`)."""
+    checked with the shard (`MergeIO.checked_lookups`)."""
     import numpy as np
 
     mapped = np.frombuffer(new_ids, dtype=np.uint64)
     width = replay_index.LOOKUP_KEY
-    append = dest.lookup_rows_count() == 0
+    append, merging = dest.tables.count("lookups") == 0, MergeIO(dest)
     before = None  # the last key written: a key with more ids than a chunk (a bucket's) goes on in the next
-    for key_blob, id_blob in src.lookup_chunks(LOOKUP_CHUNK):
+    for key_blob, id_blob in src.index.lookup_chunks(LOOKUP_CHUNK):
         keys = np.frombuffer(key_blob, dtype=f"V{width}")
         ids = mapped[np.frombuffer(id_blob, dtype=">u4")]
         lead = int((keys == before).sum()) if before is not None else 0  # sorted: they come first
-        dest.put_lookups(_rows(keys[:lead], ids[:lead], first), _rows(keys[lead:], ids[lead:], first),
+        merging.put_lookups(_rows(keys[:lead], ids[:lead], first), _rows(keys[lead:], ids[lead:], first),
                          append=append, last=False)
         before = keys[-1]
-    dest.put_lookups([], [], append=append, last=True)
+    merging.put_lookups([], [], append=append, last=True)
 
 
 @dataclass(frozen=True)
@@ -236,9 +237,9 @@ def merged_lookups(dest: Store | None, deferred: list[Deferred]) -> Iterator[tup
     with ExitStack() as stack:
         srcs = [stack.enter_context(Store.open(d.path, write=False)) for d in deferred]
         width = replay_index.LOOKUP_KEY
-        streams = [_chunks(dest.lookup_chunks(LOOKUP_CHUNK), width, None, 0)] if dest is not None else []
+        streams = [_chunks(dest.index.lookup_chunks(LOOKUP_CHUNK), width, None, 0)] if dest is not None else []
         for d, src in zip(deferred, srcs):
-            streams.append(_chunks(src.lookup_chunks(LOOKUP_CHUNK), width, np.frombuffer(d.new_ids, dtype=np.uint64),
+            streams.append(_chunks(src.index.lookup_chunks(LOOKUP_CHUNK), width, np.frombuffer(d.new_ids, dtype=np.uint64),
                                    d.first))
         held = [_Held(s) for s in streams]
         while True:
@@ -371,7 +372,7 @@ def append_merged_lookups(dest: Store, deferred: list[Deferred], progress: Calla
     `per_txn` rows a transaction (held as arrays, 12 bytes a row, so a transaction retried on a
     full map writes them again; a chunk each, so the process merging them works on the next one
     meanwhile), its mark cleared with the last. Returns how many rows."""
-    width = replay_index.LOOKUP_KEY
+    width, merging = replay_index.LOOKUP_KEY, MergeIO(dest)
     held: list[tuple[Any, Any]] = []
     written = count = 0
     ahead = threading.active_count() == 1  # no fork in a process running threads (as `workers`)
@@ -379,11 +380,11 @@ def append_merged_lookups(dest: Store, deferred: list[Deferred], progress: Calla
         held.append(chunk)
         count += len(chunk[0])
         if count >= per_txn:
-            written += dest.append_rows("lookups", functools.partial(_rows_of_held, held, width))
+            written += merging.append_rows("lookups", functools.partial(_rows_of_held, held, width))
             if written // _SAID > (written - count) // _SAID:
                 progress(f"{dest.path}: {written} replay lookups written")
             held, count = [], 0
-    return written + dest.append_rows("lookups", lambda: (rows(c, width) for c in held), indexed=True)
+    return written + merging.append_rows("lookups", lambda: (rows(c, width) for c in held), indexed=True)
 
 
 class _Held:
@@ -463,10 +464,11 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
 
     with ExitStack() as stack:
         srcs = [stack.enter_context(Store.open(p, write=False)) for p in paths]
+        dicts, merging = dest.tables.db["dicts"], MergeIO(dest)
         for src in srcs:
-            rows = list(src.raw_table("dicts"))
-            dest._write(lambda txn, rows=rows: [txn.put(k, v, db=dest._dicts, overwrite=False) for k, v in rows])
-        merged = heapq.merge(*(src.raw_table("bodies") for src in srcs), key=itemgetter(0))
+            rows = list(src.tables.rows("dicts"))
+            dest.tables.write(lambda txn, rows=rows: [txn.put(k, v, db=dicts, overwrite=False) for k, v in rows])
+        merged = heapq.merge(*(src.tables.rows("bodies") for src in srcs), key=itemgetter(0))
         written, last, rows = 0, None, []
         for k, v in merged:
             if k == last:
@@ -474,21 +476,21 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
             last = k
             rows.append((k, v))
             if len(rows) >= chunk:
-                written += dest.append_rows("bodies", functools.partial(list, [rows]))
+                written += merging.append_rows("bodies", functools.partial(list, [rows]))
                 rows = []
-        return written + (dest.append_rows("bodies", lambda: [rows]) if rows else 0)
+        return written + (merging.append_rows("bodies", lambda: [rows]) if rows else 0)
 
 
 def verify_bodies(paths: list[Path]) -> None:
-    """Every body of every shard read whole and hashed (`Store.body`), the ones no exchange names
+    """Every body of every shard read whole and hashed (`Bodies.get`), the ones no exchange names
     too, and every compression dictionary against its key: a forged one would win its digest in a
     fresh OUT (the first shard's copy is taken) and the other shard's exchanges would read another
     content. StoreError naming the store and the body or dictionary."""
     for p in paths:
         with Store.open(p, write=False) as src:
-            for k, _ in src.raw_table("bodies"):
-                src.body(k.hex())
-            for k, v in src.raw_table("dicts"):
+            for k, _ in src.tables.rows("bodies"):
+                src.bodies.get(k.hex())
+            for k, v in src.tables.rows("dicts"):
                 if codec.dict_key(v) != k:
                     raise StoreError(f"store {src.path}: compression dictionary {k.hex()} does not match its hash "
                                      "(tampered or damaged); restore the store from a copy")
@@ -513,20 +515,21 @@ def write_shard(dest: Store, path: Path, batches: list[Any], jobs: int, new_ids:
     -> id in OUT); prepared by `jobs` worker processes when there are enough exchanges. `moved`
     gives a replay record as OUT stores it (its source id mapped, without its id); `done(exchanges,
     bodies, new bodies)` after each batch; `plans(olds)` the check's `PLAN` bytes of a batch. The shard's lookups are
-    copied after its records (ids mapped), OUT marked until they are in (`Store.repair_lookups`);
+    copied after its records (ids mapped), OUT marked until they are in (`MergeIO.repair_lookups`);
     with `defer`, they are not copied but returned (`Deferred`), for the refill to write once
     with every other shard's (`merged_lookups`), OUT marked until then. `bodies_copied`: OUT holds
     every body of the shard already (`copy_bodies`): the batches carry their digests only.
     `sessions(n)`: batch n's sessions' rows for OUT's sessions table (`_known`), written with it."""
     key = (dest.meta("dicts") or {}).get("record")
-    record_dict = dest.dictionary(bytes.fromhex(key)) if key else None
+    record_dict = dest.dictionaries.dictionary(bytes.fromhex(key)) if key else None
     starts = [dest.last_id() + 1]
     for b in batches:
         starts.append(starts[-1] + len(b))
     with Store.open(path, write=False) as src:  # entries and lookups copied as stored, unless a route row differs
-        bulk = dest.adopt_index_routes(src)
+        bulk = dest.index.adopt_routes(src.index)
+    merging = MergeIO(dest)
     if bulk and batches:
-        dest.mark_unindexed(starts[0])
+        merging.mark_unindexed(starts[0])
     jobs = workers(jobs, starts[-1] - starts[0])
     # the workers start before this process opens the shard (a forked child must not inherit it)
     with pool(jobs, _start, (str(path), record_dict, bulk, not bodies_copied)) if jobs else nullcontext() \
@@ -542,7 +545,7 @@ def write_shard(dest: Store, path: Path, batches: list[Any], jobs: int, new_ids:
                     packed = batch.records[k][0]
                     value, batch.heads[k] = local.record(_U64.unpack(packed)[0], moved(text))
                     batch.records[k] = (packed, value)
-                fresh = dest.absorb(batch, local.src)
+                fresh = merging.absorb(batch, local.src)
                 done(len(batch.records), len(batch.bodies), fresh)
             if bulk and batches:
                 if defer:

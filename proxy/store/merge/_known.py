@@ -8,7 +8,7 @@ A row per session, under its name's 16-byte hash (`merge_sessions.name_hash`):
 
 and one row, `COVERED`, saying through which exchange id the rows are complete: every exchange
 with an id up to it is in its session's row, none after it is. A merge first reads the exchanges
-after it (a proxy may have recorded into OUT since: `Store.merge_scan` from there on) and adds
+after it (a proxy may have recorded into OUT since: `MergeScan.scan` from there on) and adds
 them to the table in one transaction, then writes each batch's sessions in the batch's own
 transaction (`MergeIO.absorb`), moving `COVERED` to the batch's last id, so a killed merge leaves
 the table as complete as the exchanges it wrote. A row that fails its CRC or its shape, or a

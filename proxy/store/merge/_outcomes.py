@@ -21,18 +21,18 @@ _CHUNK = 10000  # rows written per transaction
 def check(dest: Store, shards: Sequence[Path]) -> None:
     """OutcomeError naming the first row two places grade differently (OUT first, then the shards in order)."""
     with ExitStack() as opened:
-        earlier: list[tuple[Callable[[bytes], Any], str]] = [(opened.enter_context(dest.outcome_rows_of()),
+        earlier: list[tuple[Callable[[bytes], Any], str]] = [(opened.enter_context(dest.outcomes.rows_of()),
                                                                "the output store")]
         for path in shards:
             store = opened.enter_context(Store.open(path, write=False))
-            for _, _, row in store.outcome_items():
+            for _, _, row in store.outcomes.items():
                 key = outcome_values.key(row)
                 for row_of, where in earlier:
                     first = row_of(key)
                     if first is not None:
                         new_rows({row_key(row): (first, where)}, [row], str(path))  # raises on a clash
                         break
-            earlier.append((opened.enter_context(store.outcome_rows_of()), str(path)))
+            earlier.append((opened.enter_context(store.outcomes.rows_of()), str(path)))
 
 
 def write(dest: Store, shards: Sequence[Path]) -> int:
@@ -43,10 +43,10 @@ def write(dest: Store, shards: Sequence[Path]) -> int:
     for path in shards:
         with Store.open(path, write=False) as store:
             chunk: list[tuple[bytes, bytes]] = []
-            for stored_key, stored, row in store.outcome_items():
+            for stored_key, stored, row in store.outcomes.items():
                 key = outcome_values.key(row)
                 chunk.append((key, stored if key == stored_key else outcome_values.value(row)))
                 if len(chunk) >= _CHUNK:
-                    added, chunk = added + dest.add_outcomes(chunk), []
-            added += dest.add_outcomes(chunk)
+                    added, chunk = added + dest.outcomes.add(chunk), []
+            added += dest.outcomes.add(chunk)
     return added

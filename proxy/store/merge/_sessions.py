@@ -1,7 +1,7 @@
 """Merge's per-session state in numpy arrays, not Python objects: a store's sessions (which of
 them a shard brings, which OUT holds, which clash) and the ids each batch copies.
 
-A store's check yields (id, identity) per exchange (`Store.merge_scan`); kept per exchange are
+A store's check yields (id, identity) per exchange (`MergeScan.scan`); kept per exchange are
 its id, a 16-byte hash of its session's name and the 32-byte hash of its identity (56 bytes, in
 arrays), then per session its name's hash, first exchange, count and an order-free sum of its
 identities' hashes (four 64-bit lanes, each summed modulo 2**64): about 90 bytes a session and 12

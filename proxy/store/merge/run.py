@@ -5,7 +5,7 @@ exchange record and every body it names must be present, within its recorded siz
 sha256 it is stored under (decompressed and hashed: a CRC alone passes a body forged to other
 content under a good digest), so a shard damaged on a lost node or forged is refused by name
 (store and exchange), never half merged, whatever the order of the shards. Into a used OUT each
-body an exchange names is hashed by the check (`MergeIO._check_body`); into a fresh one, which
+body an exchange names is hashed by the check (`MergeScan.check_body`); into a fresh one, which
 takes every body, the whole bodies table of each shard is, once, the ones no exchange names too,
 before OUT is made (`merge_copy.verify_bodies`). Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
@@ -27,7 +27,7 @@ into OUT since the last merge), each outcome row is looked up by key, and a larg
 refilled.
 
 Memory does not grow with bodies, records or outcome rows: a shard is checked through its heads
-(`Store.merge_scan`: a record its checked head vouches for is read for its identity and bodies,
+(`MergeScan.scan`: a record its checked head vouches for is read for its identity and bodies,
 not parsed whole), its sessions kept as numpy arrays (`merge_sessions`: per exchange 8 bytes
 once a store is read, per session about 90), its outcome rows streamed (`merge_outcomes`); the
 copy (`merge_copy`) reads each batch's records by id: each is copied as stored (its id is its key: its bytes do not change; its bodies' digests are the check's,
@@ -56,6 +56,8 @@ from noisefloor.proxy.store.merge import _copying as merge_copy
 from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.merge import _outcomes as merge_outcomes
 from noisefloor.proxy.store.merge import _sessions as merge_sessions
+from noisefloor.proxy.store.merge.scan import MergeScan
+from noisefloor.proxy.store.merge.shard import MergeIO
 
 _BATCH, _BATCH_MAX = 2000, 5000  # exchanges per write transaction (whole sessions only): an eighth of
 # a shard within these bounds, so that a large merge writes few, large transactions
@@ -89,9 +91,8 @@ def _check_range(path: str, start: int, stop: int, hashed: bool = True) -> merge
     """Exchanges start <= id < stop, every record and body checked (a worker's share); each body's
     content hashed too unless `hashed` is False (the whole bodies table is, by `verify_bodies`)."""
     with Store.open(path, write=False) as s:
-        s.hash_bodies = hashed
         plans = bytearray()  # what the copy takes of this check
-        return merge_sessions.scan(s.merge_scan(start, stop, plans=plans), plans)
+        return merge_sessions.scan(MergeScan(s, hashed).scan(start, stop, plans=plans), plans)
 
 
 def _check_all(path: Path, last_id: int, jobs: int, meanwhile: Callable[[], None],
@@ -128,12 +129,12 @@ def _name_of(sessions: merge_sessions.Sessions, s: int) -> str:
 def _read_shard(path: Path, jobs: int, hashed: bool = True) -> _Shard:
     """Check one shard; StoreError names it (and the exchange) when anything in it is damaged."""
     with Store.open(path, write=False) as s:
-        s.refuse_unfinished("merge")
+        s.answered.refuse("merge")
         meta = {k: s.meta(k) for k in ("upstream",)}
         rules_id, rules, last_id = s.meta("rules_id"), s.meta("rules"), s.last_id()
     def lookups() -> None:
         with Store.open(path, write=False) as s:
-            s.checked_lookups()  # copied as they are: checked as the records are
+            MergeIO(s).checked_lookups()  # copied as they are: checked as the records are
 
     try:
         sessions = _check_all(path, last_id, jobs, lookups, hashed)
@@ -173,7 +174,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
             if catch_up is not None:  # OUT's sessions table brought up to its last exchange
-                dest.add_known(*catch_up)
+                MergeIO(dest).add_known(*catch_up)
             added = {"sessions": 0, "exchanges": 0, "bodies": 0, "shared": 0}
             coming = sum(int(shard.sessions.counts[plan.brings[i]].sum()) for i, shard in enumerate(shards))
             refill = bool(coming) and _REFILL > 0 and len(dest) * _REFILL <= coming  # out of key order, OUT small
@@ -188,7 +189,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             for name, value in shards[0].meta.items() if shards else ():
                 if value is not None and dest.meta(name) is None:
                     dest.set_meta(name, value)
-            if refill and copied is not None and len(deferred) == len(shards) and not dest.lookup_rows_count():
+            if refill and copied is not None and len(deferred) == len(shards) and not dest.tables.count("lookups"):
                 # every table went in in key order: only the lookups are left, appended, the file cut to its pages
                 merge_copy.append_merged_lookups(dest, deferred, progress)
                 dest.trim_on_close()
@@ -203,16 +204,17 @@ def _present(dest: Store, out: Path, shards: list[_Shard]) -> tuple[merge_sessio
     read from OUT's sessions table (`_known`): a point read per shard session, and the exchanges
     after the table's mark read through their heads (those a proxy recorded into OUT since the
     last merge; every exchange, once, where OUT has no table yet or one that does not check).
-    Also what `Store.add_known` then writes to bring the table up to OUT's last exchange (None:
+    Also what `MergeIO.add_known` then writes to bring the table up to OUT's last exchange (None:
     nothing)."""
-    covered, last = dest.known_covered(), dest.last_id()
+    merging = MergeIO(dest)
+    covered, last = merging.known_covered(), dest.last_id()
     keys = {bytes(k) for shard in shards for k in shard.sessions.keys}
     for again in (covered is None, True):
         since = 0 if again or covered is None else covered
-        tail = merge_sessions.sessions(out, merge_sessions.scan(dest.merge_scan(since + 1, bodies=False)))
+        tail = merge_sessions.sessions(out, merge_sessions.scan(MergeScan(dest).scan(since + 1, bodies=False)))
         tail_at = {bytes(k): s for s, k in enumerate(tail.keys)}
         try:
-            held = {} if again else dest.known_rows(sorted(keys | tail_at.keys()), since)
+            held = {} if again else merging.known_rows(sorted(keys | tail_at.keys()), since)
         except known.Damaged:
             continue  # the table is written again from every exchange
         wanted = {k: row for k, row in held.items() if k in keys} | {
@@ -229,14 +231,14 @@ def _empty(out: Path) -> bool:
     if not (out / "data.mdb").exists():
         return True
     with Store.open(out, write=False) as s:
-        return len(s) == 0 and s.body_count() == 0
+        return len(s) == 0 and s.tables.count("bodies") == 0
 
 
 def _bodies_first(dest: Store, shards: list[_Shard], plan: Any, progress: Callable[[str], None]) -> int | None:
     """Into an OUT with no exchange or body yet, taking every session of every shard of today's
     format: all their bodies, written once in key order before any record (`merge_copy.copy_bodies`);
     how many (None: not this merge, whose batches bring their bodies)."""
-    if len(dest) or dest.body_count() or not shards:
+    if len(dest) or dest.tables.count("bodies") or not shards:
         return None
     for i, shard in enumerate(shards):
         if (plan.in_out[i] >= 0).any() or int(shard.sessions.counts[plan.brings[i]].sum()) != shard.last_id:
@@ -312,7 +314,7 @@ def _copy_shard(dest: Store, shard: _Shard, planned: tuple[Any, Any], present: m
         olds, taken = grouped[n]
         return known.rows_of(ss.keys[taken], ss.marks[taken], ss.counts[taken], new_ids[olds])
     with Store.open(shard.path, write=False) as src:
-        dest.adopt_dictionaries(src)
+        MergeIO(dest).adopt_dictionaries(src)
 
     def done(exchanges: int, bodies: int, fresh: int) -> None:
         added["sessions"] += next(sessions)

@@ -14,16 +14,26 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Iterator
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from hashlib import sha256
+from typing import TYPE_CHECKING, Any
 
+import lmdb
 import msgspec
 
+from noisefloor.proxy.store import _codec as codec
 from noisefloor.proxy.store import heads as store_heads
+from noisefloor.proxy.store.env import DAMAGE, StoreError
 from noisefloor.proxy.store.exchange import NOT_LISTED
+
+if TYPE_CHECKING:
+    from noisefloor.proxy.store.log import Store
 
 _U64 = struct.Struct(">Q")
 _U32 = struct.Struct(">I")
+_RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
+_RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
 Identity = tuple[str, str, str, int, int, float]  # session, mode, key, occurrence, seq, time (`merge_sessions.identity_hash`)
 
 
@@ -73,33 +83,81 @@ def checked_value(k: bytes, value: Any, raw: Any) -> bool:
         return False
 
 
+class _Recent:
+    """Verified bodies, oldest first, bounded in count and bytes (first in, first out: a session's
+    next request refers to the bodies just checked); `resolve` gives a referenced body, verified
+    (`fallback` reads one that is not here, as `Bodies.get` does)."""
+
+    def __init__(self, fallback: Callable[[bytes], bytes]) -> None:
+        self.data: OrderedDict[bytes, bytes] = OrderedDict()
+        self.size = 0
+        self.fallback = fallback
+        self.exchange_id = 0  # the exchange being checked, for the fallback's error
+
+    def resolve(self, digest: bytes) -> bytes:
+        got = self.data.get(digest)
+        if got is None:
+            got = self.fallback(digest)
+            self.add(digest, got)
+        return got
+
+    def add(self, digest: bytes, data: bytes) -> None:
+        self.data[digest] = data
+        self.size += len(data)
+        while len(self.data) > _RECENT or self.size > _RECENT_BYTES:
+            self.size -= len(self.data.popitem(last=False)[1])
+
+
 class MergeScan:
-    """The check that merge makes of every shard (a part of Store)."""
+    """The check that merge makes of every shard, over its store's parts."""
 
-    _env: Any
-    _exchanges: Any
-    _heads: Any
-    _codec: Any
-    max_body: int
-    _reading: Any
-    _decode_record: Any
-    _check_body: Any
-    _join: Any
-    _set: Any
-    _text_of: Any
-    recent_bodies: Any
-    _sets: dict[str, Any]
-    _packed_sets: dict[tuple[str, int], bytes]
-    path: Any
+    def __init__(self, store: Store, hash_bodies: bool = True) -> None:
+        self.store, self.tables, self.path = store, store.tables, store.path
+        self.records, self.max_body = store.records, store.max_body
+        self._codec = store.codec
+        self._exchanges, self._heads, self._bodies = (store.tables.db[n] for n in ("exchanges", "heads", "bodies"))
+        self._packed_sets: dict[tuple[str, int], bytes] = {}  # checked labels / routes copied (`copied_records`)
+        self.hash_bodies = hash_bodies  # each body hashed (off where merge hashes the whole bodies table)
 
-    def merge_scan(self, start: int = 1, stop: int | None = None, bodies: bool = True,
+    def recent_bodies(self) -> _Recent:
+        """The verified bodies a check keeps while it reads (`check_body`)."""
+        get = self.store.bodies.get  # a digest given: bytes, or its StoreError
+        recent = _Recent(lambda ref: get(ref.hex(), exchange_id=recent.exchange_id, part="referenced") or b"")
+        return recent
+
+    def check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
+                   recent: _Recent) -> None:
+        """One body checked as `body` checks it: decompressed within its recorded size and hashed
+        against the digest it is stored under (a CRC alone would pass a body forged to another
+        content under a good digest, and OUT would then serve it in place of the real one to every
+        exchange that shares that digest); on any failure `body` itself reads it again, to raise
+        its one-line error."""
+        digest = bytes.fromhex(hexdigest)
+        if digest in recent.data:
+            return
+        raw: Any = txn.get(digest, db=self._bodies)
+        limit = self.max_body if size is None else min(size, self.max_body)
+        if not self.hash_bodies and raw is not None and codec.sound_as_stored(raw, limit):
+            return  # its content is hashed by merge's pass over the whole bodies table (`verify_bodies`)
+        data = None
+        if raw is not None:
+            recent.exchange_id = exchange_id
+            try:
+                data = self.store.codec.decode(raw, limit, recent.resolve)
+            except (codec.TooLarge, *DAMAGE):
+                data = None
+        if data is None or sha256(data).digest() != digest:
+            data = self.store.bodies.get(hexdigest, size=size, exchange_id=exchange_id, part=name) or b""  # raises, or b""
+        recent.add(digest, data)
+
+    def scan(self, start: int = 1, stop: int | None = None, bodies: bool = True,
                    plans: bytearray | None = None) -> Iterator[tuple[int, Identity]]:
         """(id, identity) of exchanges start <= id < stop in write order, each yielded once its
         record (and, with `bodies`, every body it names) passed the checks (a StoreError naming the
         exchange otherwise). With `plans`, each exchange's `PLAN` bytes are appended to it: what
         the copy takes of the check instead of decompressing the record again."""
         recent = self.recent_bodies()
-        with self._reading("exchanges"), self._env.begin(buffers=True) as txn:
+        with self.tables.reading("exchanges"), self.tables.begin(buffers=True) as txn:
             cur = txn.cursor(db=self._exchanges)
             if not cur.set_range(_U64.pack(start)):
                 return
@@ -111,7 +169,7 @@ class MergeScan:
                 if bodies:
                     for name, part in (("request", found[1]), ("response", found[2])):
                         if part is not None and part[0] is not None:
-                            self._check_body(txn, part[0], part[1], exchange_id, name, recent)
+                            self.check_body(txn, part[0], part[1], exchange_id, name, recent)
                 if plans is not None:
                     plans += _plan(found)
                 yield exchange_id, found[0]
@@ -137,7 +195,7 @@ class MergeScan:
                 resp = v.response
                 return ((v.session, v.mode, v.key, v.occurrence, v.seq, v.time), (v.request.body, v.request.body_size),
                         None if resp is None else (resp.body, resp.body_size), False)
-        ex = self._decode_record(exchange_id, raw, value, txn)
+        ex = self.records.decode(exchange_id, raw, value, txn)
         parts = [(p.get("body"), p.get("body_size")) if p else None for p in (ex.request, ex.response)]
         return (ex.session, ex.mode, ex.key, ex.occurrence, ex.seq, ex.time), parts[0], parts[1], False
 
@@ -145,7 +203,7 @@ class MergeScan:
         """`_viewed` of a /5 record stored stripped, from its checked head and the rest's text."""
         s = _STORED.decode(value[store_heads.HEAD_AT:])
         r = _REST.decode(text)
-        labels, route = self._set(txn, "labels", s.labels), self._set(txn, "routes", s.route)
+        labels, route = self.records.set(txn, "labels", s.labels), self.records.set(txn, "routes", s.route)
         resp = r.response
         return ((labels[0], route[0], s.key.hex() if s.other_key is None else s.other_key, s.occurrence, r.seq,
                  s.time), (r.request.body, r.request.body_size), None if resp is None else (resp.body, resp.body_size))
@@ -159,10 +217,8 @@ class MergeScan:
         bytes as stored, which merge copies untouched; with `plans` (the check's `PLAN` bytes of
         each id), one the check found so comes without its text (None), not decompressed again:
         its bytes still pass its head's CRC of them, so they are those the check read."""
-        from noisefloor.proxy.store.env import StoreError
-
         out: list[Copied] = []
-        with self._reading("exchanges"), self._env.begin() as txn:
+        with self.tables.reading("exchanges"), self.tables.begin() as txn:
             rows = []
             for i in ids:
                 k = _U64.pack(i)
@@ -185,7 +241,7 @@ class MergeScan:
                 if as_stored and tail is not None and b'"replay":{' not in text and not text.startswith(b'{"id":'):
                     out.append((text, tail, raw))
                 else:
-                    out.append((self._text_of(txn, k, raw, value), tail, None))
+                    out.append((self.records.text_of(txn, k, raw, value), tail, None))
         return out
 
     def _head_tail(self, txn: Any, value: bytes) -> HeadTail | None:
@@ -198,21 +254,14 @@ class MergeScan:
             return None  # a set that does not check: the head is read from the text
 
     def _packed(self, txn: Any, kind: str, n: int) -> bytes:
-        """Set `n` of `labels` or `routes` as packed (its CRC and shape checked; KeyError if not)."""
-        cache = self._packed_sets
-        got = cache.get((kind, n))
+        """Set `n` of `labels` or `routes` as packed (its CRC and shape checked; ValueError if not)."""
+        got = self._packed_sets.get((kind, n))
         if got is None:
-            key = _U32.pack(n)
-            v = txn.get(key, db=self._sets[kind])
-            if v is None or len(v) < 4 or _U32.unpack_from(v)[0] != zlib.crc32(v[4:], zlib.crc32(key)):
-                raise KeyError(n)
-            try:
-                store_heads.SETS[kind].decode(v[4:])
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                raise KeyError(n) from None
-            if len(cache) > 1 << 16:
-                cache.clear()
-            got = cache[(kind, n)] = bytes(v[4:])
+            got = bytes(self.records.packed_set(txn, kind, n))
+            store_heads.SETS[kind].decode(got)
+            if len(self._packed_sets) > 1 << 16:
+                self._packed_sets.clear()
+            self._packed_sets[(kind, n)] = got
         return got
 
 

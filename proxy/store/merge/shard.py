@@ -16,100 +16,45 @@ from __future__ import annotations
 
 import json
 import struct
-from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from hashlib import sha256
 from itertools import islice
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import lmdb
 import msgspec
 
 from noisefloor.proxy.store import _codec as codec
-from noisefloor.proxy.store import _outcome_values as outcome_values
 from noisefloor.proxy.store import replay_index
-from noisefloor.proxy.store.env import DAMAGE, StoreError
+from noisefloor.proxy.store.env import StoreError
 from noisefloor.proxy.store.merge import _known as known
 from noisefloor.proxy.store.replay_index import RecordedEntry
 
+if TYPE_CHECKING:
+    from noisefloor.proxy.store.log import Store
+
 _U64 = struct.Struct(">Q")
 Near = tuple[bytes, tuple[bytes, ...], bytes] | None  # a recorded request's (bucket, bands, sketch)
-_RECENT = 4096  # decoded bodies kept while checking (refs and repeats) ...
-_RECENT_BYTES = 64 << 20  # ... and at most this many bytes of them
 UNINDEXED = replay_index.MERGING
 _COUNTED = 1 << 16  # lookup ids counted at a time (each a Python object while read: a bounded peak)
 _KINDS = list(replay_index.KEY + replay_index.SESSION + replay_index.BUCKET + replay_index.BAND)
 
 
-class _Recent:
-    """Verified bodies, oldest first, bounded in count and bytes (first in, first out: a session's
-    next request refers to the bodies just checked); `resolve` gives a referenced body, verified
-    (`fallback` reads one that is not here, as `Store.body` does)."""
-
-    def __init__(self, fallback: Callable[[bytes], bytes]) -> None:
-        self.data: OrderedDict[bytes, bytes] = OrderedDict()
-        self.size = 0
-        self.fallback = fallback
-        self.exchange_id = 0  # the exchange being checked, for the fallback's error
-
-    def resolve(self, digest: bytes) -> bytes:
-        got = self.data.get(digest)
-        if got is None:
-            got = self.fallback(digest)
-            self.add(digest, got)
-        return got
-
-    def add(self, digest: bytes, data: bytes) -> None:
-        self.data[digest] = data
-        self.size += len(data)
-        while len(self.data) > _RECENT or self.size > _RECENT_BYTES:
-            self.size -= len(self.data.popitem(last=False)[1])
-
-
 class MergeIO:
-    """Merge's reads and writes (a part of Store: it brings the environment, codec and checks)."""
+    """Merge's reads and writes of one store, over its parts."""
 
-    _env: Any
-    _exchanges: Any
-    _heads: Any
-    _numbering: Any
-    _bodies: Any
-    _dicts: Any
-    _codec: codec.Codec
-    _keys: dict[str, bytes]
-    path: Any
-    max_body: int
-    _reading: Any
-    _read_index_routes: Any
-    _write: Any
-    _decode_record: Any
-    body: Any
-    meta: Any
-    dictionary: Any
-    add_dictionary: Any
-    _put_index: Any
-    _recorded: Any
-    _lookups: Any
-    _meta: Any
-    _outcomes: Any
-    last_id: Any
-    lookup_chunks: Any
-    recorded_table: Any
-    recorded_raw: Any
-    recorded_entries_by_id: Any
-    exchange: Any
-
-    hash_bodies = True  # `_check_body` hashes each body (merge turns it off when it hashes the whole table)
+    def __init__(self, store: Store) -> None:
+        self.store, self.tables, self.path = store, store.tables, store.path
+        self._db = store.tables.db
+        self._known: Any = None  # the sessions table, opened on use
 
     def _known_db(self, create: bool = False) -> Any:
         """OUT's sessions table (`_known`), None where it has none (created only to be written)."""
-        db = getattr(self, "_known_handle", None)
+        db = self._known
         if db is None:
             try:
-                db = self._env.open_db(known.TABLE, create=create)
-                with self._env.begin() as txn:
+                db = self.tables.env.open_db(known.TABLE, create=create)
+                with self.tables.begin() as txn:
                     kind = db.flags(txn)
             except lmdb.NotFoundError:
                 return None
@@ -119,7 +64,7 @@ class MergeIO:
                 raise StoreError(f"store {self.path}: its {known.TABLE.decode()} entry is not the table merge "
                                  f"writes ({', '.join(k for k, v in kind.items() if v)}); `nfproxy compact "
                                  f"{self.path}` rewrites the store without it, then merge again")
-            self._known_handle = db
+            self._known = db
         return db
 
     def known_covered(self) -> int | None:
@@ -128,9 +73,9 @@ class MergeIO:
         db = self._known_db()
         if db is None:
             return None
-        with self._reading("merge sessions"), self._env.begin() as txn:
+        with self.tables.reading("merge sessions"), self.tables.begin() as txn:
             covered = known.covered_in(txn, db)
-        return None if covered is None or covered > self.last_id() else covered
+        return None if covered is None or covered > self.store.last_id() else covered
 
     def known_rows(self, keys: Iterable[bytes], covered: int) -> dict[bytes, known.Row]:
         """The sessions table's rows of these session keys (those it has), point reads in one
@@ -139,7 +84,7 @@ class MergeIO:
         out: dict[bytes, known.Row] = {}
         if db is None:
             return out
-        with self._reading("merge sessions"), self._env.begin(db=db, buffers=True) as txn:
+        with self.tables.reading("merge sessions"), self.tables.begin(db=db, buffers=True) as txn:
             for key in keys:
                 value = txn.get(key)
                 if value is not None:
@@ -156,37 +101,7 @@ class MergeIO:
                 txn.drop(db, delete=False)
             known.put_rows(txn, db, rows, covered)
 
-        self._write(write)
-
-    def recent_bodies(self) -> _Recent:
-        """The verified bodies a check keeps while it reads (`_check_body`)."""
-        recent = _Recent(lambda ref: self.body(ref.hex(), exchange_id=recent.exchange_id, part="referenced"))
-        return recent
-
-    def _check_body(self, txn: lmdb.Transaction, hexdigest: str, size: int | None, exchange_id: int, name: str,
-                    recent: _Recent) -> None:
-        """One body checked as `body` checks it: decompressed within its recorded size and hashed
-        against the digest it is stored under (a CRC alone would pass a body forged to another
-        content under a good digest, and OUT would then serve it in place of the real one to every
-        exchange that shares that digest); on any failure `body` itself reads it again, to raise
-        its one-line error."""
-        digest = bytes.fromhex(hexdigest)
-        if digest in recent.data:
-            return
-        raw: Any = txn.get(digest, db=self._bodies)
-        limit = self.max_body if size is None else min(size, self.max_body)
-        if not self.hash_bodies and raw is not None and codec.sound_as_stored(raw, limit):
-            return  # its content is hashed by merge's pass over the whole bodies table (`verify_bodies`)
-        data = None
-        if raw is not None:
-            recent.exchange_id = exchange_id
-            try:
-                data = self._codec.decode(raw, limit, recent.resolve)
-            except (codec.TooLarge, *DAMAGE):
-                data = None
-        if data is None or sha256(data).digest() != digest:
-            data = self.body(hexdigest, size=size, exchange_id=exchange_id, part=name)  # raises, or b"" (empty)
-        recent.add(digest, data)
+        self.tables.write(write)
 
     def checked_lookups(self) -> None:
         """A layout-2 or -3 store's replay index checked as merge copies it (rows as they are, ids
@@ -197,11 +112,11 @@ class MergeIO:
         near candidate, never a wrong answer."""
         import numpy as np
 
-        last, width = self.last_id(), replay_index.LOOKUP_KEY
+        last, width = self.store.last_id(), replay_index.LOOKUP_KEY
         expected = np.zeros(last + 1, dtype=np.int32)  # 8 bytes an exchange for both
-        with self._reading("replay index routes"):
-            routes = self._read_index_routes()  # each row checked against its key
-        for k, raw in self.recorded_table():
+        with self.tables.reading("replay index routes"):
+            routes = self.store.index.read_routes()  # each row checked against its key
+        for k, raw in self.tables.rows("recorded", "replay index"):
             exchange_id = _U64.unpack(k)[0]
             try:
                 if exchange_id > last:
@@ -213,7 +128,7 @@ class MergeIO:
                 raise StoreError(f"store {self.path}: exchange {exchange_id}'s replay-index entry is damaged "
                                  f"({exc}); restore the store from a copy") from None
         counted = np.zeros(last + 1, dtype=np.int32)
-        for keys, ids in self.lookup_chunks(_COUNTED):
+        for keys, ids in self.store.index.lookup_chunks(_COUNTED):
             got = np.frombuffer(ids, dtype=">u4") if len(ids) % 4 == 0 else None
             if got is None or len(keys) != len(got) * width or int(got.max()) > last or not np.isin(
                     np.frombuffer(keys, dtype=np.uint8)[::width], _KINDS).all():
@@ -233,15 +148,15 @@ class MergeIO:
         last key written before (put where they sort), then `rows` (`append`: this store had no
         lookups, so each lands after the last); `last`: the copy is complete, its mark is cleared."""
         def write(txn: lmdb.Transaction) -> None:
-            with txn.cursor(db=self._lookups) as cur:
+            with txn.cursor(db=self._db["lookups"]) as cur:
                 cur.putmulti(going_on)
                 if cur.putmulti(rows, append=append)[1] != len(rows) and append:
                     raise StoreError(f"store {self.path} was written by another process during the merge; "
                                      "merge again")
             if last:
-                txn.delete(UNINDEXED.encode(), db=self._meta)
+                txn.delete(UNINDEXED.encode(), db=self._db["meta"])
 
-        self._write(write)
+        self.tables.write(write)
 
     def append_rows(self, table: str, chunks: Callable[[], Iterable[Iterable[tuple[bytes, bytes]]]], *,
                     indexed: bool = False) -> int:
@@ -249,7 +164,7 @@ class MergeIO:
         OUT writes them in key order), the rows of `chunks()` in one transaction (called again if
         it is retried); `indexed`: the mark `mark_unindexed` set is cleared with them. Every row
         must land (append refuses one out of key order). Returns how many rows."""
-        db = {"bodies": self._bodies, "lookups": self._lookups}[table]
+        db = self._db[table]
 
         def write(txn: lmdb.Transaction) -> int:
             added = 0
@@ -261,38 +176,38 @@ class MergeIO:
                                          "nfproxy merge again")
                     added += landed
             if indexed:
-                txn.delete(UNINDEXED.encode(), db=self._meta)
+                txn.delete(UNINDEXED.encode(), db=self._db["meta"])
             return added
 
-        return int(self._write(write))
+        return int(self.tables.write(write))
 
     def mark_unindexed(self, first: int) -> None:
         """Before records are copied without their lookups: where a later merge repairs from."""
-        if self.meta(UNINDEXED) is None:
-            self._write(lambda txn: txn.put(UNINDEXED.encode(), json.dumps(first).encode(), db=self._meta))
+        if self.store.meta(UNINDEXED) is None:
+            self.tables.write(lambda txn: txn.put(UNINDEXED.encode(), json.dumps(first).encode(), db=self._db["meta"]))
 
     def repair_lookups(self, chunk: int = 20000) -> int:
         """After a merge killed between copying records and their lookups: each recorded exchange
         from the mark on gets its lookups again, computed from its entry (rows present are kept
         once; a layout-4 entry's bands from its stored request, `near_again`). Returns how many
         exchanges were indexed."""
-        first = self.meta(UNINDEXED)
+        first = self.store.meta(UNINDEXED)
         if first is None:
             return 0
         done = 0
         while True:
-            with self._env.begin(db=self._recorded, buffers=False) as txn, txn.cursor() as cur:
+            with self.tables.begin(db=self._db["recorded"], buffers=False) as txn, txn.cursor() as cur:
                 found = [_U64.unpack(k)[0] for k in islice(cur.iternext(values=False), chunk)
                          ] if cur.set_range(_U64.pack(first + done)) else []
             if not found:
                 break
             near = self.near_again(found)
-            rows = sorted(r for e, n in zip(self.recorded_entries_by_id(found), near)
+            rows = sorted(r for e, n in zip(self.store.index.entries_by_id(found), near)
                           for r in replay_index.lookup_rows(e.id, RecordedEntry(
                               e.id, e.key, e.session, e.occurrence, e.seq, e.route, near=n)))
-            self._write(lambda txn, rows=rows: txn.cursor(db=self._lookups).putmulti(rows))
+            self.tables.write(lambda txn, rows=rows: txn.cursor(db=self._db["lookups"]).putmulti(rows))
             done = found[-1] + 1 - first
-        self._write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._meta))
+        self.tables.write(lambda txn: txn.delete(UNINDEXED.encode(), db=self._db["meta"]))
         return done
 
     def near_again(self, ids: list[int]) -> list[Near]:
@@ -303,46 +218,16 @@ class MergeIO:
         rebuilds)."""
         from noisefloor.proxy.request.keys import Rules
 
-        rules = Rules.described(self.meta("rules"))
-        return [None if ex is None else stored_request_near(rules, ex.request, self.body(ex.request.get("body")))
-                for ex in map(self.exchange, ids)]
-
-    def outcome_items(self) -> Iterator[tuple[bytes, bytes, Any]]:
-        """Every outcome row as (its key and value as stored, the row read from them), one at a
-        time (merge streams them)."""
-        if self._outcomes is None:
-            return
-        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
-            for k, v in txn.cursor():
-                yield k, v, outcome_values.row(k, v)
-
-    @contextmanager
-    def outcome_rows_of(self) -> Iterator[Callable[[bytes], Any]]:
-        """The outcome row stored under a key (`outcome_values.key`), or None, looked up in one
-        read transaction for as many keys as the caller asks (merge's check: one per shard row)."""
-        if self._outcomes is None:
-            yield lambda key: None
-            return
-        with self._reading("outcome rows"), self._env.begin(db=self._outcomes, buffers=False) as txn:
-            def row_of(key: bytes) -> Any:
-                v = txn.get(key)
-                return None if v is None else outcome_values.row(key, v)
-
-            yield row_of
-
-    def add_outcomes(self, items: list[tuple[bytes, bytes]]) -> int:
-        """Outcome rows (key, value as stored) this store does not hold yet; returns how many were new."""
-        def put(txn: lmdb.Transaction) -> int:
-            return sum(1 for k, v in items if txn.put(k, v, db=self._outcomes, overwrite=False))
-
-        return self._write(put) if items else 0
+        rules = Rules.described(self.store.meta("rules"))
+        return [None if ex is None else stored_request_near(rules, ex.request, self.store.bodies.get(ex.request.get("body")))
+                for ex in map(self.store.exchange, ids)]
 
     def adopt_dictionaries(self, source: Any) -> None:
         """New values of a kind this store has no dictionary for use the one `source` uses (merge:
         the shard's records are encoded again, and its bodies arrive compressed with it)."""
         for kind, key in (source.meta("dicts") or {}).items():
-            if self._keys.get(kind) is None and key and (data := source.dictionary(bytes.fromhex(key))) is not None:
-                self.add_dictionary(data, kind)
+            if self.store.dictionaries.keys.get(kind) is None and key and (data := source.dictionaries.dictionary(bytes.fromhex(key))) is not None:
+                self.store.dictionaries.add(data, kind)
 
     def absorb(self, batch: Batch, source: Any) -> int:
         """Merge: one batch of another store's exchanges (`Batch`), with the encoded bodies they need
@@ -350,34 +235,36 @@ class MergeIO:
         where the table is complete through the exchange before the batch (else they are left for
         the next merge to read), in one transaction. Returns how many bodies were new here."""
         dicts = {}
-        of = self._codec.dictionary_of
+        of = self.store.codec.dictionary_of
         wanted = {k for raw in batch.bodies.values() if raw and (k := of(raw))}
-        wanted.update(k for k in {of(raw) for _, raw in batch.records} if k and self.dictionary(k) is None)
+        wanted.update(k for k in {of(raw) for _, raw in batch.records} if k and self.store.dictionaries.dictionary(k) is None)
         for key in wanted:  # the records' are a /5 shard's, copied as stored
-            data = source.dictionary(key)
+            data = source.dictionaries.dictionary(key)
             if data is None:
                 raise StoreError(f"store {source.path}: compression dictionary {key.hex()} is missing; restore "
                                  "the store from a copy")
             dicts[key] = data
 
+        numbering = self.store.numbering
+
         def write(txn: lmdb.Transaction) -> int:
-            with txn.cursor(db=self._exchanges) as cur:
+            with txn.cursor(db=self._db["exchanges"]) as cur:
                 last = _U64.unpack(cur.key())[0] if cur.last() else 0
             if batch.records and _U64.unpack(batch.records[0][0])[0] != last + 1:
                 raise StoreError(f"store {self.path} was written by another process during the merge; merge again")
             for key, data in dicts.items():
-                txn.put(key, data, db=self._dicts, overwrite=False)
+                txn.put(key, data, db=self._db["dicts"], overwrite=False)
             fresh = self._put_bodies(txn, batch.bodies, source)
-            with txn.cursor(db=self._exchanges) as cur:
+            with txn.cursor(db=self._db["exchanges"]) as cur:
                 cur.putmulti(batch.records, append=True)
-            if self._numbering is not None:
-                with txn.cursor(db=self._heads) as cur:
-                    cur.putmulti([(k, self._numbering.sealed(txn, k, r))
+            if numbering is not None:
+                with txn.cursor(db=self._db["heads"]) as cur:
+                    cur.putmulti([(k, numbering.sealed(txn, k, r))
                                   for (k, _), r in zip(batch.records, batch.heads, strict=True)], append=True)
             for new_id, entry in batch.entries:
-                self._put_index(txn, new_id, entry)
+                self.store.index.put(txn, new_id, entry)
             if batch.moved:  # entries as stored, their lookups copied after the shard's records
-                with txn.cursor(db=self._recorded) as cur:
+                with txn.cursor(db=self._db["recorded"]) as cur:
                     cur.putmulti(batch.moved, append=True)
             covered = known.covered_in(txn, sessions) if sessions is not None else -1
             if batch.records and (covered == last or (covered is None and last == 0)):
@@ -386,7 +273,7 @@ class MergeIO:
             return fresh
 
         sessions = self._known_db(create=True) if batch.sessions else None
-        return self._write(write)
+        return self.tables.write(write)
 
     def _put_bodies(self, txn: lmdb.Transaction, raw_bodies: Mapping[bytes, bytes | None], source: Any) -> int:
         """The bodies this store lacks, as stored; a body compressed against others brings them too."""
@@ -394,17 +281,17 @@ class MergeIO:
         todo = sorted(raw_bodies.items(), reverse=True)
         while todo:
             digest, raw = todo.pop()
-            if not raw or not txn.put(digest, raw, db=self._bodies, overwrite=False):  # False: held already
+            if not raw or not txn.put(digest, raw, db=self._db["bodies"], overwrite=False):  # False: held already
                 continue
             fresh += 1
             for ref in codec.Codec.refs_of(raw):  # another session's, maybe
-                if ref not in raw_bodies and txn.get(ref, db=self._bodies) is None:
-                    if (ref_raw := source.raw_body(ref.hex())) is None:
+                if ref not in raw_bodies and txn.get(ref, db=self._db["bodies"]) is None:
+                    if (ref_raw := source.bodies.raw(ref.hex())) is None:
                         raise StoreError(f"store {source.path}: body {ref.hex()[:16]}, which another body is "
                                          "compressed against, is missing")
-                    for key in filter(None, [self._codec.dictionary_of(ref_raw)]):
-                        if txn.get(key, db=self._dicts) is None and source.dictionary(key):
-                            txn.put(key, source.dictionary(key), db=self._dicts)
+                    for key in filter(None, [self.store.codec.dictionary_of(ref_raw)]):
+                        if txn.get(key, db=self._db["dicts"]) is None and source.dictionaries.dictionary(key):
+                            txn.put(key, source.dictionaries.dictionary(key), db=self._db["dicts"])
                     todo.append((ref, ref_raw))
         return fresh
 

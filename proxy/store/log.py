@@ -415,7 +415,7 @@ class Store(AheadBodies, AnsweredRows, Bodies, Dictionaries, IndexLookups, Joins
                 depth = link[4] + 1 if link is not None and link[4] < CHAIN_DEPTH else 0
             else:
                 value = self._codec.encode(data, body_key)
-            txn.put(digest, codec.checked(value), db=self._bodies)
+            txn.put(digest, value, db=self._bodies)
         if request is not None and recorded is not None:
             response = next((h for h in bodies if h != request), None)
             if response is not None and bodies[response]:

@@ -61,10 +61,9 @@ def dict_key(data: bytes) -> bytes:
     return zstandard.ZstdCompressionDict(data).dict_id().to_bytes(KEY_SIZE, "big")
 
 
-def _id(frame: bytes) -> bytes:
-    """The key of the dictionary a frame names (b"": none)."""
-    n = zstandard.get_frame_parameters(frame).dict_id
-    return n.to_bytes(KEY_SIZE, "big") if n else b""
+def _key(dict_id: int) -> bytes:
+    """The key of the dictionary a frame names by `dict_id` (b"": none)."""
+    return dict_id.to_bytes(KEY_SIZE, "big") if dict_id else b""
 
 
 def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
@@ -120,10 +119,6 @@ class Codec:
         frame = (self._plain_c if key is None else self._compressor(key)).compress(data)
         return bytes([RAW]) + data if len(frame) >= len(data) else _FRAMED + frame
 
-    def encode_against(self, data: bytes, refs: list[tuple[bytes, bytes]]) -> bytes:
-        """`data` compressed against the bytes of stored bodies `refs` ((sha256, bytes), at most 255)."""
-        return Against(refs).encode(data)
-
     @staticmethod
     def refs_of(value: bytes) -> list[bytes]:
         """The sha256 digests of the bodies a stored value is compressed against (none for most)."""
@@ -151,7 +146,8 @@ class Codec:
                 raise TooLarge(f"{len(value) - 1} bytes, more than the {limit} allowed")
             return bytes(value[1:])
         if tag == FRAME:
-            return _bounded(self._decompressor(_id(value[1:])), value[1:], limit)
+            frame = value[1:]
+            return _bounded(self._decompressor(_key(zstandard.get_frame_parameters(frame).dict_id)), frame, limit)
         raise ValueError(f"unknown value encoding {tag!r}")
 
     def decode_many(self, values: Sequence[bytes], limit: int) -> list[bytes | None]:
@@ -159,52 +155,25 @@ class Codec:
         why). Frames of one dictionary, each declaring a size within `limit` and `BATCH_ITEM`, are
         decompressed in one call (`multi_decompress_to_buffer`: a third of the CPU of a call each,
         for values of a few kB); the others, and the frames of a call that fails, one at a time."""
-        if not values:
-            return []
-        alike = self._decode_alike(values, limit)
-        if alike is not None:
-            return alike
         out: list[bytes | None] = [None] * len(values)
-        groups: dict[bytes, list[int]] = {}
+        groups: dict[int, list[int]] = {}
         bound, total = min(limit, BATCH_ITEM), 0
-        for i, value in enumerate(values):
-            params = _params(value) if value[:1] == _FRAMED and total < BATCH_BYTES else None
-            if params is not None and 0 <= params.content_size <= bound:
-                groups.setdefault(params.dict_id.to_bytes(KEY_SIZE, "big") if params.dict_id else b"", []).append(i)
+        for i, params in enumerate(list(map(_params, values))):
+            if params is not None and 0 <= params.content_size <= bound and total < BATCH_BYTES:
+                groups.setdefault(params.dict_id, []).append(i)
                 total += params.content_size
             else:
-                out[i] = self._decoded_or_none(value, limit)
-        for key, where in groups.items():
+                out[i] = self._decoded_or_none(values[i], limit)
+        for dict_id, where in groups.items():
             try:
-                dctx = self._decompressor(key)
                 frames: list[Any] = [values[i][1:] for i in where]
-                texts: Any = dctx.multi_decompress_to_buffer(frames, threads=1)
+                buffers: Any = self._decompressor(_key(dict_id)).multi_decompress_to_buffer(frames, threads=1)
+                texts = [t.tobytes() for t in buffers]
             except Exception:  # a frame that is not what it declares: each read alone, to find which
                 texts = [self._decoded_or_none(values[i], limit) for i in where]
             for i, text in zip(where, texts, strict=True):
-                out[i] = text if text is None or type(text) is bytes else text.tobytes()
+                out[i] = text
         return out
-
-    def _decode_alike(self, values: Sequence[bytes], limit: int) -> list[bytes | None] | None:
-        """`decode_many` where every value is a frame of the same dictionary (nearly every batch):
-        one comprehension per step instead of a loop; None where any is not, or the call fails."""
-        if [v[:1] == _FRAMED for v in values].count(False):
-            return None
-        frames = [v[1:] for v in values]
-        try:
-            params = list(map(zstandard.get_frame_parameters, frames))
-        except zstandard.ZstdError:
-            return None
-        sizes = [p.content_size for p in params]
-        if min(sizes) < 0 or max(sizes) > min(limit, BATCH_ITEM) or sum(sizes) > BATCH_BYTES or \
-                len({p.dict_id for p in params}) != 1:
-            return None
-        try:
-            dctx = self._decompressor(_id(frames[0]))
-            buffers: Any = dctx.multi_decompress_to_buffer(list[Any](frames), threads=1)
-            return [t.tobytes() for t in buffers]
-        except Exception:  # a frame that is not what it declares: `decode_many` reads each alone
-            return None
 
     def _decoded_or_none(self, value: bytes, limit: int) -> bytes | None:
         try:
@@ -214,8 +183,8 @@ class Codec:
 
     def dictionary_of(self, value: bytes) -> bytes | None:
         """The key of the dictionary a stored value needs, if any (merge copies it along)."""
-        params = _params(value) if value[:1] == _FRAMED else None
-        return params.dict_id.to_bytes(KEY_SIZE, "big") if params is not None and params.dict_id else None
+        params = _params(value)
+        return _key(params.dict_id) or None if params is not None else None
 
     def _dict(self, key: bytes) -> zstandard.ZstdCompressionDict:
         data = self._load(key)
@@ -249,18 +218,11 @@ def sound_as_stored(value: bytes, limit: int) -> bool:
     content it hashed already (`verify_bodies`), without decompressing it again (a raw one is
     hashed again, which costs no decompression; what every body decompresses to is still hashed
     and bounded on every read)."""
-    at = _frame_at(value) if value else None
-    return at is not None and 0 <= _declared(value, at) <= limit
-
-
-def _frame_at(value: bytes) -> int | None:
-    """Where the zstd frame of a tagged value starts (None: not a tag with a frame)."""
-    tag = value[0]
-    if tag == FRAME:
-        return 1
-    if tag == REF and len(value) > 1:
-        return 2 + 32 * value[1]
-    return None
+    at = 1 if value[:1] == _FRAMED else 2 + 32 * value[1] if value[:1] == bytes([REF]) and len(value) > 1 else 0
+    try:
+        return bool(at) and 0 <= zstandard.frame_content_size(value[at:]) <= limit
+    except zstandard.ZstdError:  # not a frame
+        return False
 
 
 _reused = threading.local()  # one zstd decompression context per thread, for values compressed against others
@@ -307,18 +269,12 @@ def _cffi() -> Any:
 
 def _params(value: bytes) -> Any:
     """The frame parameters of a FRAME value (None: not a frame)."""
+    if value[:1] != _FRAMED:
+        return None
     try:
         return zstandard.get_frame_parameters(value[1:])
     except zstandard.ZstdError:
         return None
-
-
-def _declared(value: bytes, at: int) -> int:
-    """The size the frame at `value[at:]` declares (-1: none, -2: not a frame)."""
-    try:
-        return zstandard.frame_content_size(value[at:])
-    except zstandard.ZstdError:
-        return -2
 
 
 def _bounded(dctx: zstandard.ZstdDecompressor, frame: bytes, limit: int) -> bytes:

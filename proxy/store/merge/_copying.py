@@ -481,29 +481,28 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
 
 def verify_bodies(paths: list[Path]) -> None:
     """Every body of every shard read whole and hashed (`Store.body`), the ones no exchange names
-    too, and every compression dictionary against its key (its zstd id): a forged body would win
-    its digest in a fresh OUT (the first shard's copy is taken) and the other shard's exchanges
-    would read another content. StoreError naming the store and the body or dictionary."""
+    too: a forged one would win its digest in a fresh OUT (the first shard's copy is taken) and the
+    other shard's exchanges would read another content. StoreError naming the store and the body."""
     for p in paths:
         with Store.open(p, write=False) as src:
             for k, _ in src.raw_table("bodies"):
                 src.body(k.hex())
-            for k, v in src.raw_table("dicts"):
-                if codec.dict_key(v) != k:
-                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} is not stored under its id "
-                                     "(tampered or damaged); restore the store from a copy")
 
 
-def check_dictionaries(dest: Store, paths: list[Path]) -> None:
-    """Each dictionary id names one dictionary across OUT and the shards: values are copied as
-    stored, and a frame names its dictionary by its 32-bit zstd id alone, so a shard's value whose
+def check_dictionaries(paths: list[Path]) -> None:
+    """Each compression dictionary of the stores (OUT's, where it exists, and the shards') stored
+    under its key, its zstd id, and each id naming one dictionary across them: values are copied
+    as stored, and a frame names its dictionary by that 32-bit id alone, so a shard's value whose
     id OUT (or an earlier shard) holds for another dictionary would be decoded with that one (its
     checksum would then refuse it). StoreError naming the store, the id and the fix."""
-    held = {k: (v, dest.path) for k, v in dest.raw_table("dicts")}
+    held: dict[bytes, tuple[bytes, Path]] = {}
     for p in paths:
         with Store.open(p, write=False) as src:
             for k, v in src.raw_table("dicts"):
                 data, where = held.setdefault(k, (v, src.path))
+                if codec.dict_key(v) != k:
+                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} is not stored under its id "
+                                     "(tampered or damaged); restore the store from a copy; nothing was merged")
                 if data != v:
                     raise StoreError(f"store {src.path}: compression dictionary {k.hex()} has the id of another "
                                      f"dictionary in {where}; run `nfproxy compact --store {src.path}` (dictionaries "

@@ -164,6 +164,7 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             shards.append(_read_shard(Path(p), jobs, hashed=not whole_table))
         if unsound is not None:  # in a body no exchange names
             raise StoreError(f"{unsound}; nothing was merged (leave this shard out, or restore it)") from None
+        merge_copy.check_dictionaries([Path(out)] * (Path(out) / "data.mdb").exists() + [s.path for s in shards])
         with Store.open(out, write=True, create=True) as dest:
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
             interrupted.finish(dest, progress)  # what a killed proxy or merge left in OUT, before any merged in
@@ -174,7 +175,6 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
             except ValueError as exc:
                 raise StoreError(str(exc)) from None
             merge_outcomes.check(dest, [shard.path for shard in shards])
-            merge_copy.check_dictionaries(dest, [shard.path for shard in shards])
             if rules is not None and dest.meta("rules_id") is None:
                 dest.bind_rules(*rules)
             if catch_up is not None:  # OUT's sessions table brought up to its last exchange

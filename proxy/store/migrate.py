@@ -231,10 +231,7 @@ class _Values:
 
     def __init__(self, dicts: dict[bytes, bytes], max_body: int) -> None:
         self._old, self._max_body = dicts, max_body  # the first 8 bytes of each one's sha256 -> dictionary
-        self.ids: dict[bytes, bytes] = {}
-        for data in dicts.values():
-            if (key := codec.dict_key(data)) != bytes(codec.KEY_SIZE):
-                self.ids.setdefault(key, data)
+        self.ids = {key: d for d in reversed(dicts.values()) if (key := codec.dict_key(d)) != bytes(codec.KEY_SIZE)}
         self.codec = codec.Codec(self.ids.get)
 
     def value(self, value: bytes) -> bytes:

@@ -7,26 +7,25 @@ than 2x, because each frame starts from nothing. A dictionary trained on the sto
 exchanges gives every frame that shared start. The stored value says how it was written:
 
   0x00 + bytes                    stored as is (tiny, or incompressible)
-  0x01 + zstd frame               compressed without a dictionary
-  0x02 + 8-byte dict key + frame  compressed with the dictionary stored under that key
+  0x01 + zstd frame               compressed with the dictionary its frame header names by zstd's
+                                  dictionary id (the `dicts` table's key), or none (id 0)
   0x03 + n + n sha256 + frame     compressed against other stored bodies (their bytes, in order,
                                   as a raw-content dictionary): a request against the previous
                                   request and answer of its session, which it mostly repeats
-  0x04 + CRC-32 + value           a body: any of the above (but 0x00) behind
-                                  a CRC-32 of its bytes as stored, so `nfproxy merge` checks a
-                                  shard's bodies without decompressing them (`checked`)
 
-A dictionary's key is the start of its sha256, so a value copied to another store (merge) stays
-readable once its dictionary is copied with it. Decoding refuses a frame that declares, or turns
-out to hold, more than the caller's bound: a compressed bomb in a store costs no more than on
-the wire.
+Every frame carries zstd's content checksum (XXH64 of what it holds, checked as it decompresses):
+a damaged frame, or one decompressed with a dictionary other than its own, is refused, never
+misread (a body is also hashed against its sha256 on every read, a record's bytes against its
+head's CRC). A value copied to another store (merge) stays readable once its dictionary is copied
+with it, under the same id: merge refuses shards whose ids name different dictionaries. Decoding
+refuses a frame that declares, or turns out to hold, more than the caller's bound: a compressed
+bomb in a store costs no more than on the wire.
 """
 
 from __future__ import annotations
 
-import hashlib
+import secrets
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -34,9 +33,9 @@ import zstandard
 
 from noisefloor.errors import InputError, NoisefloorError
 
-RAW, PLAIN, DICT, REF, CHECKED = 0, 1, 2, 3, 4
-_CRC = 5  # bytes of a CHECKED value before the value it wraps
-KEY_SIZE = 8
+RAW, FRAME, REF = 0, 1, 3
+KEY_SIZE = 4  # a dictionary's key: its zstd dictionary id, big-endian
+_FRAMED = bytes([FRAME])
 LEVEL = 3
 DICT_SIZE = 64 << 10  # bytes; trained on about 100-200x as much sample data
 _TINY = 24  # shorter values are not worth a frame header
@@ -58,18 +57,26 @@ class UnknownDictionary(NoisefloorError, KeyError):
 
 
 def dict_key(data: bytes) -> bytes:
-    return hashlib.sha256(data).digest()[:KEY_SIZE]
+    """The key of a dictionary (its zstd id; zero for bytes that are not a zstd dictionary)."""
+    return zstandard.ZstdCompressionDict(data).dict_id().to_bytes(KEY_SIZE, "big")
+
+
+def _key(dict_id: int) -> bytes:
+    """The key of the dictionary a frame names by `dict_id` (b"": none)."""
+    return dict_id.to_bytes(KEY_SIZE, "big") if dict_id else b""
 
 
 def train(samples: list[bytes], size: int = DICT_SIZE) -> bytes | None:
     """A dictionary for values like `samples`, or None when they are too few or too alike to train on.
-    Fixed fastCover parameters: the parameter search of the default costs seconds, on the record path."""
+    Fixed fastCover parameters: the parameter search of the default costs seconds, on the record path.
+    Its id is drawn at random (zstd's own range): a dictionary trained again gets another."""
     if len(samples) < 64:
         return None
     size = min(size, max(4096, sum(map(len, samples)) // 16))
     try:
         given: list[Any] = list(samples)
-        return zstandard.train_dictionary(size, given, k=200, d=8).as_bytes()
+        dict_id = 32768 + secrets.randbelow((1 << 31) - 65536)
+        return zstandard.train_dictionary(size, given, k=200, d=8, dict_id=dict_id).as_bytes()
     except zstandard.ZstdError:
         return None
 
@@ -81,7 +88,8 @@ class Against:
 
     def __init__(self, refs: Sequence[tuple[bytes, bytes]]) -> None:
         # level 1: what the references leave is short; loading them into a level-3 matcher costs more
-        self._c = zstandard.ZstdCompressor(level=1, dict_data=_raw_dict(b"".join(b for _, b in refs)))
+        self._c = zstandard.ZstdCompressor(level=1, dict_data=_raw_dict(b"".join(b for _, b in refs)),
+                                           write_checksum=True)
         self._head = bytes([REF, len(refs)]) + b"".join(d for d, _ in refs)
 
     def encode(self, data: bytes) -> bytes:
@@ -100,7 +108,7 @@ class Codec:
     def __init__(self, load: Callable[[bytes], bytes | None], level: int = LEVEL) -> None:
         self._load = load
         self._level = level  # what `encode` compresses at (decoding is as fast whatever it was)
-        self._plain_c = zstandard.ZstdCompressor(level=level)
+        self._plain_c = zstandard.ZstdCompressor(level=level, write_checksum=True)
         self._plain_d = zstandard.ZstdDecompressor()
         self._c: dict[bytes, zstandard.ZstdCompressor] = {}
         self._d: dict[bytes, zstandard.ZstdDecompressor] = {}
@@ -108,24 +116,12 @@ class Codec:
     def encode(self, data: bytes, key: bytes | None = None) -> bytes:
         if len(data) < _TINY:
             return bytes([RAW]) + data
-        if key is None:
-            frame = self._plain_c.compress(data)
-            head = bytes([PLAIN])
-        else:
-            frame = self._compressor(key).compress(data)
-            head = bytes([DICT]) + key
-        if len(frame) + len(head) >= len(data) + 1:
-            return bytes([RAW]) + data
-        return head + frame
-
-    def encode_against(self, data: bytes, refs: list[tuple[bytes, bytes]]) -> bytes:
-        """`data` compressed against the bytes of stored bodies `refs` ((sha256, bytes), at most 255)."""
-        return Against(refs).encode(data)
+        frame = (self._plain_c if key is None else self._compressor(key)).compress(data)
+        return bytes([RAW]) + data if len(frame) >= len(data) else _FRAMED + frame
 
     @staticmethod
     def refs_of(value: bytes) -> list[bytes]:
         """The sha256 digests of the bodies a stored value is compressed against (none for most)."""
-        value = unchecked(value)
         if value[:1] != bytes([REF]):
             return []
         n = value[1]
@@ -135,11 +131,6 @@ class Codec:
         """The stored bytes, at most `limit` of them (TooLarge beyond; zstd errors on damage).
         `resolve` gives a referenced body's bytes, verified, for values compressed against others."""
         tag = value[0] if value else None
-        if tag == CHECKED:
-            if not crc_matches(value):
-                raise ValueError("a value whose CRC-32 does not match its bytes (damaged)")
-            value = value[_CRC:]
-            tag = value[0] if value else None
         if tag == REF:
             if resolve is None:
                 raise ValueError("a value compressed against other bodies, read without them")
@@ -154,11 +145,9 @@ class Codec:
             if len(value) - 1 > limit:
                 raise TooLarge(f"{len(value) - 1} bytes, more than the {limit} allowed")
             return bytes(value[1:])
-        if tag == PLAIN:
-            return _bounded(self._plain_d, value[1:], limit)
-        if tag == DICT:
-            key = bytes(value[1:1 + KEY_SIZE])
-            return _bounded(self._decompressor(key), value[1 + KEY_SIZE:], limit)
+        if tag == FRAME:
+            frame = value[1:]
+            return _bounded(self._decompressor(_key(zstandard.get_frame_parameters(frame).dict_id)), frame, limit)
         raise ValueError(f"unknown value encoding {tag!r}")
 
     def decode_many(self, values: Sequence[bytes], limit: int) -> list[bytes | None]:
@@ -166,55 +155,25 @@ class Codec:
         why). Frames of one dictionary, each declaring a size within `limit` and `BATCH_ITEM`, are
         decompressed in one call (`multi_decompress_to_buffer`: a third of the CPU of a call each,
         for values of a few kB); the others, and the frames of a call that fails, one at a time."""
-        if not values:
-            return []
-        alike = self._decode_alike(values, limit)
-        if alike is not None:
-            return alike
         out: list[bytes | None] = [None] * len(values)
-        groups: dict[bytes, list[int]] = {}
+        groups: dict[int, list[int]] = {}
         bound, total = min(limit, BATCH_ITEM), 0
-        for i, value in enumerate(values):
-            tag = value[0] if value else None
-            at = 1 if tag == PLAIN else 1 + KEY_SIZE if tag == DICT else 0
-            size = _declared(value, at) if at and total < BATCH_BYTES else -1
-            if 0 <= size <= bound:
-                groups.setdefault(bytes(value[1:at]), []).append(i)
-                total += size
+        for i, params in enumerate(list(map(_params, values))):
+            if params is not None and 0 <= params.content_size <= bound and total < BATCH_BYTES:
+                groups.setdefault(params.dict_id, []).append(i)
+                total += params.content_size
             else:
-                out[i] = self._decoded_or_none(value, limit)
-        for key, where in groups.items():
+                out[i] = self._decoded_or_none(values[i], limit)
+        for dict_id, where in groups.items():
             try:
-                dctx = self._decompressor(key) if key else self._plain_d
-                frames: list[Any] = [values[i][1 + len(key):] for i in where]
-                texts: Any = dctx.multi_decompress_to_buffer(frames, threads=1)
+                frames: list[Any] = [values[i][1:] for i in where]
+                buffers: Any = self._decompressor(_key(dict_id)).multi_decompress_to_buffer(frames, threads=1)
+                texts = [t.tobytes() for t in buffers]
             except Exception:  # a frame that is not what it declares: each read alone, to find which
                 texts = [self._decoded_or_none(values[i], limit) for i in where]
             for i, text in zip(where, texts, strict=True):
-                out[i] = text if text is None or type(text) is bytes else text.tobytes()
+                out[i] = text
         return out
-
-    def _decode_alike(self, values: Sequence[bytes], limit: int) -> list[bytes | None] | None:
-        """`decode_many` where every value is a frame of the same dictionary (nearly every batch):
-        one comprehension per step instead of a loop; None where any is not, or the call fails."""
-        tag = values[0][0] if values and values[0] else None
-        at = 1 if tag == PLAIN else 1 + KEY_SIZE if tag == DICT else 0
-        start = values[0][:at]
-        if not at or len(start) != at or [v[:at] == start for v in values].count(False):
-            return None
-        frames = [v[at:] for v in values]
-        try:
-            sizes = list(map(zstandard.frame_content_size, frames))
-        except zstandard.ZstdError:
-            return None
-        if min(sizes) < 0 or max(sizes) > min(limit, BATCH_ITEM) or sum(sizes) > BATCH_BYTES:
-            return None
-        try:
-            dctx = self._decompressor(bytes(start[1:])) if tag == DICT else self._plain_d
-            buffers: Any = dctx.multi_decompress_to_buffer(list[Any](frames), threads=1)
-            return [t.tobytes() for t in buffers]
-        except Exception:  # a frame that is not what it declares: `decode_many` reads each alone
-            return None
 
     def _decoded_or_none(self, value: bytes, limit: int) -> bytes | None:
         try:
@@ -224,8 +183,8 @@ class Codec:
 
     def dictionary_of(self, value: bytes) -> bytes | None:
         """The key of the dictionary a stored value needs, if any (merge copies it along)."""
-        value = unchecked(value)
-        return bytes(value[1:1 + KEY_SIZE]) if value[:1] == bytes([DICT]) else None
+        params = _params(value)
+        return _key(params.dict_id) or None if params is not None else None
 
     def _dict(self, key: bytes) -> zstandard.ZstdCompressionDict:
         data = self._load(key)
@@ -238,10 +197,12 @@ class Codec:
         if c is None:
             d = self._dict(key)
             d.precompute_compress(level=self._level)  # else every frame loads the dictionary again
-            c = self._c[key] = zstandard.ZstdCompressor(level=self._level, dict_data=d)
+            c = self._c[key] = zstandard.ZstdCompressor(level=self._level, dict_data=d, write_checksum=True)
         return c
 
     def _decompressor(self, key: bytes) -> zstandard.ZstdDecompressor:
+        if not key:
+            return self._plain_d
         d = self._d.get(key)
         if d is None:
             d = self._d[key] = zstandard.ZstdDecompressor(dict_data=self._dict(key))
@@ -252,49 +213,16 @@ def _raw_dict(prefix: bytes) -> zstandard.ZstdCompressionDict:
     return zstandard.ZstdCompressionDict(prefix, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
 
 
-def checked(value: bytes) -> bytes:
-    """A body's stored value behind a CRC-32 of its bytes; a raw one (tiny, or
-    incompressible: its check is its sha256 alone, no decompression) and one already checked as they are."""
-    if not value or value[0] in (RAW, CHECKED):
-        return value
-    return bytes([CHECKED]) + zlib.crc32(value).to_bytes(4, "big") + value
-
-
-def unchecked(value: bytes) -> bytes:
-    """The value a CHECKED one wraps (for a store whose bodies carry none), else itself."""
-    return value[_CRC:] if value[:1] == bytes([CHECKED]) else value
-
-
-def crc_matches(value: bytes) -> bool:
-    """Whether a CHECKED value's CRC-32 is that of the value it wraps (not whether that value holds
-    the body its digest names: every reader checks that, `Bodies.body`)."""
-    return len(value) > _CRC and zlib.crc32(value[_CRC:]) == int.from_bytes(value[1:_CRC], "big")
-
-
 def sound_as_stored(value: bytes, limit: int) -> bool:
-    """Whether a CHECKED value's CRC matches and the value it wraps declares a size within `limit`
-    (its frame's header; a raw value its length): merge's check of a body without decompressing it
-    (what it decompresses to is still hashed and bounded on every read)."""
-    if value[:1] != bytes([CHECKED]) or not crc_matches(value):
+    """Whether a stored body's frame declares a size within `limit`: merge's check of a body whose
+    content it hashed already (`verify_bodies`), without decompressing it again (a raw one is
+    hashed again, which costs no decompression; what every body decompresses to is still hashed
+    and bounded on every read)."""
+    at = 1 if value[:1] == _FRAMED else 2 + 32 * value[1] if value[:1] == bytes([REF]) and len(value) > 1 else 0
+    try:
+        return bool(at) and 0 <= zstandard.frame_content_size(value[at:]) <= limit
+    except zstandard.ZstdError:  # not a frame
         return False
-    inner = value[_CRC:]
-    tag = inner[0]
-    if tag == RAW:
-        return len(inner) - 1 <= limit
-    at = _frame_at(inner)
-    return at is not None and 0 <= _declared(inner, at) <= limit
-
-
-def _frame_at(value: bytes) -> int | None:
-    """Where the zstd frame of a tagged value starts (None: not a tag with a frame)."""
-    tag = value[0]
-    if tag == PLAIN:
-        return 1
-    if tag == DICT:
-        return 1 + KEY_SIZE
-    if tag == REF and len(value) > 1:
-        return 2 + 32 * value[1]
-    return None
 
 
 _reused = threading.local()  # one zstd decompression context per thread, for values compressed against others
@@ -339,12 +267,14 @@ def _cffi() -> Any:
     return _LIB
 
 
-def _declared(value: bytes, at: int) -> int:
-    """The size the frame at `value[at:]` declares (-1: none, -2: not a frame)."""
+def _params(value: bytes) -> Any:
+    """The frame parameters of a FRAME value (None: not a frame)."""
+    if value[:1] != _FRAMED:
+        return None
     try:
-        return zstandard.frame_content_size(value[at:])
+        return zstandard.get_frame_parameters(value[1:])
     except zstandard.ZstdError:
-        return -2
+        return None
 
 
 def _bounded(dctx: zstandard.ZstdDecompressor, frame: bytes, limit: int) -> bytes:

@@ -1,5 +1,5 @@
 """The store's zstd dictionaries: sampled from its first values of each kind, trained in a thread
-once there are enough, stored content-addressed and used by every value written after."""
+once there are enough, stored under their zstd ids and used by every value written after."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Dictionaries:
         with self.tables.begin(db=db, buffers=False) as txn:
             data = txn.get(key)
         if data is not None and codec.dict_key(data) != key:
-            raise ValueError(f"compression dictionary {key.hex()} does not match its hash")
+            raise ValueError(f"compression dictionary {key.hex()} is not stored under its id")
         return data
 
     def dictionary(self, key: bytes) -> bytes | None:
@@ -44,7 +44,7 @@ class Dictionaries:
             return self.load(key)
 
     def add(self, data: bytes, kind: str | None = None) -> bytes:
-        """Store a dictionary (content-addressed); with `kind`, new values of that kind use it."""
+        """Store a dictionary (under its zstd id); with `kind`, new values of that kind use it."""
         key = codec.dict_key(data)
         db, meta = self.tables.db["dicts"], self.tables.db["meta"]
 

@@ -122,9 +122,8 @@ def rewrite(path: Path, progress: Callable[[str], None] = lambda s: None,
 
 def _copy_bodies(src: Store, env: lmdb.Environment, db: Any, out: codec.Codec, key: bytes | None,
                  progress: Callable[[str], None]) -> None:
-    # compressed against other bodies: kept as it is (they are all copied); else encoded again;
-    # either behind its CRC
-    items = ((digest, codec.checked(codec.unchecked(stored) if codec.Codec.refs_of(stored) else out.encode(data, key)))
+    # compressed against other bodies: kept as it is (they are all copied); else encoded again
+    items = ((digest, stored if codec.Codec.refs_of(stored) else out.encode(data, key))
              for digest, data, stored in src.bodies.stored(encoded=True))
     _append_batched(env, db, items, progress, "bodies")  # in digest order, appended: pages filled whole
 

@@ -29,7 +29,7 @@ class StoreError(StateError):
     """A store that cannot be used as asked; the message says what to do."""
 
 
-FORMAT = "noisefloor-log/7"
+FORMAT = "noisefloor-log/8"
 INDEX_LAYOUT = 4  # meta "replay_index" of a store in FORMAT (`replay_index.VERSION`)
 _PREFIX = "noisefloor-log/"
 

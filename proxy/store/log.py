@@ -346,7 +346,7 @@ class Store:
                 depth = link[4] + 1 if link is not None and link[4] < CHAIN_DEPTH else 0
             else:
                 value = self.codec.encode(data, body_key)
-            txn.put(digest, codec.checked(value), db=bodies_db)
+            txn.put(digest, value, db=bodies_db)
         if request is not None and recorded is not None:
             response = next((h for h in bodies if h != request), None)
             if response is not None and bodies[response]:

@@ -3,8 +3,11 @@
 The one place that knows the earlier formats. They differ from today's in five ways, each
 converted by one step over the old store's tables as written, into a new environment beside it:
 
-  values     format 1 kept zstd frames untagged: tagged as today's plain frames (`_tagged`)
-  bodies     before format 6 a body had no CRC-32 in front: wrapped (`codec.checked`)
+  values     format 1 kept zstd frames untagged: tagged as today's frames; formats 6 and 7 kept a
+             body behind a CRC-32 of its bytes (tag 4): checked and unwrapped; before format 8 a
+             frame compressed with a dictionary (tag 2) carried the first 8 bytes of the
+             dictionary's sha256, the key of the `dicts` table: dropped, the table keyed by
+             zstd's dictionary id, which its frames name already (`_Values`)
   records    before format 5 a record was kept whole with no head row: a head row written for it
              and the record stored without the head's fields, as today (`_records`)
   outcomes   before format 7 a row was kept whole: keyed (`outcome_values`)
@@ -25,9 +28,11 @@ else is one line naming the store and the fix, with the store and its folder as 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import shutil
 import struct
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
@@ -50,15 +55,16 @@ from noisefloor.proxy.store.log import DEFAULT_MAX_BODY, Store
 from noisefloor.proxy.store.replay_index import RecordedEntry
 
 OLDER = ("noisefloor-log/1", "noisefloor-log/2", "noisefloor-log/3", "noisefloor-log/4", "noisefloor-log/5",
-         "noisefloor-log/6")
-_JOINED = ("noisefloor-log/5", "noisefloor-log/6")  # records already stored as today's, with their heads
+         "noisefloor-log/6", "noisefloor-log/7")
+_JOINED = ("noisefloor-log/5", "noisefloor-log/6", "noisefloor-log/7")  # records stored without their heads' fields
 _UNTAGGED = b"\x28\xb5\x2f\xfd"  # a zstd frame's magic: format 1's values had no tag in front
 _BATCH = 5000
 _UNCHANGED = "nothing was changed"
-_LAYOUTS = (1, 2, 3)  # the replay index layouts formats 1-6 were written with (or none: no meta)
+_LAYOUTS = (1, 2, 3, 4)  # the replay index layouts formats 1-7 were written with (or none: no meta)
 # what reading a damaged old store raises (a value nested past the parser's depth: RecursionError)
 _BAD = (*DAMAGE, RecursionError)
 _U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 _BUCKET = 8  # bytes of a nearest-request bucket (`replay_index.bucket`)
 
 
@@ -165,8 +171,7 @@ def _convert(path: Path, work: Path, fmt: str, progress: Callable[[str], None], 
 def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress: Callable[[str], None],
                max_body: int) -> None:
     names = {name: db for name, db, _ in compact.tables(old)}
-    dicts = dict(_rows(old, names.get(b"dicts")))
-    decoder = codec.Codec(lambda key: _dictionary(dicts, key))
+    values = _Values(dict(_rows(old, names.get(b"dicts"))), max_body)
     meta = {k.decode(): json.loads(v) for k, v in _rows(old, names.get(b"meta"))}
     layout = meta.get("replay_index")
     if layout is not None and (type(layout) is not int or layout not in _LAYOUTS):
@@ -180,28 +185,30 @@ def _converted(old: lmdb.Environment, path: Path, work: Path, fmt: str, progress
     try:
         with _writing():  # each table made in a transaction of its own
             dbs = created(new)
-        _put(new, dbs["dicts"], iter(dicts.items()))
-        _put(new, dbs["bodies"], ((k, codec.checked(_tagged(v))) for k, v in _rows(old, names.get(b"bodies"))))
+        _put(new, dbs["dicts"], iter(sorted(values.ids.items())))
+        _put(new, dbs["bodies"], ((k, values.value(v)) for k, v in _rows(old, names.get(b"bodies"))))
         progress("bodies converted")
         if fmt in _JOINED:
-            for table in ("exchanges", "heads", *store_heads.SETS):
+            _put(new, dbs["exchanges"], ((k, values.value(v)) for k, v in _rows(old, names.get(b"exchanges"))))
+            _put(new, dbs["heads"], _retied(old, names, values))
+            for table in store_heads.SETS:
                 _put(new, dbs[table], _rows(old, names.get(table.encode())))
         else:
-            _put_records(new, dbs, _rows(old, names.get(b"exchanges")), decoder, path, max_body)
+            _put_records(new, dbs, _rows(old, names.get(b"exchanges")), values, path, max_body)
         progress("records converted")
         _put(new, dbs["outcomes"], compact.keyed_outcomes(_rows(old, names.get(b"outcomes")), path))
-        if layout == 3:  # layout 4's but for the sketch's width
+        if layout in (3, 4):  # layout 3: layout 4 but for the sketch's width
             _put(new, dbs["recorded"], ((k, _entry3_as_4(v)) for k, v in _rows(old, names.get(b"recorded"))))
             _put(new, dbs["index_routes"], _rows(old, names.get(b"index_routes")))
             _put(new, dbs["lookups"], _rows(old, names.get(b"lookups")), append=False)
-        kept = {k: v for k, v in meta.items() if k not in ("format", "replay_index", "migrated_from")}
+        kept = {k: v for k, v in meta.items() if k not in ("format", "replay_index", "migrated_from", "dicts")}
         _put(new, dbs["meta"], ((k.encode(), json.dumps(v).encode()) for k, v in
                                 {**kept, "format": FORMAT, "replay_index": replay_index.VERSION,
                                  "migrated_from": fmt}.items()), append=False)
-        entries = [] if layout == 3 else _old_entries(old, names, layout)
+        entries = [] if layout in (3, 4) else _old_entries(old, names, layout)
     finally:
         new.close()
-    if layout != 3:
+    if layout not in (3, 4):
         with Store.open(work, write=True, max_body=max_body) as store:
             with _writing():
                 store.index.put_entries(_completed(store, entries))
@@ -216,13 +223,47 @@ def _clear(p: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
-def _dictionary(dicts: dict[bytes, bytes], key: bytes) -> bytes | None:
-    """An old store's dictionary, refused where its bytes are not the ones its key names (values
-    decompressed with another dictionary would not be what was recorded)."""
-    data = dicts.get(key)
-    if data is not None and codec.dict_key(data) != key:
-        raise ValueError(f"compression dictionary {key.hex()} does not match its hash")
-    return data
+class _Values:
+    """An old store's values as today's codec reads them (`value`), its dictionaries keyed by their
+    zstd ids (`ids`; where two share one, the first in key order: the values of the other are
+    decompressed and stored without a dictionary)."""
+
+    def __init__(self, dicts: dict[bytes, bytes], max_body: int) -> None:
+        self._old, self._max_body = dicts, max_body  # the first 8 bytes of each one's sha256 -> dictionary
+        self.ids = {key: d for d in reversed(dicts.values()) if (key := codec.dict_key(d)) != bytes(codec.KEY_SIZE)}
+        self.codec = codec.Codec(self.ids.get)
+
+    def value(self, value: bytes) -> bytes:
+        if value[:4] == _UNTAGGED:
+            return bytes([codec.FRAME]) + value
+        if value[:1] == b"\x04":  # a body behind a CRC-32 of its bytes
+            if len(value) < 6 or zlib.crc32(value[5:]) != int.from_bytes(value[1:5], "big"):
+                raise ValueError("a value whose CRC-32 does not match its bytes (damaged)")
+            value = value[5:]
+        if value[:1] != b"\x02":  # raw, a frame without a dictionary, or compressed against other bodies: as today's
+            return value
+        key, frame = bytes(value[1:9]), bytes([codec.FRAME]) + value[9:]
+        data = self._old.get(key)
+        if data is None or hashlib.sha256(data).digest()[:8] != key:  # decompressed with another: not what was recorded
+            raise ValueError(f"compression dictionary {key.hex()} is missing or does not match its hash")
+        if self.codec.dictionary_of(frame) != codec.dict_key(data):
+            raise ValueError(f"a value whose frame names another dictionary than its key {key.hex()}")
+        if self.ids[codec.dict_key(data)] == data:
+            return frame
+        return self.codec.encode(codec.Codec(lambda k: data).decode(frame, self._max_body))
+
+
+def _retied(env: lmdb.Environment, names: dict[bytes, Any], values: _Values) -> Iterator[tuple[bytes, bytes]]:
+    """The heads rows, each sound one tied to its record as converted (its CRC of the record's bytes);
+    a damaged one kept as it is, for today's reader to refuse by name."""
+    with env.begin(buffers=False) as txn:
+        for k, head in _rows(env, names.get(b"heads")):
+            stored = txn.get(k, db=names.get(b"exchanges")) if names.get(b"exchanges") is not None else None
+            if stored is not None and store_heads.check(k, head, stored) is None and \
+                    (converted := values.value(stored)) != stored:
+                rest = _U32.pack(zlib.crc32(converted)) + head[8:]
+                head = _U32.pack(zlib.crc32(rest, zlib.crc32(k))) + rest
+            yield k, head
 
 
 def _check_index(work: Path) -> None:
@@ -276,13 +317,8 @@ def _put(env: lmdb.Environment, db: Any, items: Iterator[tuple[bytes, bytes]], a
                 txn.put(k, v, append=append)
 
 
-def _tagged(value: bytes) -> bytes:
-    """A value as today's codec reads it (format 1's untagged frame gets the plain frame's tag)."""
-    return bytes([codec.PLAIN]) + value if value[:4] == _UNTAGGED else value
-
-
 def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tuple[bytes, bytes]],
-                 decoder: codec.Codec, path: Path, max_body: int) -> None:
+                 values: _Values, path: Path, max_body: int) -> None:
     """Whole records (formats 1-4) stored as today's: without their head's fields, beside a head row."""
     names = store_heads.Sets(dbs["labels"], dbs["routes"])
     while batch := list(islice(rows, _BATCH)):
@@ -290,13 +326,13 @@ def _put_records(env: lmdb.Environment, dbs: dict[str, Any], rows: Iterator[tupl
             for k, raw in batch:
                 exchange_id = _U64.unpack(k)[0]
                 try:
-                    text = decoder.decode(_tagged(raw), max_body)
+                    text = values.codec.decode(values.value(raw), max_body)
                     _digests_named(exchange_record.parse(text))
                     checked = exchange_record.checked_head(text)
                 except _BAD as exc:
                     raise StoreError(f"store {path}: exchange {exchange_id} is damaged ({exc.__class__.__name__}: "
                                      f"{exc}); restore it from a copy; nothing was changed") from None
-                stored, r = store_records.encoded(decoder, None, text, checked)
+                stored, r = store_records.encoded(values.codec, None, text, checked)
                 txn.put(k, stored, db=dbs["exchanges"], append=True)
                 txn.put(k, names.sealed(txn, k, r), db=dbs["heads"], append=True)
         names.settle(True)

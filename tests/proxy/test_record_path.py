@@ -134,8 +134,10 @@ class _AtOnce:
 def test_work_left_for_after_the_answer_leaves_the_store_as_doing_it_in_the_write(tmp_path, monkeypatch):
     """Dictionary samples and next-request compressors left for `catch_up` (round 7): the same
     dictionaries are trained from the same samples, and every table holds the same bytes (the
-    training made synchronous: in a thread, which write first uses a dictionary depends on timing)."""
+    training made synchronous: in a thread, which write first uses a dictionary depends on timing;
+    and their ids, drawn at random, fixed)."""
     monkeypatch.setattr(store_dicts, "TRAIN_AFTER", 120)
+    monkeypatch.setattr(codec.secrets, "randbelow", lambda n: 4242)
     monkeypatch.setattr(store_dicts.threading, "Thread", _AtOnce)
 
     def record(path: Path, later: bool) -> tuple[object, dict[str, list[tuple[bytes, bytes]]]]:

@@ -24,7 +24,7 @@ def _chain() -> tuple[codec.Codec, dict[bytes, bytes], list[tuple[bytes, bytes]]
         messages.append({"role": "user", "content": f"question {turn}: " + "why " * (40 + turn)})
         body = json.dumps({"model": "m", "messages": messages}).encode()
         answer = json.dumps({"choices": [{"message": {"content": f"answer {turn} " * 30}}]}).encode()
-        value = c.encode_against(body, prev) if prev else c.encode(body)
+        value = codec.Against(prev).encode(body) if prev else c.encode(body)
         for data in (body, answer):
             stored[hashlib.sha256(data).digest()] = data
         values.append((value, body))

@@ -121,8 +121,8 @@ def test_clashing_sessions_different_rules_and_damaged_shards_are_refused_before
 
         from noisefloor.proxy.store import _codec as codec
 
-        frame = bytes([codec.PLAIN]) + zstandard.ZstdCompressor().compress(b"not the original body" * 4)
-        txn.put(key, codec.checked(frame), db=db)
+        frame = bytes([codec.FRAME]) + zstandard.ZstdCompressor().compress(b"not the original body" * 4)
+        txn.put(key, frame, db=db)
     env.close()
     r = subprocess.run([NFPROXY, "merge", str(out), str(damaged)], capture_output=True, text=True, timeout=60)
     assert r.returncode == 5 and "does not match its sha256" in r.stderr and "nothing was merged" in r.stderr
@@ -248,19 +248,19 @@ def test_merge_carries_the_miss_index_and_accepts_the_earlier_rules_id(tmp_path)
 
 def _forge_body(path: Path, key: bytes | None = None, under: bytes | None = None) -> bytes:
     """Rewrite one body of the store at `path` (`key`; None: the first compressed one) as other
-    content under the same digest, in the store's own framing with a CRC that matches, as a hostile
+    content under the same digest, in the store's own framing (a frame that decodes), as a hostile
     shard's author would; with `under`, add it as a body no exchange names, under that digest.
     Returns the digest."""
     import zstandard
 
-    from noisefloor.proxy.store._codec import PLAIN, checked
+    from noisefloor.proxy.store._codec import FRAME
 
-    forged = checked(bytes([PLAIN]) + zstandard.ZstdCompressor().compress(b'{"forged": "other content"}'))
+    forged = bytes([FRAME]) + zstandard.ZstdCompressor().compress(b'{"forged": "other content"}')
     env = lmdb.open(str(path), max_dbs=16)
     try:
         with env.begin(write=True) as txn:
             db = env.open_db(b"bodies", txn=txn)
-            key = under or key or next(k for k, v in txn.cursor(db=db) if v[5:6] == bytes([PLAIN]))
+            key = under or key or next(k for k, v in txn.cursor(db=db) if v[:1] == bytes([FRAME]))
             txn.put(key, forged, db=db)
     finally:
         env.close()
@@ -307,16 +307,15 @@ def test_a_body_forged_under_a_good_digest_is_refused_in_either_order(tmp_path, 
 
 
 def test_a_dictionary_forged_under_another_ones_key_is_refused_before_writing(tmp_path, shards):
-    """A shard's compression dictionary whose bytes do not hash to its key (it would win that key
-    in a fresh OUT, and another shard's bodies compressed with the real one would not decode)."""
-    from noisefloor.proxy.store._codec import dict_key
-
+    """A shard's compression dictionary stored under an id its header does not carry (it would win
+    that id in a fresh OUT, and another shard's bodies compressed with the real one would not decode)."""
     forged = tmp_path / "forged.lmdb"
     shutil.copytree(shards[1], forged)
     env = lmdb.open(str(forged), max_dbs=16)
     try:
-        with env.begin(write=True) as txn:
-            txn.put(dict_key(b"the real dictionary"), b"another dictionary", db=env.open_db(b"dicts", txn=txn))
+        with env.begin(write=True) as txn:  # a zstd dictionary's magic and id (7) in front
+            planted = bytes.fromhex("37a430ec") + (7).to_bytes(4, "little") + b"another dictionary"
+            txn.put((8).to_bytes(4, "big"), planted, db=env.open_db(b"dicts", txn=txn))
     finally:
         env.close()
     out = tmp_path / "fresh.lmdb"

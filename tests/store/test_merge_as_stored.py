@@ -131,7 +131,7 @@ def test_a_damaged_head_or_record_of_a_v5_shard_is_refused_by_name_nothing_merge
         other = rows(shard, "exchanges")[8][1]
         _poke(shard, "exchanges", 7, lambda v: other)
     else:
-        _poke(shard, "exchanges", 7, lambda v: bytes([codec.PLAIN]) + b"\x28\xb5\x2f\xfd no")
+        _poke(shard, "exchanges", 7, lambda v: bytes([codec.FRAME]) + b"\x28\xb5\x2f\xfd no")
     out = tmp_path / "out.lmdb"
     merge(out, [shards[0]])
     before = {name: rows(out, name) for name in ("exchanges", "heads", "recorded", "bodies")}

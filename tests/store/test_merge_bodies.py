@@ -65,7 +65,7 @@ def test_a_damaged_body_that_no_record_names_is_refused_and_nothing_is_merged(sh
     with Store.open(shards[0], write=False) as s:
         s.tables.copy_to(bad)
     with Store.open(bad, write=True) as s, s.tables.env.begin(write=True, db=s.tables.db["bodies"]) as txn:
-        txn.put(b"\xff" * 32, bytes([codec.CHECKED]) + b"\0\0\0\0" + b"\x00a body")  # its CRC does not match
+        txn.put(b"\xff" * 32, bytes([codec.FRAME]) + b"\x28\xb5\x2f\xfd" + b"\0" * 8)  # not a frame
     with pytest.raises(StoreError, match="ffffffffffffffff.*nothing was merged"):
         merge(tmp_path / "out.lmdb", [bad, shards[1]])
     assert not (tmp_path / "out.lmdb").exists()  # every body is hashed before OUT is made

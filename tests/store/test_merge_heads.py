@@ -87,7 +87,7 @@ def _mistyped(text: bytes) -> bytes:
 def test_a_damaged_record_under_an_intact_head_is_refused_by_name_nothing_merged(shards, tmp_path, how):
     shard = tmp_path / "damaged.lmdb"
     shutil.copytree(shards[1], shard)
-    _rewrite(shard, 7, _mistyped if how == "type" else lambda text: (bytes([codec.PLAIN]) + b"\x28\xb5\x2f\xfd no",))
+    _rewrite(shard, 7, _mistyped if how == "type" else lambda text: (bytes([codec.FRAME]) + b"\x28\xb5\x2f\xfd no",))
     out = tmp_path / "out.lmdb"
     merge(out, [shards[0]])
     before = tables(out)

@@ -103,7 +103,8 @@ def test_migrate_rewrites_an_old_store_in_todays_format_with_nothing_lost(v1, pr
 
 
 FIXTURES = ["v1_store.lmdb", "store-index-v1", "store-index-v2", "store-main-0410ae8", "store-main-0497a29",
-            "store-main-05ff371", "store-main-0ba4151", "store-main-1704f55"]  # stores made by earlier mains
+            "store-main-05ff371", "store-main-0ba4151", "store-main-1704f55", "store-main-ac2f828",
+            "store-main-ac2f828-dicts"]  # stores made by earlier mains
 _HOP = {"host", "content-length", "transfer-encoding", "connection"}
 
 
@@ -135,6 +136,39 @@ def test_every_fixture_migrates_to_what_mains_reader_read_from_it(tmp_path, name
         assert [e.id for e in entries] == [ex.id for ex in s.exchanges() if ex.mode == "record"]
         assert all(got is not None for got in s.index.stored_sketches([e.id for e in entries]))  # each JSON request's
         assert s.meta("migrated_from") == want["format"]
+
+
+def test_a_v7_store_whose_two_dictionaries_share_a_zstd_id_migrates_to_what_it_read_as(tmp_path):
+    """Today's store keys a dictionary by its 32-bit zstd id: where two of a /7 store share one, the
+    values of the one not keyed by it are decompressed with their own and stored without one."""
+    import hashlib
+    import zlib
+
+    import lmdb
+    import zstandard
+
+    name = "store-main-ac2f828-dicts"
+    store = fixture_copy(tmp_path, name)
+    env = lmdb.open(str(store), max_dbs=16)
+    with env.begin(write=True) as txn:
+        dicts, exchanges, heads = (env.open_db(t, txn=txn, create=False) for t in (b"dicts", b"exchanges", b"heads"))
+        key = bytes.fromhex(json.loads(txn.get(b"dicts", db=env.open_db(b"meta", txn=txn)))["record"])
+        data = txn.get(key, db=dicts)
+        twin = data[:-64] + bytes(64)  # its header (and id), other content
+        twin_key = hashlib.sha256(twin).digest()[:8]
+        txn.put(twin_key, twin, db=dicts)
+        records = list(txn.cursor(db=exchanges))[::2]  # every other record compressed with the twin, its head tied to it
+        for k, v in records:
+            text = zstandard.ZstdDecompressor(dict_data=zstandard.ZstdCompressionDict(data)).decompress(v[9:])
+            value = b"\x02" + twin_key + zstandard.ZstdCompressor(dict_data=zstandard.ZstdCompressionDict(twin)).compress(text)
+            rest = zlib.crc32(value).to_bytes(4, "big") + txn.get(k, db=heads)[8:]
+            txn.put(k, value, db=exchanges)
+            txn.put(k, zlib.crc32(rest, zlib.crc32(k)).to_bytes(4, "big") + rest, db=heads)
+    env.close()
+    r = subprocess.run([*nfproxy_argv(), "migrate", "--store", str(store)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    with Store.open(store, write=False) as s:
+        assert [json.loads(ex.json_bytes()) for ex in s.exchanges()] == golden(name)["records"]
 
 
 def recorded(name: str) -> list[tuple[dict, bytes, int, bytes]]:

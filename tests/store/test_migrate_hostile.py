@@ -404,3 +404,24 @@ def test_a_format_mark_no_nfproxy_wrote_is_not_sent_back_to_migrate(tmp_path, ma
     line = refused(old_copy(tmp_path, "store-main-1704f55", _meta(b"format", json.dumps(mark).encode())),
                    "is not an nfproxy store")
     assert "nfproxy migrate" not in line
+
+
+def test_a_v7_body_whose_crc_does_not_match_its_bytes_is_refused(tmp_path):
+    def edit(env: Any, txn: Any) -> None:
+        db, rs = rows(env, txn, "bodies")
+        k, v = next((k, v) for k, v in rs if v[:1] == b"\x04")  # a body behind its CRC-32
+        txn.put(k, v[:-1] + bytes([v[-1] ^ 1]), db=db)
+
+    refused(old_copy(tmp_path, "store-main-ac2f828", edit), "CRC-32 does not match its bytes")
+
+
+def test_a_v7_value_whose_frame_names_another_dictionary_than_its_key_is_refused(tmp_path):
+    """Read by its key, the frame would be decoded with a dictionary it does not name."""
+    def edit(env: Any, txn: Any) -> None:
+        _, ds = rows(env, txn, "dicts")
+        db, rs = rows(env, txn, "exchanges")
+        k, v = rs[0]
+        assert v[:1] == b"\x02"
+        txn.put(k, v[:1] + next(key for key, _ in ds if key != v[1:9]) + v[9:], db=db)
+
+    refused(old_copy(tmp_path, "store-main-ac2f828-dicts", edit), "names another dictionary than its key")

@@ -26,13 +26,15 @@ from noisefloor.proxy.store.merge.run import merge
 from tests.store.store_fixtures import SYSTEM, all_bodies_read_back, conversation
 
 
-def tags(path: Path) -> dict[int, int]:
+def tags(path: Path) -> dict[str, int]:
+    """How many bodies are stored each way: raw, frame, dict (a frame naming a dictionary), ref."""
     env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    named = codec.Codec(lambda key: None).dictionary_of
     try:
         with env.begin(buffers=False) as txn:
-            counts: dict[int, int] = {}
+            counts: dict[str, int] = {}
             for _, v in txn.cursor(db=env.open_db(b"bodies", txn=txn)):
-                tag = codec.unchecked(v)[0]  # noisefloor-log/6: behind its CRC
+                tag = {codec.RAW: "raw", codec.REF: "ref"}.get(v[0]) or ("dict" if named(v) else "frame")
                 counts[tag] = counts.get(tag, 0) + 1
             return counts
     finally:
@@ -47,14 +49,14 @@ def test_requests_are_compressed_against_their_session_and_read_back_verified(tm
     all_bodies_read_back(path, sent)
     counts = tags(path)
     # every request after a session's first, except where a chain CHAIN_DEPTH (6) deep starts again
-    assert counts.get(codec.REF, 0) == (9 - 1) + 2
+    assert counts.get("ref", 0) == (9 - 1) + 2
     raw = sum(len(b) for b, _ in sent)
     with Store.open(path, write=False) as s:
         chained = [len(s.bodies.raw(s.exchange(i).request["body"])) for i in (2, 3, 4, 5, 6, 7, 9, 10)]
         assert max(chained) < 400 < raw / len(sent)  # a turn costs its new text, not the conversation
         # a chain is cut at CHAIN_DEPTH: depth never exceeds it (the 8th request starts a new chain)
         first_of_chain = s.bodies.raw(s.exchange(store_mod.CHAIN_DEPTH + 2).request["body"])
-        assert codec.unchecked(first_of_chain)[0] != codec.REF
+        assert first_of_chain[0] != codec.REF
 
 
 def test_a_damaged_body_another_is_compressed_against_fails_both_by_name(tmp_path):
@@ -83,7 +85,7 @@ def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp
             sent += conversation(rec, f"s{i}", 2, i)
         keys = s.meta("dicts")
     assert set(keys) == {"body", "record"}
-    assert tags(path).get(codec.DICT, 0) > 50
+    assert tags(path).get("dict", 0) > 50
     all_bodies_read_back(path, sent)
     out = tmp_path / "merged.lmdb"
     merge(out, [path])
@@ -94,7 +96,7 @@ def test_dictionaries_are_trained_used_and_carried_through_merge_and_compact(tmp
     r = rewrite(copy)
     assert r.exchanges == 240 and (copy / "data.mdb").stat().st_size < before
     all_bodies_read_back(copy, sent)
-    assert tags(copy).get(codec.REF, 0) == tags(path).get(codec.REF, 0)  # chains kept as they were
+    assert tags(copy).get("ref", 0) == tags(path).get("ref", 0)  # chains kept as they were
     with Store.open(path, write=False) as a, Store.open(copy, write=False) as b:  # replay still opens lazily
         assert b.meta("replay_index") == a.meta("replay_index") == replay_index.VERSION
         assert list(b.tables.rows("lookups")) == list(a.tables.rows("lookups")) != []
@@ -146,5 +148,5 @@ def test_a_batch_that_fails_leaves_no_request_compressed_against_its_bodies(tmp_
         monkeypatch.setattr(s.codec, "encode", real)
         assert len(s) == 2
         kept.append(ask(rec, "A", "third question, again"))  # must chain to the second, which is stored
-    assert tags(path).get(codec.REF, 0) >= 2
+    assert tags(path).get("ref", 0) >= 2
     all_bodies_read_back(path, kept)

@@ -79,7 +79,7 @@ def damage(store: Path, how: str, exchange_id: int = 2) -> None:
             elif how == "missing":
                 assert txn.delete(digest, db=bodies)
             elif how == "bomb":  # 1 GiB of zeros in about 32 kB, as a tagged and as a legacy (v1) frame
-                txn.put(digest, bytes([codec.PLAIN]) + _zeros_frame(sized=True), db=bodies)
+                txn.put(digest, bytes([codec.FRAME]) + _zeros_frame(sized=True), db=bodies)
             elif how == "bomb-unsized":  # no declared size: only a bounded stream read stops it
                 txn.put(digest, _zeros_frame(sized=False), db=bodies)
             elif how == "wrong-type":  # valid JSON, not an exchange record

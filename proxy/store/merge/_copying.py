@@ -483,17 +483,32 @@ def copy_bodies(dest: Store, paths: list[Path], chunk: int = 4096) -> int:
 
 def verify_bodies(paths: list[Path]) -> None:
     """Every body of every shard read whole and hashed (`Bodies.get`), the ones no exchange names
-    too, and every compression dictionary against its key: a forged one would win its digest in a
-    fresh OUT (the first shard's copy is taken) and the other shard's exchanges would read another
-    content. StoreError naming the store and the body or dictionary."""
+    too: a forged one would win its digest in a fresh OUT (the first shard's copy is taken) and the
+    other shard's exchanges would read another content. StoreError naming the store and the body."""
     for p in paths:
         with Store.open(p, write=False) as src:
             for k, _ in src.tables.rows("bodies"):
                 src.bodies.get(k.hex())
+
+
+def check_dictionaries(paths: list[Path]) -> None:
+    """Each compression dictionary of the stores (OUT's, where it exists, and the shards') stored
+    under its key, its zstd id, and each id naming one dictionary across them: values are copied
+    as stored, and a frame names its dictionary by that 32-bit id alone, so a shard's value whose
+    id OUT (or an earlier shard) holds for another dictionary would be decoded with that one (its
+    checksum would then refuse it). StoreError naming the store, the id and the fix."""
+    held: dict[bytes, tuple[bytes, Path]] = {}
+    for p in paths:
+        with Store.open(p, write=False) as src:
             for k, v in src.tables.rows("dicts"):
+                data, where = held.setdefault(k, (v, src.path))
                 if codec.dict_key(v) != k:
-                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} does not match its hash "
-                                     "(tampered or damaged); restore the store from a copy")
+                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} is not stored under its id "
+                                     "(tampered or damaged); restore the store from a copy; nothing was merged")
+                if data != v:
+                    raise StoreError(f"store {src.path}: compression dictionary {k.hex()} has the id of another "
+                                     f"dictionary in {where}; run `nfproxy compact --store {src.path}` (dictionaries "
+                                     "trained again, with new ids) and merge again; nothing was merged")
 
 
 def _rows(keys: Any, ids: Any, first: int) -> list[tuple[bytes, bytes]]:

@@ -7,7 +7,8 @@ content under a good digest), so a shard damaged on a lost node or forged is ref
 (store and exchange), never half merged, whatever the order of the shards. Into a used OUT each
 body an exchange names is hashed by the check (`MergeScan.check_body`); into a fresh one, which
 takes every body, the whole bodies table of each shard is, once, the ones no exchange names too,
-before OUT is made (`merge_copy.verify_bodies`). Sessions are the unit: a session's exchanges (with the bodies they
+first (`merge_copy.verify_bodies`; where it finds damage, the shards are checked hashing each
+body an exchange names, so that the refusal names the exchange). Sessions are the unit: a session's exchanges (with the bodies they
 need and their replay-index entries) are written in one transaction, so an interrupted merge
 leaves whole sessions, and merging again adds only what is missing. Between stores whose replay
 index has one layout (2 or 3), a shard's entries are copied as stored and its lookups table after its records,
@@ -150,17 +151,21 @@ def merge(out: Path, shard_paths: Sequence[Path], progress: Callable[[str], None
     jobs = default_jobs() if jobs is None else jobs
     with _no_gc():  # millions of short-lived objects and no cycles: the collector only costs time
         shards = []
-        whole_table = _empty(Path(out))  # a fresh OUT takes every body: hashed once, table by table
         for p in shard_paths:
             if Path(p).resolve() == Path(out).resolve():
                 raise StoreError(f"{p} is the output store itself; give OUT a new path or leave it out of the shards")
-            progress(f"checking {p}")
-            shards.append(_read_shard(Path(p), jobs, hashed=not whole_table))
+        whole_table, unsound = _empty(Path(out)), None  # a fresh OUT takes every body: hashed once, table by table
         if whole_table:
             try:  # before OUT is made: a forged body (one no exchange names too) leaves nothing behind
-                merge_copy.verify_bodies([shard.path for shard in shards])
+                merge_copy.verify_bodies([Path(p) for p in shard_paths])
             except StoreError as exc:
-                raise StoreError(f"{exc}; nothing was merged (leave this shard out, or restore it)") from None
+                whole_table, unsound = False, exc
+        for p in shard_paths:
+            progress(f"checking {p}")
+            shards.append(_read_shard(Path(p), jobs, hashed=not whole_table))
+        if unsound is not None:  # in a body no exchange names
+            raise StoreError(f"{unsound}; nothing was merged (leave this shard out, or restore it)") from None
+        merge_copy.check_dictionaries([Path(out)] * (Path(out) / "data.mdb").exists() + [s.path for s in shards])
         with Store.open(out, write=True, create=True) as dest:
             dest.lock_for_recording()  # no proxy records into OUT while it is merged
             interrupted.finish(dest, progress)  # what a killed proxy or merge left in OUT, before any merged in

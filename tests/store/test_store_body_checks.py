@@ -97,7 +97,7 @@ def test_a_damaged_or_oversized_body_is_refused_by_merge_by_name(tmp_path, how):
     assert "\n" not in message
     assert not out.exists() or len(Store.open(out, write=False)) == 0
     with Store.open(a, write=False) as s, pytest.raises(StoreError, match=f"exchange {exchange_id} response body"):
-        s.part_body(s.exchange(exchange_id).response, exchange_id, "response")
+        s.bodies.of_part(s.exchange(exchange_id).response, exchange_id, "response")
 
 
 def test_a_body_forged_with_a_sound_frame_is_refused_by_merge_and_every_reader(tmp_path):
@@ -109,7 +109,7 @@ def test_a_body_forged_with_a_sound_frame_is_refused_by_merge_and_every_reader(t
         merge(out, [a, b])
     assert not out.exists()
     with Store.open(a, write=False) as s, pytest.raises(StoreError, match="does not match its sha256"):
-        s.part_body(s.exchange(exchange_id).response, exchange_id, "response")
+        s.bodies.of_part(s.exchange(exchange_id).response, exchange_id, "response")
     shown = run([*nfproxy_argv(), "show", str(exchange_id), "--store", str(a)])
     assert shown.returncode != 0 and "does not match its sha256" in shown.stderr
     assert len(shown.stderr.strip().splitlines()) == 1
@@ -125,8 +125,8 @@ def test_a_v7_store_of_main_migrates_with_every_value_in_todays_encoding(tmp_pat
     assert {v[0] for v in stored.values()} <= {codec.RAW, codec.FRAME, codec.REF}
     named = {zstandard.get_frame_parameters(frame_of(v)).dict_id for v in stored.values() if v[0] != codec.RAW}
     with Store.open(old, write=False) as s:  # what each body was: tests/store/test_migrate.py
-        assert s.format == FORMAT and len(list(s.bodies())) == len(stored)
-        held = {int.from_bytes(k, "big") for k, _ in s.raw_table("dicts")}
+        assert s.format == FORMAT and len(list(s.bodies.all())) == len(stored)
+        held = {int.from_bytes(k, "big") for k, _ in s.tables.rows("dicts")}
         assert named - {0} <= held and named - {0}  # frames name the dictionaries stored under their ids
 
 
@@ -152,7 +152,7 @@ def test_shards_whose_dictionary_ids_name_different_dictionaries_are_refused_unt
     sent = dictionary_store(a, "A", 1) + dictionary_store(b, "B", 1000)
     with Store.open(a, write=False) as sa, Store.open(b, write=False) as sb:
         assert sa.meta("dicts")["body"] == sb.meta("dicts")["body"]  # one id, two dictionaries
-        assert sa.dictionary(bytes.fromhex(sa.meta("dicts")["body"])) != sb.dictionary(bytes.fromhex(sb.meta("dicts")["body"]))
+        assert sa.dictionaries.dictionary(bytes.fromhex(sa.meta("dicts")["body"])) != sb.dictionaries.dictionary(bytes.fromhex(sb.meta("dicts")["body"]))
     for into in ([a, b], [b]):  # fresh, then OUT holding a's
         with pytest.raises(StoreError, match=f"store {b}: compression dictionary .* has the id of another .*"
                                              f"nfproxy compact --store {b}.*nothing was merged"):
